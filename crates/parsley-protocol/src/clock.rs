@@ -1,0 +1,628 @@
+//! Vector clocks: offset claims, sequence claims, and their wire form.
+//!
+//! A [`VectorClock`] is a set of claims about what causally precedes a record.
+//!
+//! * An **offset claim** `(channel, n)` claims every offset `<= n` on the
+//!   channel.
+//! * A **sequence claim** `(channel, sender, s)` claims every record `sender`
+//!   sent to `channel` with a per-channel send sequence `<= s`. Senders use it
+//!   for their own in-flight sends, whose offsets the broker has not assigned
+//!   yet when the next record is stamped.
+//!
+//! Both sections are kept sorted in the canonical order (see [`crate::ids`])
+//! with at most one entry per key, so two equal clocks encode to identical
+//! bytes, in this implementation and in the Java one.
+//!
+//! # Wire form, version 1
+//!
+//! All integers big-endian:
+//!
+//! ```text
+//! u8   version (= 1)
+//! i32  offset entry count
+//!      per entry: i64 topic msb, i64 topic lsb, i32 partition, i64 offset
+//! i32  sequence entry count
+//!      per entry: i64 topic msb, i64 topic lsb, i32 partition,
+//!                 i64 sender msb, i64 sender lsb, i64 sequence
+//! ```
+//!
+//! # Decoding rules
+//!
+//! [`VectorClock::decode`] accepts entries in any order and re-sorts them. It
+//! rejects, with a [`CorruptClock`] error and without panicking: an empty
+//! input, an unknown version, a negative count, a negative partition, offset
+//! or sequence, a count that the remaining bytes cannot hold (checked before
+//! anything is allocated), and trailing bytes.
+//!
+//! **Duplicate entries merge by maximum.** Two offset claims on one channel,
+//! `n1` and `n2`, together claim everything at or below either of them, which
+//! is exactly the single claim `max(n1, n2)`; the same holds for two sequence
+//! claims on one channel and sender. Merging is therefore the precise meaning
+//! of such an input, never a guess, and it can only claim what the input
+//! claimed. (Keeping the last entry would silently drop a claim, which could
+//! let an effect overtake its cause.) The canonical encoder never writes
+//! duplicates.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use crate::bytes::{be_i32, be_i64};
+use crate::ids::{Channel, SenderId, TopicId};
+
+/// The only clock version this build reads and writes.
+pub const CLOCK_VERSION: u8 = 1;
+
+const OFFSET_ENTRY_LEN: usize = 8 + 8 + 4 + 8;
+const SEQUENCE_ENTRY_LEN: usize = 8 + 8 + 4 + 8 + 8 + 8;
+
+/// A claim on every offset at or below `offset` of `channel`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct OffsetClaim {
+    /// The claimed channel.
+    pub channel: Channel,
+    /// The highest claimed offset (inclusive).
+    pub offset: i64,
+}
+
+/// A claim on every record `sender` sent to `channel` with a send sequence at
+/// or below `seq`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct SequenceClaim {
+    /// The channel the claimed records were sent to.
+    pub channel: Channel,
+    /// The sender that sent them.
+    pub sender: SenderId,
+    /// The highest claimed send sequence (inclusive).
+    pub seq: i64,
+}
+
+impl SequenceClaim {
+    fn key(&self) -> (Channel, SenderId) {
+        (self.channel, self.sender)
+    }
+}
+
+/// Which section of a clock a decoding error refers to.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ClockSection {
+    /// The offset-claim section.
+    Offsets,
+    /// The sequence-claim section.
+    Sequences,
+}
+
+impl fmt::Display for ClockSection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ClockSection::Offsets => "offset",
+            ClockSection::Sequences => "sequence",
+        })
+    }
+}
+
+/// Why a byte string is not a valid clock.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum CorruptClock {
+    /// Zero bytes: not even a version.
+    #[error("corrupt clock: empty input, expected at least a version byte")]
+    Empty,
+    /// A version this build does not know.
+    #[error("corrupt clock: unknown version {0}, this build reads version {CLOCK_VERSION}")]
+    UnknownVersion(u8),
+    /// An entry count below zero.
+    #[error("corrupt clock: negative {section} entry count {count}")]
+    NegativeCount {
+        /// The section whose count is negative.
+        section: ClockSection,
+        /// The count as read.
+        count: i32,
+    },
+    /// The input ends before the data its header promises.
+    #[error(
+        "corrupt clock: truncated {section} section at byte {at}: needs {needed} bytes, {available} remain"
+    )]
+    Truncated {
+        /// The section being read.
+        section: ClockSection,
+        /// Byte position where the section's data starts.
+        at: usize,
+        /// Bytes the section needs.
+        needed: u64,
+        /// Bytes left in the input.
+        available: usize,
+    },
+    /// A partition below zero.
+    #[error("corrupt clock: negative partition {partition} in {section} entry {index}")]
+    NegativePartition {
+        /// The section of the entry.
+        section: ClockSection,
+        /// Zero-based entry index within the section.
+        index: usize,
+        /// The partition as read.
+        partition: i32,
+    },
+    /// An offset watermark below zero.
+    #[error("corrupt clock: negative offset {offset} in offset entry {index}")]
+    NegativeOffset {
+        /// Zero-based entry index.
+        index: usize,
+        /// The offset as read.
+        offset: i64,
+    },
+    /// A sequence watermark below zero.
+    #[error("corrupt clock: negative sequence {seq} in sequence entry {index}")]
+    NegativeSequence {
+        /// Zero-based entry index.
+        index: usize,
+        /// The sequence as read.
+        seq: i64,
+    },
+    /// Bytes left over after the sequence section.
+    #[error("corrupt clock: {0} trailing bytes after the sequence section")]
+    TrailingBytes(usize),
+}
+
+/// A vector clock with an offset section and a sequence section, both in
+/// canonical order with one entry per key.
+///
+/// Claims are monotone facts, so every mutation is a pointwise max-merge.
+/// A claim below zero claims nothing and is never stored.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct VectorClock {
+    offsets: Vec<OffsetClaim>,
+    sequences: Vec<SequenceClaim>,
+}
+
+impl fmt::Debug for VectorClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("{")?;
+        let mut first = true;
+        for c in &self.offsets {
+            if !first {
+                f.write_str(", ")?;
+            }
+            first = false;
+            write!(f, "{}@{}", c.channel, c.offset)?;
+        }
+        for c in &self.sequences {
+            if !first {
+                f.write_str(", ")?;
+            }
+            first = false;
+            write!(f, "{}#{}/{}", c.channel, c.sender, c.seq)?;
+        }
+        f.write_str("}")
+    }
+}
+
+impl VectorClock {
+    /// The empty clock: claims nothing.
+    pub const fn new() -> Self {
+        VectorClock {
+            offsets: Vec::new(),
+            sequences: Vec::new(),
+        }
+    }
+
+    /// Builds a clock from claims in any order; duplicates merge by maximum
+    /// and negative claims are ignored.
+    pub fn from_claims(
+        offsets: impl IntoIterator<Item = OffsetClaim>,
+        sequences: impl IntoIterator<Item = SequenceClaim>,
+    ) -> Self {
+        let mut offsets: Vec<OffsetClaim> = offsets.into_iter().filter(|c| c.offset >= 0).collect();
+        let mut sequences: Vec<SequenceClaim> =
+            sequences.into_iter().filter(|c| c.seq >= 0).collect();
+        canonicalise_offsets(&mut offsets);
+        canonicalise_sequences(&mut sequences);
+        VectorClock { offsets, sequences }
+    }
+
+    /// True when the clock claims nothing.
+    pub fn is_empty(&self) -> bool {
+        self.offsets.is_empty() && self.sequences.is_empty()
+    }
+
+    /// The offset claims in canonical order.
+    pub fn offsets(&self) -> &[OffsetClaim] {
+        &self.offsets
+    }
+
+    /// The sequence claims in canonical order.
+    pub fn sequences(&self) -> &[SequenceClaim] {
+        &self.sequences
+    }
+
+    /// The offset claimed on `channel`, if any.
+    pub fn offset(&self, channel: Channel) -> Option<i64> {
+        self.offsets
+            .binary_search_by(|c| c.channel.cmp(&channel))
+            .ok()
+            .map(|i| self.offsets[i].offset)
+    }
+
+    /// The sequence claimed on `channel` for `sender`, if any.
+    pub fn sequence(&self, channel: Channel, sender: SenderId) -> Option<i64> {
+        self.sequences
+            .binary_search_by(|c| c.key().cmp(&(channel, sender)))
+            .ok()
+            .map(|i| self.sequences[i].seq)
+    }
+
+    /// Claims every offset at or below `offset` on `channel` (max-merge).
+    /// Returns whether the clock changed. A negative offset claims nothing.
+    pub fn claim_offset(&mut self, channel: Channel, offset: i64) -> bool {
+        if offset < 0 {
+            return false;
+        }
+        match self.offsets.binary_search_by(|c| c.channel.cmp(&channel)) {
+            Ok(i) => raise(&mut self.offsets[i].offset, offset),
+            Err(i) => {
+                self.offsets.insert(i, OffsetClaim { channel, offset });
+                true
+            }
+        }
+    }
+
+    /// Claims every record `sender` sent to `channel` up to send sequence
+    /// `seq` (max-merge). Returns whether the clock changed.
+    pub fn claim_sequence(&mut self, channel: Channel, sender: SenderId, seq: i64) -> bool {
+        if seq < 0 {
+            return false;
+        }
+        match self
+            .sequences
+            .binary_search_by(|c| c.key().cmp(&(channel, sender)))
+        {
+            Ok(i) => raise(&mut self.sequences[i].seq, seq),
+            Err(i) => {
+                self.sequences.insert(
+                    i,
+                    SequenceClaim {
+                        channel,
+                        sender,
+                        seq,
+                    },
+                );
+                true
+            }
+        }
+    }
+
+    /// Pointwise max-merge of `other` into `self`. Returns whether `self`
+    /// changed.
+    pub fn merge(&mut self, other: &VectorClock) -> bool {
+        let a = merge_sorted(
+            &mut self.offsets,
+            &other.offsets,
+            |c| c.channel,
+            |c| &mut c.offset,
+        );
+        let b = merge_sorted(
+            &mut self.sequences,
+            &other.sequences,
+            SequenceClaim::key,
+            |c| &mut c.seq,
+        );
+        a | b
+    }
+
+    /// True when every offset claim of `other` is covered by an offset claim
+    /// of `self` at the same or a higher offset. Only the offset sections take
+    /// part; sequence claims are resolved against delivery marks, not clocks.
+    pub fn dominates(&self, other: &VectorClock) -> bool {
+        let mine = &self.offsets;
+        let mut i = 0;
+        for claim in &other.offsets {
+            loop {
+                match mine.get(i) {
+                    None => return false,
+                    Some(m) => match m.channel.cmp(&claim.channel) {
+                        Ordering::Less => i += 1,
+                        Ordering::Equal => {
+                            if m.offset < claim.offset {
+                                return false;
+                            }
+                            i += 1;
+                            break;
+                        }
+                        Ordering::Greater => return false,
+                    },
+                }
+            }
+        }
+        true
+    }
+
+    /// Removes every offset claim at or below the stability clock's claim on
+    /// the same channel. Sequence claims are kept: they name no offset a
+    /// stability bound could be compared with. Returns whether anything was
+    /// removed.
+    pub fn truncate(&mut self, stability: &VectorClock) -> bool {
+        let before = self.offsets.len();
+        let bound = &stability.offsets;
+        let mut j = 0;
+        self.offsets.retain(|c| {
+            while j < bound.len() && bound[j].channel < c.channel {
+                j += 1;
+            }
+            match bound.get(j) {
+                Some(b) if b.channel == c.channel => c.offset > b.offset,
+                _ => true,
+            }
+        });
+        self.offsets.len() != before
+    }
+
+    /// Removes every claim, offset and sequence, on any partition of `topic`.
+    /// Used when a topic no longer exists: its channels can never be consumed
+    /// again, so claims on them can never be honoured or needed.
+    pub fn remove_topic(&mut self, topic: TopicId) -> bool {
+        let before = self.offsets.len() + self.sequences.len();
+        self.offsets.retain(|c| c.channel.topic != topic);
+        self.sequences.retain(|c| c.channel.topic != topic);
+        self.offsets.len() + self.sequences.len() != before
+    }
+
+    /// Keeps only the sequence claims for which `keep` returns true.
+    pub fn retain_sequences(&mut self, keep: impl FnMut(&SequenceClaim) -> bool) -> bool {
+        let before = self.sequences.len();
+        self.sequences.retain(keep);
+        self.sequences.len() != before
+    }
+
+    /// The exact length of [`encode`](Self::encode)'s output.
+    pub fn encoded_len(&self) -> usize {
+        1 + 4
+            + self.offsets.len() * OFFSET_ENTRY_LEN
+            + 4
+            + self.sequences.len() * SEQUENCE_ENTRY_LEN
+    }
+
+    /// The canonical version-1 encoding.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.encoded_len());
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Appends the canonical version-1 encoding to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.reserve(self.encoded_len());
+        out.push(CLOCK_VERSION);
+        // Entry counts cannot exceed i32::MAX: each claim of a clock that
+        // large would already occupy more memory than a process can hold.
+        out.extend_from_slice(&(self.offsets.len() as i32).to_be_bytes());
+        for c in &self.offsets {
+            let mut e = [0u8; OFFSET_ENTRY_LEN];
+            e[0..8].copy_from_slice(&c.channel.topic.msb().to_be_bytes());
+            e[8..16].copy_from_slice(&c.channel.topic.lsb().to_be_bytes());
+            e[16..20].copy_from_slice(&c.channel.partition.to_be_bytes());
+            e[20..28].copy_from_slice(&c.offset.to_be_bytes());
+            out.extend_from_slice(&e);
+        }
+        out.extend_from_slice(&(self.sequences.len() as i32).to_be_bytes());
+        for c in &self.sequences {
+            let mut e = [0u8; SEQUENCE_ENTRY_LEN];
+            e[0..8].copy_from_slice(&c.channel.topic.msb().to_be_bytes());
+            e[8..16].copy_from_slice(&c.channel.topic.lsb().to_be_bytes());
+            e[16..20].copy_from_slice(&c.channel.partition.to_be_bytes());
+            e[20..28].copy_from_slice(&c.sender.msb().to_be_bytes());
+            e[28..36].copy_from_slice(&c.sender.lsb().to_be_bytes());
+            e[36..44].copy_from_slice(&c.seq.to_be_bytes());
+            out.extend_from_slice(&e);
+        }
+    }
+
+    /// Decodes a version-1 clock. See the module documentation for what is
+    /// rejected and how duplicates are treated.
+    pub fn decode(bytes: &[u8]) -> Result<VectorClock, CorruptClock> {
+        let (&version, rest) = bytes.split_first().ok_or(CorruptClock::Empty)?;
+        if version != CLOCK_VERSION {
+            return Err(CorruptClock::UnknownVersion(version));
+        }
+        let mut pos = 1;
+        let (offsets, used) = decode_section(
+            rest,
+            pos,
+            ClockSection::Offsets,
+            OFFSET_ENTRY_LEN,
+            |e, index| {
+                let partition = be_i32(e, 16);
+                if partition < 0 {
+                    return Err(CorruptClock::NegativePartition {
+                        section: ClockSection::Offsets,
+                        index,
+                        partition,
+                    });
+                }
+                let offset = be_i64(e, 20);
+                if offset < 0 {
+                    return Err(CorruptClock::NegativeOffset { index, offset });
+                }
+                Ok(OffsetClaim {
+                    channel: Channel::new(
+                        TopicId::from_halves(be_i64(e, 0), be_i64(e, 8)),
+                        partition,
+                    ),
+                    offset,
+                })
+            },
+        )?;
+        pos += used;
+        let rest = &rest[used..];
+        let (sequences, used) = decode_section(
+            rest,
+            pos,
+            ClockSection::Sequences,
+            SEQUENCE_ENTRY_LEN,
+            |e, index| {
+                let partition = be_i32(e, 16);
+                if partition < 0 {
+                    return Err(CorruptClock::NegativePartition {
+                        section: ClockSection::Sequences,
+                        index,
+                        partition,
+                    });
+                }
+                let seq = be_i64(e, 36);
+                if seq < 0 {
+                    return Err(CorruptClock::NegativeSequence { index, seq });
+                }
+                Ok(SequenceClaim {
+                    channel: Channel::new(
+                        TopicId::from_halves(be_i64(e, 0), be_i64(e, 8)),
+                        partition,
+                    ),
+                    sender: SenderId::from_halves(be_i64(e, 20), be_i64(e, 28)),
+                    seq,
+                })
+            },
+        )?;
+        if rest.len() > used {
+            return Err(CorruptClock::TrailingBytes(rest.len() - used));
+        }
+        let mut clock = VectorClock { offsets, sequences };
+        if !is_strictly_sorted(&clock.offsets, |c| c.channel) {
+            canonicalise_offsets(&mut clock.offsets);
+        }
+        if !is_strictly_sorted(&clock.sequences, SequenceClaim::key) {
+            canonicalise_sequences(&mut clock.sequences);
+        }
+        Ok(clock)
+    }
+}
+
+/// Decodes one counted section from the start of `bytes`; returns the entries
+/// and the number of bytes consumed. `at` is the section's position in the
+/// whole clock, for error messages.
+fn decode_section<T>(
+    bytes: &[u8],
+    at: usize,
+    section: ClockSection,
+    entry_len: usize,
+    mut entry: impl FnMut(&[u8], usize) -> Result<T, CorruptClock>,
+) -> Result<(Vec<T>, usize), CorruptClock> {
+    if bytes.len() < 4 {
+        return Err(CorruptClock::Truncated {
+            section,
+            at,
+            needed: 4,
+            available: bytes.len(),
+        });
+    }
+    let count = be_i32(bytes, 0);
+    if count < 0 {
+        return Err(CorruptClock::NegativeCount { section, count });
+    }
+    // Check the length before allocating: a hostile count must not make us
+    // reserve memory the input cannot back.
+    let needed = count as u64 * entry_len as u64;
+    let available = bytes.len() - 4;
+    if needed > available as u64 {
+        return Err(CorruptClock::Truncated {
+            section,
+            at: at + 4,
+            needed,
+            available,
+        });
+    }
+    let count = count as usize;
+    let mut out = Vec::with_capacity(count);
+    for (index, chunk) in bytes[4..4 + count * entry_len]
+        .chunks_exact(entry_len)
+        .enumerate()
+    {
+        out.push(entry(chunk, index)?);
+    }
+    Ok((out, 4 + count * entry_len))
+}
+
+fn raise(slot: &mut i64, value: i64) -> bool {
+    if value > *slot {
+        *slot = value;
+        true
+    } else {
+        false
+    }
+}
+
+fn is_strictly_sorted<T, K: Ord>(v: &[T], key: impl Fn(&T) -> K) -> bool {
+    v.windows(2).all(|w| key(&w[0]) < key(&w[1]))
+}
+
+fn canonicalise_offsets(v: &mut Vec<OffsetClaim>) {
+    v.sort_unstable_by(|a, b| a.channel.cmp(&b.channel).then(b.offset.cmp(&a.offset)));
+    // After sorting by channel with the highest offset first, keeping the
+    // first of each run is a merge by maximum.
+    v.dedup_by_key(|c| c.channel);
+}
+
+fn canonicalise_sequences(v: &mut Vec<SequenceClaim>) {
+    v.sort_unstable_by(|a, b| a.key().cmp(&b.key()).then(b.seq.cmp(&a.seq)));
+    v.dedup_by_key(|c| c.key());
+}
+
+/// Max-merges the sorted, duplicate-free `src` into the sorted, duplicate-free
+/// `dst`. Returns whether `dst` changed.
+fn merge_sorted<T: Copy, K: Ord>(
+    dst: &mut Vec<T>,
+    src: &[T],
+    key: impl Fn(&T) -> K,
+    value: impl Fn(&mut T) -> &mut i64,
+) -> bool {
+    if src.is_empty() {
+        return false;
+    }
+    if dst.is_empty() {
+        dst.extend_from_slice(src);
+        return true;
+    }
+    // First pass: raise matching entries in place and count the keys `dst`
+    // lacks. The common case (same key set) never reallocates.
+    let mut changed = false;
+    let mut missing = 0usize;
+    let mut i = 0;
+    for s in src {
+        let k = key(s);
+        while i < dst.len() && key(&dst[i]) < k {
+            i += 1;
+        }
+        if i < dst.len() && key(&dst[i]) == k {
+            let mut s = *s;
+            let v = *value(&mut s);
+            changed |= raise(value(&mut dst[i]), v);
+            i += 1;
+        } else {
+            missing += 1;
+        }
+    }
+    if missing == 0 {
+        return changed;
+    }
+    // Second pass: interleave the missing entries in order.
+    let old = std::mem::take(dst);
+    dst.reserve(old.len() + missing);
+    let (mut a, mut b) = (0, 0);
+    while a < old.len() && b < src.len() {
+        match key(&old[a]).cmp(&key(&src[b])) {
+            Ordering::Less => {
+                dst.push(old[a]);
+                a += 1;
+            }
+            Ordering::Greater => {
+                dst.push(src[b]);
+                b += 1;
+            }
+            Ordering::Equal => {
+                // Already raised by the first pass.
+                dst.push(old[a]);
+                a += 1;
+                b += 1;
+            }
+        }
+    }
+    dst.extend_from_slice(&old[a..]);
+    dst.extend_from_slice(&src[b..]);
+    true
+}

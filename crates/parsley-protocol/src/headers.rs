@@ -1,0 +1,152 @@
+//! The three record headers every stamped record carries.
+//!
+//! | header      | value                                                     |
+//! |-------------|-----------------------------------------------------------|
+//! | `vc`        | the record's dependency clock ([`VectorClock`] wire form) |
+//! | `vc-sender` | 16 bytes: the sender's UUID, most significant half first  |
+//! | `vc-seq`    | 8 bytes, big-endian: the record's send sequence on its channel |
+//!
+//! These names and layouts are shared with the Java library byte for byte.
+//!
+//! Reading is strict. An absent `vc` means the producer claims nothing (the
+//! empty clock). Everything else that is not exactly right is a
+//! [`CorruptHeader`]: a `vc` that does not decode, a `vc-sender` without a
+//! `vc-seq` or the reverse, a wrong length, a negative sequence, a header with
+//! a null value, or the same causal header twice. Reading any of these as "no
+//! claim" would let an effect overtake its cause, so the caller must fail the
+//! record's task instead.
+
+use crate::clock::{CorruptClock, VectorClock};
+use crate::ids::SenderId;
+
+/// Header name of the dependency clock.
+pub const CLOCK_HEADER: &str = "vc";
+/// Header name of the sender identity.
+pub const SENDER_HEADER: &str = "vc-sender";
+/// Header name of the per-channel send sequence.
+pub const SEQ_HEADER: &str = "vc-seq";
+
+/// A record's sender identity and its send sequence on the record's channel.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct SenderTag {
+    /// The producing node.
+    pub sender: SenderId,
+    /// The record's send sequence on its channel at that sender.
+    pub seq: i64,
+}
+
+/// Why a record's causal headers cannot be trusted.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum CorruptHeader {
+    /// The `vc` header is present but is not a valid clock.
+    #[error("corrupt `vc` header: {0}")]
+    Clock(#[from] CorruptClock),
+    /// `vc-sender` has the wrong length.
+    #[error("corrupt `vc-sender` header: expected 16 bytes, found {0}")]
+    SenderLength(usize),
+    /// `vc-seq` has the wrong length.
+    #[error("corrupt `vc-seq` header: expected 8 bytes, found {0}")]
+    SeqLength(usize),
+    /// `vc-seq` holds a negative number.
+    #[error("corrupt `vc-seq` header: negative sequence {0}")]
+    NegativeSeq(i64),
+    /// `vc-sender` is present without `vc-seq`.
+    #[error("corrupt causal headers: `vc-sender` present without `vc-seq`")]
+    SenderWithoutSeq,
+    /// `vc-seq` is present without `vc-sender`.
+    #[error("corrupt causal headers: `vc-seq` present without `vc-sender`")]
+    SeqWithoutSender,
+    /// A causal header appears more than once.
+    #[error("corrupt causal headers: `{0}` appears more than once")]
+    Duplicate(&'static str),
+    /// A causal header is present with a null value.
+    #[error("corrupt causal headers: `{0}` has a null value")]
+    NullValue(&'static str),
+}
+
+/// Whether `name` is one of the three causal header names.
+pub fn is_causal_header(name: &str) -> bool {
+    matches!(name, CLOCK_HEADER | SENDER_HEADER | SEQ_HEADER)
+}
+
+/// Decodes a `vc-sender` value.
+pub fn decode_sender(value: &[u8]) -> Result<SenderId, CorruptHeader> {
+    let bytes: [u8; 16] = value
+        .try_into()
+        .map_err(|_| CorruptHeader::SenderLength(value.len()))?;
+    Ok(SenderId::from_bytes(bytes))
+}
+
+/// Decodes a `vc-seq` value.
+pub fn decode_seq(value: &[u8]) -> Result<i64, CorruptHeader> {
+    let bytes: [u8; 8] = value
+        .try_into()
+        .map_err(|_| CorruptHeader::SeqLength(value.len()))?;
+    let seq = i64::from_be_bytes(bytes);
+    if seq < 0 {
+        return Err(CorruptHeader::NegativeSeq(seq));
+    }
+    Ok(seq)
+}
+
+/// The causal content of a record's headers: its clock and, for records
+/// produced by a node, the sender tag.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Default)]
+pub struct CausalHeaders {
+    /// The dependency clock; empty when the record carried no `vc`.
+    pub clock: VectorClock,
+    /// The sender tag; `None` for records from unstamped or plain producers.
+    pub sender: Option<SenderTag>,
+}
+
+impl CausalHeaders {
+    /// Reads the causal headers out of a record's headers, ignoring every
+    /// other header. `None` values stand for Kafka's null header values.
+    pub fn decode<'a, I>(headers: I) -> Result<CausalHeaders, CorruptHeader>
+    where
+        I: IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
+    {
+        let mut clock: Option<&[u8]> = None;
+        let mut sender: Option<&[u8]> = None;
+        let mut seq: Option<&[u8]> = None;
+        for (name, value) in headers {
+            let (slot, name) = match name {
+                CLOCK_HEADER => (&mut clock, CLOCK_HEADER),
+                SENDER_HEADER => (&mut sender, SENDER_HEADER),
+                SEQ_HEADER => (&mut seq, SEQ_HEADER),
+                _ => continue,
+            };
+            if slot.is_some() {
+                return Err(CorruptHeader::Duplicate(name));
+            }
+            *slot = Some(value.ok_or(CorruptHeader::NullValue(name))?);
+        }
+        let clock = match clock {
+            Some(bytes) => VectorClock::decode(bytes)?,
+            None => VectorClock::new(),
+        };
+        let sender = match (sender, seq) {
+            (None, None) => None,
+            (Some(_), None) => return Err(CorruptHeader::SenderWithoutSeq),
+            (None, Some(_)) => return Err(CorruptHeader::SeqWithoutSender),
+            (Some(s), Some(q)) => Some(SenderTag {
+                sender: decode_sender(s)?,
+                seq: decode_seq(q)?,
+            }),
+        };
+        Ok(CausalHeaders { clock, sender })
+    }
+
+    /// The header values to attach to an outgoing record, in the order
+    /// `vc`, `vc-sender`, `vc-seq`. `vc` is always written, even for an empty
+    /// clock, so a stamped record is distinguishable from an unstamped one.
+    pub fn encode(&self) -> Vec<(&'static str, Vec<u8>)> {
+        let mut out = Vec::with_capacity(3);
+        out.push((CLOCK_HEADER, self.clock.encode()));
+        if let Some(tag) = self.sender {
+            out.push((SENDER_HEADER, tag.sender.to_bytes().to_vec()));
+            out.push((SEQ_HEADER, tag.seq.to_be_bytes().to_vec()));
+        }
+        out
+    }
+}

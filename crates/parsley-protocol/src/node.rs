@@ -1,0 +1,1071 @@
+//! [`CausalNode`]: the delivery gate, hold queues, density adaptation, the
+//! stamp, rescope, restore and truncation for one task.
+//!
+//! # The host contract
+//!
+//! A host drives one node per task and owes it these duties (they are the
+//! H1-H6 of the conformance kit, and the simulator's reference host performs
+//! each one):
+//!
+//! 1. Hand records to [`on_record`](CausalNode::on_record) per channel in
+//!    strictly increasing offset order, as a `read_committed` consumer
+//!    returns them.
+//! 2. Report the consumer's position through
+//!    [`position_advance`](CausalNode::position_advance), but only once every
+//!    record below that position has gone through `on_record`.
+//! 3. Process the returned [`Delivery`] values in order, and commit
+//!    [`take_writes`](CausalNode::take_writes), the consumed positions and
+//!    every send atomically. On abort, drop the node and initialise a new one
+//!    from the committed store.
+//! 4. Partition every outgoing record first, then stamp it with
+//!    [`prepare_send`](CausalNode::prepare_send) for its concrete destination
+//!    channel, and send exactly what was stamped.
+//! 5. Start through [`CausalNode::init`] from committed state, and seek the
+//!    channels in [`resume_positions`](CausalNode::resume_positions).
+//! 6. Never start a channel below its log start.
+//!
+//! # Determinism
+//!
+//! Everything that can reach deliveries, stamps or stored bytes iterates in
+//! sorted order: channels are a sorted vector, every map is a `BTreeMap`.
+//! Two nodes fed the same calls produce the same outputs, byte for byte.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use tracing::{debug, info};
+
+use crate::broker::{BrokerOffsets, TopicOffsets, answer_for};
+use crate::clock::VectorClock;
+use crate::error::ProtocolError;
+use crate::headers::{CausalHeaders, SenderTag};
+use crate::ids::{Channel, SenderId, TopicId};
+use crate::record::{Delivery, InboundRecord};
+use crate::restore::Persisted;
+use crate::store::{
+    ScopeRecord, StateKey, StoreRead, WriteBatch, encode_envelope, encode_i64, encode_pair,
+};
+
+/// What a node is: who it is, what it consumes, where it may send.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct NodeConfig {
+    /// The node's stable sender identity (the same across restarts).
+    pub sender: SenderId,
+    /// The channels this node consumes.
+    pub inputs: BTreeSet<Channel>,
+    /// The topics this node may send to.
+    pub sinks: BTreeSet<TopicId>,
+}
+
+/// The highest send sequence delivered from one sender on one channel, and
+/// the offset of that record.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct DeliveredMark {
+    /// The sender's send sequence on the channel.
+    pub seq: i64,
+    /// The offset of the record that carried it.
+    pub offset: i64,
+}
+
+/// Counters a host can export as metrics.
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
+pub struct NodeStats {
+    /// Records released through the gate since init.
+    pub delivered_total: u64,
+    /// Records fed at or below the frontier and discarded.
+    pub replays_skipped_total: u64,
+}
+
+/// What [`CausalNode::init`] found and did.
+#[derive(Clone, PartialEq, Eq, Default, Debug)]
+pub struct InitReport {
+    /// True when the store held no state at all.
+    pub fresh: bool,
+    /// Held records restored into hold queues.
+    pub restored_held: usize,
+    /// Inputs that left the scope; their past was folded into carried
+    /// ancestry.
+    pub shrunk: Vec<Channel>,
+    /// Inputs that joined the scope.
+    pub grown: Vec<Channel>,
+    /// Joined inputs whose frontier was seeded from carried ancestry.
+    pub seeded: BTreeMap<Channel, i64>,
+    /// Former sinks whose end offsets were folded into carried ancestry.
+    pub former_sinks_folded: Vec<TopicId>,
+    /// Former sinks skipped because the topic no longer exists.
+    pub former_sinks_absent: Vec<TopicId>,
+}
+
+/// A node fresh from [`CausalNode::init`], with the records that became
+/// deliverable during init (a rescope can release restored records). The host
+/// processes them in the first transaction like any other deliveries.
+#[derive(Debug)]
+pub struct Initialized {
+    /// The node.
+    pub node: CausalNode,
+    /// Records released by init, in order.
+    pub deliveries: Vec<Delivery>,
+    /// What init did.
+    pub report: InitReport,
+}
+
+/// What a truncation sweep removed.
+#[derive(Clone, PartialEq, Eq, Default, Debug)]
+pub struct TruncationReport {
+    /// Stamp-side clock entries removed.
+    pub entries_removed: usize,
+    /// Topics found to no longer exist, whose entries were all removed.
+    pub destroyed_topics: Vec<TopicId>,
+}
+
+/// A claim a held record still waits for, as the diagnostics see it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum UnmetClaim {
+    /// An offset claim on a consumed channel above its frontier.
+    Offset {
+        /// The claimed channel.
+        channel: Channel,
+        /// The claimed offset.
+        offset: i64,
+        /// The channel's delivered frontier here.
+        frontier: i64,
+        /// The highest offset fetched on the channel here (held or
+        /// delivered); a claim at or below it is fetched but held.
+        received: i64,
+        /// The last consumer position reported for the channel (0 if none).
+        position: i64,
+    },
+    /// A sequence claim not yet satisfied by a delivery from its sender.
+    Sequence {
+        /// The claimed channel.
+        channel: Channel,
+        /// The claimed sender.
+        sender: SenderId,
+        /// The claimed send sequence.
+        seq: i64,
+        /// What has been delivered from that sender on the channel, if
+        /// anything.
+        delivered: Option<DeliveredMark>,
+    },
+}
+
+/// A read-only view of one gating queue head.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct HeldHead {
+    /// The channel the head blocks.
+    pub channel: Channel,
+    /// The head's offset.
+    pub offset: i64,
+    /// The head's record timestamp.
+    pub timestamp: i64,
+    /// The head's sender tag.
+    pub sender: Option<SenderTag>,
+    /// Records in the queue, the head included.
+    pub depth: usize,
+    /// Every claim the head still waits for.
+    pub unmet: Vec<UnmetClaim>,
+}
+
+/// A read-only view of one consumed channel's bookkeeping.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ChannelView {
+    /// The channel.
+    pub channel: Channel,
+    /// Highest offset below which everything is delivered or skipped (-1:
+    /// nothing yet).
+    pub frontier: i64,
+    /// Last reported consumer position (0: none since init).
+    pub position: i64,
+    /// Records held in the queue.
+    pub held: usize,
+    /// The advertised clock folded from records received on the channel.
+    pub advertised: VectorClock,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Claim {
+    Offset {
+        idx: usize,
+        offset: i64,
+    },
+    Seq {
+        idx: usize,
+        sender: SenderId,
+        seq: i64,
+    },
+}
+
+#[derive(Debug)]
+struct Held {
+    record: InboundRecord,
+    /// Claims not yet known to be met. Frontiers and delivery marks only
+    /// grow, so a met claim stays met and is pruned for good.
+    unmet: Vec<Claim>,
+}
+
+#[derive(Debug)]
+struct ChannelState {
+    channel: Channel,
+    frontier: i64,
+    position: i64,
+    advertised: VectorClock,
+    queue: VecDeque<Held>,
+    head_index: i64,
+    committed_head: i64,
+    committed_tail: i64,
+    delivered: BTreeMap<SenderId, DeliveredMark>,
+    frontier_dirty: bool,
+    advertised_dirty: bool,
+    delivered_dirty: BTreeSet<SenderId>,
+}
+
+impl ChannelState {
+    fn new(channel: Channel) -> Self {
+        ChannelState {
+            channel,
+            frontier: -1,
+            position: 0,
+            advertised: VectorClock::new(),
+            queue: VecDeque::new(),
+            head_index: 0,
+            committed_head: 0,
+            committed_tail: 0,
+            delivered: BTreeMap::new(),
+            frontier_dirty: false,
+            advertised_dirty: false,
+            delivered_dirty: BTreeSet::new(),
+        }
+    }
+
+    fn tail_index(&self) -> i64 {
+        self.head_index + self.queue.len() as i64
+    }
+
+    /// The highest offset this node has received on the channel.
+    fn received(&self) -> i64 {
+        self.queue
+            .back()
+            .map_or(self.frontier, |h| h.record.offset.max(self.frontier))
+    }
+
+    /// The prefix known to hold nothing undelivered: everything below a held
+    /// head (FIFO delivered the rest, so what is missing was skipped), or,
+    /// with an empty queue, everything below the reported position.
+    fn clean_prefix(&self) -> i64 {
+        match self.queue.front() {
+            Some(head) => head.record.offset - 1,
+            None => self.position - 1,
+        }
+    }
+}
+
+/// The causal delivery protocol for one task. See the [module
+/// documentation](self) for the host contract.
+#[derive(Debug)]
+pub struct CausalNode {
+    sender: SenderId,
+    sinks: BTreeSet<TopicId>,
+    /// Consumed channels, sorted by channel.
+    channels: Vec<ChannelState>,
+    carried: VectorClock,
+    carried_dirty: bool,
+    /// Delivery marks of channels no longer consumed; still used to resolve
+    /// sequence claims on them at the stamping site.
+    carried_delivered: BTreeMap<Channel, BTreeMap<SenderId, DeliveredMark>>,
+    own_outputs: VectorClock,
+    send_seq: BTreeMap<Channel, i64>,
+    /// Send sequences committed by earlier incarnations (read at init).
+    prior_send_seq: BTreeMap<Channel, i64>,
+    /// This incarnation's sends: the last sequence per sink channel.
+    self_claims: BTreeMap<Channel, i64>,
+    send_seq_dirty: BTreeSet<Channel>,
+    pending: WriteBatch,
+    resume: BTreeMap<Channel, i64>,
+    held: usize,
+    stamp_base: Option<VectorClock>,
+    stats: NodeStats,
+}
+
+impl CausalNode {
+    /// Starts a node from committed state: restores everything persisted,
+    /// reconciles the recorded scope with `config` (shrink, growth, former
+    /// sinks), seeds own outputs from every declared sink's end offset, and
+    /// releases whatever the reconciliation made deliverable.
+    ///
+    /// The writes init makes are idempotent and are returned by the first
+    /// [`take_writes`](Self::take_writes), to be committed with the first
+    /// step.
+    pub fn init(
+        config: NodeConfig,
+        store: &dyn StoreRead,
+        broker: &dyn BrokerOffsets,
+    ) -> Result<Initialized, ProtocolError> {
+        if let Some(c) = config.inputs.iter().find(|c| c.partition < 0) {
+            return Err(ProtocolError::InvalidConfig(format!(
+                "input {c} has a negative partition"
+            )));
+        }
+        let mut p = Persisted::read(store)?;
+        let mut report = InitReport {
+            fresh: p.scope.is_none(),
+            ..InitReport::default()
+        };
+        let recorded = p.scope.as_ref().map(|(s, _)| s.clone()).unwrap_or_default();
+        let recorded_inputs: BTreeSet<Channel> = recorded.inputs.iter().copied().collect();
+        let recorded_sinks: BTreeSet<TopicId> = recorded.sinks.iter().copied().collect();
+        let persisted_carried = p.carried.clone().unwrap_or_default();
+        let mut carried = persisted_carried.clone();
+        let mut pending = WriteBatch::new();
+
+        // Shrink: a departing input's past moves into carried ancestry.
+        for &ch in recorded_inputs.difference(&config.inputs) {
+            let (head, tail) = p.queue_meta.get(&ch).copied().unwrap_or((0, 0));
+            if tail > head {
+                return Err(ProtocolError::HeldRecordsOnDepartingInput {
+                    channel: ch,
+                    held: tail - head,
+                });
+            }
+            if let Some(f) = p.frontiers.remove(&ch) {
+                carried.claim_offset(ch, f);
+                pending.delete(StateKey::Frontier(ch));
+            }
+            if let Some(cc) = p.advertised.remove(&ch) {
+                carried.merge(&cc);
+                pending.delete(StateKey::ChannelClock(ch));
+            }
+            if p.queue_meta.remove(&ch).is_some() {
+                pending.delete(StateKey::QueueMeta(ch));
+            }
+            report.shrunk.push(ch);
+        }
+
+        // One end-offset query for current and former sinks.
+        let former: BTreeSet<TopicId> = recorded_sinks.difference(&config.sinks).copied().collect();
+        let query: BTreeSet<TopicId> = config.sinks.union(&former).copied().collect();
+        let answers = if query.is_empty() {
+            BTreeMap::new()
+        } else {
+            broker.end_offsets(&query)?
+        };
+        let mut own_outputs = VectorClock::new();
+        for &topic in &config.sinks {
+            match answer_for(&answers, topic)? {
+                TopicOffsets::Absent => return Err(ProtocolError::MissingSink { topic }),
+                TopicOffsets::Present(ends) => {
+                    for (&partition, &end) in ends {
+                        own_outputs.claim_offset(Channel::new(topic, partition), end - 1);
+                    }
+                }
+            }
+        }
+        for &topic in &former {
+            match answer_for(&answers, topic)? {
+                TopicOffsets::Absent => report.former_sinks_absent.push(topic),
+                TopicOffsets::Present(ends) => {
+                    for (&partition, &end) in ends {
+                        carried.claim_offset(Channel::new(topic, partition), end - 1);
+                    }
+                    report.former_sinks_folded.push(topic);
+                }
+            }
+        }
+
+        // Growth: a joining input starts at what the node already carries
+        // for it, so carried history is skipped rather than re-entered.
+        let mut resume = BTreeMap::new();
+        let mut seeded = BTreeMap::new();
+        for &ch in config.inputs.difference(&recorded_inputs) {
+            report.grown.push(ch);
+            if let Some(n) = carried.offset(ch) {
+                seeded.insert(ch, n);
+                resume.insert(ch, n + 1);
+            }
+        }
+        report.seeded = seeded.clone();
+
+        let mut carried_delivered = std::mem::take(&mut p.delivered);
+        let mut channels = Vec::with_capacity(config.inputs.len());
+        for &ch in &config.inputs {
+            let mut st = ChannelState::new(ch);
+            if let Some(&f) = p.frontiers.get(&ch) {
+                st.frontier = f;
+            }
+            if let Some(&n) = seeded.get(&ch) {
+                if n > st.frontier {
+                    st.frontier = n;
+                    st.frontier_dirty = true;
+                }
+            }
+            if let Some(cc) = p.advertised.remove(&ch) {
+                st.advertised = cc;
+            }
+            if let Some(&(head, tail)) = p.queue_meta.get(&ch) {
+                st.head_index = head;
+                st.committed_head = head;
+                st.committed_tail = tail;
+            }
+            for record in p.queues.remove(&ch).unwrap_or_default() {
+                st.queue.push_back(Held {
+                    record,
+                    unmet: Vec::new(),
+                });
+            }
+            if let Some(marks) = carried_delivered.remove(&ch) {
+                st.delivered = marks;
+            }
+            channels.push(st);
+        }
+
+        let scope = ScopeRecord {
+            inputs: config.inputs.iter().copied().collect(),
+            sinks: config.sinks.iter().copied().collect(),
+        }
+        .encode();
+        if p.scope.as_ref().map(|(_, bytes)| bytes.as_slice()) != Some(scope.as_slice()) {
+            pending.put(StateKey::Scope, scope);
+        }
+
+        let mut node = CausalNode {
+            sender: config.sender,
+            sinks: config.sinks,
+            channels,
+            carried_dirty: carried != persisted_carried,
+            carried,
+            carried_delivered,
+            own_outputs,
+            prior_send_seq: p.send_seq.clone(),
+            send_seq: p.send_seq,
+            self_claims: BTreeMap::new(),
+            send_seq_dirty: BTreeSet::new(),
+            pending,
+            resume,
+            held: 0,
+            stamp_base: None,
+            stats: NodeStats::default(),
+        };
+        // Restored records are gated against the reconciled scope.
+        for i in 0..node.channels.len() {
+            for q in 0..node.channels[i].queue.len() {
+                let unmet = node.unmet_claims(i, &node.channels[i].queue[q].record.causal.clock);
+                node.channels[i].queue[q].unmet = unmet;
+            }
+            node.held += node.channels[i].queue.len();
+        }
+        report.restored_held = node.held;
+        let mut deliveries = Vec::new();
+        node.cascade(&mut deliveries);
+        info!(
+            sender = %node.sender,
+            inputs = node.channels.len(),
+            sinks = node.sinks.len(),
+            restored_held = report.restored_held,
+            released_at_init = deliveries.len(),
+            shrunk = ?report.shrunk,
+            grown = ?report.grown,
+            former_sinks_absent = ?report.former_sinks_absent,
+            "causal node initialised"
+        );
+        Ok(Initialized {
+            node,
+            deliveries,
+            report,
+        })
+    }
+
+    /// Receives one fetched record: seeds or bridges the channel's frontier
+    /// when its queue is empty, folds the record's clock into the channel's
+    /// advertised clock, queues the record, and releases everything that
+    /// became deliverable, in order.
+    ///
+    /// A record at or below the frontier is a replay and is dropped without
+    /// effect. A record at or below one already received, or below a
+    /// reported position, is refused.
+    pub fn on_record(&mut self, record: InboundRecord) -> Result<Vec<Delivery>, ProtocolError> {
+        let mut out = Vec::new();
+        self.on_record_into(record, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`on_record`](Self::on_record), appending deliveries to `out`.
+    pub fn on_record_into(
+        &mut self,
+        record: InboundRecord,
+        out: &mut Vec<Delivery>,
+    ) -> Result<(), ProtocolError> {
+        let i = self.index_of(record.channel, "record")?;
+        let ch = &self.channels[i];
+        if record.offset <= ch.frontier {
+            self.stats.replays_skipped_total += 1;
+            debug!(channel = %record.channel, offset = record.offset, "replay at or below the frontier dropped");
+            return Ok(());
+        }
+        let known = ch.received().max(ch.position - 1);
+        if record.offset <= known {
+            return Err(ProtocolError::OutOfOrder {
+                channel: record.channel,
+                offset: record.offset,
+                known,
+            });
+        }
+        let unmet = self.unmet_claims(i, &record.causal.clock);
+        let ch = &mut self.channels[i];
+        if ch.advertised.merge(&record.causal.clock) {
+            ch.advertised_dirty = true;
+            self.stamp_base = None;
+        }
+        if !ch.queue.is_empty() {
+            debug!(channel = %record.channel, offset = record.offset, depth = ch.queue.len(), "record queued behind a held head");
+            ch.queue.push_back(Held { record, unmet });
+            self.held += 1;
+            return Ok(());
+        }
+        // Empty queue: everything between the frontier and this record was
+        // skipped by the consumer (seed on first sighting, bridge after).
+        let bridged = set_frontier(ch, record.offset - 1);
+        if unmet.is_empty() {
+            self.deliver(i, record, false, out);
+        } else {
+            debug!(channel = %record.channel, offset = record.offset, clock = ?record.causal.clock, "record held at the gate");
+            ch.queue.push_back(Held { record, unmet });
+            self.held += 1;
+            if bridged {
+                self.stamp_base = None;
+            }
+        }
+        if self.held > 0 {
+            self.cascade(out);
+        }
+        Ok(())
+    }
+
+    /// Reports the consumer's position on a channel: every offset below
+    /// `position` has been fetched (and handed to `on_record`) or skipped by
+    /// the consumer. With an empty queue the frontier rises to
+    /// `position - 1`; with a held head it does so once the queue drains.
+    pub fn position_advance(
+        &mut self,
+        channel: Channel,
+        position: i64,
+    ) -> Result<Vec<Delivery>, ProtocolError> {
+        let i = self.index_of(channel, "position advance")?;
+        let mut out = Vec::new();
+        let ch = &mut self.channels[i];
+        if position <= ch.position {
+            return Ok(out);
+        }
+        ch.position = position;
+        if ch.queue.is_empty() && set_frontier(ch, position - 1) {
+            self.stamp_base = None;
+            if self.held > 0 {
+                self.cascade(&mut out);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stamps one outgoing record for its concrete destination channel and
+    /// assigns its send sequence. The host attaches the returned headers and
+    /// sends exactly that record; the sequence bump is part of the step's
+    /// writes.
+    ///
+    /// The stamp is the pointwise max of the delivered frontier, every
+    /// channel's advertised clock, carried ancestry, and own outputs, plus
+    /// this incarnation's own sends to other channels as sequence claims.
+    /// Foreign sequence claims this node can resolve become offset claims,
+    /// and echoes of earlier incarnations' own sends are dropped (own outputs
+    /// or carried ancestry already claim them in offset form).
+    pub fn prepare_send(&mut self, destination: Channel) -> Result<CausalHeaders, ProtocolError> {
+        if !self.sinks.contains(&destination.topic) || destination.partition < 0 {
+            return Err(ProtocolError::UndeclaredSink {
+                channel: destination,
+            });
+        }
+        let base = match self.stamp_base.take() {
+            Some(b) => b,
+            None => self.compute_stamp_base(),
+        };
+        let mut clock = base.clone();
+        self.stamp_base = Some(base);
+        for (&ch, &seq) in &self.self_claims {
+            if ch != destination {
+                clock.claim_sequence(ch, self.sender, seq);
+            }
+        }
+        let seq = self.send_seq.get(&destination).map_or(1, |s| s + 1);
+        self.send_seq.insert(destination, seq);
+        self.send_seq_dirty.insert(destination);
+        self.self_claims.insert(destination, seq);
+        Ok(CausalHeaders {
+            clock,
+            sender: Some(SenderTag {
+                sender: self.sender,
+                seq,
+            }),
+        })
+    }
+
+    /// Removes stamp-side entries (carried ancestry and advertised clocks) at
+    /// or below `stability`. Returns how many entries were removed.
+    pub fn truncate(&mut self, stability: &VectorClock) -> usize {
+        let before = self.stamp_side_len();
+        if self.carried.truncate(stability) {
+            self.carried_dirty = true;
+        }
+        for ch in &mut self.channels {
+            if ch.advertised.truncate(stability) {
+                ch.advertised_dirty = true;
+            }
+        }
+        let removed = before - self.stamp_side_len();
+        if removed > 0 {
+            self.stamp_base = None;
+        }
+        removed
+    }
+
+    /// The truncation sweep: asks the broker for the log start of every
+    /// channel the stamp-side clocks name, truncates below it, and removes
+    /// every entry of topics that no longer exist. A failed query changes
+    /// nothing and returns the error, so the host can skip this cycle.
+    pub fn truncate_to_log_starts(
+        &mut self,
+        broker: &dyn BrokerOffsets,
+    ) -> Result<TruncationReport, ProtocolError> {
+        let channels = self.stamp_channels();
+        let topics: BTreeSet<TopicId> = channels.iter().map(|c| c.topic).collect();
+        if topics.is_empty() {
+            return Ok(TruncationReport::default());
+        }
+        let answers = broker.log_starts(&topics)?;
+        let mut stability = VectorClock::new();
+        let mut destroyed = Vec::new();
+        for &topic in &topics {
+            match answer_for(&answers, topic)? {
+                TopicOffsets::Absent => destroyed.push(topic),
+                TopicOffsets::Present(starts) => {
+                    for (&partition, &start) in starts {
+                        stability.claim_offset(Channel::new(topic, partition), start - 1);
+                    }
+                }
+            }
+        }
+        let before = self.stamp_side_len();
+        self.truncate(&stability);
+        for &topic in &destroyed {
+            info!(%topic, "truncating every claim on a topic that no longer exists");
+            if self.carried.remove_topic(topic) {
+                self.carried_dirty = true;
+            }
+            for ch in &mut self.channels {
+                if ch.advertised.remove_topic(topic) {
+                    ch.advertised_dirty = true;
+                }
+            }
+        }
+        self.stamp_base = None;
+        Ok(TruncationReport {
+            entries_removed: before - self.stamp_side_len(),
+            destroyed_topics: destroyed,
+        })
+    }
+
+    /// Every channel named by the stamp-side clocks (carried ancestry and
+    /// the advertised clocks): what a truncation sweep must ask about.
+    pub fn stamp_channels(&self) -> BTreeSet<Channel> {
+        let mut out = BTreeSet::new();
+        for clock in
+            std::iter::once(&self.carried).chain(self.channels.iter().map(|c| &c.advertised))
+        {
+            out.extend(clock.offsets().iter().map(|c| c.channel));
+            out.extend(clock.sequences().iter().map(|c| c.channel));
+        }
+        out
+    }
+
+    /// The number of offset and sequence entries in the union of the
+    /// stamp-side clocks (for the width gauges).
+    pub fn stamp_side_width(&self) -> (usize, usize) {
+        let mut union = self.carried.clone();
+        for ch in &self.channels {
+            union.merge(&ch.advertised);
+        }
+        (union.offsets().len(), union.sequences().len())
+    }
+
+    /// Where the host must start fetching channels that joined the scope and
+    /// were seeded from carried ancestry: one past the seed. Other channels
+    /// resume from the host's committed positions.
+    pub fn resume_positions(&self) -> &BTreeMap<Channel, i64> {
+        &self.resume
+    }
+
+    /// Everything that changed since the last call (or since init), for the
+    /// host to commit with the step's positions and sends. After this call
+    /// the node treats those writes as committed; if the host's transaction
+    /// aborts instead, it must discard the node and init a new one.
+    pub fn take_writes(&mut self) -> WriteBatch {
+        let mut batch = std::mem::take(&mut self.pending);
+        for ch in &mut self.channels {
+            let c = ch.channel;
+            if ch.frontier_dirty {
+                batch.put(StateKey::Frontier(c), encode_i64(ch.frontier));
+                ch.frontier_dirty = false;
+            }
+            if ch.advertised_dirty {
+                batch.put(StateKey::ChannelClock(c), ch.advertised.encode());
+                ch.advertised_dirty = false;
+            }
+            for sender in std::mem::take(&mut ch.delivered_dirty) {
+                if let Some(m) = ch.delivered.get(&sender) {
+                    batch.put(
+                        StateKey::DeliveredSeq(c, sender),
+                        encode_pair(m.seq, m.offset),
+                    );
+                }
+            }
+            let (head, tail) = (ch.head_index, ch.tail_index());
+            if (head, tail) != (ch.committed_head, ch.committed_tail) {
+                // Entries that were committed and have since been delivered.
+                for index in ch.committed_head..head.min(ch.committed_tail) {
+                    batch.delete(StateKey::QueueEntry(c, index));
+                }
+                // Entries added since and still held. (Entries added and
+                // delivered in between were never committed: nothing to do.)
+                for index in ch.committed_tail.max(head)..tail {
+                    let held = &ch.queue[(index - head) as usize];
+                    batch.put(
+                        StateKey::QueueEntry(c, index),
+                        encode_envelope(&held.record),
+                    );
+                }
+                batch.put(StateKey::QueueMeta(c), encode_pair(head, tail));
+                ch.committed_head = head;
+                ch.committed_tail = tail;
+            }
+        }
+        if self.carried_dirty {
+            batch.put(StateKey::CarriedAncestry, self.carried.encode());
+            self.carried_dirty = false;
+        }
+        for ch in std::mem::take(&mut self.send_seq_dirty) {
+            if let Some(&seq) = self.send_seq.get(&ch) {
+                batch.put(StateKey::SendSeq(ch), encode_i64(seq));
+            }
+        }
+        batch
+    }
+
+    /// Every gating queue head with its unmet claims, in channel order.
+    pub fn held_heads(&self) -> Vec<HeldHead> {
+        let mut out = Vec::new();
+        for (i, ch) in self.channels.iter().enumerate() {
+            let Some(head) = ch.queue.front() else {
+                continue;
+            };
+            let unmet = self
+                .unmet_claims(i, &head.record.causal.clock)
+                .into_iter()
+                .map(|c| self.describe(c))
+                .collect();
+            out.push(HeldHead {
+                channel: ch.channel,
+                offset: head.record.offset,
+                timestamp: head.record.timestamp,
+                sender: head.record.causal.sender,
+                depth: ch.queue.len(),
+                unmet,
+            });
+        }
+        out
+    }
+
+    /// The bookkeeping of one consumed channel.
+    pub fn channel_view(&self, channel: Channel) -> Option<ChannelView> {
+        let i = self
+            .channels
+            .binary_search_by(|c| c.channel.cmp(&channel))
+            .ok()?;
+        let ch = &self.channels[i];
+        Some(ChannelView {
+            channel,
+            frontier: ch.frontier,
+            position: ch.position,
+            held: ch.queue.len(),
+            advertised: ch.advertised.clone(),
+        })
+    }
+
+    /// The delivered frontier of a consumed channel (-1 when nothing is
+    /// delivered or skipped yet).
+    pub fn frontier(&self, channel: Channel) -> Option<i64> {
+        self.channel_view(channel).map(|v| v.frontier)
+    }
+
+    /// The highest sequence delivered from `sender` on `channel`.
+    pub fn delivered_mark(&self, channel: Channel, sender: SenderId) -> Option<DeliveredMark> {
+        self.mark(channel, sender)
+    }
+
+    /// Records currently held across all queues.
+    pub fn held_count(&self) -> usize {
+        self.held
+    }
+
+    /// Counters since init.
+    pub fn stats(&self) -> NodeStats {
+        self.stats
+    }
+
+    /// The node's sender identity.
+    pub fn sender(&self) -> SenderId {
+        self.sender
+    }
+
+    /// The consumed channels, sorted.
+    pub fn inputs(&self) -> impl Iterator<Item = Channel> + '_ {
+        self.channels.iter().map(|c| c.channel)
+    }
+
+    /// The declared sink topics.
+    pub fn sinks(&self) -> &BTreeSet<TopicId> {
+        &self.sinks
+    }
+
+    /// Carried ancestry: the delivered past of channels no longer consumed.
+    pub fn carried_ancestry(&self) -> &VectorClock {
+        &self.carried
+    }
+
+    /// Own outputs: every declared sink's end offset at init.
+    pub fn own_outputs(&self) -> &VectorClock {
+        &self.own_outputs
+    }
+
+    fn index_of(&self, channel: Channel, operation: &'static str) -> Result<usize, ProtocolError> {
+        self.channels
+            .binary_search_by(|c| c.channel.cmp(&channel))
+            .map_err(|_| ProtocolError::UnconsumedChannel { channel, operation })
+    }
+
+    fn mark(&self, channel: Channel, sender: SenderId) -> Option<DeliveredMark> {
+        match self.channels.binary_search_by(|c| c.channel.cmp(&channel)) {
+            Ok(i) => self.channels[i].delivered.get(&sender).copied(),
+            Err(_) => self.carried_delivered.get(&channel)?.get(&sender).copied(),
+        }
+    }
+
+    fn stamp_side_len(&self) -> usize {
+        let len = |c: &VectorClock| c.offsets().len() + c.sequences().len();
+        len(&self.carried)
+            + self
+                .channels
+                .iter()
+                .map(|c| len(&c.advertised))
+                .sum::<usize>()
+    }
+
+    /// The gate's view of a clock for a record on channel `own`: entries on
+    /// the record's own channel are ignored (FIFO already orders them), and
+    /// entries on channels this node does not consume are ignored (their
+    /// consumed ancestry is claimed directly). What is left and not yet met
+    /// is returned.
+    fn unmet_claims(&self, own: usize, clock: &VectorClock) -> Vec<Claim> {
+        let chans = &self.channels;
+        let mut out = Vec::new();
+        let mut i = 0;
+        for c in clock.offsets() {
+            while i < chans.len() && chans[i].channel < c.channel {
+                i += 1;
+            }
+            if i == chans.len() {
+                break;
+            }
+            if chans[i].channel == c.channel && i != own && chans[i].frontier < c.offset {
+                out.push(Claim::Offset {
+                    idx: i,
+                    offset: c.offset,
+                });
+            }
+        }
+        let mut i = 0;
+        for c in clock.sequences() {
+            while i < chans.len() && chans[i].channel < c.channel {
+                i += 1;
+            }
+            if i == chans.len() {
+                break;
+            }
+            if chans[i].channel == c.channel && i != own {
+                let claim = Claim::Seq {
+                    idx: i,
+                    sender: c.sender,
+                    seq: c.seq,
+                };
+                if !self.satisfied(claim) {
+                    out.push(claim);
+                }
+            }
+        }
+        out
+    }
+
+    fn satisfied(&self, claim: Claim) -> bool {
+        match claim {
+            Claim::Offset { idx, offset } => self.channels[idx].frontier >= offset,
+            Claim::Seq { idx, sender, seq } => self.channels[idx]
+                .delivered
+                .get(&sender)
+                .is_some_and(|m| m.seq >= seq),
+        }
+    }
+
+    fn describe(&self, claim: Claim) -> UnmetClaim {
+        match claim {
+            Claim::Offset { idx, offset } => {
+                let ch = &self.channels[idx];
+                UnmetClaim::Offset {
+                    channel: ch.channel,
+                    offset,
+                    frontier: ch.frontier,
+                    received: ch.received(),
+                    position: ch.position,
+                }
+            }
+            Claim::Seq { idx, sender, seq } => {
+                let ch = &self.channels[idx];
+                UnmetClaim::Sequence {
+                    channel: ch.channel,
+                    sender,
+                    seq,
+                    delivered: ch.delivered.get(&sender).copied(),
+                }
+            }
+        }
+    }
+
+    fn deliver(
+        &mut self,
+        i: usize,
+        record: InboundRecord,
+        was_held: bool,
+        out: &mut Vec<Delivery>,
+    ) {
+        let ch = &mut self.channels[i];
+        ch.frontier = record.offset;
+        ch.frontier_dirty = true;
+        if let Some(tag) = record.causal.sender {
+            let mark = ch.delivered.entry(tag.sender).or_insert(DeliveredMark {
+                seq: tag.seq,
+                offset: record.offset,
+            });
+            if tag.seq >= mark.seq {
+                *mark = DeliveredMark {
+                    seq: tag.seq,
+                    offset: record.offset,
+                };
+            }
+            ch.delivered_dirty.insert(tag.sender);
+        }
+        self.stamp_base = None;
+        self.stats.delivered_total += 1;
+        debug!(channel = %record.channel, offset = record.offset, was_held, "record delivered");
+        out.push(Delivery { record, was_held });
+    }
+
+    /// Releases heads to fixpoint, visiting channels in sorted order. A pass
+    /// that delivers anything or folds any frontier forward is followed by
+    /// another, since either can satisfy a claim elsewhere.
+    fn cascade(&mut self, out: &mut Vec<Delivery>) {
+        loop {
+            let mut progressed = false;
+            for i in 0..self.channels.len() {
+                progressed |= self.drain_channel(i, out);
+            }
+            if !progressed {
+                break;
+            }
+        }
+    }
+
+    fn drain_channel(&mut self, i: usize, out: &mut Vec<Delivery>) -> bool {
+        let mut progressed = false;
+        loop {
+            let clean = self.channels[i].clean_prefix();
+            if set_frontier(&mut self.channels[i], clean) {
+                self.stamp_base = None;
+                progressed = true;
+            }
+            let Some(head) = self.channels[i].queue.front_mut() else {
+                break;
+            };
+            let mut unmet = std::mem::take(&mut head.unmet);
+            unmet.retain(|c| !self.satisfied(*c));
+            if !unmet.is_empty() {
+                if let Some(head) = self.channels[i].queue.front_mut() {
+                    head.unmet = unmet;
+                }
+                break;
+            }
+            let Some(held) = self.channels[i].queue.pop_front() else {
+                break;
+            };
+            self.channels[i].head_index += 1;
+            self.held -= 1;
+            self.deliver(i, held.record, true, out);
+            progressed = true;
+        }
+        progressed
+    }
+
+    fn compute_stamp_base(&self) -> VectorClock {
+        let mut base = VectorClock::from_claims(
+            self.channels
+                .iter()
+                .filter(|c| c.frontier >= 0)
+                .map(|c| crate::clock::OffsetClaim {
+                    channel: c.channel,
+                    offset: c.frontier,
+                }),
+            std::iter::empty(),
+        );
+        for ch in &self.channels {
+            base.merge(&ch.advertised);
+        }
+        base.merge(&self.carried);
+        base.merge(&self.own_outputs);
+        let mut upgrades = Vec::new();
+        base.retain_sequences(|c| {
+            if let Some(m) = self.mark(c.channel, c.sender) {
+                if m.seq >= c.seq {
+                    // Resolved here: the claimed records sit at or below the
+                    // delivered record's offset.
+                    upgrades.push((c.channel, m.offset));
+                    return false;
+                }
+            }
+            // An earlier incarnation's own send echoed back through custody.
+            // Own outputs (current sinks) or carried ancestry (former sinks)
+            // already claim it by offset; a destroyed topic is unclaimable.
+            !(c.sender == self.sender
+                && self
+                    .prior_send_seq
+                    .get(&c.channel)
+                    .is_some_and(|&p| c.seq <= p))
+        });
+        for (ch, offset) in upgrades {
+            base.claim_offset(ch, offset);
+        }
+        base
+    }
+}
+
+/// Raises a channel's frontier; returns whether it moved.
+fn set_frontier(ch: &mut ChannelState, to: i64) -> bool {
+    if to > ch.frontier {
+        ch.frontier = to;
+        ch.frontier_dirty = true;
+        true
+    } else {
+        false
+    }
+}

@@ -1,0 +1,62 @@
+//! Records going into the node and deliveries coming out.
+
+use crate::headers::CausalHeaders;
+use crate::ids::Channel;
+
+/// A record header other than the three causal ones. Kafka allows repeated
+/// names and null values; both are kept as they are.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct Header {
+    /// The header name.
+    pub name: String,
+    /// The header value; `None` is Kafka's null value.
+    pub value: Option<Vec<u8>>,
+}
+
+impl Header {
+    /// A header with a value.
+    pub fn new(name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        Header {
+            name: name.into(),
+            value: Some(value.into()),
+        }
+    }
+}
+
+/// A fetched record as the host hands it to [`CausalNode::on_record`]
+/// (crate::CausalNode::on_record).
+///
+/// The host has already split the causal headers out (see
+/// [`CausalHeaders::decode`]); `headers` holds only the others. Key and value
+/// are the raw bytes; `None` is a Kafka null.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct InboundRecord {
+    /// The channel the record was fetched from.
+    pub channel: Channel,
+    /// The record's offset on that channel.
+    pub offset: i64,
+    /// The record's timestamp (milliseconds since the epoch).
+    pub timestamp: i64,
+    /// The key bytes, or `None` for a null key.
+    pub key: Option<Vec<u8>>,
+    /// The value bytes, or `None` for a null value (a tombstone).
+    pub value: Option<Vec<u8>>,
+    /// Every header except `vc`, `vc-sender` and `vc-seq`, in record order.
+    pub headers: Vec<Header>,
+    /// The record's dependency clock and sender tag.
+    pub causal: CausalHeaders,
+}
+
+/// A record released to the user processor, in causal order.
+///
+/// The record is exactly what was fetched: for a record that waited in a hold
+/// queue, its own coordinate, bytes and headers, not those of whatever record
+/// released it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Delivery {
+    /// The released record.
+    pub record: InboundRecord,
+    /// True when the record waited in its channel's hold queue (it was not
+    /// deliverable the moment it arrived, or it was restored from the store).
+    pub was_held: bool,
+}

@@ -1,0 +1,185 @@
+//! Reading a committed protocol store back into typed state, strictly.
+
+use std::collections::BTreeMap;
+
+use crate::clock::VectorClock;
+use crate::error::ProtocolError;
+use crate::ids::{Channel, SenderId};
+use crate::node::DeliveredMark;
+use crate::record::InboundRecord;
+use crate::store::{
+    CorruptState, ScopeRecord, StateKey, StoreRead, decode_envelope, decode_i64, decode_pair,
+};
+
+/// Everything a committed store holds, parsed and checked for consistency.
+#[derive(Default)]
+pub(crate) struct Persisted {
+    /// The recorded scope and its exact bytes.
+    pub(crate) scope: Option<(ScopeRecord, Vec<u8>)>,
+    pub(crate) frontiers: BTreeMap<Channel, i64>,
+    pub(crate) advertised: BTreeMap<Channel, VectorClock>,
+    pub(crate) carried: Option<VectorClock>,
+    pub(crate) queue_meta: BTreeMap<Channel, (i64, i64)>,
+    /// Held records per channel, in index order; complete for the indices
+    /// their metadata claims.
+    pub(crate) queues: BTreeMap<Channel, Vec<InboundRecord>>,
+    pub(crate) send_seq: BTreeMap<Channel, i64>,
+    pub(crate) delivered: BTreeMap<Channel, BTreeMap<SenderId, DeliveredMark>>,
+}
+
+impl Persisted {
+    pub(crate) fn read(store: &dyn StoreRead) -> Result<Persisted, ProtocolError> {
+        let mut p = Persisted::default();
+        let mut entries: BTreeMap<Channel, BTreeMap<i64, InboundRecord>> = BTreeMap::new();
+        let mut first_error: Option<CorruptState> = None;
+        store.for_each_entry(&mut |key, value| {
+            if first_error.is_none() {
+                if let Err(e) = p.absorb(key, value, &mut entries) {
+                    first_error = Some(e);
+                }
+            }
+        });
+        if let Some(e) = first_error {
+            return Err(e.into());
+        }
+        p.check(entries)?;
+        Ok(p)
+    }
+
+    fn absorb(
+        &mut self,
+        key: &str,
+        value: &[u8],
+        entries: &mut BTreeMap<Channel, BTreeMap<i64, InboundRecord>>,
+    ) -> Result<(), CorruptState> {
+        let parsed: StateKey = key.parse()?;
+        let bad = |reason: String| CorruptState::new(key, reason);
+        let clock = |v: &[u8]| VectorClock::decode(v).map_err(|e| bad(e.to_string()));
+        match parsed {
+            StateKey::Scope => {
+                let scope = ScopeRecord::decode(value).map_err(bad)?;
+                self.scope = Some((scope, value.to_vec()));
+            }
+            StateKey::Frontier(c) => {
+                self.frontiers.insert(c, decode_i64(value).map_err(bad)?);
+            }
+            StateKey::ChannelClock(c) => {
+                self.advertised.insert(c, clock(value)?);
+            }
+            StateKey::CarriedAncestry => self.carried = Some(clock(value)?),
+            StateKey::QueueMeta(c) => {
+                let (head, tail) = decode_pair(value).map_err(bad)?;
+                if head > tail {
+                    return Err(bad(format!("head index {head} is past tail index {tail}")));
+                }
+                self.queue_meta.insert(c, (head, tail));
+            }
+            StateKey::QueueEntry(c, index) => {
+                let record = decode_envelope(c, value).map_err(bad)?;
+                entries.entry(c).or_default().insert(index, record);
+            }
+            StateKey::SendSeq(c) => {
+                self.send_seq.insert(c, decode_i64(value).map_err(bad)?);
+            }
+            StateKey::DeliveredSeq(c, sender) => {
+                let (seq, offset) = decode_pair(value).map_err(bad)?;
+                self.delivered
+                    .entry(c)
+                    .or_default()
+                    .insert(sender, DeliveredMark { seq, offset });
+            }
+        }
+        Ok(())
+    }
+
+    /// Cross-key consistency: every per-input key belongs to a recorded
+    /// input, and every hold queue is complete and in offset order.
+    fn check(
+        &mut self,
+        mut entries: BTreeMap<Channel, BTreeMap<i64, InboundRecord>>,
+    ) -> Result<(), ProtocolError> {
+        let inputs: Vec<Channel> = match &self.scope {
+            Some((scope, _)) => scope.inputs.clone(),
+            None => {
+                let anything = !self.frontiers.is_empty()
+                    || !self.advertised.is_empty()
+                    || self.carried.is_some()
+                    || !self.queue_meta.is_empty()
+                    || !entries.is_empty()
+                    || !self.send_seq.is_empty()
+                    || !self.delivered.is_empty();
+                if anything {
+                    return Err(CorruptState::new(
+                        StateKey::Scope,
+                        "missing, but the store holds other protocol state",
+                    )
+                    .into());
+                }
+                Vec::new()
+            }
+        };
+        let is_input = |c: &Channel| inputs.binary_search(c).is_ok();
+        let outside = |key: StateKey| {
+            CorruptState::new(key, "state for a channel outside the recorded scope")
+        };
+        if let Some(c) = self.frontiers.keys().find(|c| !is_input(c)) {
+            return Err(outside(StateKey::Frontier(*c)).into());
+        }
+        if let Some(c) = self.advertised.keys().find(|c| !is_input(c)) {
+            return Err(outside(StateKey::ChannelClock(*c)).into());
+        }
+        if let Some(c) = self.queue_meta.keys().find(|c| !is_input(c)) {
+            return Err(outside(StateKey::QueueMeta(*c)).into());
+        }
+        for (&channel, &(head, tail)) in &self.queue_meta {
+            let mut held = entries.remove(&channel).unwrap_or_default();
+            // Entries outside the window are not ours to interpret.
+            if let Some((&index, _)) = held
+                .range(..head)
+                .next()
+                .or_else(|| held.range(tail..).next())
+            {
+                return Err(CorruptState::new(
+                    StateKey::QueueEntry(channel, index),
+                    format!("entry outside the queue's window {head}..{tail}"),
+                )
+                .into());
+            }
+            let mut records = Vec::with_capacity(held.len());
+            let frontier = self.frontiers.get(&channel).copied().unwrap_or(-1);
+            let mut last = frontier;
+            for index in head..tail {
+                let record = held
+                    .remove(&index)
+                    .ok_or(ProtocolError::MissingHeldRecords {
+                        channel,
+                        index,
+                        head,
+                        tail,
+                    })?;
+                if record.offset <= last {
+                    return Err(CorruptState::new(
+                        StateKey::QueueEntry(channel, index),
+                        format!(
+                            "held offset {} is not above the frontier and the previous entry ({last})",
+                            record.offset
+                        ),
+                    )
+                    .into());
+                }
+                last = record.offset;
+                records.push(record);
+            }
+            self.queues.insert(channel, records);
+        }
+        if let Some((&channel, held)) = entries.iter().next() {
+            let index = held.keys().next().copied().unwrap_or(0);
+            return Err(CorruptState::new(
+                StateKey::QueueEntry(channel, index),
+                "held record without queue metadata",
+            )
+            .into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,570 @@
+//! The keyed-bytes state seam: store keys, value layouts, the held-record
+//! envelope, and the write batch the node hands its host.
+//!
+//! # How a host persists node state
+//!
+//! The node never writes anywhere itself. It records what changed, and
+//! [`CausalNode::take_writes`](crate::CausalNode::take_writes) hands the host
+//! a [`WriteBatch`] holding only the keys that changed since the last call.
+//! The host commits that batch in the same transaction as the consumed
+//! positions and the sends of the step, and a restart restores from exactly
+//! what was committed through [`StoreRead`]. If the transaction aborts instead,
+//! the host discards the node and initialises a new one from the committed
+//! store: the node's memory is never rolled back piecemeal.
+//!
+//! # Keys
+//!
+//! Keys are UTF-8 strings; `<channel>` is `<topic-uuid>:<partition>` with the
+//! UUID in lower-case hyphenated form.
+//!
+//! | key | value |
+//! |-----|-------|
+//! | `scope` | `i32` input count, per input `i64 msb, i64 lsb, i32 partition`; `i32` sink count, per sink `i64 msb, i64 lsb` |
+//! | `f/<channel>` | `i64` frontier |
+//! | `cc/<channel>` | clock: the channel's advertised clock |
+//! | `ca` | clock: carried ancestry |
+//! | `q/<channel>/m` | `i64` head index, `i64` tail index (one past the last entry) |
+//! | `q/<channel>/e/<index>` | a held record (envelope below); index as 16 lower-case hex digits |
+//! | `sq/<channel>` | `i64`: the last send sequence issued to that sink channel |
+//! | `ds/<channel>/<sender-uuid>` | `i64` seq, `i64` offset: the highest delivered sequence from that sender on the channel, and its offset |
+//!
+//! # Held-record envelope
+//!
+//! ```text
+//! i64 offset
+//! i64 timestamp
+//! u8  tagged (0 = no sender tag, 1 = tagged)
+//! i64 sender msb    (0 when untagged)
+//! i64 sender lsb    (0 when untagged)
+//! i64 sender seq    (0 when untagged)
+//! i32 clock length, then the clock (the empty clock when the record had no `vc`)
+//! i32 key length (-1 = null key), then the key
+//! i32 value length (-1 = null value), then the value
+//! ```
+//!
+//! That is the layout the Java library writes, and a record without other
+//! headers is stored in exactly that form. This implementation also keeps a
+//! held record's other headers (Java drops them), in an optional extension
+//! after the value:
+//!
+//! ```text
+//! u8  extension tag (1 = headers)
+//! i32 header count
+//!     per header: i32 name length, UTF-8 name, i32 value length (-1 = null), value
+//! ```
+//!
+//! The extension is written only when there is at least one header, so
+//! header-less envelopes stay byte-identical to the Java layout. An unknown
+//! extension tag, or any byte after the extension, is corrupt.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use crate::bytes::Reader;
+use crate::clock::VectorClock;
+use crate::headers::{CausalHeaders, SenderTag};
+use crate::ids::{Channel, SenderId, TopicId};
+use crate::record::{Header, InboundRecord};
+
+/// The extension tag for held-record headers.
+pub const ENVELOPE_HEADERS_EXTENSION: u8 = 1;
+
+/// A persisted value (or key) that does not parse. The node refuses to start
+/// from state it cannot read.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+#[error("corrupt state at key {key:?}: {reason}")]
+pub struct CorruptState {
+    /// The offending key.
+    pub key: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl CorruptState {
+    pub(crate) fn new(key: impl fmt::Display, reason: impl fmt::Display) -> Self {
+        CorruptState {
+            key: key.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// A parsed state-store key.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum StateKey {
+    /// `scope`
+    Scope,
+    /// `f/<channel>`
+    Frontier(Channel),
+    /// `cc/<channel>`
+    ChannelClock(Channel),
+    /// `ca`
+    CarriedAncestry,
+    /// `q/<channel>/m`
+    QueueMeta(Channel),
+    /// `q/<channel>/e/<index>`
+    QueueEntry(Channel, i64),
+    /// `sq/<channel>`
+    SendSeq(Channel),
+    /// `ds/<channel>/<sender>`
+    DeliveredSeq(Channel, SenderId),
+}
+
+impl fmt::Display for StateKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StateKey::Scope => f.write_str("scope"),
+            StateKey::Frontier(c) => write!(f, "f/{c}"),
+            StateKey::ChannelClock(c) => write!(f, "cc/{c}"),
+            StateKey::CarriedAncestry => f.write_str("ca"),
+            StateKey::QueueMeta(c) => write!(f, "q/{c}/m"),
+            StateKey::QueueEntry(c, i) => write!(f, "q/{c}/e/{i:016x}"),
+            StateKey::SendSeq(c) => write!(f, "sq/{c}"),
+            StateKey::DeliveredSeq(c, s) => write!(f, "ds/{c}/{s}"),
+        }
+    }
+}
+
+impl FromStr for StateKey {
+    type Err = CorruptState;
+
+    fn from_str(key: &str) -> Result<Self, Self::Err> {
+        let bad = |reason: &str| CorruptState::new(key, reason);
+        let channel = |s: &str| s.parse::<Channel>().map_err(|e| CorruptState::new(key, e));
+        match key {
+            "scope" => return Ok(StateKey::Scope),
+            "ca" => return Ok(StateKey::CarriedAncestry),
+            _ => {}
+        }
+        let (kind, rest) = key.split_once('/').ok_or_else(|| bad("unknown key"))?;
+        match kind {
+            "f" => Ok(StateKey::Frontier(channel(rest)?)),
+            "cc" => Ok(StateKey::ChannelClock(channel(rest)?)),
+            "sq" => Ok(StateKey::SendSeq(channel(rest)?)),
+            "ds" => {
+                let (c, s) = rest
+                    .split_once('/')
+                    .ok_or_else(|| bad("expected ds/<channel>/<sender>"))?;
+                let sender = s
+                    .parse::<SenderId>()
+                    .map_err(|e| CorruptState::new(key, e))?;
+                Ok(StateKey::DeliveredSeq(channel(c)?, sender))
+            }
+            "q" => {
+                let (c, tail) = rest
+                    .split_once('/')
+                    .ok_or_else(|| bad("expected q/<channel>/..."))?;
+                let c = channel(c)?;
+                if tail == "m" {
+                    return Ok(StateKey::QueueMeta(c));
+                }
+                let index = tail
+                    .strip_prefix("e/")
+                    .filter(|i| {
+                        i.len() == 16 && i.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+                    })
+                    .ok_or_else(|| {
+                        bad("expected q/<channel>/m or q/<channel>/e/<16 lower-case hex digits>")
+                    })?;
+                let index =
+                    i64::from_str_radix(index, 16).map_err(|e| CorruptState::new(key, e))?;
+                Ok(StateKey::QueueEntry(c, index))
+            }
+            _ => Err(bad("unknown key")),
+        }
+    }
+}
+
+/// The scope a node's state was written under: its declared inputs and sinks.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct ScopeRecord {
+    /// Consumed channels, sorted.
+    pub inputs: Vec<Channel>,
+    /// Sink topics, sorted.
+    pub sinks: Vec<TopicId>,
+}
+
+impl ScopeRecord {
+    /// Encodes the `scope` value.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + self.inputs.len() * 20 + self.sinks.len() * 16);
+        out.extend_from_slice(&(self.inputs.len() as i32).to_be_bytes());
+        for c in &self.inputs {
+            out.extend_from_slice(&c.topic.msb().to_be_bytes());
+            out.extend_from_slice(&c.topic.lsb().to_be_bytes());
+            out.extend_from_slice(&c.partition.to_be_bytes());
+        }
+        out.extend_from_slice(&(self.sinks.len() as i32).to_be_bytes());
+        for t in &self.sinks {
+            out.extend_from_slice(&t.msb().to_be_bytes());
+            out.extend_from_slice(&t.lsb().to_be_bytes());
+        }
+        out
+    }
+
+    /// Decodes a `scope` value.
+    pub fn decode(bytes: &[u8]) -> Result<ScopeRecord, String> {
+        let mut r = Reader::new(bytes);
+        let n = count(&mut r, 20, "input")?;
+        let mut inputs = Vec::with_capacity(n);
+        for _ in 0..n {
+            let topic = TopicId::from_halves(need(r.i64())?, need(r.i64())?);
+            let partition = need(r.i32())?;
+            if partition < 0 {
+                return Err(format!("negative partition {partition}"));
+            }
+            inputs.push(Channel::new(topic, partition));
+        }
+        let n = count(&mut r, 16, "sink")?;
+        let mut sinks = Vec::with_capacity(n);
+        for _ in 0..n {
+            sinks.push(TopicId::from_halves(need(r.i64())?, need(r.i64())?));
+        }
+        finish(&r)?;
+        inputs.sort_unstable();
+        inputs.dedup();
+        sinks.sort_unstable();
+        sinks.dedup();
+        Ok(ScopeRecord { inputs, sinks })
+    }
+}
+
+fn need<T>(v: Option<T>) -> Result<T, String> {
+    v.ok_or_else(|| "truncated value".to_owned())
+}
+
+fn count(r: &mut Reader<'_>, entry_len: usize, what: &str) -> Result<usize, String> {
+    let n = need(r.i32())?;
+    if n < 0 {
+        return Err(format!("negative {what} count {n}"));
+    }
+    let n = n as usize;
+    if n.saturating_mul(entry_len) > r.remaining() {
+        return Err(format!("{what} count {n} exceeds the value's length"));
+    }
+    Ok(n)
+}
+
+fn finish(r: &Reader<'_>) -> Result<(), String> {
+    match r.remaining() {
+        0 => Ok(()),
+        n => Err(format!("{n} trailing bytes")),
+    }
+}
+
+/// Encodes a single non-negative `i64` value (`f/…`, `sq/…`).
+pub fn encode_i64(v: i64) -> Vec<u8> {
+    v.to_be_bytes().to_vec()
+}
+
+/// Decodes a single non-negative `i64` value.
+pub fn decode_i64(bytes: &[u8]) -> Result<i64, String> {
+    let mut r = Reader::new(bytes);
+    let v = need(r.i64())?;
+    finish(&r)?;
+    if v < 0 {
+        return Err(format!("negative value {v}"));
+    }
+    Ok(v)
+}
+
+/// Encodes a pair of `i64`s (`q/…/m`, `ds/…`).
+pub fn encode_pair(a: i64, b: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16);
+    out.extend_from_slice(&a.to_be_bytes());
+    out.extend_from_slice(&b.to_be_bytes());
+    out
+}
+
+/// Decodes a pair of non-negative `i64`s.
+pub fn decode_pair(bytes: &[u8]) -> Result<(i64, i64), String> {
+    let mut r = Reader::new(bytes);
+    let a = need(r.i64())?;
+    let b = need(r.i64())?;
+    finish(&r)?;
+    if a < 0 || b < 0 {
+        return Err(format!("negative value in ({a}, {b})"));
+    }
+    Ok((a, b))
+}
+
+/// Encodes a held record's envelope. The record's channel is not part of the
+/// value; it is in the key.
+pub fn encode_envelope(record: &InboundRecord) -> Vec<u8> {
+    let clock_len = record.causal.clock.encoded_len();
+    let mut out = Vec::with_capacity(
+        8 + 8
+            + 1
+            + 24
+            + 4
+            + clock_len
+            + 8
+            + record.key.as_ref().map_or(0, Vec::len)
+            + record.value.as_ref().map_or(0, Vec::len),
+    );
+    out.extend_from_slice(&record.offset.to_be_bytes());
+    out.extend_from_slice(&record.timestamp.to_be_bytes());
+    match record.causal.sender {
+        Some(tag) => {
+            out.push(1);
+            out.extend_from_slice(&tag.sender.msb().to_be_bytes());
+            out.extend_from_slice(&tag.sender.lsb().to_be_bytes());
+            out.extend_from_slice(&tag.seq.to_be_bytes());
+        }
+        None => {
+            out.push(0);
+            out.extend_from_slice(&[0u8; 24]);
+        }
+    }
+    out.extend_from_slice(&(clock_len as i32).to_be_bytes());
+    record.causal.clock.encode_into(&mut out);
+    put_nullable(&mut out, record.key.as_deref());
+    put_nullable(&mut out, record.value.as_deref());
+    if !record.headers.is_empty() {
+        out.push(ENVELOPE_HEADERS_EXTENSION);
+        out.extend_from_slice(&(record.headers.len() as i32).to_be_bytes());
+        for h in &record.headers {
+            put_nullable(&mut out, Some(h.name.as_bytes()));
+            put_nullable(&mut out, h.value.as_deref());
+        }
+    }
+    out
+}
+
+fn put_nullable(out: &mut Vec<u8>, bytes: Option<&[u8]>) {
+    match bytes {
+        Some(b) => {
+            out.extend_from_slice(&(b.len() as i32).to_be_bytes());
+            out.extend_from_slice(b);
+        }
+        None => out.extend_from_slice(&(-1i32).to_be_bytes()),
+    }
+}
+
+fn get_nullable(r: &mut Reader<'_>, what: &str) -> Result<Option<Vec<u8>>, String> {
+    let len = need(r.i32())?;
+    match len {
+        -1 => Ok(None),
+        n if n < 0 => Err(format!("invalid {what} length {n}")),
+        n => r.take(n as usize).map(|b| Some(b.to_vec())).ok_or_else(|| {
+            format!(
+                "truncated {what}: {n} bytes claimed, {} remain",
+                r.remaining()
+            )
+        }),
+    }
+}
+
+/// Decodes a held record's envelope for `channel`.
+pub fn decode_envelope(channel: Channel, bytes: &[u8]) -> Result<InboundRecord, String> {
+    let mut r = Reader::new(bytes);
+    let offset = need(r.i64())?;
+    if offset < 0 {
+        return Err(format!("negative offset {offset}"));
+    }
+    let timestamp = need(r.i64())?;
+    let tagged = need(r.u8())?;
+    let msb = need(r.i64())?;
+    let lsb = need(r.i64())?;
+    let seq = need(r.i64())?;
+    let sender = match tagged {
+        0 if msb == 0 && lsb == 0 && seq == 0 => None,
+        0 => return Err("untagged record with non-zero sender fields".to_owned()),
+        1 => {
+            if seq < 0 {
+                return Err(format!("negative sender sequence {seq}"));
+            }
+            Some(SenderTag {
+                sender: SenderId::from_halves(msb, lsb),
+                seq,
+            })
+        }
+        t => return Err(format!("invalid sender tag flag {t}")),
+    };
+    let clock_len = need(r.i32())?;
+    if clock_len < 0 {
+        return Err(format!("negative clock length {clock_len}"));
+    }
+    let clock_bytes = r
+        .take(clock_len as usize)
+        .ok_or_else(|| format!("truncated clock: {clock_len} bytes claimed"))?;
+    let clock = VectorClock::decode(clock_bytes).map_err(|e| e.to_string())?;
+    let key = get_nullable(&mut r, "key")?;
+    let value = get_nullable(&mut r, "value")?;
+    let mut headers = Vec::new();
+    if r.remaining() > 0 {
+        let tag = need(r.u8())?;
+        if tag != ENVELOPE_HEADERS_EXTENSION {
+            return Err(format!("unknown envelope extension {tag}"));
+        }
+        let n = count(&mut r, 8, "header")?;
+        headers.reserve(n);
+        for _ in 0..n {
+            let name = get_nullable(&mut r, "header name")?
+                .ok_or_else(|| "null header name".to_owned())?;
+            let name =
+                String::from_utf8(name).map_err(|_| "header name is not UTF-8".to_owned())?;
+            let value = get_nullable(&mut r, "header value")?;
+            headers.push(Header { name, value });
+        }
+        finish(&r)?;
+    }
+    Ok(InboundRecord {
+        channel,
+        offset,
+        timestamp,
+        key,
+        value,
+        headers,
+        causal: CausalHeaders { clock, sender },
+    })
+}
+
+/// The writes of one step: keys to put and keys to delete, in key order.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct WriteBatch {
+    writes: BTreeMap<String, Option<Vec<u8>>>,
+}
+
+impl fmt::Debug for WriteBatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(
+                self.writes
+                    .iter()
+                    .map(|(k, v)| (k, v.as_ref().map(|v| format!("{} bytes", v.len())))),
+            )
+            .finish()
+    }
+}
+
+impl WriteBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        WriteBatch::default()
+    }
+
+    /// Records a put of `value` under `key`.
+    pub fn put(&mut self, key: StateKey, value: Vec<u8>) {
+        self.writes.insert(key.to_string(), Some(value));
+    }
+
+    /// Records a delete of `key`.
+    pub fn delete(&mut self, key: StateKey) {
+        self.writes.insert(key.to_string(), None);
+    }
+
+    /// True when the batch writes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    /// The number of keys written.
+    pub fn len(&self) -> usize {
+        self.writes.len()
+    }
+
+    /// The writes in key order: `Some(bytes)` is a put, `None` a delete.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, Option<&[u8]>)> {
+        self.writes.iter().map(|(k, v)| (k.as_str(), v.as_deref()))
+    }
+
+    /// The write for `key`, if the batch has one: `Some(None)` is a delete.
+    pub fn get(&self, key: &str) -> Option<Option<&[u8]>> {
+        self.writes.get(key).map(|v| v.as_deref())
+    }
+
+    /// Folds a later batch into this one (later writes win).
+    pub fn extend(&mut self, later: WriteBatch) {
+        self.writes.extend(later.writes);
+    }
+}
+
+impl IntoIterator for WriteBatch {
+    type Item = (String, Option<Vec<u8>>);
+    type IntoIter = std::collections::btree_map::IntoIter<String, Option<Vec<u8>>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.writes.into_iter()
+    }
+}
+
+/// Read access to a committed protocol store, for restore at init.
+pub trait StoreRead {
+    /// Calls `f` with every entry, in any order.
+    fn for_each_entry(&self, f: &mut dyn FnMut(&str, &[u8]));
+}
+
+impl StoreRead for BTreeMap<String, Vec<u8>> {
+    fn for_each_entry(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        for (k, v) in self {
+            f(k, v);
+        }
+    }
+}
+
+/// A simple in-memory protocol store: a sorted map that applies write
+/// batches. Hosts that keep state in memory (the simulator, the test driver,
+/// a changelog-backed runtime) can use it directly.
+#[derive(Clone, PartialEq, Eq, Default, Debug)]
+pub struct MemStore {
+    entries: BTreeMap<String, Vec<u8>>,
+}
+
+impl MemStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        MemStore::default()
+    }
+
+    /// Applies a batch: puts overwrite, deletes remove.
+    pub fn apply(&mut self, batch: &WriteBatch) {
+        for (k, v) in batch.iter() {
+            match v {
+                Some(v) => {
+                    self.entries.insert(k.to_owned(), v.to_vec());
+                }
+                None => {
+                    self.entries.remove(k);
+                }
+            }
+        }
+    }
+
+    /// The value under `key`.
+    pub fn get(&self, key: &str) -> Option<&[u8]> {
+        self.entries.get(key).map(Vec::as_slice)
+    }
+
+    /// Every entry in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.entries.iter().map(|(k, v)| (k.as_str(), v.as_slice()))
+    }
+
+    /// The number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when the store holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Total bytes of keys and values held.
+    pub fn size_bytes(&self) -> usize {
+        self.entries.iter().map(|(k, v)| k.len() + v.len()).sum()
+    }
+
+    /// Direct mutable access, for tests that corrupt state on purpose.
+    pub fn entries_mut(&mut self) -> &mut BTreeMap<String, Vec<u8>> {
+        &mut self.entries
+    }
+}
+
+impl StoreRead for MemStore {
+    fn for_each_entry(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        self.entries.for_each_entry(f)
+    }
+}
