@@ -289,7 +289,8 @@ fn headers_decode_strictly() {
         CausalHeaders::default()
     );
     // Every corrupt shape is an error, never "no claim".
-    let bad: Vec<(&str, Vec<(&str, Option<&str>)>, CorruptHeader)> = vec![
+    type Case<'a> = (&'a str, Vec<(&'a str, Option<&'a str>)>, CorruptHeader);
+    let bad: Vec<Case> = vec![
         (
             "sender without seq",
             vec![("vc-sender", Some(sender))],

@@ -1,0 +1,256 @@
+//! V11: one construction per guard that refuses rather than guesses.
+
+mod common;
+
+use common::*;
+use parsley_protocol::*;
+
+const ME: u128 = 0xA11CE;
+
+#[test]
+fn record_on_an_unconsumed_channel() {
+    let a = ch(1, 0);
+    let mut h = Harness::start(config(sender(ME), &[a], &[]), FakeBroker::default());
+    let err = h
+        .node
+        .on_record(rec(ch(1, 1), 0, VectorClock::new()))
+        .unwrap_err();
+    assert!(
+        matches!(err, ProtocolError::UnconsumedChannel { channel, operation: "record" } if channel == ch(1, 1)),
+        "{err}"
+    );
+    assert_eq!(h.node.stats().delivered_total, 0);
+}
+
+#[test]
+fn position_advance_on_an_unconsumed_channel() {
+    let a = ch(1, 0);
+    let mut h = Harness::start(config(sender(ME), &[a], &[]), FakeBroker::default());
+    let err = h.node.position_advance(ch(2, 0), 5).unwrap_err();
+    assert!(matches!(
+        err,
+        ProtocolError::UnconsumedChannel {
+            operation: "position advance",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn send_to_an_undeclared_sink() {
+    let a = ch(1, 0);
+    let x = ch(9, 0);
+    let broker = FakeBroker::default().with_topic(x.topic, 1, 0);
+    let mut h = Harness::start(config(sender(ME), &[a], &[x.topic]), broker);
+    let err = h.node.prepare_send(ch(8, 0)).unwrap_err();
+    assert!(matches!(err, ProtocolError::UndeclaredSink { channel } if channel == ch(8, 0)));
+    assert!(matches!(
+        h.node.prepare_send(Channel::new(x.topic, -1)),
+        Err(ProtocolError::UndeclaredSink { .. })
+    ));
+    // The refused sends consumed no sequence.
+    assert_eq!(h.node.prepare_send(x).unwrap().sender.unwrap().seq, 1);
+}
+
+#[test]
+fn held_record_on_an_input_leaving_scope() {
+    let a = ch(1, 0);
+    let b = ch(2, 0);
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    assert!(h.feed(rec(b, 0, offsets(&[(a, 3)]))).is_empty());
+    let err = h.restart_with(config(sender(ME), &[a], &[])).unwrap_err();
+    assert!(
+        matches!(err, ProtocolError::HeldRecordsOnDepartingInput { channel, held: 1 } if channel == b),
+        "{err}"
+    );
+    // Nothing was lost: the held record is still in the committed store, and
+    // redeclaring the input restores it.
+    h.restart_with(config(sender(ME), &[a, b], &[])).unwrap();
+    assert_eq!(h.report.restored_held, 1);
+}
+
+#[test]
+fn hold_queue_restoring_fewer_entries_than_its_indices_claim() {
+    let a = ch(1, 0);
+    let b = ch(2, 0);
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    h.feed(rec(a, 0, offsets(&[(b, 3)])));
+    h.feed(rec(a, 1, VectorClock::new()));
+    h.commit();
+    let lost = StateKey::QueueEntry(a, 1).to_string();
+    assert!(h.store.entries_mut().remove(&lost).is_some());
+    let err = CausalNode::init(h.config.clone(), &h.store, &h.broker).unwrap_err();
+    assert!(
+        matches!(err, ProtocolError::MissingHeldRecords { channel, index: 1, head: 0, tail: 2 } if channel == a),
+        "{err}"
+    );
+}
+
+#[test]
+fn corrupt_persisted_values() {
+    let a = ch(1, 0);
+    let b = ch(2, 0);
+    let x = ch(9, 0);
+    let s = sender(0x5E);
+    let broker = FakeBroker::default().with_topic(x.topic, 1, 0);
+    let c = ch(3, 0);
+    let mut h = Harness::start(config(sender(ME), &[a, b, c], &[x.topic]), broker);
+    h.feed(tagged(rec(b, 0, offsets(&[(ch(7, 0), 1)])), s, 1));
+    h.feed(rec(a, 0, offsets(&[(b, 3)])));
+    h.feed(rec(c, 2, VectorClock::new()));
+    h.node.prepare_send(x).unwrap();
+    // Dropping C as an input writes carried ancestry.
+    h.restart_with(config(sender(ME), &[a, b], &[x.topic]))
+        .unwrap();
+    h.commit();
+    let good = h.store.clone();
+    let keys: Vec<String> = good.iter().map(|(k, _)| k.to_owned()).collect();
+    for prefix in ["scope", "ca", "f/", "cc/", "q/", "sq/", "ds/"] {
+        assert!(
+            keys.iter().any(|k| k.starts_with(prefix)),
+            "fixture lacks {prefix}"
+        );
+    }
+    for key in &keys {
+        // Truncate every value by one byte, and append one byte: both corrupt.
+        for mutate in [
+            |v: &mut Vec<u8>| {
+                v.pop();
+            },
+            |v: &mut Vec<u8>| v.push(0),
+        ] {
+            let mut store = good.clone();
+            mutate(store.entries_mut().get_mut(key).unwrap());
+            let err = CausalNode::init(h.config.clone(), &store, &h.broker).unwrap_err();
+            assert!(
+                matches!(err, ProtocolError::CorruptState(ref c) if &c.key == key),
+                "{key}: {err}"
+            );
+        }
+    }
+    // A key nobody writes, a negative frontier, state without a scope.
+    let mut store = good.clone();
+    store.entries_mut().insert("zz/unknown".into(), vec![]);
+    assert!(matches!(
+        CausalNode::init(h.config.clone(), &store, &h.broker),
+        Err(ProtocolError::CorruptState(_))
+    ));
+    let mut store = good.clone();
+    store.entries_mut().insert(
+        StateKey::Frontier(a).to_string(),
+        (-2i64).to_be_bytes().to_vec(),
+    );
+    assert!(matches!(
+        CausalNode::init(h.config.clone(), &store, &h.broker),
+        Err(ProtocolError::CorruptState(_))
+    ));
+    let mut store = good.clone();
+    store.entries_mut().remove("scope");
+    assert!(matches!(
+        CausalNode::init(h.config.clone(), &store, &h.broker),
+        Err(ProtocolError::CorruptState(_))
+    ));
+    // A frontier for a channel outside the recorded scope.
+    let mut store = good.clone();
+    store.entries_mut().insert(
+        StateKey::Frontier(ch(3, 3)).to_string(),
+        1i64.to_be_bytes().to_vec(),
+    );
+    assert!(matches!(
+        CausalNode::init(h.config.clone(), &store, &h.broker),
+        Err(ProtocolError::CorruptState(_))
+    ));
+    // A held entry outside its queue's window.
+    let mut store = good.clone();
+    let stray = StateKey::QueueEntry(a, 7).to_string();
+    let entry = good
+        .get(&StateKey::QueueEntry(a, 0).to_string())
+        .unwrap()
+        .to_vec();
+    store.entries_mut().insert(stray, entry);
+    assert!(matches!(
+        CausalNode::init(h.config.clone(), &store, &h.broker),
+        Err(ProtocolError::CorruptState(_))
+    ));
+    // The untouched store still starts.
+    assert!(CausalNode::init(h.config.clone(), &good, &h.broker).is_ok());
+}
+
+#[test]
+fn missing_sink_at_init() {
+    let a = ch(1, 0);
+    let err = CausalNode::init(
+        config(sender(ME), &[a], &[topic(9)]),
+        &MemStore::new(),
+        &FakeBroker::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, ProtocolError::MissingSink { topic: t } if t == topic(9)));
+}
+
+#[test]
+fn broker_failure_at_init() {
+    let broker = FakeBroker::default().with_topic(topic(9), 1, 0);
+    broker.fail.set(true);
+    let err = CausalNode::init(
+        config(sender(ME), &[ch(1, 0)], &[topic(9)]),
+        &MemStore::new(),
+        &broker,
+    )
+    .unwrap_err();
+    assert!(matches!(err, ProtocolError::BrokerOffsets(_)));
+}
+
+#[test]
+fn records_out_of_offset_order() {
+    let a = ch(1, 0);
+    let b = ch(2, 0);
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    h.feed(rec(a, 0, offsets(&[(b, 0)])));
+    h.feed(rec(a, 5, VectorClock::new()));
+    // Above the frontier but not above the last received record.
+    let err = h.node.on_record(rec(a, 3, VectorClock::new())).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ProtocolError::OutOfOrder {
+                offset: 3,
+                known: 5,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Below a position the host already reported (it promised every record
+    // below it had been handed over). B's head is held, so the position is
+    // remembered but not folded into the frontier yet.
+    let c = ch(3, 0);
+    let mut h = Harness::start(config(sender(ME), &[b, c], &[]), FakeBroker::default());
+    h.feed(rec(b, 0, offsets(&[(c, 0)])));
+    assert!(h.advance(b, 10).is_empty());
+    let err = h.node.on_record(rec(b, 7, VectorClock::new())).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ProtocolError::OutOfOrder {
+                offset: 7,
+                known: 9,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(h.feed(rec(c, 0, VectorClock::new())), vec![(c, 0), (b, 0)]);
+    assert_eq!(h.node.frontier(b), Some(9));
+}
+
+#[test]
+fn negative_input_partition_is_invalid_config() {
+    let err = CausalNode::init(
+        config(sender(ME), &[ch(1, -1)], &[]),
+        &MemStore::new(),
+        &FakeBroker::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, ProtocolError::InvalidConfig(_)));
+}
