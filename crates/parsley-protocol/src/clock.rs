@@ -311,23 +311,37 @@ impl VectorClock {
     /// of `self` at the same or a higher offset. Only the offset sections take
     /// part; sequence claims are resolved against delivery marks, not clocks.
     pub fn dominates(&self, other: &VectorClock) -> bool {
-        let mine = &self.offsets;
+        let (mine, theirs) = (self.offsets.as_slice(), other.offsets.as_slice());
+        if theirs.len() > mine.len() {
+            // Keys are unique, so every claim needs its own entry here.
+            return false;
+        }
+        if mine.len() == theirs.len() {
+            // The common case: both clocks name the same channels. One
+            // branch-free pass decides it.
+            let mut same = true;
+            let mut covered = true;
+            for (m, t) in mine.iter().zip(theirs) {
+                same &= m.channel == t.channel;
+                covered &= m.offset >= t.offset;
+            }
+            if same {
+                return covered;
+            }
+        }
         let mut i = 0;
-        for claim in &other.offsets {
+        for claim in theirs {
             loop {
-                match mine.get(i) {
-                    None => return false,
-                    Some(m) => match m.channel.cmp(&claim.channel) {
-                        Ordering::Less => i += 1,
-                        Ordering::Equal => {
-                            if m.offset < claim.offset {
-                                return false;
-                            }
-                            i += 1;
-                            break;
-                        }
-                        Ordering::Greater => return false,
-                    },
+                let Some(m) = mine.get(i) else { return false };
+                i += 1;
+                if m.channel == claim.channel {
+                    if m.offset < claim.offset {
+                        return false;
+                    }
+                    break;
+                }
+                if m.channel > claim.channel {
+                    return false;
                 }
             }
         }
@@ -381,36 +395,45 @@ impl VectorClock {
 
     /// The canonical version-1 encoding.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.encoded_len());
+        let mut out = Vec::new();
         self.encode_into(&mut out);
         out
     }
 
     /// Appends the canonical version-1 encoding to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        out.reserve(self.encoded_len());
-        out.push(CLOCK_VERSION);
-        // Entry counts cannot exceed i32::MAX: each claim of a clock that
-        // large would already occupy more memory than a process can hold.
-        out.extend_from_slice(&(self.offsets.len() as i32).to_be_bytes());
-        for c in &self.offsets {
-            let mut e = [0u8; OFFSET_ENTRY_LEN];
+        let start = out.len();
+        out.resize(start + self.encoded_len(), 0);
+        let buf = &mut out[start..];
+        buf[0] = CLOCK_VERSION;
+        // Entry counts cannot exceed i32::MAX: a clock that large would
+        // already occupy more memory than a process can hold.
+        buf[1..5].copy_from_slice(&(self.offsets.len() as i32).to_be_bytes());
+        let (entries, rest) = buf[5..].split_at_mut(self.offsets.len() * OFFSET_ENTRY_LEN);
+        for (e, c) in entries
+            .as_chunks_mut::<OFFSET_ENTRY_LEN>()
+            .0
+            .iter_mut()
+            .zip(&self.offsets)
+        {
             e[0..8].copy_from_slice(&c.channel.topic.msb().to_be_bytes());
             e[8..16].copy_from_slice(&c.channel.topic.lsb().to_be_bytes());
             e[16..20].copy_from_slice(&c.channel.partition.to_be_bytes());
             e[20..28].copy_from_slice(&c.offset.to_be_bytes());
-            out.extend_from_slice(&e);
         }
-        out.extend_from_slice(&(self.sequences.len() as i32).to_be_bytes());
-        for c in &self.sequences {
-            let mut e = [0u8; SEQUENCE_ENTRY_LEN];
+        rest[0..4].copy_from_slice(&(self.sequences.len() as i32).to_be_bytes());
+        for (e, c) in rest[4..]
+            .as_chunks_mut::<SEQUENCE_ENTRY_LEN>()
+            .0
+            .iter_mut()
+            .zip(&self.sequences)
+        {
             e[0..8].copy_from_slice(&c.channel.topic.msb().to_be_bytes());
             e[8..16].copy_from_slice(&c.channel.topic.lsb().to_be_bytes());
             e[16..20].copy_from_slice(&c.channel.partition.to_be_bytes());
             e[20..28].copy_from_slice(&c.sender.msb().to_be_bytes());
             e[28..36].copy_from_slice(&c.sender.lsb().to_be_bytes());
             e[36..44].copy_from_slice(&c.seq.to_be_bytes());
-            out.extend_from_slice(&e);
         }
     }
 
@@ -421,88 +444,118 @@ impl VectorClock {
         if version != CLOCK_VERSION {
             return Err(CorruptClock::UnknownVersion(version));
         }
-        let mut pos = 1;
-        let (offsets, used) = decode_section(
-            rest,
-            pos,
-            ClockSection::Offsets,
-            OFFSET_ENTRY_LEN,
-            |e, index| {
-                let partition = be_i32(e, 16);
-                if partition < 0 {
-                    return Err(CorruptClock::NegativePartition {
-                        section: ClockSection::Offsets,
-                        index,
-                        partition,
-                    });
-                }
-                let offset = be_i64(e, 20);
-                if offset < 0 {
-                    return Err(CorruptClock::NegativeOffset { index, offset });
-                }
-                Ok(OffsetClaim {
-                    channel: Channel::new(
-                        TopicId::from_halves(be_i64(e, 0), be_i64(e, 8)),
-                        partition,
-                    ),
-                    offset,
-                })
-            },
-        )?;
-        pos += used;
-        let rest = &rest[used..];
-        let (sequences, used) = decode_section(
-            rest,
-            pos,
-            ClockSection::Sequences,
-            SEQUENCE_ENTRY_LEN,
-            |e, index| {
-                let partition = be_i32(e, 16);
-                if partition < 0 {
-                    return Err(CorruptClock::NegativePartition {
-                        section: ClockSection::Sequences,
-                        index,
-                        partition,
-                    });
-                }
-                let seq = be_i64(e, 36);
-                if seq < 0 {
-                    return Err(CorruptClock::NegativeSequence { index, seq });
-                }
-                Ok(SequenceClaim {
-                    channel: Channel::new(
-                        TopicId::from_halves(be_i64(e, 0), be_i64(e, 8)),
-                        partition,
-                    ),
-                    sender: SenderId::from_halves(be_i64(e, 20), be_i64(e, 28)),
-                    seq,
-                })
-            },
-        )?;
-        if rest.len() > used {
-            return Err(CorruptClock::TrailingBytes(rest.len() - used));
+        let (data, rest) = section(rest, 1, ClockSection::Offsets, OFFSET_ENTRY_LEN)?;
+        // Validity and order are accumulated without an early exit per
+        // entry; the rare failure is located afterwards.
+        let mut negative = false;
+        let mut sorted = true;
+        let mut prev = (0u128, -1i32);
+        let mut offsets: Vec<OffsetClaim> = Vec::with_capacity(data.len() / OFFSET_ENTRY_LEN);
+        offsets.extend(data.as_chunks::<OFFSET_ENTRY_LEN>().0.iter().map(|e| {
+            let (msb, lsb, partition) = (be_i64(e, 0), be_i64(e, 8), be_i32(e, 16));
+            let offset = be_i64(e, 20);
+            negative |= (partition < 0) | (offset < 0);
+            let key = (order_key(msb, lsb), partition);
+            sorted &= prev < key;
+            prev = key;
+            OffsetClaim {
+                channel: Channel::new(TopicId::from_halves(msb, lsb), partition),
+                offset,
+            }
+        }));
+        if negative {
+            return Err(first_bad_offset(&offsets));
         }
-        let mut clock = VectorClock { offsets, sequences };
-        if !is_strictly_sorted(&clock.offsets, |c| c.channel) {
-            canonicalise_offsets(&mut clock.offsets);
+        let at = bytes.len() - rest.len();
+        let (data, rest) = section(rest, at, ClockSection::Sequences, SEQUENCE_ENTRY_LEN)?;
+        let mut seq_sorted = true;
+        let mut prev = (0u128, -1i32, 0u128);
+        let mut sequences: Vec<SequenceClaim> = Vec::with_capacity(data.len() / SEQUENCE_ENTRY_LEN);
+        sequences.extend(data.as_chunks::<SEQUENCE_ENTRY_LEN>().0.iter().map(|e| {
+            let (msb, lsb, partition) = (be_i64(e, 0), be_i64(e, 8), be_i32(e, 16));
+            let (smsb, slsb, seq) = (be_i64(e, 20), be_i64(e, 28), be_i64(e, 36));
+            negative |= (partition < 0) | (seq < 0);
+            let key = (order_key(msb, lsb), partition, order_key(smsb, slsb));
+            seq_sorted &= prev < key;
+            prev = key;
+            SequenceClaim {
+                channel: Channel::new(TopicId::from_halves(msb, lsb), partition),
+                sender: SenderId::from_halves(smsb, slsb),
+                seq,
+            }
+        }));
+        if negative {
+            return Err(first_bad_sequence(&sequences));
         }
-        if !is_strictly_sorted(&clock.sequences, SequenceClaim::key) {
-            canonicalise_sequences(&mut clock.sequences);
+        if !rest.is_empty() {
+            return Err(CorruptClock::TrailingBytes(rest.len()));
         }
-        Ok(clock)
+        if !sorted {
+            canonicalise_offsets(&mut offsets);
+        }
+        if !seq_sorted {
+            canonicalise_sequences(&mut sequences);
+        }
+        Ok(VectorClock { offsets, sequences })
     }
 }
 
-/// Decodes one counted section from the start of `bytes`; returns the entries
-/// and the number of bytes consumed. `at` is the section's position in the
-/// whole clock, for error messages.
-fn decode_section<T>(
+/// Maps a UUID's signed halves to an unsigned integer with the same order
+/// (flipping each half's sign bit turns signed order into unsigned order).
+#[inline(always)]
+fn order_key(msb: i64, lsb: i64) -> u128 {
+    (((msb ^ i64::MIN) as u64 as u128) << 64) | ((lsb ^ i64::MIN) as u64 as u128)
+}
+
+fn first_bad_offset(offsets: &[OffsetClaim]) -> CorruptClock {
+    for (index, c) in offsets.iter().enumerate() {
+        if c.channel.partition < 0 {
+            return CorruptClock::NegativePartition {
+                section: ClockSection::Offsets,
+                index,
+                partition: c.channel.partition,
+            };
+        }
+        if c.offset < 0 {
+            return CorruptClock::NegativeOffset {
+                index,
+                offset: c.offset,
+            };
+        }
+    }
+    CorruptClock::NegativeOffset {
+        index: 0,
+        offset: -1,
+    }
+}
+
+fn first_bad_sequence(sequences: &[SequenceClaim]) -> CorruptClock {
+    for (index, c) in sequences.iter().enumerate() {
+        if c.channel.partition < 0 {
+            return CorruptClock::NegativePartition {
+                section: ClockSection::Sequences,
+                index,
+                partition: c.channel.partition,
+            };
+        }
+        if c.seq < 0 {
+            return CorruptClock::NegativeSequence { index, seq: c.seq };
+        }
+    }
+    CorruptClock::NegativeSequence { index: 0, seq: -1 }
+}
+
+/// Splits one counted section off the front of `bytes`: returns the entry
+/// bytes and what follows. `at` is the section's position in the whole
+/// clock, for error messages. The length is checked before anything is
+/// allocated, so a hostile count cannot make the decoder reserve memory the
+/// input does not back.
+fn section(
     bytes: &[u8],
     at: usize,
     section: ClockSection,
     entry_len: usize,
-    mut entry: impl FnMut(&[u8], usize) -> Result<T, CorruptClock>,
-) -> Result<(Vec<T>, usize), CorruptClock> {
+) -> Result<(&[u8], &[u8]), CorruptClock> {
     if bytes.len() < 4 {
         return Err(CorruptClock::Truncated {
             section,
@@ -515,8 +568,6 @@ fn decode_section<T>(
     if count < 0 {
         return Err(CorruptClock::NegativeCount { section, count });
     }
-    // Check the length before allocating: a hostile count must not make us
-    // reserve memory the input cannot back.
     let needed = count as u64 * entry_len as u64;
     let available = bytes.len() - 4;
     if needed > available as u64 {
@@ -527,15 +578,7 @@ fn decode_section<T>(
             available,
         });
     }
-    let count = count as usize;
-    let mut out = Vec::with_capacity(count);
-    for (index, chunk) in bytes[4..4 + count * entry_len]
-        .chunks_exact(entry_len)
-        .enumerate()
-    {
-        out.push(entry(chunk, index)?);
-    }
-    Ok((out, 4 + count * entry_len))
+    Ok(bytes[4..].split_at(count as usize * entry_len))
 }
 
 fn raise(slot: &mut i64, value: i64) -> bool {
@@ -545,10 +588,6 @@ fn raise(slot: &mut i64, value: i64) -> bool {
     } else {
         false
     }
-}
-
-fn is_strictly_sorted<T, K: Ord>(v: &[T], key: impl Fn(&T) -> K) -> bool {
-    v.windows(2).all(|w| key(&w[0]) < key(&w[1]))
 }
 
 fn canonicalise_offsets(v: &mut Vec<OffsetClaim>) {

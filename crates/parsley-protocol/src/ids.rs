@@ -119,12 +119,9 @@ macro_rules! uuid_id {
 
             /// Parses the hyphenated UUID text form (either case).
             fn from_str(s: &str) -> Result<Self, Self::Err> {
-                if s.len() != 36 {
-                    return Err(ParseIdError::new($what, s, "expected 36 characters of hyphenated UUID"));
-                }
-                Uuid::try_parse(s)
-                    .map(Self::from)
-                    .map_err(|e| ParseIdError::new($what, s, e))
+                parse_hyphenated(s.as_bytes())
+                    .map(Self::from_u128)
+                    .ok_or_else(|| ParseIdError::new($what, s, "expected a hyphenated UUID (8-4-4-4-12 hex digits)"))
             }
         }
     };
@@ -180,22 +177,57 @@ impl FromStr for Channel {
 
     /// Parses `<topic-uuid>:<partition>` with a non-negative decimal partition.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (topic, partition) = s
-            .split_once(':')
-            .ok_or_else(|| ParseIdError::new("channel", s, "expected <topic-uuid>:<partition>"))?;
-        let topic: TopicId = topic.parse()?;
-        if partition.is_empty() || !partition.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(ParseIdError::new(
+        match parse_channel_prefix(s.as_bytes()) {
+            Some((channel, [])) => Ok(channel),
+            _ => Err(ParseIdError::new(
                 "channel",
                 s,
-                "partition must be a non-negative decimal number",
-            ));
+                "expected <topic-uuid>:<partition> with a non-negative decimal partition",
+            )),
         }
-        let partition: i32 = partition
-            .parse()
-            .map_err(|e| ParseIdError::new("channel", s, e))?;
-        Ok(Channel { topic, partition })
     }
+}
+
+/// Parses a hyphenated UUID (either case) from exactly 36 bytes.
+pub(crate) fn parse_hyphenated(b: &[u8]) -> Option<u128> {
+    if b.len() != 36 {
+        return None;
+    }
+    Uuid::try_parse_ascii(b).ok().map(|u| u.as_u128())
+}
+
+/// The value of one hex digit (either case).
+pub(crate) fn hex_digit(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Parses `<topic-uuid>:<partition>` at the start of `b` and returns the
+/// channel and the bytes after it. The partition is one or more decimal
+/// digits fitting an `i32`.
+pub(crate) fn parse_channel_prefix(b: &[u8]) -> Option<(Channel, &[u8])> {
+    let topic = parse_hyphenated(b.get(..36)?)?;
+    if b.get(36) != Some(&b':') {
+        return None;
+    }
+    let rest = &b[37..];
+    let digits = rest.iter().take_while(|c| c.is_ascii_digit()).count();
+    if digits == 0 || digits > 10 {
+        return None;
+    }
+    let mut partition: i64 = 0;
+    for &c in &rest[..digits] {
+        partition = partition * 10 + i64::from(c - b'0');
+    }
+    let partition = i32::try_from(partition).ok()?;
+    Some((
+        Channel::new(TopicId::from_u128(topic), partition),
+        &rest[digits..],
+    ))
 }
 
 #[cfg(test)]

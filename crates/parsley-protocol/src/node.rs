@@ -195,20 +195,18 @@ enum Claim {
 }
 
 #[derive(Debug)]
-struct Held {
-    record: InboundRecord,
-    /// Claims not yet known to be met. Frontiers and delivery marks only
-    /// grow, so a met claim stays met and is pruned for good.
-    unmet: Vec<Claim>,
-}
-
-#[derive(Debug)]
 struct ChannelState {
     channel: Channel,
     frontier: i64,
     position: i64,
     advertised: VectorClock,
-    queue: VecDeque<Held>,
+    queue: VecDeque<InboundRecord>,
+    /// The head's claims not yet known to be met, once the head has been
+    /// evaluated (`None` before that). Only heads are ever gated, so records
+    /// behind a head cost nothing until they reach the front. Frontiers and
+    /// delivery marks only grow, so a met claim stays met and is pruned for
+    /// good.
+    head_unmet: Option<Vec<Claim>>,
     head_index: i64,
     committed_head: i64,
     committed_tail: i64,
@@ -226,6 +224,7 @@ impl ChannelState {
             position: 0,
             advertised: VectorClock::new(),
             queue: VecDeque::new(),
+            head_unmet: None,
             head_index: 0,
             committed_head: 0,
             committed_tail: 0,
@@ -244,7 +243,7 @@ impl ChannelState {
     fn received(&self) -> i64 {
         self.queue
             .back()
-            .map_or(self.frontier, |h| h.record.offset.max(self.frontier))
+            .map_or(self.frontier, |r| r.offset.max(self.frontier))
     }
 
     /// The prefix known to hold nothing undelivered: everything below a held
@@ -252,7 +251,7 @@ impl ChannelState {
     /// with an empty queue, everything below the reported position.
     fn clean_prefix(&self) -> i64 {
         match self.queue.front() {
-            Some(head) => head.record.offset - 1,
+            Some(head) => head.offset - 1,
             None => self.position - 1,
         }
     }
@@ -404,12 +403,7 @@ impl CausalNode {
                 st.committed_head = head;
                 st.committed_tail = tail;
             }
-            for record in p.queues.remove(&ch).unwrap_or_default() {
-                st.queue.push_back(Held {
-                    record,
-                    unmet: Vec::new(),
-                });
-            }
+            st.queue = VecDeque::from(p.queues.remove(&ch).unwrap_or_default());
             if let Some(marks) = carried_delivered.remove(&ch) {
                 st.delivered = marks;
             }
@@ -443,14 +437,9 @@ impl CausalNode {
             stamp_base: None,
             stats: NodeStats::default(),
         };
-        // Restored records are gated against the reconciled scope.
-        for i in 0..node.channels.len() {
-            for q in 0..node.channels[i].queue.len() {
-                let unmet = node.unmet_claims(i, &node.channels[i].queue[q].record.causal.clock);
-                node.channels[i].queue[q].unmet = unmet;
-            }
-            node.held += node.channels[i].queue.len();
-        }
+        // Restored records are gated (lazily, head first) against the
+        // reconciled scope.
+        node.held = node.channels.iter().map(|c| c.queue.len()).sum();
         report.restored_held = node.held;
         let mut deliveries = Vec::new();
         node.cascade(&mut deliveries);
@@ -507,7 +496,6 @@ impl CausalNode {
                 known,
             });
         }
-        let unmet = self.unmet_claims(i, &record.causal.clock);
         let ch = &mut self.channels[i];
         if ch.advertised.merge(&record.causal.clock) {
             ch.advertised_dirty = true;
@@ -515,10 +503,12 @@ impl CausalNode {
         }
         if !ch.queue.is_empty() {
             debug!(channel = %record.channel, offset = record.offset, depth = ch.queue.len(), "record queued behind a held head");
-            ch.queue.push_back(Held { record, unmet });
+            ch.queue.push_back(record);
             self.held += 1;
             return Ok(());
         }
+        let unmet = self.unmet_claims(i, &record.causal.clock);
+        let ch = &mut self.channels[i];
         // Empty queue: everything between the frontier and this record was
         // skipped by the consumer (seed on first sighting, bridge after).
         let bridged = set_frontier(ch, record.offset - 1);
@@ -526,7 +516,8 @@ impl CausalNode {
             self.deliver(i, record, false, out);
         } else {
             debug!(channel = %record.channel, offset = record.offset, clock = ?record.causal.clock, "record held at the gate");
-            ch.queue.push_back(Held { record, unmet });
+            ch.queue.push_back(record);
+            ch.head_unmet = Some(unmet);
             self.held += 1;
             if bridged {
                 self.stamp_base = None;
@@ -733,10 +724,7 @@ impl CausalNode {
                 // delivered in between were never committed: nothing to do.)
                 for index in ch.committed_tail.max(head)..tail {
                     let held = &ch.queue[(index - head) as usize];
-                    batch.put(
-                        StateKey::QueueEntry(c, index),
-                        encode_envelope(&held.record),
-                    );
+                    batch.put(StateKey::QueueEntry(c, index), encode_envelope(held));
                 }
                 batch.put(StateKey::QueueMeta(c), encode_pair(head, tail));
                 ch.committed_head = head;
@@ -763,15 +751,15 @@ impl CausalNode {
                 continue;
             };
             let unmet = self
-                .unmet_claims(i, &head.record.causal.clock)
+                .unmet_claims(i, &head.causal.clock)
                 .into_iter()
                 .map(|c| self.describe(c))
                 .collect();
             out.push(HeldHead {
                 channel: ch.channel,
-                offset: head.record.offset,
-                timestamp: head.record.timestamp,
-                sender: head.record.causal.sender,
+                offset: head.offset,
+                timestamp: head.timestamp,
+                sender: head.causal.sender,
                 depth: ch.queue.len(),
                 unmet,
             });
@@ -995,23 +983,30 @@ impl CausalNode {
                 self.stamp_base = None;
                 progressed = true;
             }
-            let Some(head) = self.channels[i].queue.front_mut() else {
-                break;
-            };
-            let mut unmet = std::mem::take(&mut head.unmet);
-            unmet.retain(|c| !self.satisfied(*c));
-            if !unmet.is_empty() {
-                if let Some(head) = self.channels[i].queue.front_mut() {
-                    head.unmet = unmet;
-                }
+            let ch = &mut self.channels[i];
+            if ch.queue.is_empty() {
                 break;
             }
-            let Some(held) = self.channels[i].queue.pop_front() else {
+            let unmet = match ch.head_unmet.take() {
+                Some(mut unmet) => {
+                    unmet.retain(|c| !self.satisfied(*c));
+                    unmet
+                }
+                None => match self.channels[i].queue.front() {
+                    Some(head) => self.unmet_claims(i, &head.causal.clock),
+                    None => break,
+                },
+            };
+            if !unmet.is_empty() {
+                self.channels[i].head_unmet = Some(unmet);
+                break;
+            }
+            let Some(record) = self.channels[i].queue.pop_front() else {
                 break;
             };
             self.channels[i].head_index += 1;
             self.held -= 1;
-            self.deliver(i, held.record, true, out);
+            self.deliver(i, record, true, out);
             progressed = true;
         }
         progressed

@@ -30,7 +30,7 @@ pub(crate) struct Persisted {
 impl Persisted {
     pub(crate) fn read(store: &dyn StoreRead) -> Result<Persisted, ProtocolError> {
         let mut p = Persisted::default();
-        let mut entries: BTreeMap<Channel, BTreeMap<i64, InboundRecord>> = BTreeMap::new();
+        let mut entries: BTreeMap<Channel, Vec<(i64, InboundRecord)>> = BTreeMap::new();
         let mut first_error: Option<CorruptState> = None;
         store.for_each_entry(&mut |key, value| {
             if first_error.is_none() {
@@ -50,7 +50,7 @@ impl Persisted {
         &mut self,
         key: &str,
         value: &[u8],
-        entries: &mut BTreeMap<Channel, BTreeMap<i64, InboundRecord>>,
+        entries: &mut BTreeMap<Channel, Vec<(i64, InboundRecord)>>,
     ) -> Result<(), CorruptState> {
         let parsed: StateKey = key.parse()?;
         let bad = |reason: String| CorruptState::new(key, reason);
@@ -76,7 +76,7 @@ impl Persisted {
             }
             StateKey::QueueEntry(c, index) => {
                 let record = decode_envelope(c, value).map_err(bad)?;
-                entries.entry(c).or_default().insert(index, record);
+                entries.entry(c).or_default().push((index, record));
             }
             StateKey::SendSeq(c) => {
                 self.send_seq.insert(c, decode_i64(value).map_err(bad)?);
@@ -96,7 +96,7 @@ impl Persisted {
     /// input, and every hold queue is complete and in offset order.
     fn check(
         &mut self,
-        mut entries: BTreeMap<Channel, BTreeMap<i64, InboundRecord>>,
+        mut entries: BTreeMap<Channel, Vec<(i64, InboundRecord)>>,
     ) -> Result<(), ProtocolError> {
         let inputs: Vec<Channel> = match &self.scope {
             Some((scope, _)) => scope.inputs.clone(),
@@ -133,33 +133,49 @@ impl Persisted {
         }
         for (&channel, &(head, tail)) in &self.queue_meta {
             let mut held = entries.remove(&channel).unwrap_or_default();
+            // A sorted store hands entries over in index order already.
+            if !held.windows(2).all(|w| w[0].0 < w[1].0) {
+                held.sort_by_key(|(index, _)| *index);
+            }
+            if let Some(w) = held.windows(2).find(|w| w[0].0 == w[1].0) {
+                return Err(CorruptState::new(
+                    StateKey::QueueEntry(channel, w[0].0),
+                    "held record stored twice",
+                )
+                .into());
+            }
             // Entries outside the window are not ours to interpret.
-            if let Some((&index, _)) = held
-                .range(..head)
-                .next()
-                .or_else(|| held.range(tail..).next())
-            {
+            if let Some(&(index, _)) = held.iter().find(|(i, _)| *i < head || *i >= tail) {
                 return Err(CorruptState::new(
                     StateKey::QueueEntry(channel, index),
                     format!("entry outside the queue's window {head}..{tail}"),
                 )
                 .into());
             }
-            let mut records = Vec::with_capacity(held.len());
+            // Within the window, sorted and unique: complete exactly when
+            // the i-th entry has index head + i.
+            if let Some(missing) = (head..tail).zip(&held).find(|(want, (got, _))| want != got) {
+                return Err(ProtocolError::MissingHeldRecords {
+                    channel,
+                    index: missing.0,
+                    head,
+                    tail,
+                });
+            }
+            if (held.len() as i64) < tail - head {
+                return Err(ProtocolError::MissingHeldRecords {
+                    channel,
+                    index: head + held.len() as i64,
+                    head,
+                    tail,
+                });
+            }
             let frontier = self.frontiers.get(&channel).copied().unwrap_or(-1);
             let mut last = frontier;
-            for index in head..tail {
-                let record = held
-                    .remove(&index)
-                    .ok_or(ProtocolError::MissingHeldRecords {
-                        channel,
-                        index,
-                        head,
-                        tail,
-                    })?;
+            for (index, record) in &held {
                 if record.offset <= last {
                     return Err(CorruptState::new(
-                        StateKey::QueueEntry(channel, index),
+                        StateKey::QueueEntry(channel, *index),
                         format!(
                             "held offset {} is not above the frontier and the previous entry ({last})",
                             record.offset
@@ -168,12 +184,12 @@ impl Persisted {
                     .into());
                 }
                 last = record.offset;
-                records.push(record);
             }
-            self.queues.insert(channel, records);
+            self.queues
+                .insert(channel, held.into_iter().map(|(_, r)| r).collect());
         }
         if let Some((&channel, held)) = entries.iter().next() {
-            let index = held.keys().next().copied().unwrap_or(0);
+            let index = held.first().map_or(0, |(i, _)| *i);
             return Err(CorruptState::new(
                 StateKey::QueueEntry(channel, index),
                 "held record without queue metadata",

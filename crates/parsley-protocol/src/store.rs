@@ -64,7 +64,7 @@ use std::str::FromStr;
 use crate::bytes::Reader;
 use crate::clock::VectorClock;
 use crate::headers::{CausalHeaders, SenderTag};
-use crate::ids::{Channel, SenderId, TopicId};
+use crate::ids::{Channel, SenderId, TopicId, hex_digit, parse_channel_prefix, parse_hyphenated};
 use crate::record::{Header, InboundRecord};
 
 /// The extension tag for held-record headers.
@@ -130,49 +130,55 @@ impl FromStr for StateKey {
     type Err = CorruptState;
 
     fn from_str(key: &str) -> Result<Self, Self::Err> {
-        let bad = |reason: &str| CorruptState::new(key, reason);
-        let channel = |s: &str| s.parse::<Channel>().map_err(|e| CorruptState::new(key, e));
-        match key {
-            "scope" => return Ok(StateKey::Scope),
-            "ca" => return Ok(StateKey::CarriedAncestry),
-            _ => {}
-        }
-        let (kind, rest) = key.split_once('/').ok_or_else(|| bad("unknown key"))?;
-        match kind {
-            "f" => Ok(StateKey::Frontier(channel(rest)?)),
-            "cc" => Ok(StateKey::ChannelClock(channel(rest)?)),
-            "sq" => Ok(StateKey::SendSeq(channel(rest)?)),
-            "ds" => {
-                let (c, s) = rest
-                    .split_once('/')
-                    .ok_or_else(|| bad("expected ds/<channel>/<sender>"))?;
-                let sender = s
-                    .parse::<SenderId>()
-                    .map_err(|e| CorruptState::new(key, e))?;
-                Ok(StateKey::DeliveredSeq(channel(c)?, sender))
-            }
-            "q" => {
-                let (c, tail) = rest
-                    .split_once('/')
-                    .ok_or_else(|| bad("expected q/<channel>/..."))?;
-                let c = channel(c)?;
-                if tail == "m" {
-                    return Ok(StateKey::QueueMeta(c));
+        parse_key(key.as_bytes()).ok_or_else(|| CorruptState::new(key, "not a protocol state key"))
+    }
+}
+
+/// Parses a state key by fixed positions (keys are generated, so their
+/// shapes are exact; anything else is not ours).
+fn parse_key(b: &[u8]) -> Option<StateKey> {
+    match b {
+        b"scope" => return Some(StateKey::Scope),
+        b"ca" => return Some(StateKey::CarriedAncestry),
+        _ => {}
+    }
+    let (kind, rest) = if let Some(r) = b.strip_prefix(b"q/") {
+        (b'q', r)
+    } else if let Some(r) = b.strip_prefix(b"f/") {
+        (b'f', r)
+    } else if let Some(r) = b.strip_prefix(b"cc/") {
+        (b'c', r)
+    } else if let Some(r) = b.strip_prefix(b"sq/") {
+        (b's', r)
+    } else if let Some(r) = b.strip_prefix(b"ds/") {
+        (b'd', r)
+    } else {
+        return None;
+    };
+    let (channel, rest) = parse_channel_prefix(rest)?;
+    match (kind, rest) {
+        (b'f', []) => Some(StateKey::Frontier(channel)),
+        (b'c', []) => Some(StateKey::ChannelClock(channel)),
+        (b's', []) => Some(StateKey::SendSeq(channel)),
+        (b'd', [b'/', sender @ ..]) => Some(StateKey::DeliveredSeq(
+            channel,
+            SenderId::from_u128(parse_hyphenated(sender)?),
+        )),
+        (b'q', b"/m") => Some(StateKey::QueueMeta(channel)),
+        (b'q', [b'/', b'e', b'/', index @ ..]) if index.len() == 16 => {
+            let mut v: u64 = 0;
+            for &c in index {
+                // Lower-case only: the index is written in exactly one form.
+                if c.is_ascii_uppercase() {
+                    return None;
                 }
-                let index = tail
-                    .strip_prefix("e/")
-                    .filter(|i| {
-                        i.len() == 16 && i.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-                    })
-                    .ok_or_else(|| {
-                        bad("expected q/<channel>/m or q/<channel>/e/<16 lower-case hex digits>")
-                    })?;
-                let index =
-                    i64::from_str_radix(index, 16).map_err(|e| CorruptState::new(key, e))?;
-                Ok(StateKey::QueueEntry(c, index))
+                v = (v << 4) | u64::from(hex_digit(c)?);
             }
-            _ => Err(bad("unknown key")),
+            i64::try_from(v)
+                .ok()
+                .map(|i| StateKey::QueueEntry(channel, i))
         }
+        _ => None,
     }
 }
 

@@ -53,10 +53,18 @@ fn run(ops: &[Op], restart_at: Option<usize>) -> Vec<String> {
     let mut next = [0i64; 4];
     let mut seq_of = std::collections::BTreeMap::new();
     let mut log = Vec::new();
+    let mut positions = std::collections::BTreeMap::new();
     for (i, op) in ops.iter().enumerate() {
         if restart_at == Some(i) {
             h.restart();
-            log.push(format!("init {:?}", coords(&h.init_deliveries)));
+            let mut released = coords(&h.init_deliveries);
+            // A host re-reports consumer positions after a restart (they are
+            // deliberately not persisted): its consumer resumes at the
+            // committed position, which is at least the last one reported.
+            for (&c, &p) in &positions {
+                released.extend(h.advance(chans[c], p));
+            }
+            log.push(format!("init {released:?}"));
         }
         match op {
             Op::Record(c, gap, oc, sc, tag) => {
@@ -80,6 +88,7 @@ fn run(ops: &[Op], restart_at: Option<usize>) -> Vec<String> {
             }
             Op::Advance(c, gap) => {
                 next[*c] += gap;
+                positions.insert(*c, next[*c]);
                 log.push(format!("{:?}", h.advance(chans[*c], next[*c])));
             }
             Op::Send(s) => {
