@@ -389,11 +389,11 @@ impl CausalNode {
             if let Some(&f) = p.frontiers.get(&ch) {
                 st.frontier = f;
             }
-            if let Some(&n) = seeded.get(&ch) {
-                if n > st.frontier {
-                    st.frontier = n;
-                    st.frontier_dirty = true;
-                }
+            if let Some(&n) = seeded.get(&ch)
+                && n > st.frontier
+            {
+                st.frontier = n;
+                st.frontier_dirty = true;
             }
             if let Some(cc) = p.advertised.remove(&ch) {
                 st.advertised = cc;
@@ -1030,13 +1030,13 @@ impl CausalNode {
         base.merge(&self.own_outputs);
         let mut upgrades = Vec::new();
         base.retain_sequences(|c| {
-            if let Some(m) = self.mark(c.channel, c.sender) {
-                if m.seq >= c.seq {
-                    // Resolved here: the claimed records sit at or below the
-                    // delivered record's offset.
-                    upgrades.push((c.channel, m.offset));
-                    return false;
-                }
+            if let Some(m) = self.mark(c.channel, c.sender)
+                && m.seq >= c.seq
+            {
+                // Resolved here: the claimed records sit at or below the
+                // delivered record's offset.
+                upgrades.push((c.channel, m.offset));
+                return false;
             }
             // An earlier incarnation's own send echoed back through custody.
             // Own outputs (current sinks) or carried ancestry (former sinks)

@@ -33,10 +33,10 @@ impl Persisted {
         let mut entries: BTreeMap<Channel, Vec<(i64, InboundRecord)>> = BTreeMap::new();
         let mut first_error: Option<CorruptState> = None;
         store.for_each_entry(&mut |key, value| {
-            if first_error.is_none() {
-                if let Err(e) = p.absorb(key, value, &mut entries) {
-                    first_error = Some(e);
-                }
+            if first_error.is_none()
+                && let Err(e) = p.absorb(key, value, &mut entries)
+            {
+                first_error = Some(e);
             }
         });
         if let Some(e) = first_error {
