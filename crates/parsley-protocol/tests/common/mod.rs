@@ -223,7 +223,7 @@ pub fn hex(s: &str) -> Vec<u8> {
         .bytes()
         .filter(|b| !b.is_ascii_whitespace() && *b != b'_')
         .collect();
-    assert!(digits.len() % 2 == 0, "odd hex length");
+    assert!(digits.len().is_multiple_of(2), "odd hex length");
     digits
         .chunks(2)
         .map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap())
