@@ -134,7 +134,9 @@ fn encode_json(text: &str) -> Result<String, String> {
             seq: s.seq,
         });
     }
-    Ok(hex::encode(VectorClock::from_claims(offsets, sequences).encode()))
+    Ok(hex::encode(
+        VectorClock::from_claims(offsets, sequences).encode(),
+    ))
 }
 
 fn non_negative(v: i64, what: &str) -> Result<(), String> {

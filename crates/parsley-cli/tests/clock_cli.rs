@@ -12,7 +12,12 @@ fn parsley(args: &[&str], stdin: Option<&str>) -> Output {
         .spawn()
         .expect("spawn parsley");
     if let Some(input) = stdin {
-        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
     } else {
         drop(child.stdin.take());
     }
@@ -24,21 +29,41 @@ fn parsley(args: &[&str], stdin: Option<&str>) -> Output {
 const UNSORTED_HEX: &str = concat!(
     "01",
     "00000002",
-    "0000000000000001", "0000000000000002", "00000000", "0000000000000029",
-    "8000000000000000", "0000000000000001", "00000003", "0000000000000005",
+    "0000000000000001",
+    "0000000000000002",
+    "00000000",
+    "0000000000000029",
+    "8000000000000000",
+    "0000000000000001",
+    "00000003",
+    "0000000000000005",
     "00000001",
-    "0000000000000001", "0000000000000002", "00000001",
-    "000000000000000a", "000000000000000b", "0000000000000007",
+    "0000000000000001",
+    "0000000000000002",
+    "00000001",
+    "000000000000000a",
+    "000000000000000b",
+    "0000000000000007",
 );
 
 const CANONICAL_HEX: &str = concat!(
     "01",
     "00000002",
-    "8000000000000000", "0000000000000001", "00000003", "0000000000000005",
-    "0000000000000001", "0000000000000002", "00000000", "0000000000000029",
+    "8000000000000000",
+    "0000000000000001",
+    "00000003",
+    "0000000000000005",
+    "0000000000000001",
+    "0000000000000002",
+    "00000000",
+    "0000000000000029",
     "00000001",
-    "0000000000000001", "0000000000000002", "00000001",
-    "000000000000000a", "000000000000000b", "0000000000000007",
+    "0000000000000001",
+    "0000000000000002",
+    "00000001",
+    "000000000000000a",
+    "000000000000000b",
+    "0000000000000007",
 );
 
 const JSON: &str = concat!(
@@ -66,7 +91,10 @@ fn decode_prints_canonical_json_from_an_argument() {
 
 #[test]
 fn decode_reads_stdin_when_no_argument() {
-    let o = parsley(&["clock", "decode"], Some(&format!("  {}\n", CANONICAL_HEX.to_uppercase())));
+    let o = parsley(
+        &["clock", "decode"],
+        Some(&format!("  {}\n", CANONICAL_HEX.to_uppercase())),
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), format!("{JSON}\n"));
 }
@@ -74,7 +102,10 @@ fn decode_reads_stdin_when_no_argument() {
 #[test]
 fn decode_empty_clock() {
     let o = parsley(&["clock", "decode", "010000000000000000"], None);
-    assert_eq!(stdout(&o), "{\"version\":1,\"offsets\":[],\"sequences\":[]}\n");
+    assert_eq!(
+        stdout(&o),
+        "{\"version\":1,\"offsets\":[],\"sequences\":[]}\n"
+    );
 }
 
 #[test]
@@ -95,20 +126,36 @@ fn round_trip_through_both_commands() {
 fn bad_input_fails_with_one_line_and_no_stdout() {
     let cases: Vec<(Vec<&str>, Option<&str>, &str)> = vec![
         (vec!["clock", "decode", "zz"], None, "invalid hex"),
-        (vec!["clock", "decode", "020000000000000000"], None, "unknown version 2"),
+        (
+            vec!["clock", "decode", "020000000000000000"],
+            None,
+            "unknown version 2",
+        ),
         (vec!["clock", "decode", "0100000001"], None, "truncated"),
-        (vec!["clock", "decode", "01000000000000000000"], None, "trailing"),
+        (
+            vec!["clock", "decode", "01000000000000000000"],
+            None,
+            "trailing",
+        ),
         (vec!["clock", "decode"], Some(""), "no hex"),
         (vec!["clock", "encode"], Some("{"), "malformed clock JSON"),
-        (vec!["clock", "encode"], Some(r#"{"version":2,"offsets":[],"sequences":[]}"#), "version 2"),
         (
             vec!["clock", "encode"],
-            Some(r#"{"version":1,"offsets":[{"topic":"nope","partition":0,"offset":1}],"sequences":[]}"#),
+            Some(r#"{"version":2,"offsets":[],"sequences":[]}"#),
+            "version 2",
+        ),
+        (
+            vec!["clock", "encode"],
+            Some(
+                r#"{"version":1,"offsets":[{"topic":"nope","partition":0,"offset":1}],"sequences":[]}"#,
+            ),
             "offsets[0].topic",
         ),
         (
             vec!["clock", "encode"],
-            Some(r#"{"version":1,"offsets":[{"topic":"00000000-0000-0001-0000-000000000002","partition":0,"offset":-1}],"sequences":[]}"#),
+            Some(
+                r#"{"version":1,"offsets":[{"topic":"00000000-0000-0001-0000-000000000002","partition":0,"offset":-1}],"sequences":[]}"#,
+            ),
             "offsets[0].offset is negative",
         ),
         (
@@ -123,7 +170,10 @@ fn bad_input_fails_with_one_line_and_no_stdout() {
         assert!(!o.status.success(), "{args:?} should fail");
         assert!(o.stdout.is_empty(), "{args:?} printed to stdout");
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
-        assert!(err.contains(expect), "{args:?}: expected {expect:?} in {err:?}");
+        assert!(
+            err.contains(expect),
+            "{args:?}: expected {expect:?} in {err:?}"
+        );
         assert!(!err.contains("panicked"), "{err}");
     }
 }
