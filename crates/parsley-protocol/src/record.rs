@@ -23,8 +23,8 @@ impl Header {
     }
 }
 
-/// A fetched record as the host hands it to [`CausalNode::on_record`]
-/// (crate::CausalNode::on_record).
+/// A fetched record as the host hands it to
+/// [`CausalNode::on_record`](crate::CausalNode::on_record).
 ///
 /// The host has already split the causal headers out (see
 /// [`CausalHeaders::decode`]); `headers` holds only the others. Key and value
