@@ -80,6 +80,7 @@ mod error;
 pub mod headers;
 pub mod ids;
 pub mod node;
+mod protocol;
 mod record;
 mod restore;
 pub mod store;
@@ -93,5 +94,6 @@ pub use node::{
     CausalNode, ChannelView, DeliveredMark, HeldHead, InitReport, Initialized, NodeConfig,
     NodeStats, TruncationReport, UnmetClaim,
 };
+pub use protocol::DeliveryProtocol;
 pub use record::{Delivery, Header, InboundRecord};
 pub use store::{MemStore, StateKey, StoreRead, WriteBatch};

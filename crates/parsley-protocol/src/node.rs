@@ -12,7 +12,11 @@
 //!    returns them.
 //! 2. Report the consumer's position through
 //!    [`position_advance`](CausalNode::position_advance), but only once every
-//!    record below that position has gone through `on_record`.
+//!    record below that position has gone through `on_record`. That
+//!    includes the starting position right after init: the node does not
+//!    persist what it was told about positions, so a marker skipped before
+//!    a restart is only covered again once the host reports the position
+//!    it resumed from.
 //! 3. Process the returned [`Delivery`] values in order, and commit
 //!    [`take_writes`](CausalNode::take_writes), the consumed positions and
 //!    every send atomically. On abort, drop the node and initialise a new one
@@ -99,9 +103,9 @@ pub struct InitReport {
 /// deliverable during init (a rescope can release restored records). The host
 /// processes them in the first transaction like any other deliveries.
 #[derive(Debug)]
-pub struct Initialized {
+pub struct Initialized<N = CausalNode> {
     /// The node.
-    pub node: CausalNode,
+    pub node: N,
     /// Records released by init, in order.
     pub deliveries: Vec<Delivery>,
     /// What init did.

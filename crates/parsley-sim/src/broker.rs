@@ -1,0 +1,280 @@
+//! [`SimBroker`]: partitions with real offset occupancy.
+//!
+//! Every append takes an offset: business records, transaction commit and
+//! abort markers, and records of aborted transactions alike. A
+//! `read_committed` fetch returns only committed business records, so the
+//! consumer sees holes wherever a marker or an aborted record sits, exactly
+//! as a Kafka consumer does. Retention is modelled by a log start per
+//! partition; topics can be destroyed, after which they are definitively
+//! absent.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use parsley_protocol::{
+    BrokerOffsets, BrokerOffsetsError, CausalHeaders, Channel, Header, TopicId, TopicOffsets,
+};
+
+/// A business record as stored in a partition.
+#[derive(Clone, Debug)]
+pub struct StoredRecord {
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes.
+    pub value: Option<Vec<u8>>,
+    /// Timestamp.
+    pub timestamp: i64,
+    /// Non-causal headers.
+    pub headers: Vec<Header>,
+    /// The causal headers exactly as sent.
+    pub causal: CausalHeaders,
+    /// The oracle's handle on this record (its index in the oracle's table).
+    pub oracle_id: usize,
+}
+
+/// One offset of a partition.
+#[derive(Clone, Debug)]
+pub enum Entry {
+    /// A business record; `committed` is false for a record of an aborted
+    /// transaction.
+    Record {
+        /// The record.
+        record: StoredRecord,
+        /// Whether its transaction committed (or it was sent outside one).
+        committed: bool,
+    },
+    /// A transaction marker (commit or abort).
+    Marker {
+        /// True for a commit marker.
+        commit: bool,
+    },
+}
+
+#[derive(Clone, Debug, Default)]
+struct Partition {
+    entries: Vec<Entry>,
+    log_start: i64,
+}
+
+#[derive(Clone, Debug)]
+struct Topic {
+    name: String,
+    partitions: Vec<Partition>,
+    destroyed: bool,
+}
+
+/// The simulated broker.
+#[derive(Clone, Debug, Default)]
+pub struct SimBroker {
+    topics: BTreeMap<TopicId, Topic>,
+    next_id: u128,
+}
+
+impl SimBroker {
+    /// An empty broker.
+    pub fn new() -> Self {
+        SimBroker::default()
+    }
+
+    /// Creates a topic and returns its id. Ids are deterministic (a counter
+    /// spread over the id space, with the top bit set on every other id so
+    /// the signed canonical order is exercised).
+    pub fn create_topic(&mut self, name: &str, partitions: i32) -> TopicId {
+        self.next_id += 1;
+        let n = self.next_id;
+        let high = if n.is_multiple_of(2) { 1u128 << 127 } else { 0 };
+        let id = TopicId::from_u128(high | (n.wrapping_mul(0x9E37_79B9_7F4A_7C15) << 32) | n);
+        self.topics.insert(
+            id,
+            Topic {
+                name: name.to_owned(),
+                partitions: (0..partitions.max(0))
+                    .map(|_| Partition::default())
+                    .collect(),
+                destroyed: false,
+            },
+        );
+        id
+    }
+
+    /// Deletes a topic: it answers as definitively absent from now on.
+    pub fn destroy_topic(&mut self, topic: TopicId) {
+        if let Some(t) = self.topics.get_mut(&topic) {
+            t.destroyed = true;
+        }
+    }
+
+    /// A topic's name.
+    pub fn topic_name(&self, topic: TopicId) -> Option<&str> {
+        self.topics.get(&topic).map(|t| t.name.as_str())
+    }
+
+    /// The number of partitions of a live topic.
+    pub fn partitions(&self, topic: TopicId) -> Option<i32> {
+        self.topics
+            .get(&topic)
+            .filter(|t| !t.destroyed)
+            .map(|t| t.partitions.len() as i32)
+    }
+
+    fn partition(&self, c: Channel) -> Option<&Partition> {
+        self.topics
+            .get(&c.topic)
+            .filter(|t| !t.destroyed)?
+            .partitions
+            .get(usize::try_from(c.partition).ok()?)
+    }
+
+    fn partition_mut(&mut self, c: Channel) -> &mut Partition {
+        let t = self
+            .topics
+            .get_mut(&c.topic)
+            .unwrap_or_else(|| panic!("sim: append to unknown topic {}", c.topic));
+        assert!(!t.destroyed, "sim: append to destroyed topic {}", c.topic);
+        t.partitions
+            .get_mut(c.partition as usize)
+            .unwrap_or_else(|| panic!("sim: append to unknown partition {c}"))
+    }
+
+    /// Appends a business record; returns its offset.
+    pub fn append(&mut self, c: Channel, record: StoredRecord, committed: bool) -> i64 {
+        let p = self.partition_mut(c);
+        p.entries.push(Entry::Record { record, committed });
+        p.entries.len() as i64 - 1
+    }
+
+    /// Appends a transaction marker; returns its offset.
+    pub fn append_marker(&mut self, c: Channel, commit: bool) -> i64 {
+        let p = self.partition_mut(c);
+        p.entries.push(Entry::Marker { commit });
+        p.entries.len() as i64 - 1
+    }
+
+    /// The next offset to be written.
+    pub fn end_offset(&self, c: Channel) -> i64 {
+        self.partition(c).map_or(0, |p| p.entries.len() as i64)
+    }
+
+    /// The first offset retention still keeps.
+    pub fn log_start(&self, c: Channel) -> i64 {
+        self.partition(c).map_or(0, |p| p.log_start)
+    }
+
+    /// The first committed business record at or after `from` (and at or
+    /// after the log start), as a `read_committed` consumer would fetch it.
+    pub fn fetch(&self, c: Channel, from: i64) -> Option<(i64, &StoredRecord)> {
+        let p = self.partition(c)?;
+        let start = from.max(p.log_start).max(0) as usize;
+        p.entries
+            .iter()
+            .enumerate()
+            .skip(start)
+            .find_map(|(i, e)| match e {
+                Entry::Record {
+                    record,
+                    committed: true,
+                } => Some((i as i64, record)),
+                _ => None,
+            })
+    }
+
+    /// Where a consumer at `from` can move its position without fetching
+    /// anything: to the next committed business record, or to the end.
+    /// `None` when there is nothing to skip.
+    pub fn skip_target(&self, c: Channel, from: i64) -> Option<i64> {
+        let target = match self.fetch(c, from) {
+            Some((o, _)) => o,
+            None => self.end_offset(c),
+        };
+        (target > from).then_some(target)
+    }
+
+    /// The entry at an offset (ignoring retention), for the oracle.
+    pub fn entry(&self, c: Channel, offset: i64) -> Option<&Entry> {
+        self.topics
+            .get(&c.topic)?
+            .partitions
+            .get(usize::try_from(c.partition).ok()?)?
+            .entries
+            .get(usize::try_from(offset).ok()?)
+    }
+
+    /// Every committed business record of a partition at or above `from`,
+    /// ignoring retention (the oracle's completeness check reads history
+    /// that retention has since deleted, because the consumer fetched it).
+    pub fn committed_records(&self, c: Channel, from: i64) -> Vec<(i64, usize)> {
+        let Some(t) = self.topics.get(&c.topic) else {
+            return Vec::new();
+        };
+        let Some(p) = t.partitions.get(c.partition as usize) else {
+            return Vec::new();
+        };
+        p.entries
+            .iter()
+            .enumerate()
+            .skip(from.max(0) as usize)
+            .filter_map(|(i, e)| match e {
+                Entry::Record {
+                    record,
+                    committed: true,
+                } => Some((i as i64, record.oracle_id)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Moves a partition's log start forward (never backward, never past
+    /// the end).
+    pub fn advance_log_start(&mut self, c: Channel, to: i64) {
+        let end = self.end_offset(c);
+        let p = self.partition_mut(c);
+        p.log_start = p.log_start.max(to.min(end));
+    }
+
+    /// Every channel of every live topic.
+    pub fn channels(&self) -> Vec<Channel> {
+        self.topics
+            .iter()
+            .filter(|(_, t)| !t.destroyed)
+            .flat_map(|(&id, t)| (0..t.partitions.len() as i32).map(move |p| Channel::new(id, p)))
+            .collect()
+    }
+
+    fn answer(
+        &self,
+        topics: &BTreeSet<TopicId>,
+        f: impl Fn(&Partition) -> i64,
+    ) -> BTreeMap<TopicId, TopicOffsets> {
+        topics
+            .iter()
+            .map(|&id| {
+                let answer = match self.topics.get(&id) {
+                    Some(t) if !t.destroyed => TopicOffsets::Present(
+                        t.partitions
+                            .iter()
+                            .enumerate()
+                            .map(|(i, p)| (i as i32, f(p)))
+                            .collect(),
+                    ),
+                    _ => TopicOffsets::Absent,
+                };
+                (id, answer)
+            })
+            .collect()
+    }
+}
+
+impl BrokerOffsets for SimBroker {
+    fn end_offsets(
+        &self,
+        topics: &BTreeSet<TopicId>,
+    ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        Ok(self.answer(topics, |p| p.entries.len() as i64))
+    }
+
+    fn log_starts(
+        &self,
+        topics: &BTreeSet<TopicId>,
+    ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        Ok(self.answer(topics, |p| p.log_start))
+    }
+}

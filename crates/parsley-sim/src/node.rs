@@ -1,0 +1,659 @@
+//! [`SimNode`]: the reference host.
+//!
+//! `SimNode` drives a [`DeliveryProtocol`] exactly as a production host must,
+//! one duty at a time (the H1-H6 of the conformance kit):
+//!
+//! * **H1** [`step`](SimNode::step) with [`NodeAction::Fetch`] hands records
+//!   to `on_record` per channel in offset order, starting from the committed
+//!   consumer position.
+//! * **H2** [`NodeAction::Advance`] reports the consumer position moving past
+//!   offsets that never arrive as records (markers, aborted records); the
+//!   world offers it whenever the log continues past the position with
+//!   nothing fetchable before it.
+//! * **H3** every step is one transaction: store writes and consumer
+//!   positions are staged and committed together with the step's appended
+//!   records; a crash mid-step appends the records as aborted (with abort
+//!   markers), discards the staged state, and takes the node down.
+//! * **H4** every emission is partitioned first, then stamped with
+//!   `prepare_send` for that concrete channel, and exactly that record is
+//!   appended; every offset claim of the stamp is checked to name an offset
+//!   that really exists.
+//! * **H5** [`start`](SimNode::start) restarts from committed state through
+//!   the protocol's full init path, seeks channels that joined the scope to
+//!   the protocol's resume positions, and reports each channel's starting
+//!   position (the position watermark is not persisted; the host re-reports
+//!   it).
+//! * **H6** positions below the log start are moved up to it.
+//!
+//! Nothing hands a send's offset back to the node that made it.
+//!
+//! [`HostFault`] switches one duty off, for the kit's self-test.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use parsley_protocol::{
+    CausalHeaders, Channel, Delivery, DeliveryProtocol, InboundRecord, MemStore, NodeConfig,
+    SenderId, TopicId,
+};
+
+use crate::behavior::{Behavior, Output, Payload, Route};
+
+use crate::broker::{SimBroker, StoredRecord};
+use crate::oracle::{ActorId, Oracle, PendingSend, Violation};
+
+/// A host duty switched off, so the kit can prove it notices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostFault {
+    /// H3 broken: a crash mid-step still commits the node's store writes and
+    /// consumer positions, while its sends abort.
+    StepAtomicity,
+    /// H2 broken: the consumer position is never reported.
+    WithholdPositionAdvance,
+    /// H2 broken the other way: the position is reported before the records
+    /// below it have been handed over (the buffered-batch hazard).
+    EarlyPositionReport,
+}
+
+/// Where a node's consumer starts on a channel it has no committed
+/// position for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartPolicy {
+    /// The log start (everything retention kept).
+    Earliest,
+    /// The log end (a late joiner that skips history).
+    Latest,
+}
+
+/// A node's ticks: a channel it both consumes and sinks to, and what a
+/// delivered tick emits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TickSpec {
+    /// The tick topic's name (the node must consume and sink it).
+    pub topic: String,
+    /// The node's own partition of it.
+    pub partition: i32,
+    /// What each delivered tick emits.
+    pub outputs: Vec<Output>,
+}
+
+/// A change of scope applied when the node restarts for the n-th time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rescope {
+    /// Applies at this restart (1 = the first restart).
+    pub at_restart: u32,
+    /// The new inputs, as (topic, partition).
+    pub inputs: Vec<(String, i32)>,
+    /// The new sinks.
+    pub sinks: Vec<String>,
+    /// The new behaviour, if it changes (it must not emit to a dropped
+    /// sink).
+    pub behavior: Option<Behavior>,
+}
+
+/// Everything that defines a simulated node.
+#[derive(Clone, Debug)]
+pub struct NodeSpec {
+    /// A readable name (also derives its sender id).
+    pub name: String,
+    /// Consumed channels, as (topic, partition).
+    pub inputs: Vec<(String, i32)>,
+    /// Sink topics.
+    pub sinks: Vec<String>,
+    /// What it emits per delivery.
+    pub behavior: Behavior,
+    /// Its ticks, if it ticks.
+    pub tick: Option<TickSpec>,
+    /// Where its consumer starts on channels without a committed position.
+    pub start: StartPolicy,
+    /// False for a node that joins only when the scenario says so.
+    pub joins_at_start: bool,
+    /// A scope change at a later restart.
+    pub rescope: Option<Rescope>,
+}
+
+impl NodeSpec {
+    /// A node that joins at the start, reads from the earliest offset, and
+    /// neither ticks nor rescopes.
+    pub fn new(name: &str, inputs: &[(&str, i32)], sinks: &[&str], behavior: Behavior) -> NodeSpec {
+        NodeSpec {
+            name: name.to_owned(),
+            inputs: inputs.iter().map(|&(t, p)| (t.to_owned(), p)).collect(),
+            sinks: sinks.iter().map(|&t| t.to_owned()).collect(),
+            behavior,
+            tick: None,
+            start: StartPolicy::Earliest,
+            joins_at_start: true,
+            rescope: None,
+        }
+    }
+}
+
+/// One transactional step of a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeAction {
+    /// Fetch the next record on a channel.
+    Fetch(Channel),
+    /// Report the consumer position moving past non-records on a channel.
+    Advance(Channel),
+    /// Emit a tick.
+    Tick,
+    /// Run the truncation sweep.
+    Sweep,
+}
+
+/// What one step did, for the world's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepReport {
+    /// Records delivered (and checked by the oracle).
+    pub delivered: usize,
+    /// Of those, how many had waited in a hold queue.
+    pub released_from_hold: usize,
+    /// Records appended (committed or, on a crash, aborted).
+    pub sent: usize,
+    /// Stamp-side entries a sweep removed.
+    pub truncated: usize,
+    /// Held records left at the node after the step.
+    pub held_after: usize,
+    /// Held records a (re)start restored from the committed store.
+    pub restored_held: usize,
+}
+
+/// A failure of the world: a violation, a protocol refusal, or a host
+/// assertion.
+pub type StepResult = Result<StepReport, Violation>;
+
+fn violation(message: String) -> Violation {
+    Violation { message }
+}
+
+/// The reference host for one node.
+pub struct SimNode<P: DeliveryProtocol> {
+    /// The node's definition.
+    pub spec: NodeSpec,
+    /// The node's oracle actor.
+    pub actor: ActorId,
+    sender: SenderId,
+    protocol: Option<P>,
+    joined: bool,
+    store: MemStore,
+    positions: BTreeMap<Channel, i64>,
+    inputs: BTreeSet<Channel>,
+    sinks: BTreeSet<TopicId>,
+    restarts: u32,
+    round_robin: u64,
+    fault: Option<HostFault>,
+}
+
+/// Resolves topic names for a node.
+pub trait Topics {
+    /// The id of a topic by name.
+    fn id(&self, name: &str) -> TopicId;
+}
+
+impl<P: DeliveryProtocol> SimNode<P> {
+    /// A node that has not joined yet.
+    pub fn new(
+        spec: NodeSpec,
+        actor: ActorId,
+        topics: &dyn Topics,
+        fault: Option<HostFault>,
+    ) -> Self {
+        let inputs = spec
+            .inputs
+            .iter()
+            .map(|(t, p)| Channel::new(topics.id(t), *p))
+            .collect();
+        let sinks = spec.sinks.iter().map(|t| topics.id(t)).collect();
+        let sender = SenderId::from_u128(
+            0x5157_0000_0000_0000_0000_0000_0000_0000 | ((actor as u128 + 1) * 0x1_0000_0001),
+        );
+        SimNode {
+            spec,
+            actor,
+            sender,
+            protocol: None,
+            joined: false,
+            store: MemStore::new(),
+            positions: BTreeMap::new(),
+            inputs,
+            sinks,
+            restarts: 0,
+            round_robin: 0,
+            fault,
+        }
+    }
+
+    /// Whether the node has joined the world.
+    pub fn joined(&self) -> bool {
+        self.joined
+    }
+
+    /// Whether the node is running.
+    pub fn is_up(&self) -> bool {
+        self.protocol.is_some()
+    }
+
+    /// Records held right now (0 when down).
+    pub fn held(&self) -> usize {
+        self.protocol.as_ref().map_or(0, P::held_count)
+    }
+
+    /// Times the node restarted.
+    pub fn restarts(&self) -> u32 {
+        self.restarts
+    }
+
+    /// The committed consumer position on a channel.
+    pub fn position(&self, c: Channel) -> Option<i64> {
+        self.positions.get(&c).copied()
+    }
+
+    /// The channels currently consumed.
+    pub fn inputs(&self) -> &BTreeSet<Channel> {
+        &self.inputs
+    }
+
+    /// The host fault this node runs with, if any.
+    pub fn fault(&self) -> Option<HostFault> {
+        self.fault
+    }
+
+    /// The protocol, while the node is up.
+    pub fn protocol(&self) -> Option<&P> {
+        self.protocol.as_ref()
+    }
+
+    /// The committed protocol store.
+    pub fn store(&self) -> &MemStore {
+        &self.store
+    }
+
+    /// Takes the node down: in-memory state is lost, committed state stays.
+    pub fn crash(&mut self) {
+        self.protocol = None;
+    }
+
+    /// Starts (first join or restart) from committed state through the full
+    /// init path; processes whatever init releases as the first step.
+    pub fn start(
+        &mut self,
+        broker: &mut SimBroker,
+        oracle: &mut Oracle,
+        topics: &dyn Topics,
+    ) -> StepResult {
+        if self.joined {
+            self.restarts += 1;
+        }
+        self.joined = true;
+        if let Some(r) = &self.spec.rescope
+            && r.at_restart == self.restarts
+        {
+            let old = std::mem::take(&mut self.inputs);
+            self.inputs = r
+                .inputs
+                .iter()
+                .map(|(t, p)| Channel::new(topics.id(t), *p))
+                .collect();
+            self.sinks = r.sinks.iter().map(|t| topics.id(t)).collect();
+            if let Some(b) = &r.behavior {
+                self.spec.behavior = b.clone();
+            }
+            for c in old.difference(&self.inputs) {
+                oracle.stop_consuming(self.actor, *c);
+                self.positions.remove(c);
+            }
+        }
+        let config = NodeConfig {
+            sender: self.sender,
+            inputs: self.inputs.clone(),
+            sinks: self.sinks.clone(),
+        };
+        let init = P::init(config, &self.store, broker)
+            .map_err(|e| violation(format!("node {}: init refused: {e}", self.spec.name)))?;
+        let resume = init.node.resume_positions();
+        for &c in &self.inputs {
+            let start = broker.log_start(c);
+            let pos = match (self.positions.get(&c), resume.get(&c)) {
+                (_, Some(&r)) => r,
+                (Some(&p), None) => p,
+                (None, None) => match self.spec.start {
+                    StartPolicy::Earliest => start,
+                    StartPolicy::Latest => broker.end_offset(c),
+                },
+            };
+            // H6: never start below the log start.
+            let pos = pos.max(start);
+            self.positions.insert(c, pos);
+            oracle.consume(self.actor, c, pos);
+        }
+        let restored_held = init.report.restored_held;
+        let mut node = init.node;
+        let mut deliveries = init.deliveries;
+        // H2 at start: the consumer's starting position is a position like
+        // any other (a real consumer reports it at its first poll). Every
+        // record below it went through `on_record` in an earlier
+        // incarnation. Without this, a trailing marker skipped before a
+        // crash could never be covered again.
+        for (&c, &pos) in &self.positions {
+            if self.fault == Some(HostFault::WithholdPositionAdvance) {
+                break;
+            }
+            match node.position_advance(c, pos) {
+                Ok(d) => deliveries.extend(d),
+                Err(e) => {
+                    return Err(violation(format!(
+                        "node {}: protocol refused the starting position: {e}",
+                        self.spec.name
+                    )));
+                }
+            }
+        }
+        self.protocol = Some(node);
+        // The first transaction: init's writes and whatever it released.
+        oracle.begin(self.actor);
+        let mut report = self.finish(
+            deliveries,
+            self.positions.clone(),
+            false,
+            broker,
+            oracle,
+            topics,
+        )?;
+        report.restored_held = restored_held;
+        Ok(report)
+    }
+
+    /// Runs one transactional step; with `crash` the node crashes after the
+    /// work and before the commit.
+    pub fn step(
+        &mut self,
+        action: NodeAction,
+        crash: bool,
+        broker: &mut SimBroker,
+        oracle: &mut Oracle,
+        topics: &dyn Topics,
+    ) -> StepResult {
+        let name = self.spec.name.clone();
+        let refused = |e: parsley_protocol::ProtocolError| {
+            violation(format!("node {name}: protocol refused: {e}"))
+        };
+        let mut positions = self.positions.clone();
+        oracle.begin(self.actor);
+        let mut deliveries = Vec::new();
+        let mut sends = Vec::new();
+        let mut truncated = 0;
+        let Some(protocol) = self.protocol.as_mut() else {
+            oracle.rollback(self.actor);
+            return Err(violation(format!("node {name}: step while down")));
+        };
+        match action {
+            NodeAction::Fetch(c) => {
+                let from = positions.get(&c).copied().unwrap_or(0);
+                let Some((offset, rec)) = broker.fetch(c, from) else {
+                    oracle.rollback(self.actor);
+                    return Ok(StepReport::default());
+                };
+                let record = InboundRecord {
+                    channel: c,
+                    offset,
+                    timestamp: rec.timestamp,
+                    key: rec.key.clone(),
+                    value: rec.value.clone(),
+                    headers: rec.headers.clone(),
+                    causal: rec.causal.clone(),
+                };
+                positions.insert(c, offset + 1);
+                let early = if self.fault == Some(HostFault::EarlyPositionReport) {
+                    // Report the end as the position before handing the
+                    // record over.
+                    Some(broker.end_offset(c))
+                } else {
+                    None
+                };
+                if let Some(end) = early {
+                    match protocol.position_advance(c, end) {
+                        Ok(d) => deliveries.extend(d),
+                        Err(e) => {
+                            oracle.rollback(self.actor);
+                            return Err(refused(e));
+                        }
+                    }
+                }
+                match protocol.on_record(record) {
+                    Ok(d) => deliveries.extend(d),
+                    Err(e) => {
+                        oracle.rollback(self.actor);
+                        return Err(refused(e));
+                    }
+                }
+            }
+            NodeAction::Advance(c) => {
+                let from = positions.get(&c).copied().unwrap_or(0);
+                let Some(target) = broker.skip_target(c, from) else {
+                    oracle.rollback(self.actor);
+                    return Ok(StepReport::default());
+                };
+                positions.insert(c, target);
+                match protocol.position_advance(c, target) {
+                    Ok(d) => deliveries.extend(d),
+                    Err(e) => {
+                        oracle.rollback(self.actor);
+                        return Err(refused(e));
+                    }
+                }
+            }
+            NodeAction::Tick => {
+                let Some(tick) = &self.spec.tick else {
+                    oracle.rollback(self.actor);
+                    return Err(violation(format!("node {name}: tick without a tick spec")));
+                };
+                let channel = Channel::new(topics.id(&tick.topic), tick.partition);
+                let payload = Payload {
+                    key: u64::from(tick.partition as u32),
+                    hops: 0,
+                };
+                match Self::send(
+                    protocol, oracle, broker, self.actor, &name, channel, payload,
+                ) {
+                    Ok(s) => sends.push(s),
+                    Err(v) => {
+                        oracle.rollback(self.actor);
+                        return Err(v);
+                    }
+                }
+            }
+            NodeAction::Sweep => match protocol.truncate_to_log_starts(broker) {
+                Ok(report) => truncated = report.entries_removed,
+                Err(e) => {
+                    oracle.rollback(self.actor);
+                    return Err(refused(e));
+                }
+            },
+        }
+        let mut report =
+            self.finish_with(deliveries, sends, positions, crash, broker, oracle, topics)?;
+        report.truncated = truncated;
+        Ok(report)
+    }
+
+    fn finish(
+        &mut self,
+        deliveries: Vec<Delivery>,
+        positions: BTreeMap<Channel, i64>,
+        crash: bool,
+        broker: &mut SimBroker,
+        oracle: &mut Oracle,
+        topics: &dyn Topics,
+    ) -> StepResult {
+        self.finish_with(
+            deliveries,
+            Vec::new(),
+            positions,
+            crash,
+            broker,
+            oracle,
+            topics,
+        )
+    }
+
+    /// Processes deliveries (oracle check, behaviour, stamped sends), then
+    /// commits or crashes.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_with(
+        &mut self,
+        deliveries: Vec<Delivery>,
+        mut sends: Vec<Send>,
+        positions: BTreeMap<Channel, i64>,
+        crash: bool,
+        broker: &mut SimBroker,
+        oracle: &mut Oracle,
+        topics: &dyn Topics,
+    ) -> StepResult {
+        let name = self.spec.name.clone();
+        let mut report = StepReport::default();
+        let tick_channel = self
+            .spec
+            .tick
+            .as_ref()
+            .map(|t| Channel::new(topics.id(&t.topic), t.partition));
+        let Some(protocol) = self.protocol.as_mut() else {
+            oracle.rollback(self.actor);
+            return Err(violation(format!("node {name}: step while down")));
+        };
+        for d in deliveries {
+            let c = d.record.channel;
+            let Some(id) = oracle.record_at(c, d.record.offset) else {
+                oracle.rollback(self.actor);
+                return Err(violation(format!(
+                    "node {name}: delivered {c}@{} which is not a committed record",
+                    d.record.offset
+                )));
+            };
+            if let Err(v) = oracle.deliver(self.actor, id) {
+                oracle.rollback(self.actor);
+                return Err(v);
+            }
+            report.delivered += 1;
+            if d.was_held {
+                report.released_from_hold += 1;
+            }
+            let payload = Payload::decode(d.record.key.as_deref(), d.record.value.as_deref());
+            let emissions: Vec<(Output, Payload)> = match &self.spec.tick {
+                Some(t) if Some(c) == tick_channel => {
+                    t.outputs.iter().map(|o| (o.clone(), payload)).collect()
+                }
+                _ => self
+                    .spec
+                    .behavior
+                    .react(payload)
+                    .into_iter()
+                    .map(|(o, p)| (o.clone(), p))
+                    .collect(),
+            };
+            for (out, next) in emissions {
+                let topic = topics.id(&out.topic);
+                let parts = broker.partitions(topic).unwrap_or(1).max(1);
+                let partition = match out.route {
+                    Route::Partition(p) => p,
+                    Route::ByKey => (next.key % parts as u64) as i32,
+                    Route::RoundRobin => {
+                        self.round_robin += 1;
+                        (self.round_robin % parts as u64) as i32
+                    }
+                };
+                let channel = Channel::new(topic, partition);
+                match Self::send(protocol, oracle, broker, self.actor, &name, channel, next) {
+                    Ok(s) => sends.push(s),
+                    Err(v) => {
+                        oracle.rollback(self.actor);
+                        return Err(v);
+                    }
+                }
+            }
+        }
+        report.sent = sends.len();
+        let touched: BTreeSet<Channel> = sends.iter().map(|s| s.channel).collect();
+        if crash {
+            // The transaction aborts: its records take offsets as aborted
+            // records, each touched partition gets an abort marker, and the
+            // node goes down with nothing of the step committed.
+            for s in sends {
+                broker.append(s.channel, s.record, false);
+            }
+            for &c in &touched {
+                broker.append_marker(c, false);
+            }
+            if self.fault == Some(HostFault::StepAtomicity) {
+                // The fault: state and positions survive the abort.
+                let writes = protocol.take_writes();
+                self.store.apply(&writes);
+                self.positions = positions;
+            }
+            oracle.rollback(self.actor);
+            self.protocol = None;
+            return Ok(report);
+        }
+        let writes = protocol.take_writes();
+        report.held_after = protocol.held_count();
+        self.store.apply(&writes);
+        self.positions = positions;
+        for s in sends {
+            let offset = broker.end_offset(s.channel);
+            let id = oracle.register(s.pending, s.channel, offset);
+            let mut record = s.record;
+            record.oracle_id = id;
+            let at = broker.append(s.channel, record, true);
+            assert_eq!(at, offset, "sim: append landed at an unexpected offset");
+        }
+        for &c in &touched {
+            broker.append_marker(c, true);
+        }
+        oracle.commit(self.actor);
+        Ok(report)
+    }
+
+    /// H4: stamp for the concrete channel, check every offset claim names a
+    /// real offset, and stage exactly that record.
+    fn send(
+        protocol: &mut P,
+        oracle: &mut Oracle,
+        broker: &SimBroker,
+        actor: ActorId,
+        name: &str,
+        channel: Channel,
+        payload: Payload,
+    ) -> Result<Send, Violation> {
+        let causal: CausalHeaders = protocol
+            .prepare_send(channel)
+            .map_err(|e| violation(format!("node {name}: stamping refused: {e}")))?;
+        for claim in causal.clock.offsets() {
+            let end = broker.end_offset(claim.channel);
+            if claim.offset >= end {
+                return Err(violation(format!(
+                    "node {name}: stamp claims {}@{} but that channel ends at {end}",
+                    claim.channel, claim.offset
+                )));
+            }
+        }
+        let pending: PendingSend = oracle.emit(actor);
+        Ok(Send {
+            channel,
+            pending,
+            record: StoredRecord {
+                key: Some(payload.key_bytes()),
+                value: Some(payload.value_bytes()),
+                timestamp: 0,
+                headers: Vec::new(),
+                causal,
+                oracle_id: usize::MAX,
+            },
+        })
+    }
+}
+
+/// A staged send.
+pub(crate) struct Send {
+    channel: Channel,
+    pending: PendingSend,
+    record: StoredRecord,
+}

@@ -1,0 +1,364 @@
+//! [`Oracle`]: ground truth about causality, kept entirely outside the
+//! protocol.
+//!
+//! The oracle never reads a protocol clock. It tracks real happened-before
+//! between *actors* (nodes, edge producers, observers): an actor's causal
+//! past is everything it has delivered or observed, its own earlier sends,
+//! and transitively their pasts. Because each actor's sends are totally
+//! ordered (one process), the part of a past that falls on one actor's sends
+//! is always a prefix of them, so a past is exactly a vector of counts, one
+//! per actor. Each record stores the past of its sender at the moment it was
+//! sent.
+//!
+//! A node's past is staged while its step runs and either committed with the
+//! step or rolled back with it, mirroring the node's transaction, so an
+//! aborted step teaches the oracle nothing.
+//!
+//! On every delivery the oracle checks that the record was not delivered
+//! before at that node, that the channel's offsets strictly increase
+//! (FIFO), and that every real ancestor on a channel the node consumes, at
+//! or above the node's baseline there, has already been delivered. At drain
+//! it checks completeness: every committed record at or above the baseline
+//! of every consumed channel was delivered.
+//!
+//! Deliveries are judged by coordinate only; which bytes a node hands its
+//! user at a coordinate is outside the oracle's view (the protocol's
+//! persistence tests pin that).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+
+use parsley_protocol::Channel;
+
+use crate::broker::SimBroker;
+
+/// Index of an actor (node, edge producer, observer).
+pub type ActorId = usize;
+
+/// The oracle's handle on a committed record.
+pub type RecordId = usize;
+
+/// A violated obligation, with everything needed to find it again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// What went wrong, naming the node, the record and (for causal
+    /// violations) the missing ancestor.
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Violation {}
+
+/// One actor's committed sends to one channel: (send index, offset, record).
+type SendLog = Vec<(u32, i64, RecordId)>;
+
+struct RecordMeta {
+    channel: Channel,
+    offset: i64,
+    actor: ActorId,
+    send_index: u32,
+    past: Vec<u32>,
+}
+
+#[derive(Default)]
+struct ActorState {
+    name: String,
+    past: Vec<u32>,
+    staged: Option<Staged>,
+    delivered: HashSet<RecordId>,
+    last: BTreeMap<Channel, i64>,
+    baselines: BTreeMap<Channel, i64>,
+    consumes: Vec<Channel>,
+}
+
+struct Staged {
+    past: Vec<u32>,
+    delivered: Vec<RecordId>,
+    last: BTreeMap<Channel, i64>,
+}
+
+/// A send whose record is not appended yet: its sender's past at the moment
+/// of sending.
+#[derive(Clone, Debug)]
+pub struct PendingSend {
+    actor: ActorId,
+    send_index: u32,
+    past: Vec<u32>,
+}
+
+/// Ground-truth causality for one simulated world.
+pub struct Oracle {
+    actors: Vec<ActorState>,
+    records: Vec<RecordMeta>,
+    by_coordinate: HashMap<(Channel, i64), RecordId>,
+    /// Per actor, per channel: the actor's committed sends to that channel
+    /// as (send index, offset, record), in send order.
+    sends: Vec<BTreeMap<Channel, SendLog>>,
+    names: BTreeMap<Channel, String>,
+    deliveries_checked: u64,
+}
+
+impl Oracle {
+    /// An oracle for the given actors (indices are positions in the list).
+    pub fn new(actor_names: &[String]) -> Self {
+        let n = actor_names.len();
+        Oracle {
+            actors: actor_names
+                .iter()
+                .map(|name| ActorState {
+                    name: name.clone(),
+                    past: vec![0; n],
+                    ..ActorState::default()
+                })
+                .collect(),
+            records: Vec::new(),
+            by_coordinate: HashMap::new(),
+            sends: vec![BTreeMap::new(); n],
+            names: BTreeMap::new(),
+            deliveries_checked: 0,
+        }
+    }
+
+    /// Gives a channel a readable name for messages.
+    pub fn name_channel(&mut self, c: Channel, name: String) {
+        self.names.insert(c, name);
+    }
+
+    fn channel_name(&self, c: Channel) -> String {
+        self.names.get(&c).cloned().unwrap_or_else(|| c.to_string())
+    }
+
+    fn coordinate(&self, r: RecordId) -> String {
+        let m = &self.records[r];
+        format!("{}@{}", self.channel_name(m.channel), m.offset)
+    }
+
+    /// Deliveries checked so far.
+    pub fn deliveries_checked(&self) -> u64 {
+        self.deliveries_checked
+    }
+
+    /// The actor's name.
+    pub fn actor_name(&self, a: ActorId) -> &str {
+        &self.actors[a].name
+    }
+
+    /// Declares that `actor` consumes `channel` from now on, with the given
+    /// baseline (its consumer's first position there). A baseline is set
+    /// once; later calls keep the first.
+    pub fn consume(&mut self, actor: ActorId, channel: Channel, baseline: i64) {
+        let a = &mut self.actors[actor];
+        a.baselines.entry(channel).or_insert(baseline);
+        if !a.consumes.contains(&channel) {
+            a.consumes.push(channel);
+            a.consumes.sort();
+        }
+    }
+
+    /// Declares that `actor` no longer consumes `channel` (a scope shrink).
+    pub fn stop_consuming(&mut self, actor: ActorId, channel: Channel) {
+        self.actors[actor].consumes.retain(|c| *c != channel);
+    }
+
+    /// The baseline of an actor on a channel, if it ever consumed it.
+    pub fn baseline(&self, actor: ActorId, channel: Channel) -> Option<i64> {
+        self.actors[actor].baselines.get(&channel).copied()
+    }
+
+    /// Starts a step (a transaction) of `actor`.
+    pub fn begin(&mut self, actor: ActorId) {
+        let a = &mut self.actors[actor];
+        assert!(a.staged.is_none(), "oracle: nested step for {}", a.name);
+        a.staged = Some(Staged {
+            past: a.past.clone(),
+            delivered: Vec::new(),
+            last: BTreeMap::new(),
+        });
+    }
+
+    /// The record at a coordinate, if one was committed there.
+    pub fn record_at(&self, c: Channel, offset: i64) -> Option<RecordId> {
+        self.by_coordinate.get(&(c, offset)).copied()
+    }
+
+    /// Checks and records a delivery of `record` at `actor` inside its
+    /// current step.
+    pub fn deliver(&mut self, actor: ActorId, record: RecordId) -> Result<(), Violation> {
+        self.deliveries_checked += 1;
+        let m = &self.records[record];
+        let a = &self.actors[actor];
+        let staged = a.staged.as_ref().expect("oracle: delivery outside a step");
+        let what = || format!("node {} delivering {}", a.name, self.coordinate(record));
+        if a.delivered.contains(&record) || staged.delivered.contains(&record) {
+            return Err(Violation {
+                message: format!("{}: duplicate delivery", what()),
+            });
+        }
+        let last = staged
+            .last
+            .get(&m.channel)
+            .or_else(|| a.last.get(&m.channel))
+            .copied();
+        if let Some(last) = last
+            && m.offset <= last
+        {
+            return Err(Violation {
+                message: format!(
+                    "{}: FIFO violated, offset {} already delivered on that channel",
+                    what(),
+                    last
+                ),
+            });
+        }
+        // Causal order: for every actor X and consumed channel c, the
+        // latest of X's sends to c inside m's past must be delivered here
+        // (FIFO and completeness cover the earlier ones).
+        for (x, &count) in m.past.iter().enumerate() {
+            if count == 0 {
+                continue;
+            }
+            for &c in &a.consumes {
+                let Some(list) = self.sends[x].get(&c) else {
+                    continue;
+                };
+                let i = list.partition_point(|&(idx, _, _)| idx <= count);
+                if i == 0 {
+                    continue;
+                }
+                let (_, offset, ancestor) = list[i - 1];
+                let baseline = a.baselines.get(&c).copied().unwrap_or(0);
+                if offset < baseline {
+                    continue;
+                }
+                if !a.delivered.contains(&ancestor) && !staged.delivered.contains(&ancestor) {
+                    return Err(Violation {
+                        message: format!(
+                            "{}: causal order violated, its ancestor {} (sent by {}) has not been delivered there",
+                            what(),
+                            self.coordinate(ancestor),
+                            self.actors[x].name
+                        ),
+                    });
+                }
+            }
+        }
+        let (channel, offset, sender, send_index) = (m.channel, m.offset, m.actor, m.send_index);
+        let past = m.past.clone();
+        let staged = self.actors[actor].staged.as_mut().expect("checked above");
+        for (mine, theirs) in staged.past.iter_mut().zip(&past) {
+            *mine = (*mine).max(*theirs);
+        }
+        staged.past[sender] = staged.past[sender].max(send_index);
+        staged.delivered.push(record);
+        staged.last.insert(channel, offset);
+        Ok(())
+    }
+
+    /// Folds a consumed record into an observer's past without judging it
+    /// (plain consumers have no gate).
+    pub fn observe(&mut self, actor: ActorId, record: RecordId) {
+        let m = &self.records[record];
+        let (sender, send_index) = (m.actor, m.send_index);
+        let past = m.past.clone();
+        let staged = self.actors[actor]
+            .staged
+            .as_mut()
+            .expect("oracle: observation outside a step");
+        for (mine, theirs) in staged.past.iter_mut().zip(&past) {
+            *mine = (*mine).max(*theirs);
+        }
+        staged.past[sender] = staged.past[sender].max(send_index);
+    }
+
+    /// Takes a send inside the current step: snapshots the sender's past.
+    pub fn emit(&mut self, actor: ActorId) -> PendingSend {
+        let staged = self.actors[actor]
+            .staged
+            .as_mut()
+            .expect("oracle: send outside a step");
+        let past = staged.past.clone();
+        staged.past[actor] += 1;
+        PendingSend {
+            actor,
+            send_index: staged.past[actor],
+            past,
+        }
+    }
+
+    /// Registers the record a pending send became, once it has its offset.
+    pub fn register(&mut self, send: PendingSend, channel: Channel, offset: i64) -> RecordId {
+        let id = self.records.len();
+        self.sends[send.actor]
+            .entry(channel)
+            .or_default()
+            .push((send.send_index, offset, id));
+        self.records.push(RecordMeta {
+            channel,
+            offset,
+            actor: send.actor,
+            send_index: send.send_index,
+            past: send.past,
+        });
+        self.by_coordinate.insert((channel, offset), id);
+        id
+    }
+
+    /// The oracle id a pending send will get when registered next (so the
+    /// host can put it in the record before appending).
+    pub fn next_record_id(&self) -> RecordId {
+        self.records.len()
+    }
+
+    /// Commits the actor's step.
+    pub fn commit(&mut self, actor: ActorId) {
+        let a = &mut self.actors[actor];
+        let staged = a.staged.take().expect("oracle: commit outside a step");
+        a.past = staged.past;
+        a.delivered.extend(staged.delivered);
+        a.last.extend(staged.last);
+    }
+
+    /// Rolls the actor's step back: it never happened.
+    pub fn rollback(&mut self, actor: ActorId) {
+        self.actors[actor].staged = None;
+    }
+
+    /// Records delivered (committed) at an actor.
+    pub fn delivered_count(&self, actor: ActorId) -> usize {
+        self.actors[actor].delivered.len()
+    }
+
+    /// Completeness at drain: every committed record at or above the
+    /// baseline of every channel each actor consumes was delivered there.
+    pub fn check_complete(&self, broker: &SimBroker) -> Result<(), Violation> {
+        for a in &self.actors {
+            assert!(a.staged.is_none(), "oracle: drain with an open step");
+            for &c in &a.consumes {
+                let baseline = a.baselines.get(&c).copied().unwrap_or(0);
+                let missing: Vec<RecordId> = broker
+                    .committed_records(c, baseline)
+                    .into_iter()
+                    .map(|(_, id)| id)
+                    .filter(|id| !a.delivered.contains(id))
+                    .collect();
+                if let Some(&first) = missing.first() {
+                    return Err(Violation {
+                        message: format!(
+                            "node {}: incomplete at drain, {} record(s) on {} never delivered, first {}",
+                            a.name,
+                            missing.len(),
+                            self.channel_name(c),
+                            self.coordinate(first)
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,641 @@
+//! [`SimWorld`]: the seeded scheduler.
+//!
+//! A world is a broker, some nodes, some edge producers and an oracle. Each
+//! step the scheduler lists every enabled action (fetch, position advance,
+//! tick, truncation sweep, edge-producer operation, retention move, crash
+//! idle or mid-step, restart, join) and draws one with a ChaCha8 generator
+//! seeded from the world's seed, so a seed reproduces its run on any
+//! machine. Budgets bound ticks, crashes, edge operations and retention, so
+//! a world eventually has nothing left to do: it has drained. A world that
+//! has not drained within its step budget fails.
+//!
+//! Crashes are drawn at double weight on nodes that hold records, and the
+//! last crash of the budget is reserved for a holding node: a crash while
+//! records are held is the only way into the hold-queue restore path, and an
+//! unweighted draw tends to spend the budget before such a state exists.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use parsley_protocol::{Channel, DeliveryProtocol, StateKey, TopicId};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::broker::SimBroker;
+use crate::edge::{EdgeProducer, EdgeSpec};
+use crate::node::{HostFault, NodeAction, NodeSpec, SimNode, StepReport, Topics};
+use crate::oracle::Oracle;
+
+/// When a node joins the world.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Join {
+    /// At the start.
+    Start,
+    /// Once the named node has restarted this many times.
+    AfterRestarts(String, u32),
+    /// Only when the scenario calls [`SimWorld::join`].
+    Manual,
+}
+
+/// What the world may spend.
+#[derive(Clone, Debug)]
+pub struct Budget {
+    /// Steps before an undrained world fails.
+    pub max_steps: u64,
+    /// Crashes (idle or mid-step) to inject.
+    pub crashes: u32,
+    /// Ticks to emit, over all ticking nodes.
+    pub ticks: u32,
+    /// Edge-producer operations.
+    pub edge_ops: u32,
+    /// Retention moves (log-start advances).
+    pub retention: u32,
+    /// Truncation sweeps.
+    pub sweeps: u32,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            max_steps: 20_000,
+            crashes: 0,
+            ticks: 0,
+            edge_ops: 0,
+            retention: 0,
+            sweeps: 0,
+        }
+    }
+}
+
+/// A world's definition.
+#[derive(Clone, Debug)]
+pub struct WorldConfig {
+    /// Topics as (name, partitions).
+    pub topics: Vec<(String, i32)>,
+    /// Nodes, with when each joins.
+    pub nodes: Vec<(NodeSpec, Join)>,
+    /// Edge producers.
+    pub edges: Vec<EdgeSpec>,
+    /// Budgets.
+    pub budget: Budget,
+    /// The feedback hop budget of edge-produced records.
+    pub hops: u32,
+    /// A host fault on one node (by name), for the self-test.
+    pub fault: Option<(String, HostFault)>,
+}
+
+impl WorldConfig {
+    /// A world with the given topics and nothing else.
+    pub fn new(topics: &[(&str, i32)]) -> WorldConfig {
+        WorldConfig {
+            topics: topics.iter().map(|&(t, p)| (t.to_owned(), p)).collect(),
+            nodes: Vec::new(),
+            edges: Vec::new(),
+            budget: Budget::default(),
+            hops: 0,
+            fault: None,
+        }
+    }
+
+    /// Adds a node that joins at the start.
+    pub fn node(mut self, spec: NodeSpec) -> Self {
+        self.nodes.push((spec, Join::Start));
+        self
+    }
+
+    /// Adds a node that joins later.
+    pub fn node_joining(mut self, spec: NodeSpec, join: Join) -> Self {
+        self.nodes.push((spec, join));
+        self
+    }
+
+    /// Adds an edge producer.
+    pub fn edge(mut self, spec: EdgeSpec) -> Self {
+        self.edges.push(spec);
+        self
+    }
+}
+
+/// What a world did: the counts the anti-vacuity floors are built on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorldStats {
+    /// Scheduler steps taken.
+    pub steps: u64,
+    /// Deliveries checked by the oracle.
+    pub deliveries: u64,
+    /// Deliveries of records that had waited in a hold queue.
+    pub released_from_hold: u64,
+    /// Records appended by nodes (committed or aborted).
+    pub sends: u64,
+    /// Crashes injected (idle and mid-step).
+    pub crashes: u64,
+    /// Of those, mid-step crashes.
+    pub mid_step_crashes: u64,
+    /// Crashes of a node that was holding records at the time.
+    pub crashes_while_holding: u64,
+    /// Restarts.
+    pub restarts: u64,
+    /// Position advances reported.
+    pub position_advances: u64,
+    /// Ticks emitted.
+    pub ticks: u64,
+    /// Edge-producer operations.
+    pub edge_ops: u64,
+    /// Log-start advances.
+    pub retention_moves: u64,
+    /// Truncation sweeps run.
+    pub sweeps: u64,
+    /// Stamp-side entries those sweeps removed.
+    pub truncated_entries: u64,
+    /// The most records any node held at once.
+    pub max_held: u64,
+    /// Held records restored by restarts (the hold-queue restore path).
+    pub restored_held: u64,
+}
+
+impl WorldStats {
+    /// Adds another world's counts (for per-scenario totals).
+    pub fn add(&mut self, o: &WorldStats) {
+        self.steps += o.steps;
+        self.deliveries += o.deliveries;
+        self.released_from_hold += o.released_from_hold;
+        self.sends += o.sends;
+        self.crashes += o.crashes;
+        self.mid_step_crashes += o.mid_step_crashes;
+        self.crashes_while_holding += o.crashes_while_holding;
+        self.restarts += o.restarts;
+        self.position_advances += o.position_advances;
+        self.ticks += o.ticks;
+        self.edge_ops += o.edge_ops;
+        self.retention_moves += o.retention_moves;
+        self.sweeps += o.sweeps;
+        self.truncated_entries += o.truncated_entries;
+        self.max_held = self.max_held.max(o.max_held);
+        self.restored_held += o.restored_held;
+    }
+}
+
+/// A world that failed: the seed and step reproduce it.
+#[derive(Clone, Debug)]
+pub struct WorldFailure {
+    /// The world's seed.
+    pub seed: u64,
+    /// The step at which it failed.
+    pub step: u64,
+    /// What went wrong.
+    pub message: String,
+    /// What the world had done by then.
+    pub stats: Box<WorldStats>,
+}
+
+impl fmt::Display for WorldFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "seed {} failed at step {}: {}",
+            self.seed, self.step, self.message
+        )
+    }
+}
+
+impl std::error::Error for WorldFailure {}
+
+struct TopicMap(BTreeMap<String, TopicId>);
+
+impl Topics for TopicMap {
+    fn id(&self, name: &str) -> TopicId {
+        *self
+            .0
+            .get(name)
+            .unwrap_or_else(|| panic!("sim: unknown topic {name:?}"))
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Action {
+    Join(usize),
+    Restart(usize),
+    Node(usize, NodeAction),
+    Crash(usize),
+    CrashMid(usize, Channel),
+    Edge(usize),
+    Retain(Channel, i64),
+}
+
+/// A seeded simulated world.
+pub struct SimWorld<P: DeliveryProtocol> {
+    seed: u64,
+    rng: ChaCha8Rng,
+    /// The broker.
+    pub broker: SimBroker,
+    /// The oracle.
+    pub oracle: Oracle,
+    nodes: Vec<SimNode<P>>,
+    joins: Vec<Join>,
+    edges: Vec<EdgeProducer>,
+    topics: TopicMap,
+    budget: Budget,
+    hops: u32,
+    stats: WorldStats,
+    trace: u64,
+}
+
+impl<P: DeliveryProtocol> SimWorld<P> {
+    /// Builds the world and starts the nodes that join at the start.
+    pub fn new(config: WorldConfig, seed: u64) -> Result<Self, WorldFailure> {
+        let mut broker = SimBroker::new();
+        let mut topics = BTreeMap::new();
+        for (name, partitions) in &config.topics {
+            topics.insert(name.clone(), broker.create_topic(name, *partitions));
+        }
+        let topics = TopicMap(topics);
+        let actor_names: Vec<String> = config
+            .nodes
+            .iter()
+            .map(|(n, _)| n.name.clone())
+            .chain(config.edges.iter().map(|e| e.name.clone()))
+            .collect();
+        let mut oracle = Oracle::new(&actor_names);
+        for (name, &id) in &topics.0 {
+            for p in 0..broker.partitions(id).unwrap_or(0) {
+                oracle.name_channel(Channel::new(id, p), format!("{name}:{p}"));
+            }
+        }
+        let mut nodes = Vec::new();
+        let mut joins = Vec::new();
+        for (i, (spec, join)) in config.nodes.into_iter().enumerate() {
+            let fault = config
+                .fault
+                .as_ref()
+                .filter(|(n, _)| *n == spec.name)
+                .map(|(_, f)| *f);
+            nodes.push(SimNode::new(spec, i, &topics, fault));
+            joins.push(join);
+        }
+        let base = nodes.len();
+        let edges = config
+            .edges
+            .into_iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                let resolve = |v: &[(String, i32)]| -> Vec<Channel> {
+                    v.iter()
+                        .map(|(t, p)| Channel::new(topics.id(t), *p))
+                        .collect()
+                };
+                let targets = resolve(&spec.targets);
+                let observes = resolve(&spec.observes);
+                EdgeProducer::new(spec, base + i, targets, observes)
+            })
+            .collect();
+        let mut world = SimWorld {
+            seed,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            broker,
+            oracle,
+            nodes,
+            joins,
+            edges,
+            topics,
+            budget: config.budget,
+            hops: config.hops,
+            stats: WorldStats::default(),
+            trace: 0xcbf2_9ce4_8422_2325,
+        };
+        for i in 0..world.nodes.len() {
+            if world.joins[i] == Join::Start {
+                world.execute(Action::Join(i))?;
+            }
+        }
+        Ok(world)
+    }
+
+    /// The world's seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Counts so far.
+    pub fn stats(&self) -> WorldStats {
+        self.stats
+    }
+
+    /// A hash of every delivery and send in order: equal for equal runs.
+    pub fn trace_hash(&self) -> u64 {
+        self.trace
+    }
+
+    /// The budgets left (scenarios top them up between phases).
+    pub fn budget_mut(&mut self) -> &mut Budget {
+        &mut self.budget
+    }
+
+    /// The id of a topic.
+    pub fn topic(&self, name: &str) -> TopicId {
+        self.topics.id(name)
+    }
+
+    /// A node by name.
+    pub fn node(&self, name: &str) -> &SimNode<P> {
+        self.nodes
+            .iter()
+            .find(|n| n.spec.name == name)
+            .unwrap_or_else(|| panic!("sim: unknown node {name:?}"))
+    }
+
+    fn node_index(&self, name: &str) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| n.spec.name == name)
+            .unwrap_or_else(|| panic!("sim: unknown node {name:?}"))
+    }
+
+    fn fail(&self, message: String) -> WorldFailure {
+        WorldFailure {
+            seed: self.seed,
+            step: self.stats.steps,
+            message,
+            stats: Box::new(self.stats),
+        }
+    }
+
+    fn mix(&mut self, words: &[u64]) {
+        for w in words {
+            for b in w.to_le_bytes() {
+                self.trace ^= u64::from(b);
+                self.trace = self.trace.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+    }
+
+    /// Joins a `Manual` node now.
+    pub fn join(&mut self, name: &str) -> Result<(), WorldFailure> {
+        let i = self.node_index(name);
+        self.execute(Action::Join(i))
+    }
+
+    /// Crashes a node now (outside the budget).
+    pub fn crash(&mut self, name: &str) {
+        let i = self.node_index(name);
+        self.nodes[i].crash();
+    }
+
+    /// Moves every channel's log start as far as retention may go (every
+    /// active subscriber has delivered everything below it).
+    pub fn retain_all(&mut self) {
+        for c in self.broker.channels() {
+            let bound = self.retention_bound(c);
+            self.broker.advance_log_start(c, bound);
+        }
+    }
+
+    /// Moves one channel's log start as far as retention may go.
+    pub fn retain(&mut self, topic: &str, partition: i32) {
+        let c = Channel::new(self.topic(topic), partition);
+        let bound = self.retention_bound(c);
+        self.broker.advance_log_start(c, bound);
+    }
+
+    /// Runs a truncation sweep on every running node.
+    pub fn sweep_all(&mut self) -> Result<(), WorldFailure> {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].is_up() {
+                self.execute(Action::Node(i, NodeAction::Sweep))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs until nothing is left to do, then checks completeness.
+    pub fn run(&mut self) -> Result<WorldStats, WorldFailure> {
+        loop {
+            let actions = self.enabled();
+            if actions.is_empty() {
+                break;
+            }
+            if self.stats.steps >= self.budget.max_steps {
+                let held: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .filter(|n| n.held() > 0)
+                    .map(|n| format!("{} holds {}", n.spec.name, n.held()))
+                    .collect();
+                return Err(self.fail(format!(
+                    "did not drain within {} steps ({})",
+                    self.budget.max_steps,
+                    held.join(", ")
+                )));
+            }
+            let total: u32 = actions.iter().map(|(w, _)| *w).sum();
+            let mut pick = self.rng.random_range(0..total);
+            let mut chosen = actions[0].1;
+            for (w, a) in &actions {
+                if pick < *w {
+                    chosen = *a;
+                    break;
+                }
+                pick -= w;
+            }
+            self.stats.steps += 1;
+            self.execute(chosen)?;
+        }
+        self.oracle
+            .check_complete(&self.broker)
+            .map_err(|v| self.fail(v.message))?;
+        Ok(self.stats)
+    }
+
+    /// Where retention may move a channel's log start to: not past what any
+    /// joined consumer of it has fetched, and not past a record it still
+    /// holds (see the crate docs on why holds bound retention).
+    fn retention_bound(&self, c: Channel) -> i64 {
+        let mut bound = self.broker.end_offset(c);
+        for n in &self.nodes {
+            if !n.joined() || !n.inputs().contains(&c) {
+                continue;
+            }
+            if let Some(p) = n.position(c) {
+                bound = bound.min(p);
+            }
+            if let Some(held) = held_head_offset(n.store(), c) {
+                bound = bound.min(held);
+            }
+        }
+        bound
+    }
+
+    fn enabled(&mut self) -> Vec<(u32, Action)> {
+        let mut out = Vec::new();
+        let crash_budget = self.budget.crashes;
+        for (i, n) in self.nodes.iter().enumerate() {
+            if !n.joined() {
+                if let Join::AfterRestarts(other, count) = &self.joins[i]
+                    && self
+                        .nodes
+                        .iter()
+                        .any(|o| o.spec.name == *other && o.restarts() >= *count)
+                {
+                    out.push((3, Action::Join(i)));
+                }
+                continue;
+            }
+            if !n.is_up() {
+                out.push((4, Action::Restart(i)));
+                continue;
+            }
+            let mut first_fetch = None;
+            for &c in n.inputs() {
+                let pos = n.position(c).unwrap_or(0);
+                if self.broker.fetch(c, pos).is_some() {
+                    out.push((4, Action::Node(i, NodeAction::Fetch(c))));
+                    first_fetch.get_or_insert(c);
+                }
+                if n.fault() != Some(HostFault::WithholdPositionAdvance)
+                    && self.broker.skip_target(c, pos).is_some()
+                {
+                    out.push((2, Action::Node(i, NodeAction::Advance(c))));
+                }
+            }
+            if n.spec.tick.is_some() && self.budget.ticks > 0 {
+                out.push((1, Action::Node(i, NodeAction::Tick)));
+            }
+            if self.budget.sweeps > 0 {
+                out.push((1, Action::Node(i, NodeAction::Sweep)));
+            }
+            let holding = n.held() > 0;
+            // The last crash of the budget is for a holding node.
+            if crash_budget > 1 || (crash_budget == 1 && holding) {
+                let w = if holding { 2 } else { 1 };
+                out.push((w, Action::Crash(i)));
+                if let Some(c) = first_fetch {
+                    out.push((w, Action::CrashMid(i, c)));
+                }
+            }
+        }
+        if self.budget.edge_ops > 0 {
+            for e in 0..self.edges.len() {
+                out.push((3, Action::Edge(e)));
+            }
+        }
+        if self.budget.retention > 0 {
+            for c in self.broker.channels() {
+                let bound = self.retention_bound(c);
+                if bound > self.broker.log_start(c) {
+                    out.push((1, Action::Retain(c, bound)));
+                }
+            }
+        }
+        out
+    }
+
+    fn execute(&mut self, action: Action) -> Result<(), WorldFailure> {
+        let report: StepReport = match action {
+            Action::Join(i) | Action::Restart(i) => {
+                if matches!(action, Action::Restart(_)) {
+                    self.stats.restarts += 1;
+                }
+                let (broker, oracle, topics) = (&mut self.broker, &mut self.oracle, &self.topics);
+                self.nodes[i]
+                    .start(broker, oracle, topics)
+                    .map_err(|v| self.fail(v.message))?
+            }
+            Action::Node(i, a) => {
+                match a {
+                    NodeAction::Advance(_) => self.stats.position_advances += 1,
+                    NodeAction::Tick => {
+                        self.budget.ticks -= 1;
+                        self.stats.ticks += 1;
+                    }
+                    NodeAction::Sweep => {
+                        self.budget.sweeps = self.budget.sweeps.saturating_sub(1);
+                        self.stats.sweeps += 1;
+                    }
+                    NodeAction::Fetch(_) => {}
+                }
+                let (broker, oracle, topics) = (&mut self.broker, &mut self.oracle, &self.topics);
+                self.nodes[i]
+                    .step(a, false, broker, oracle, topics)
+                    .map_err(|v| self.fail(v.message))?
+            }
+            Action::Crash(i) => {
+                self.count_crash(i);
+                self.nodes[i].crash();
+                StepReport::default()
+            }
+            Action::CrashMid(i, c) => {
+                self.count_crash(i);
+                self.stats.mid_step_crashes += 1;
+                let (broker, oracle, topics) = (&mut self.broker, &mut self.oracle, &self.topics);
+                self.nodes[i]
+                    .step(NodeAction::Fetch(c), true, broker, oracle, topics)
+                    .map_err(|v| self.fail(v.message))?
+            }
+            Action::Edge(e) => {
+                self.budget.edge_ops -= 1;
+                self.stats.edge_ops += 1;
+                let key = self.rng.random_range(0..1_000u64);
+                let (broker, oracle) = (&mut self.broker, &mut self.oracle);
+                self.edges[e].op(broker, oracle, key, self.hops);
+                StepReport::default()
+            }
+            Action::Retain(c, bound) => {
+                self.budget.retention -= 1;
+                self.stats.retention_moves += 1;
+                let start = self.broker.log_start(c);
+                let to = self.rng.random_range(start + 1..=bound);
+                self.broker.advance_log_start(c, to);
+                StepReport::default()
+            }
+        };
+        self.stats.deliveries += report.delivered as u64;
+        self.stats.released_from_hold += report.released_from_hold as u64;
+        self.stats.sends += report.sent as u64;
+        self.stats.truncated_entries += report.truncated as u64;
+        self.stats.max_held = self.stats.max_held.max(report.held_after as u64);
+        self.stats.restored_held += report.restored_held as u64;
+        let kind = match action {
+            Action::Join(i) => i as u64,
+            Action::Restart(i) => 100 + i as u64,
+            Action::Node(i, _) => 200 + i as u64,
+            Action::Crash(i) => 300 + i as u64,
+            Action::CrashMid(i, _) => 400 + i as u64,
+            Action::Edge(e) => 500 + e as u64,
+            Action::Retain(..) => 600,
+        };
+        self.mix(&[
+            kind,
+            report.delivered as u64,
+            report.sent as u64,
+            self.oracle.deliveries_checked(),
+        ]);
+        Ok(())
+    }
+
+    fn count_crash(&mut self, i: usize) {
+        self.budget.crashes -= 1;
+        self.stats.crashes += 1;
+        if self.nodes[i].held() > 0 {
+            self.stats.crashes_while_holding += 1;
+        }
+    }
+
+    /// Runs a node's consumer-visible view of a channel: its committed
+    /// position (for tests).
+    pub fn position(&self, node: &str, topic: &str, partition: i32) -> Option<i64> {
+        self.node(node)
+            .position(Channel::new(self.topic(topic), partition))
+    }
+}
+
+/// The offset of the first held record on a channel in a committed protocol
+/// store, if the queue is not empty.
+fn held_head_offset(store: &parsley_protocol::MemStore, c: Channel) -> Option<i64> {
+    let meta = store.get(&StateKey::QueueMeta(c).to_string())?;
+    let head = i64::from_be_bytes(meta.get(0..8)?.try_into().ok()?);
+    let tail = i64::from_be_bytes(meta.get(8..16)?.try_into().ok()?);
+    if head >= tail {
+        return None;
+    }
+    let entry = store.get(&StateKey::QueueEntry(c, head).to_string())?;
+    Some(i64::from_be_bytes(entry.get(0..8)?.try_into().ok()?))
+}

@@ -1,0 +1,134 @@
+//! Running a scenario over many seeds, and anti-vacuity floors counted in
+//! seeds.
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::time::Instant;
+
+use parsley_protocol::{CausalNode, DeliveryProtocol};
+use parsley_sim::{SimWorld, WorldConfig, WorldFailure, WorldStats};
+
+/// Seeds per scenario.
+pub const SEEDS: u64 = 100;
+/// The minimum number of seeds (of `SEEDS`) in which a targeted state must
+/// have occurred.
+pub const SEED_FLOOR: usize = 20;
+
+pub struct Summary {
+    pub name: &'static str,
+    pub per_seed: Vec<WorldStats>,
+    pub totals: WorldStats,
+    pub seconds: f64,
+}
+
+impl Summary {
+    /// Seeds in which `pred` held.
+    pub fn seeds_where(&self, pred: impl Fn(&WorldStats) -> bool) -> usize {
+        self.per_seed.iter().filter(|s| pred(s)).count()
+    }
+
+    /// Asserts that at least `SEED_FLOOR` seeds reached a state.
+    pub fn floor(&self, what: &str, pred: impl Fn(&WorldStats) -> bool) -> &Self {
+        let n = self.seeds_where(pred);
+        assert!(
+            n >= SEED_FLOOR,
+            "{}: only {n} of {} seeds had {what} (floor {SEED_FLOOR}); the scenario is vacuous",
+            self.name,
+            self.per_seed.len()
+        );
+        eprintln!("{}: {what} in {n}/{} seeds", self.name, self.per_seed.len());
+        self
+    }
+}
+
+/// Runs `build(seed)` for every seed with the real protocol; any failure
+/// fails the test with the seed in the message. `drive` runs the world (the
+/// default is `world.run()`); phased scenarios pass their own.
+pub fn sweep_with<P: DeliveryProtocol>(
+    name: &'static str,
+    build: impl Fn(u64) -> WorldConfig,
+    drive: impl Fn(&mut SimWorld<P>) -> Result<(), WorldFailure>,
+) -> Summary {
+    let start = Instant::now();
+    let mut per_seed = Vec::new();
+    let mut totals = WorldStats::default();
+    for seed in 0..SEEDS {
+        let mut world =
+            SimWorld::<P>::new(build(seed), seed).unwrap_or_else(|f| panic!("{name}: {f}"));
+        drive(&mut world).unwrap_or_else(|f| panic!("{name}: {f}"));
+        let stats = world.stats();
+        totals.add(&stats);
+        per_seed.push(stats);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    eprintln!(
+        "{name}: {SEEDS} seeds, {} steps ({:.0} steps/s), {} deliveries checked, {} released from hold, \
+         {} crashes ({} mid-step, {} while holding), {} restarts, {} position advances, {} ticks, \
+         {} edge ops, {} retention moves, {} sweeps removing {} entries, max held {}, {} held records restored",
+        totals.steps,
+        totals.steps as f64 / seconds.max(1e-9),
+        totals.deliveries,
+        totals.released_from_hold,
+        totals.crashes,
+        totals.mid_step_crashes,
+        totals.crashes_while_holding,
+        totals.restarts,
+        totals.position_advances,
+        totals.ticks,
+        totals.edge_ops,
+        totals.retention_moves,
+        totals.sweeps,
+        totals.truncated_entries,
+        totals.max_held,
+        totals.restored_held,
+    );
+    Summary {
+        name,
+        per_seed,
+        totals,
+        seconds,
+    }
+}
+
+/// `sweep_with` for the real protocol and a plain run to drain.
+pub fn sweep(name: &'static str, build: impl Fn(u64) -> WorldConfig) -> Summary {
+    sweep_with::<CausalNode>(name, build, |w| w.run().map(|_| ()))
+}
+
+/// Runs every seed and returns how each ended, without failing: for the
+/// self-tests, which expect failures.
+pub fn outcomes<P: DeliveryProtocol>(
+    build: impl Fn(u64) -> WorldConfig,
+    drive: impl Fn(&mut SimWorld<P>) -> Result<(), WorldFailure>,
+) -> Vec<Result<WorldStats, WorldFailure>> {
+    (0..SEEDS)
+        .map(|seed| {
+            let mut world = SimWorld::<P>::new(build(seed), seed)?;
+            drive(&mut world)?;
+            Ok(world.stats())
+        })
+        .collect()
+}
+
+pub fn held_some(s: &WorldStats) -> bool {
+    s.released_from_hold > 0
+}
+
+pub fn crashed(s: &WorldStats) -> bool {
+    s.crashes > 0
+}
+
+pub fn crashed_while_holding(s: &WorldStats) -> bool {
+    s.crashes_while_holding > 0
+}
+
+pub fn advanced(s: &WorldStats) -> bool {
+    s.position_advances > 0
+}
+
+pub fn restored_held(s: &WorldStats) -> bool {
+    s.restored_held > 0
+}
+
+pub fn truncated(s: &WorldStats) -> bool {
+    s.truncated_entries > 0
+}

@@ -1,0 +1,563 @@
+//! V1-V7: the real protocol under seeded interleavings, crashes, markers,
+//! retention and rescoping, judged by the oracle. Every scenario runs over
+//! 100 seeds and asserts, in seeds, that the state it targets occurred.
+
+mod common;
+
+use common::*;
+use parsley_protocol::CausalNode;
+use parsley_sim::*;
+
+fn forward(to: &str) -> Behavior {
+    Behavior::Forward(vec![Output::by_key(to)])
+}
+
+fn checker(name: &str, inputs: &[(&str, i32)]) -> NodeSpec {
+    NodeSpec::new(name, inputs, &[], Behavior::Sink)
+}
+
+fn budget(edge_ops: u32, crashes: u32) -> Budget {
+    Budget {
+        edge_ops,
+        crashes,
+        ..Budget::default()
+    }
+}
+
+/// A stage's output racing its input at a shared consumer (the
+/// base-and-derived triangle). Only the stamp's frontier term claims the
+/// base record itself: the base record's own clock claims only its
+/// producer's earlier sends.
+#[test]
+fn shared_input_race() {
+    let s = sweep("shared-input race", |_| {
+        let mut c = WorldConfig::new(&[("base", 1), ("derived", 1)])
+            .node(NodeSpec::new(
+                "enrich",
+                &[("base", 0)],
+                &["derived"],
+                forward("derived"),
+            ))
+            .node(checker("check", &[("base", 0), ("derived", 0)]))
+            .edge(EdgeSpec::producer("source", &[("base", 0)]));
+        c.budget = budget(60, 4);
+        c
+    });
+    s.floor("records held at the gate", held_some)
+        .floor("crashes", crashed)
+        .floor("crashes while records were held", crashed_while_holding)
+        .floor("held records restored at restart", restored_held);
+}
+
+/// Claims carried through a hop that does not consume their origin: only
+/// the stamp's advertised-clock term carries the claim on `c1` across `p2`.
+#[test]
+fn transitive_claims_through_a_hop() {
+    let s = sweep("transitive claims", |_| {
+        let mut c = WorldConfig::new(&[("c1", 1), ("c2", 1), ("c3", 1)])
+            .node(NodeSpec::new("p1", &[("c1", 0)], &["c2"], forward("c2")))
+            .node(NodeSpec::new("p2", &[("c2", 0)], &["c3"], forward("c3")))
+            .node(checker("check", &[("c1", 0), ("c3", 0)]))
+            .edge(EdgeSpec::producer("source", &[("c1", 0)]));
+        c.budget = budget(60, 4);
+        c
+    });
+    s.floor("records held at the gate", held_some);
+}
+
+/// A plain producer's sends claim its earlier acknowledged sends, across
+/// topics, transactional ones leaving markers behind each record.
+#[test]
+fn edge_producer_cross_topic_ordering() {
+    let s = sweep("edge cross-topic", |seed| {
+        let mut e = EdgeSpec::producer("producer", &[("t1", 0), ("t2", 0), ("t2", 1)]);
+        e.transactional = seed % 2 == 0;
+        let mut c = WorldConfig::new(&[("t1", 1), ("t2", 2)])
+            .node(checker("check", &[("t1", 0), ("t2", 0), ("t2", 1)]))
+            .edge(e);
+        c.budget = budget(80, 4);
+        c
+    });
+    s.floor("records held at the gate", held_some)
+        .floor("position advances", advanced);
+}
+
+/// A plain consumer that observes records before producing: what it
+/// produces claims what it read.
+#[test]
+fn observed_causality_from_a_plain_consumer() {
+    let s = sweep("observed causality", |_| {
+        let mut observer = EdgeSpec::producer("observer", &[("t2", 0)]);
+        observer.observes = vec![("t1".into(), 0)];
+        let mut c = WorldConfig::new(&[("t1", 1), ("t2", 1)])
+            .node(checker("check", &[("t1", 0), ("t2", 0)]))
+            .edge(EdgeSpec::producer("producer", &[("t1", 0)]))
+            .edge(observer);
+        c.budget = budget(80, 4);
+        c
+    });
+    s.floor("records held at the gate", held_some);
+}
+
+/// A chain under heavy crash injection, idle and mid-step.
+#[test]
+fn crash_recovery_chains() {
+    let s = sweep("crash-recovery chains", |_| {
+        let mut c = WorldConfig::new(&[("c1", 1), ("c2", 1), ("c3", 1)])
+            .node(NodeSpec::new("p1", &[("c1", 0)], &["c2"], forward("c2")))
+            .node(NodeSpec::new("p2", &[("c2", 0)], &["c3"], forward("c3")))
+            .node(checker("check", &[("c1", 0), ("c2", 0), ("c3", 0)]))
+            .edge(EdgeSpec::producer("source", &[("c1", 0)]));
+        c.budget = budget(60, 20);
+        c
+    });
+    s.floor("records held at the gate", held_some)
+        .floor("crashes", crashed)
+        .floor("mid-step crashes", |s| s.mid_step_crashes > 0)
+        .floor("crashes while records were held", crashed_while_holding)
+        .floor("held records restored at restart", restored_held);
+}
+
+/// Filter stages leave their sinks quiet for long stretches, so the last
+/// transaction marker trails; restarts seed claims on such markers. Only
+/// position advances can satisfy those claims.
+#[test]
+fn filter_stages_quiet_sinks_trailing_markers() {
+    let s = sweep("filter / trailing markers", |_| {
+        let mut c = WorldConfig::new(&[("c1", 1), ("c2", 1), ("c3", 1)])
+            .node(NodeSpec::new(
+                "filter",
+                &[("c1", 0)],
+                &["c2"],
+                Behavior::Filter {
+                    keep_one_in: 4,
+                    outputs: vec![Output::to("c2", 0)],
+                },
+            ))
+            .node(NodeSpec::new(
+                "relay",
+                &[("c2", 0)],
+                &["c3"],
+                Behavior::Filter {
+                    keep_one_in: 2,
+                    outputs: vec![Output::to("c3", 0)],
+                },
+            ))
+            .node(checker("check", &[("c1", 0), ("c2", 0), ("c3", 0)]))
+            .edge(EdgeSpec::producer("source", &[("c1", 0)]));
+        c.budget = budget(80, 12);
+        c
+    });
+    s.floor("position advances", advanced)
+        .floor("records held at the gate", held_some)
+        .floor("crashes", crashed)
+        .floor("crashes while records were held", crashed_while_holding)
+        .floor("held records restored at restart", restored_held);
+}
+
+/// One node's sends spread over three partitions: a consumer of all three
+/// sees them in send order, through sequence claims (and, after a restart,
+/// through own outputs).
+#[test]
+fn multi_partition_sink_ordering() {
+    let s = sweep("multi-partition sink", |_| {
+        let mut c = WorldConfig::new(&[("in", 1), ("out", 3)])
+            .node(NodeSpec::new(
+                "spread",
+                &[("in", 0)],
+                &["out"],
+                Behavior::Forward(vec![Output::round_robin("out")]),
+            ))
+            .node(checker("check", &[("out", 0), ("out", 1), ("out", 2)]))
+            .edge(EdgeSpec::producer("source", &[("in", 0)]));
+        c.budget = budget(80, 8);
+        c
+    });
+    s.floor("records held at the gate", held_some)
+        .floor("crashes", crashed)
+        .floor("crashes while records were held", crashed_while_holding)
+        .floor("held records restored at restart", restored_held);
+}
+
+/// A cycle of two damped feedback stages, with a consumer of both sides.
+#[test]
+fn damped_feedback_cycle() {
+    let s = sweep("feedback cycle", |_| {
+        let mut c = WorldConfig::new(&[("c1", 1), ("c2", 1)])
+            .node(NodeSpec::new(
+                "ping",
+                &[("c1", 0)],
+                &["c2"],
+                Behavior::Feedback(vec![Output::to("c2", 0)]),
+            ))
+            .node(NodeSpec::new(
+                "pong",
+                &[("c2", 0)],
+                &["c1"],
+                Behavior::Feedback(vec![Output::to("c1", 0)]),
+            ))
+            .node(checker("check", &[("c1", 0), ("c2", 0)]))
+            .edge(EdgeSpec::producer("source", &[("c1", 0)]));
+        c.budget = budget(30, 8);
+        c.hops = 5;
+        c
+    });
+    s.floor("records held at the gate", held_some)
+        .floor("crashes", crashed)
+        .floor("crashes while records were held", crashed_while_holding)
+        .floor("held records restored at restart", restored_held);
+}
+
+/// A ticking stage: ticks are stamped, land on the stage's own partition of
+/// its tick topic, and return through the gate; audits emitted on ticks
+/// follow everything the stage had delivered. With crashes.
+#[test]
+fn ticking_stage() {
+    let s = sweep("ticking stage", |_| {
+        let mut stage = NodeSpec::new(
+            "ticker",
+            &[("in", 0), ("ticks", 0)],
+            &["out", "ticks", "audit"],
+            forward("out"),
+        );
+        stage.tick = Some(TickSpec {
+            topic: "ticks".into(),
+            partition: 0,
+            outputs: vec![Output::to("audit", 0)],
+        });
+        let mut c = WorldConfig::new(&[("in", 1), ("ticks", 1), ("out", 1), ("audit", 1)])
+            .node(stage)
+            .node(checker("check", &[("in", 0), ("out", 0), ("audit", 0)]))
+            .edge(EdgeSpec::producer("source", &[("in", 0)]));
+        c.budget = Budget {
+            edge_ops: 60,
+            ticks: 40,
+            crashes: 8,
+            ..Budget::default()
+        };
+        c
+    });
+    s.floor("records held at the gate", held_some)
+        .floor("crashes", crashed)
+        .floor("ticks", |s| s.ticks > 0);
+}
+
+/// A ticking stage restarts with one of its other sinks dropped while tick
+/// records from before the restart still carry sequence claims on that
+/// sink. The echoed claims must be retired (the former sink's end offsets
+/// are carried instead) without wedging or reordering anything.
+#[test]
+fn ticking_stage_drops_a_sink_across_restart() {
+    let s = sweep("ticks across a sink drop", |_| {
+        let mut stage = NodeSpec::new(
+            "ticker",
+            &[("in", 0), ("ticks", 0)],
+            &["out", "ticks", "audit"],
+            forward("out"),
+        );
+        stage.tick = Some(TickSpec {
+            topic: "ticks".into(),
+            partition: 0,
+            outputs: vec![Output::to("audit", 0)],
+        });
+        stage.rescope = Some(Rescope {
+            at_restart: 1,
+            inputs: vec![("in".into(), 0), ("ticks".into(), 0)],
+            sinks: vec!["ticks".into(), "audit".into()],
+            behavior: Some(Behavior::Sink),
+        });
+        let mut c = WorldConfig::new(&[("in", 1), ("ticks", 1), ("out", 1), ("audit", 1)])
+            .node(stage)
+            .node(checker("check", &[("in", 0), ("out", 0), ("audit", 0)]))
+            .edge(EdgeSpec::producer("source", &[("in", 0)]));
+        c.budget = Budget {
+            edge_ops: 60,
+            ticks: 60,
+            crashes: 6,
+            ..Budget::default()
+        };
+        c
+    });
+    s.floor("a restart that dropped the sink", |s| s.restarts > 0)
+        .floor("ticks", |s| s.ticks > 0)
+        .floor("records held at the gate", held_some);
+}
+
+/// Retention and truncation sweeps while traffic flows.
+#[test]
+fn truncation_mid_history() {
+    let s = sweep("truncation mid-history", |_| {
+        let mut c = WorldConfig::new(&[("c1", 1), ("c2", 1), ("c3", 1)])
+            .node(NodeSpec::new("p1", &[("c1", 0)], &["c2"], forward("c2")))
+            .node(NodeSpec::new("p2", &[("c2", 0)], &["c3"], forward("c3")))
+            .node(checker("check", &[("c1", 0), ("c3", 0)]))
+            .edge(EdgeSpec::producer("source", &[("c1", 0)]));
+        c.budget = Budget {
+            edge_ops: 80,
+            crashes: 6,
+            retention: 60,
+            sweeps: 60,
+            ..Budget::default()
+        };
+        c
+    });
+    s.floor("truncations that removed entries", truncated)
+        .floor("records held at the gate", held_some);
+}
+
+fn stamp_side(world: &SimWorld<CausalNode>, node: &str) -> (usize, usize) {
+    world
+        .node(node)
+        .protocol()
+        .map_or((0, 0), CausalNode::stamp_side_width)
+}
+
+/// Log-start stability: full-retention truncation empties the stamp-side
+/// clocks, later traffic stays causal, and a from-earliest joiner arriving
+/// after truncation (its baseline is the log start) is ordered too.
+#[test]
+fn log_start_stability() {
+    let s = sweep_with::<CausalNode>(
+        "log-start stability",
+        |_| {
+            let mut c = WorldConfig::new(&[("c1", 1), ("c2", 1), ("c3", 1)])
+                .node(NodeSpec::new("p1", &[("c1", 0)], &["c2"], forward("c2")))
+                .node(NodeSpec::new("p2", &[("c2", 0)], &["c3"], forward("c3")))
+                .node(checker("check", &[("c1", 0), ("c3", 0)]))
+                .node_joining(checker("late", &[("c1", 0), ("c3", 0)]), Join::Manual)
+                .edge(EdgeSpec::producer("source", &[("c1", 0)]));
+            c.budget = budget(40, 4);
+            c
+        },
+        |w| {
+            w.run()?;
+            let wide = stamp_side(w, "p2");
+            assert!(
+                wide.0 > 0,
+                "p2 carried no stamp-side entries before truncation"
+            );
+            w.retain_all();
+            w.sweep_all()?;
+            for n in ["p1", "p2", "check"] {
+                assert_eq!(
+                    stamp_side(w, n),
+                    (0, 0),
+                    "{n}: full retention must empty the stamp side"
+                );
+            }
+            w.join("late")?;
+            w.budget_mut().edge_ops = 20;
+            w.budget_mut().crashes = 2;
+            w.run()?;
+            Ok(())
+        },
+    );
+    s.floor("truncations that removed entries", truncated)
+        .floor("records held at the gate", held_some);
+}
+
+/// Scope shrink across a restart. `p` consumes `t1a` and `t1b` and writes
+/// `t2`; its restart drops `t1b`. `t2`'s earlier history is retired before
+/// the checker joins, so the only claim on `p`'s `t1b` past that the checker
+/// sees is carried ancestry.
+#[test]
+fn scope_shrink_across_restart() {
+    let s = sweep_with::<CausalNode>(
+        "scope shrink",
+        |_| {
+            let mut p = NodeSpec::new("p", &[("t1a", 0), ("t1b", 0)], &["t2"], forward("t2"));
+            p.rescope = Some(Rescope {
+                at_restart: 1,
+                inputs: vec![("t1a".into(), 0)],
+                sinks: vec!["t2".into()],
+                behavior: None,
+            });
+            let mut c = WorldConfig::new(&[("t1a", 1), ("t1b", 1), ("t2", 1)])
+                .node(p)
+                .node_joining(checker("check", &[("t1b", 0), ("t2", 0)]), Join::Manual)
+                .edge(EdgeSpec::producer("a", &[("t1a", 0)]))
+                .edge(EdgeSpec::producer("b", &[("t1b", 0)]));
+            c.budget = budget(60, 0);
+            c
+        },
+        |w| {
+            w.run()?;
+            w.crash("p");
+            w.run()?; // the restart, with the shrink
+            assert_eq!(w.node("p").restarts(), 1);
+            w.retain("t2", 0);
+            w.join("check")?;
+            w.budget_mut().edge_ops = 20;
+            w.budget_mut().crashes = 2;
+            w.run()?;
+            Ok(())
+        },
+    );
+    s.floor("records held at the gate", held_some);
+}
+
+/// A restart's own prior-incarnation sends, ordered at a consumer of both
+/// sinks. The checker joins after the restart, so the two sinks race, and
+/// only the restarted node's end-offset seed (own outputs) relates its new
+/// sends to the last ones of its previous incarnation.
+#[test]
+fn restart_prior_incarnation_sends() {
+    let s = sweep_with::<CausalNode>(
+        "restart prior sends",
+        |_| {
+            let p = NodeSpec::new(
+                "p",
+                &[("in", 0)],
+                &["x", "y"],
+                Behavior::Choose(vec![Output::to("x", 0), Output::to("y", 0)]),
+            );
+            let mut c = WorldConfig::new(&[("in", 1), ("x", 1), ("y", 1)])
+                .node(p)
+                .node_joining(checker("check", &[("x", 0), ("y", 0)]), Join::Manual)
+                .edge(EdgeSpec::producer("source", &[("in", 0)]));
+            c.budget = budget(40, 0);
+            c
+        },
+        |w| {
+            w.run()?;
+            w.crash("p");
+            w.budget_mut().edge_ops = 20;
+            w.run()?;
+            w.join("check")?;
+            w.run()?;
+            Ok(())
+        },
+    );
+    s.floor("records held at the gate", held_some);
+}
+
+/// The late-joiner wedge: a joiner that baselines at the log end of `x`
+/// while a sequence claim on `x` still circulates (rewritten by no hop that
+/// consumes `x`) can never deliver the claimed record, so the claiming one
+/// waits forever. A joiner from the start does not wedge.
+#[test]
+fn late_joiner_sequence_claim_wedge() {
+    let build = |start: StartPolicy| {
+        move |_seed: u64| {
+            let p = NodeSpec::new(
+                "p",
+                &[("src", 0)],
+                &["x", "y"],
+                Behavior::Forward(vec![Output::to("x", 0), Output::to("y", 0)]),
+            );
+            let mut joiner = checker("joiner", &[("x", 0), ("z", 0)]);
+            joiner.start = start;
+            let mut c = WorldConfig::new(&[("src", 1), ("x", 1), ("y", 1), ("z", 1)])
+                .node(p)
+                .node_joining(
+                    NodeSpec::new("relay", &[("y", 0)], &["z"], forward("z")),
+                    Join::Manual,
+                )
+                .node_joining(joiner, Join::Manual)
+                .edge(EdgeSpec::producer("source", &[("src", 0)]));
+            c.budget = budget(10, 0);
+            c
+        }
+    };
+    let drive = |w: &mut SimWorld<CausalNode>| {
+        w.run()?; // p writes x and y; nobody relays yet
+        w.join("joiner")?;
+        w.join("relay")?;
+        w.run().map(|_| ())
+    };
+    let late = outcomes::<CausalNode>(build(StartPolicy::Latest), drive);
+    let wedged = late
+        .iter()
+        .filter(|r| matches!(r, Err(f) if f.message.contains("joiner") && f.message.contains("incomplete")))
+        .count();
+    assert_eq!(
+        wedged,
+        late.len(),
+        "every at-latest joiner must wedge on the circulating sequence claim: {:?}",
+        late.iter().find(|r| r.is_ok())
+    );
+    let early =
+        sweep_with::<CausalNode>("from-the-start joiner", build(StartPolicy::Earliest), drive);
+    early.floor("records held at the gate", held_some);
+}
+
+/// Everything at once: plain producers and an observer, a chain, fan-out
+/// over partitions, a filter, a damped cycle, a ticking stage, crashes,
+/// retention and sweeps, with checkers across the lot.
+#[test]
+fn wide_soak() {
+    let s = sweep("wide soak", |_| {
+        let mut ticker = NodeSpec::new(
+            "ticker",
+            &[("orders", 0), ("ticks", 0)],
+            &["ticks", "audit"],
+            Behavior::Sink,
+        );
+        ticker.tick = Some(TickSpec {
+            topic: "ticks".into(),
+            partition: 0,
+            outputs: vec![Output::to("audit", 0)],
+        });
+        let mut observer = EdgeSpec::producer("observer", &[("payments", 0)]);
+        observer.observes = vec![("orders".into(), 0)];
+        let mut txn = EdgeSpec::producer("orders-src", &[("orders", 0), ("orders", 1)]);
+        txn.transactional = true;
+        let mut c = WorldConfig::new(&[
+            ("orders", 2),
+            ("payments", 1),
+            ("enriched", 2),
+            ("settled", 1),
+            ("loop", 1),
+            ("ticks", 1),
+            ("audit", 1),
+        ])
+        .node(NodeSpec::new(
+            "enrich",
+            &[("orders", 0)],
+            &["enriched"],
+            Behavior::Forward(vec![Output::round_robin("enriched")]),
+        ))
+        .node(NodeSpec::new(
+            "settle",
+            &[("enriched", 0), ("enriched", 1), ("payments", 0)],
+            &["settled", "loop"],
+            Behavior::Filter {
+                keep_one_in: 2,
+                outputs: vec![Output::to("settled", 0), Output::to("loop", 0)],
+            },
+        ))
+        .node(NodeSpec::new(
+            "echo",
+            &[("loop", 0)],
+            &["orders"],
+            Behavior::Feedback(vec![Output::to("orders", 1)]),
+        ))
+        .node(ticker)
+        .node(checker(
+            "check-a",
+            &[("orders", 0), ("settled", 0), ("audit", 0)],
+        ))
+        .node(checker(
+            "check-b",
+            &[("orders", 1), ("payments", 0), ("enriched", 1), ("loop", 0)],
+        ))
+        .edge(txn)
+        .edge(observer);
+        c.hops = 2;
+        c.budget = Budget {
+            edge_ops: 120,
+            crashes: 16,
+            ticks: 30,
+            retention: 30,
+            sweeps: 30,
+            ..Budget::default()
+        };
+        c
+    });
+    s.floor("records held at the gate", held_some)
+        .floor("crashes", crashed)
+        .floor("crashes while records were held", crashed_while_holding)
+        .floor("held records restored at restart", restored_held)
+        .floor("position advances", advanced)
+        .floor("truncations that removed entries", truncated);
+}
