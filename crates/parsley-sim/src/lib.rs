@@ -66,6 +66,8 @@ pub use behavior::{Behavior, Output, Payload, Route};
 pub use broker::{Entry, SimBroker, StoredRecord};
 pub use eager::EagerProtocol;
 pub use edge::{EdgeProducer, EdgeSpec};
-pub use node::{HostFault, NodeAction, NodeSpec, Rescope, SimNode, StartPolicy, TickSpec};
+pub use node::{
+    HostFault, NodeAction, NodeSpec, Rescope, SimNode, StartPolicy, StepReport, TickSpec,
+};
 pub use oracle::{ActorId, Oracle, RecordId, Violation};
 pub use world::{Budget, Join, SimWorld, WorldConfig, WorldFailure, WorldStats};

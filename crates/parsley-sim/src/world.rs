@@ -374,6 +374,40 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         self.execute(Action::Join(i))
     }
 
+    /// Runs one step of a node now (for directed constructions).
+    pub fn step_node(
+        &mut self,
+        name: &str,
+        action: NodeAction,
+    ) -> Result<StepReport, WorldFailure> {
+        let i = self.node_index(name);
+        let (broker, oracle, topics) = (&mut self.broker, &mut self.oracle, &self.topics);
+        let report = self.nodes[i]
+            .step(action, false, broker, oracle, topics)
+            .map_err(|v| self.fail(v.message))?;
+        self.stats.deliveries += report.delivered as u64;
+        self.stats.released_from_hold += report.released_from_hold as u64;
+        self.stats.truncated_entries += report.truncated as u64;
+        Ok(report)
+    }
+
+    /// Runs one operation of an edge producer now (for directed
+    /// constructions).
+    pub fn edge_op(&mut self, name: &str) {
+        let e = self
+            .edges
+            .iter()
+            .position(|e| e.spec.name == name)
+            .unwrap_or_else(|| panic!("sim: unknown edge producer {name:?}"));
+        let hops = self.hops;
+        self.edges[e].op(&mut self.broker, &mut self.oracle, 0, hops);
+    }
+
+    /// A channel by topic name and partition.
+    pub fn channel(&self, topic: &str, partition: i32) -> Channel {
+        Channel::new(self.topic(topic), partition)
+    }
+
     /// Crashes a node now (outside the budget).
     pub fn crash(&mut self, name: &str) {
         let i = self.node_index(name);
