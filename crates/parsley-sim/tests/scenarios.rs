@@ -561,3 +561,127 @@ fn wide_soak() {
         .floor("position advances", advanced)
         .floor("truncations that removed entries", truncated);
 }
+
+/// A random topology per seed: three to six topics of one to three
+/// partitions, two to five stages each consuming one to three channels and
+/// feeding one or two topics (cycles allowed, damped by hop budgets), one
+/// or two ticking, a checker over several channels, plain producers (some
+/// transactional) and an observer, with crashes, retention and sweeps. It
+/// covers shapes nobody wrote down.
+#[test]
+fn random_topologies() {
+    let s = sweep("random topologies", random_topology);
+    s.floor("records held at the gate", held_some)
+        .floor("crashes while records were held", crashed_while_holding)
+        .floor("position advances", advanced);
+}
+
+/// Replays one seed of `random_topologies` with a large step budget:
+/// `PARSLEY_SIM_SEED=649 cargo test --profile ci -p parsley-sim --test
+/// scenarios replay_random -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn replay_random_topology() {
+    let seed: u64 = std::env::var("PARSLEY_SIM_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut config = random_topology(seed);
+    config.budget.max_steps = 2_000_000;
+    let mut w = SimWorld::<CausalNode>::new(config.clone(), seed).unwrap();
+    let r = w.run();
+    eprintln!("{:?}\n{:?}", r.map_err(|f| f.to_string()), w.stats());
+    for (spec, _) in &config.nodes {
+        let n = w.node(&spec.name);
+        if let Some(p) = n.protocol() {
+            for h in p.held_heads().iter().take(3) {
+                eprintln!("{} head {:?}", spec.name, h);
+            }
+        }
+    }
+}
+
+fn random_topology(seed: u64) -> WorldConfig {
+    use rand::{Rng, SeedableRng};
+    {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x7011_0C0D);
+        let topics: Vec<(String, i32)> = (0..rng.random_range(3..=6))
+            .map(|i| (format!("t{i}"), rng.random_range(1..=3)))
+            .collect();
+        let channel = |rng: &mut rand_chacha::ChaCha8Rng| {
+            let (t, p) = &topics[rng.random_range(0..topics.len())];
+            (t.clone(), rng.random_range(0..*p))
+        };
+        let names: Vec<(&str, i32)> = topics.iter().map(|(t, p)| (t.as_str(), *p)).collect();
+        let mut config = WorldConfig::new(&names);
+        let stages = rng.random_range(2..=5);
+        for i in 0..stages {
+            let mut inputs: Vec<(String, i32)> = (0..rng.random_range(1..=3))
+                .map(|_| channel(&mut rng))
+                .collect();
+            inputs.sort();
+            inputs.dedup();
+            let outputs: Vec<Output> = (0..rng.random_range(1..=2))
+                .map(|_| {
+                    let (t, _) = &topics[rng.random_range(0..topics.len())];
+                    match rng.random_range(0..3) {
+                        0 => Output::by_key(t),
+                        1 => Output::round_robin(t),
+                        _ => Output::to(t, 0),
+                    }
+                })
+                .collect();
+            let mut sinks: Vec<String> = outputs.iter().map(|o| o.topic.clone()).collect();
+            let tick = (i < 2 && rng.random_bool(0.5)).then(|| {
+                let tick_topic = format!("ticks{i}");
+                config.topics.push((tick_topic.clone(), 1));
+                sinks.push(tick_topic.clone());
+                inputs.push((tick_topic.clone(), 0));
+                TickSpec {
+                    topic: tick_topic,
+                    partition: 0,
+                    outputs: vec![outputs[0].clone()],
+                }
+            });
+            sinks.sort();
+            sinks.dedup();
+            let input_refs: Vec<(&str, i32)> =
+                inputs.iter().map(|(t, p)| (t.as_str(), *p)).collect();
+            let sink_refs: Vec<&str> = sinks.iter().map(String::as_str).collect();
+            let mut spec = NodeSpec::new(
+                &format!("s{i}"),
+                &input_refs,
+                &sink_refs,
+                Behavior::Feedback(outputs),
+            );
+            spec.tick = tick;
+            config = config.node(spec);
+        }
+        let mut watched: Vec<(String, i32)> = (0..rng.random_range(2..=4))
+            .map(|_| channel(&mut rng))
+            .collect();
+        watched.sort();
+        watched.dedup();
+        let watched: Vec<(&str, i32)> = watched.iter().map(|(t, p)| (t.as_str(), *p)).collect();
+        config = config.node(checker("check", &watched));
+        let mut producer = EdgeSpec::producer("producer", &[]);
+        producer.targets = (0..2).map(|_| channel(&mut rng)).collect();
+        producer.transactional = rng.random_bool(0.5);
+        let mut observer = EdgeSpec::producer("observer", &[]);
+        observer.targets = vec![channel(&mut rng)];
+        observer.observes = vec![channel(&mut rng)];
+        config = config.edge(producer).edge(observer);
+        config.hops = rng.random_range(1..=3);
+        config.budget = Budget {
+            // Cycles with fan-out can grow large; the step budget is only
+            // the wedge detector, so give it room.
+            max_steps: 400_000,
+            edge_ops: 40,
+            crashes: 6,
+            ticks: 10,
+            retention: 10,
+            sweeps: 10,
+        };
+        config
+    }
+}

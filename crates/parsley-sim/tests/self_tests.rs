@@ -68,9 +68,12 @@ fn failures(results: &[Result<WorldStats, WorldFailure>], needle: &str) -> usize
 fn oracle_flags_the_eager_protocol() {
     let results = outcomes::<EagerProtocol>(race(None), run_to_drain);
     let caught = failures(&results, "causal order violated");
-    eprintln!("eager protocol: causal violation flagged in {caught}/{SEEDS} seeds");
+    eprintln!(
+        "eager protocol: causal violation flagged in {caught}/{} seeds",
+        *SEEDS
+    );
     assert!(
-        caught >= SEED_FLOOR,
+        caught >= seed_floor(),
         "the oracle flagged the eager protocol in only {caught} seeds"
     );
     // The same worlds with the real protocol are clean.
@@ -95,9 +98,9 @@ fn kit_flags_broken_step_atomicity() {
     // (causal order) or the skipped record is missing at drain.
     let caught =
         failures(&results, "causal order violated") + failures(&results, "never delivered");
-    eprintln!("step-atomicity fault: flagged in {caught}/{SEEDS} seeds");
+    eprintln!("step-atomicity fault: flagged in {caught}/{} seeds", *SEEDS);
     assert!(
-        caught >= SEED_FLOOR,
+        caught >= seed_floor(),
         "a non-atomic host was flagged in only {caught} seeds"
     );
 }
@@ -111,9 +114,12 @@ fn kit_flags_withheld_position_advances() {
         run_to_drain,
     );
     let caught = failures(&results, "never delivered");
-    eprintln!("withheld position advances: flagged in {caught}/{SEEDS} seeds");
+    eprintln!(
+        "withheld position advances: flagged in {caught}/{} seeds",
+        *SEEDS
+    );
     assert!(
-        caught >= SEED_FLOOR,
+        caught >= seed_floor(),
         "withheld position advances flagged in only {caught} seeds"
     );
 }
@@ -127,9 +133,12 @@ fn kit_flags_early_position_reports() {
         run_to_drain,
     );
     let caught = failures(&results, "never delivered") + failures(&results, "refused");
-    eprintln!("early position reports: flagged in {caught}/{SEEDS} seeds");
+    eprintln!(
+        "early position reports: flagged in {caught}/{} seeds",
+        *SEEDS
+    );
     assert!(
-        caught >= SEED_FLOOR,
+        caught >= seed_floor(),
         "early position reports flagged in only {caught} seeds"
     );
 }

@@ -7,11 +7,20 @@ use std::time::Instant;
 use parsley_protocol::{CausalNode, DeliveryProtocol};
 use parsley_sim::{SimWorld, WorldConfig, WorldFailure, WorldStats};
 
-/// Seeds per scenario.
-pub const SEEDS: u64 = 100;
-/// The minimum number of seeds (of `SEEDS`) in which a targeted state must
-/// have occurred.
-pub const SEED_FLOOR: usize = 20;
+/// Seeds per scenario: 100, or `PARSLEY_SIM_SEEDS` for a deeper run.
+pub static SEEDS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+    std::env::var("PARSLEY_SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 100)
+        .unwrap_or(100)
+});
+
+/// The minimum share of seeds in which a targeted state must have occurred:
+/// 20 of every 100.
+pub fn seed_floor() -> usize {
+    (*SEEDS / 5) as usize
+}
 
 pub struct Summary {
     pub name: &'static str,
@@ -26,14 +35,15 @@ impl Summary {
         self.per_seed.iter().filter(|s| pred(s)).count()
     }
 
-    /// Asserts that at least `SEED_FLOOR` seeds reached a state.
+    /// Asserts that at least `seed_floor()` seeds reached a state.
     pub fn floor(&self, what: &str, pred: impl Fn(&WorldStats) -> bool) -> &Self {
         let n = self.seeds_where(pred);
         assert!(
-            n >= SEED_FLOOR,
-            "{}: only {n} of {} seeds had {what} (floor {SEED_FLOOR}); the scenario is vacuous",
+            n >= seed_floor(),
+            "{}: only {n} of {} seeds had {what} (floor {}); the scenario is vacuous",
             self.name,
-            self.per_seed.len()
+            self.per_seed.len(),
+            seed_floor()
         );
         eprintln!("{}: {what} in {n}/{} seeds", self.name, self.per_seed.len());
         self
@@ -51,7 +61,7 @@ pub fn sweep_with<P: DeliveryProtocol>(
     let start = Instant::now();
     let mut per_seed = Vec::new();
     let mut totals = WorldStats::default();
-    for seed in 0..SEEDS {
+    for seed in 0..*SEEDS {
         let mut world =
             SimWorld::<P>::new(build(seed), seed).unwrap_or_else(|f| panic!("{name}: {f}"));
         drive(&mut world).unwrap_or_else(|f| panic!("{name}: {f}"));
@@ -61,9 +71,10 @@ pub fn sweep_with<P: DeliveryProtocol>(
     }
     let seconds = start.elapsed().as_secs_f64();
     eprintln!(
-        "{name}: {SEEDS} seeds, {} steps ({:.0} steps/s), {} deliveries checked, {} released from hold, \
+        "{name}: {} seeds, {} steps ({:.0} steps/s), {} deliveries checked, {} released from hold, \
          {} crashes ({} mid-step, {} while holding), {} restarts, {} position advances, {} ticks, \
          {} edge ops, {} retention moves, {} sweeps removing {} entries, max held {}, {} held records restored",
+        *SEEDS,
         totals.steps,
         totals.steps as f64 / seconds.max(1e-9),
         totals.deliveries,
@@ -100,7 +111,7 @@ pub fn outcomes<P: DeliveryProtocol>(
     build: impl Fn(u64) -> WorldConfig,
     drive: impl Fn(&mut SimWorld<P>) -> Result<(), WorldFailure>,
 ) -> Vec<Result<WorldStats, WorldFailure>> {
-    (0..SEEDS)
+    (0..*SEEDS)
         .map(|seed| {
             let mut world = SimWorld::<P>::new(build(seed), seed)?;
             drive(&mut world)?;
