@@ -351,9 +351,11 @@ impl<P: DeliveryProtocol> SimNode<P> {
         self.protocol = Some(node);
         // The first transaction: init's writes and whatever it released.
         oracle.begin(self.actor);
-        let mut report = self.finish(
+        let positions = self.positions.clone();
+        let mut report = self.finish_with(
             deliveries,
-            self.positions.clone(),
+            Vec::new(),
+            positions,
             false,
             broker,
             oracle,
@@ -373,25 +375,45 @@ impl<P: DeliveryProtocol> SimNode<P> {
         oracle: &mut Oracle,
         topics: &dyn Topics,
     ) -> StepResult {
-        let name = self.spec.name.clone();
+        let mut positions = self.positions.clone();
+        oracle.begin(self.actor);
+        let (deliveries, sends, truncated) =
+            match self.work(action, &mut positions, broker, oracle, topics) {
+                Ok(w) => w,
+                Err(v) => {
+                    oracle.rollback(self.actor);
+                    return Err(v);
+                }
+            };
+        let mut report =
+            self.finish_with(deliveries, sends, positions, crash, broker, oracle, topics)?;
+        report.truncated = truncated;
+        Ok(report)
+    }
+
+    /// The protocol calls of one step: what it delivered, what it sent (a
+    /// tick), and what a sweep truncated.
+    fn work(
+        &mut self,
+        action: NodeAction,
+        positions: &mut BTreeMap<Channel, i64>,
+        broker: &mut SimBroker,
+        oracle: &mut Oracle,
+        topics: &dyn Topics,
+    ) -> Result<(Vec<Delivery>, Vec<Send>, usize), Violation> {
+        let name = &self.spec.name;
         let refused = |e: parsley_protocol::ProtocolError| {
             violation(format!("node {name}: protocol refused: {e}"))
         };
-        let mut positions = self.positions.clone();
-        oracle.begin(self.actor);
-        let mut deliveries = Vec::new();
-        let mut sends = Vec::new();
-        let mut truncated = 0;
         let Some(protocol) = self.protocol.as_mut() else {
-            oracle.rollback(self.actor);
             return Err(violation(format!("node {name}: step while down")));
         };
+        let mut deliveries = Vec::new();
         match action {
             NodeAction::Fetch(c) => {
                 let from = positions.get(&c).copied().unwrap_or(0);
                 let Some((offset, rec)) = broker.fetch(c, from) else {
-                    oracle.rollback(self.actor);
-                    return Ok(StepReport::default());
+                    return Ok((deliveries, Vec::new(), 0));
                 };
                 let record = InboundRecord {
                     channel: c,
@@ -403,48 +425,28 @@ impl<P: DeliveryProtocol> SimNode<P> {
                     causal: rec.causal.clone(),
                 };
                 positions.insert(c, offset + 1);
-                let early = if self.fault == Some(HostFault::EarlyPositionReport) {
-                    // Report the end as the position before handing the
-                    // record over.
-                    Some(broker.end_offset(c))
-                } else {
-                    None
-                };
-                if let Some(end) = early {
-                    match protocol.position_advance(c, end) {
-                        Ok(d) => deliveries.extend(d),
-                        Err(e) => {
-                            oracle.rollback(self.actor);
-                            return Err(refused(e));
-                        }
-                    }
+                if self.fault == Some(HostFault::EarlyPositionReport) {
+                    // The fault: report the end as the position before the
+                    // record is handed over.
+                    deliveries.extend(
+                        protocol
+                            .position_advance(c, broker.end_offset(c))
+                            .map_err(refused)?,
+                    );
                 }
-                match protocol.on_record(record) {
-                    Ok(d) => deliveries.extend(d),
-                    Err(e) => {
-                        oracle.rollback(self.actor);
-                        return Err(refused(e));
-                    }
-                }
+                deliveries.extend(protocol.on_record(record).map_err(refused)?);
+                Ok((deliveries, Vec::new(), 0))
             }
             NodeAction::Advance(c) => {
                 let from = positions.get(&c).copied().unwrap_or(0);
-                let Some(target) = broker.skip_target(c, from) else {
-                    oracle.rollback(self.actor);
-                    return Ok(StepReport::default());
-                };
-                positions.insert(c, target);
-                match protocol.position_advance(c, target) {
-                    Ok(d) => deliveries.extend(d),
-                    Err(e) => {
-                        oracle.rollback(self.actor);
-                        return Err(refused(e));
-                    }
+                if let Some(target) = broker.skip_target(c, from) {
+                    positions.insert(c, target);
+                    deliveries.extend(protocol.position_advance(c, target).map_err(refused)?);
                 }
+                Ok((deliveries, Vec::new(), 0))
             }
             NodeAction::Tick => {
                 let Some(tick) = &self.spec.tick else {
-                    oracle.rollback(self.actor);
                     return Err(violation(format!("node {name}: tick without a tick spec")));
                 };
                 let channel = Channel::new(topics.id(&tick.topic), tick.partition);
@@ -452,48 +454,15 @@ impl<P: DeliveryProtocol> SimNode<P> {
                     key: u64::from(tick.partition as u32),
                     hops: 0,
                 };
-                match Self::send(
-                    protocol, oracle, broker, self.actor, &name, channel, payload,
-                ) {
-                    Ok(s) => sends.push(s),
-                    Err(v) => {
-                        oracle.rollback(self.actor);
-                        return Err(v);
-                    }
-                }
+                let send =
+                    Self::send(protocol, oracle, broker, self.actor, name, channel, payload)?;
+                Ok((deliveries, vec![send], 0))
             }
-            NodeAction::Sweep => match protocol.truncate_to_log_starts(broker) {
-                Ok(report) => truncated = report.entries_removed,
-                Err(e) => {
-                    oracle.rollback(self.actor);
-                    return Err(refused(e));
-                }
-            },
+            NodeAction::Sweep => {
+                let report = protocol.truncate_to_log_starts(broker).map_err(refused)?;
+                Ok((deliveries, Vec::new(), report.entries_removed))
+            }
         }
-        let mut report =
-            self.finish_with(deliveries, sends, positions, crash, broker, oracle, topics)?;
-        report.truncated = truncated;
-        Ok(report)
-    }
-
-    fn finish(
-        &mut self,
-        deliveries: Vec<Delivery>,
-        positions: BTreeMap<Channel, i64>,
-        crash: bool,
-        broker: &mut SimBroker,
-        oracle: &mut Oracle,
-        topics: &dyn Topics,
-    ) -> StepResult {
-        self.finish_with(
-            deliveries,
-            Vec::new(),
-            positions,
-            crash,
-            broker,
-            oracle,
-            topics,
-        )
     }
 
     /// Processes deliveries (oracle check, behaviour, stamped sends), then
