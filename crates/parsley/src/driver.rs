@@ -292,7 +292,8 @@ pub struct RawRecord {
 /// ```
 /// use parsley::{Codec, Coordinate, Input, Topic};
 /// let payments: Topic<String, i64> = Topic::new("payments", Codec::utf8(), Codec::int64());
-/// let input = Input::new("acct-1", 50)
+/// // A payment with a header, claiming the first order as its cause.
+/// let input: Input<String, i64> = Input::new("acct-1", 50)
 ///     .header("trace", "t-1")
 ///     .after(&Coordinate::new("orders", 0, 0));
 /// # let _ = (payments, input);
@@ -756,6 +757,60 @@ impl TestDriver {
                 topic: topic.to_owned(),
             })?;
         Ok(Coordinate::new(topic, partition, offset))
+    }
+
+    /// Copies the log of one partition from another driver (another
+    /// application sharing the same cluster), entry for entry, records and
+    /// transaction markers alike, from this driver's end offset through
+    /// `through_offset`. Offsets, bytes and headers stay exactly as they
+    /// were, so the copied stamps keep naming the right records. Nothing is
+    /// processed; call [`run`](Self::run) after.
+    ///
+    /// This is how a test controls the order in which one application sees
+    /// another's outputs: copy an effect before its cause and watch it held.
+    /// Returns how many entries were copied.
+    pub fn append_from(
+        &mut self,
+        source: &TestDriver,
+        topic: &str,
+        partition: i32,
+        through_offset: i64,
+    ) -> Result<usize, DriverError> {
+        let from = source.topic_log(topic)?;
+        source.check_partition(topic, from, partition)?;
+        let to = self.topic_log(topic)?;
+        self.check_partition(topic, to, partition)?;
+        let start = to.partitions[partition as usize].len();
+        let entries = &from.partitions[partition as usize];
+        let end = usize::try_from(through_offset.saturating_add(1))
+            .unwrap_or(0)
+            .min(entries.len());
+        let copied: Vec<Entry> = entries.get(start..end).map(<[Entry]>::to_vec).unwrap_or_default();
+        let n = copied.len();
+        for e in copied {
+            match e {
+                Entry::Record { record, .. } => {
+                    self.log.append(topic, partition, record);
+                }
+                Entry::Marker => self.log.append_marker(topic, partition),
+            }
+        }
+        Ok(n)
+    }
+
+    /// [`append_from`](Self::append_from) for every partition of `topic`,
+    /// through the source's end.
+    pub fn append_all_from(
+        &mut self,
+        source: &TestDriver,
+        topic: &str,
+    ) -> Result<usize, DriverError> {
+        let n = source.topic_log(topic)?.partitions.len() as i32;
+        let mut copied = 0;
+        for p in 0..n {
+            copied += self.append_from(source, topic, p, i64::MAX - 1)?;
+        }
+        Ok(copied)
     }
 
     /// Advances the wall clock by `by`: every task is told the new time (a
