@@ -9,7 +9,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let c2: Topic<String, i64> = Topic::new("c2", Codec::utf8(), Codec::int64());
     let (to2, to1) = (c2.clone(), c1.clone());
     let p1 = Stage::named("p1")
-        .on(&c1, move |m: &Message<String, i64>| vec![to2.send(m.key().cloned(), m.value().map(|n| n + 1))])
+        .on(&c1, move |m: &Message<String, i64>| {
+            vec![to2.send(m.key().cloned(), m.value().map(|n| n + 1))]
+        })
         .sink(&c2)
         .build()?;
     let p2 = Stage::named("p2")

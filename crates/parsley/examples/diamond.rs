@@ -16,7 +16,10 @@ fn enrich(from: &T, to: &T) -> Result<Stage, parsley::StageError> {
     let out = to.clone();
     Stage::named("enrich")
         .on(from, move |m: &Message<String, String>| {
-            vec![out.send(m.key().cloned(), format!("{} (enriched)", m.value().cloned().unwrap_or_default()))]
+            vec![out.send(
+                m.key().cloned(),
+                format!("{} (enriched)", m.value().cloned().unwrap_or_default()),
+            )]
         })
         .sink(to)
         .build()
@@ -46,7 +49,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     b.append_all_from(&a, "base")?;
     b.run()?;
     assert_eq!(
-        b.delivered_to("projection").iter().map(|c| c.topic.as_str()).collect::<Vec<_>>(),
+        b.delivered_to("projection")
+            .iter()
+            .map(|c| c.topic.as_str())
+            .collect::<Vec<_>>(),
         vec!["base", "derived"]
     );
     Ok(())

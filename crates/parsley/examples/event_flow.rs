@@ -15,7 +15,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (d, e) = (data.clone(), events.clone());
     let writer = Stage::named("writer")
         .on(&input, move |m: &Message<String, String>| {
-            vec![d.send(m.key().cloned(), m.value().cloned()), e.send(m.key().cloned(), "updated")]
+            vec![
+                d.send(m.key().cloned(), m.value().cloned()),
+                e.send(m.key().cloned(), "updated"),
+            ]
         })
         .sink(&data)
         .sink(&events)
@@ -25,7 +28,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let reader = Stage::named("reader")
         .state(Codec::utf8(), String::new)
-        .fold(&data, |_s: String, m: &Message<String, String>| Step::to(m.value().cloned().unwrap_or_default()))
+        .fold(&data, |_s: String, m: &Message<String, String>| {
+            Step::to(m.value().cloned().unwrap_or_default())
+        })
         .fold(&events, |s: String, m: &Message<String, String>| {
             println!("notified about {:?}; it reads {s:?}", m.key());
             Step::keep()

@@ -44,7 +44,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     b.append_all_from(&a, "c2")?;
     b.run()?;
     assert_eq!(
-        b.delivered_to("observer").iter().map(|c| c.topic.as_str()).collect::<Vec<_>>(),
+        b.delivered_to("observer")
+            .iter()
+            .map(|c| c.topic.as_str())
+            .collect::<Vec<_>>(),
         vec!["c2", "c3"]
     );
     Ok(())

@@ -43,12 +43,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut b = TestDriver::new(&Parsley::named("recon-app", [recon])?)?;
     b.append_all_from(&a, "c3")?;
     b.run()?;
-    println!("fetched c3 first; held: {:?}", b.held().iter().map(|h| h.summary()).collect::<Vec<_>>());
+    println!(
+        "fetched c3 first; held: {:?}",
+        b.held().iter().map(|h| h.summary()).collect::<Vec<_>>()
+    );
     assert_eq!(b.held().len(), 1);
     b.append_all_from(&a, "c1")?;
     b.run()?;
     assert_eq!(
-        b.delivered_to("reconcile").iter().map(|c| c.topic.as_str()).collect::<Vec<_>>(),
+        b.delivered_to("reconcile")
+            .iter()
+            .map(|c| c.topic.as_str())
+            .collect::<Vec<_>>(),
         vec!["c1", "c3"]
     );
     Ok(())

@@ -11,12 +11,16 @@ fn t(name: &str) -> T {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (commands, requests, replies, effects) = (t("commands"), t("requests"), t("replies"), t("effects"));
+    let (commands, requests, replies, effects) =
+        (t("commands"), t("requests"), t("replies"), t("effects"));
     let (fx, rp) = (effects.clone(), replies.clone());
     let responder = Stage::named("responder")
         .on(&requests, move |m: &Message<String, String>| {
             let v = m.value().cloned().unwrap_or_default();
-            vec![fx.send(m.key().cloned(), format!("did {v}")), rp.send(m.key().cloned(), format!("ack {v}"))]
+            vec![
+                fx.send(m.key().cloned(), format!("did {v}")),
+                rp.send(m.key().cloned(), format!("ack {v}")),
+            ]
         })
         .sink(&effects)
         .sink(&replies)
@@ -24,8 +28,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rq = requests.clone();
     let requester = Stage::named("requester")
         .state(Codec::utf8(), String::new)
-        .fold(&commands, move |s: String, m: &Message<String, String>| Step::to(s).emit(rq.send(m.key().cloned(), m.value().cloned())))
-        .fold(&effects, |s: String, m: &Message<String, String>| Step::to(format!("{s}{};", m.value().cloned().unwrap_or_default())))
+        .fold(&commands, move |s: String, m: &Message<String, String>| {
+            Step::to(s).emit(rq.send(m.key().cloned(), m.value().cloned()))
+        })
+        .fold(&effects, |s: String, m: &Message<String, String>| {
+            Step::to(format!("{s}{};", m.value().cloned().unwrap_or_default()))
+        })
         .fold(&replies, |s: String, m: &Message<String, String>| {
             println!("requester: {:?} after seeing [{s}]", m.value());
             Step::to(format!("{s}acked;"))

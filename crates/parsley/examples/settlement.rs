@@ -56,7 +56,9 @@ fn settled_codec() -> Codec<Settled> {
     Codec::new(
         |s: &Settled| [s.balance.to_be_bytes().as_slice(), s.order.as_bytes()].concat(),
         |b: &[u8]| -> Result<Settled, String> {
-            let (balance, order) = b.split_at_checked(8).ok_or("settlement shorter than 8 bytes")?;
+            let (balance, order) = b
+                .split_at_checked(8)
+                .ok_or("settlement shorter than 8 bytes")?;
             Ok(Settled {
                 order: String::from_utf8(order.to_vec()).map_err(|e| e.to_string())?,
                 balance: Codec::int64().decode(balance).map_err(|e| e.to_string())?,
@@ -95,7 +97,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut driver = TestDriver::new(&app)?;
     driver.pipe(&payments, "acct-1", Payment { amount: 10_000 })?;
-    driver.pipe(&orders, "acct-1", Order { id: "o-1".into(), total: 2_500 })?;
+    driver.pipe(
+        &orders,
+        "acct-1",
+        Order {
+            id: "o-1".into(),
+            total: 2_500,
+        },
+    )?;
 
     // A payment whose producer stamped it as caused by an order not yet
     // written: it is held until that order is delivered.
@@ -109,7 +118,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     assert_eq!(driver.held().len(), 1);
 
-    driver.pipe(&orders, "acct-1", Order { id: "o-2".into(), total: 4_000 })?;
+    driver.pipe(
+        &orders,
+        "acct-1",
+        Order {
+            id: "o-2".into(),
+            total: 4_000,
+        },
+    )?;
     assert!(driver.held().is_empty());
 
     for r in driver.records(&settlements)? {
@@ -123,12 +139,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             causal.sender.map(|s| s.seq)
         );
     }
-    let balances: Vec<i64> = driver.values(&settlements)?.iter().map(|s| s.balance).collect();
+    let balances: Vec<i64> = driver
+        .values(&settlements)?
+        .iter()
+        .map(|s| s.balance)
+        .collect();
     // o-2 settles before the held payment is applied: 10000 - 2500 - 4000.
     assert_eq!(balances, vec![7_500, 3_500]);
     let balance: Option<i64> = driver.fold_state("settlement", &Codec::utf8(), "acct-1")?;
     assert_eq!(balance, Some(7_500));
     println!("final balance of acct-1: {balance:?}");
-    println!("delivery order: {:?}", driver.delivered_to("settlement").iter().map(ToString::to_string).collect::<Vec<_>>());
+    println!(
+        "delivery order: {:?}",
+        driver
+            .delivered_to("settlement")
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+    );
     Ok(())
 }

@@ -207,9 +207,13 @@ impl Parsley {
                 fold_store: s.is_stateful().then(|| format!("{stage}-fold")),
                 fold_changelog: s.is_stateful().then(|| prefixed("fold-changelog")),
             };
-            for name in [Some(&n.state_changelog), n.fold_changelog.as_ref(), n.tick_topic.as_ref()]
-                .into_iter()
-                .flatten()
+            for name in [
+                Some(&n.state_changelog),
+                n.fold_changelog.as_ref(),
+                n.tick_topic.as_ref(),
+            ]
+            .into_iter()
+            .flatten()
             {
                 if name.len() > MAX_TOPIC_NAME {
                     return Err(CompositionError::NameTooLong {

@@ -183,7 +183,7 @@ impl Codec<String> {
     pub fn utf8() -> Self {
         Codec::new(
             |s: &String| s.as_bytes().to_vec(),
-            |b: &[u8]| String::from_utf8(b.to_vec()).map_err(|e| CodecError::from_source(e)),
+            |b: &[u8]| String::from_utf8(b.to_vec()).map_err(CodecError::from_source),
         )
         .named("utf8")
     }

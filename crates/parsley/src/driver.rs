@@ -22,6 +22,9 @@ use crate::task::{
 };
 use crate::topic::{IntoNullable, Part, Payload, Topic};
 
+/// A key and value as read back; `None` is a null.
+pub type KeyValue<K, V> = (Option<K>, Option<V>);
+
 /// How many processing steps one call may take before the driver decides
 /// the application does not settle (a cycle that never converges).
 pub const DEFAULT_STEP_BUDGET: usize = 100_000;
@@ -37,7 +40,10 @@ struct StoredRecord {
 
 #[derive(Clone, Debug)]
 enum Entry {
-    Record { seq: u64, record: StoredRecord },
+    Record {
+        seq: u64,
+        record: StoredRecord,
+    },
     /// A transaction marker: occupies an offset, never returned.
     Marker,
 }
@@ -137,11 +143,7 @@ impl Log {
         }
     }
 
-    fn offsets(
-        &self,
-        topics: &BTreeSet<TopicId>,
-        end: bool,
-    ) -> BTreeMap<TopicId, TopicOffsets> {
+    fn offsets(&self, topics: &BTreeSet<TopicId>, end: bool) -> BTreeMap<TopicId, TopicOffsets> {
         topics
             .iter()
             .map(|id| {
@@ -365,7 +367,9 @@ pub enum DriverError {
     #[error(transparent)]
     Task(#[from] TaskError),
     /// No such topic in the driver.
-    #[error("topic {topic:?} does not exist in this driver; declare it in a stage or create it with TestDriverBuilder::partitions")]
+    #[error(
+        "topic {topic:?} does not exist in this driver; declare it in a stage or create it with TestDriverBuilder::partitions"
+    )]
     UnknownTopic {
         /// The topic.
         topic: String,
@@ -476,7 +480,12 @@ impl TestDriverBuilder {
         let mut log = Log::default();
         let count = |name: &str| self.partitions.get(name).copied().unwrap_or(1);
         for name in app.topics() {
-            if app.def.topics.get(name).is_some_and(|u| u.ticks_of.is_none()) {
+            if app
+                .def
+                .topics
+                .get(name)
+                .is_some_and(|u| u.ticks_of.is_none())
+            {
                 log.create(name, count(name));
             }
         }
@@ -575,7 +584,10 @@ impl fmt::Debug for TestDriver {
         f.debug_struct("TestDriver")
             .field("application_id", &self.app.application_id())
             .field("wall_clock", &self.wall_clock)
-            .field("tasks", &self.slots.iter().map(|s| &s.id).collect::<Vec<_>>())
+            .field(
+                "tasks",
+                &self.slots.iter().map(|s| &s.id).collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -618,7 +630,10 @@ impl TestDriver {
 
     /// The partition count of `topic`.
     pub fn partitions(&self, topic: &str) -> Option<i32> {
-        self.log.topics.get(topic).map(|t| t.partitions.len() as i32)
+        self.log
+            .topics
+            .get(topic)
+            .map(|t| t.partitions.len() as i32)
     }
 
     /// The channel (topic id and partition) of a partition of `topic`, for
@@ -637,10 +652,17 @@ impl TestDriver {
         key: impl IntoNullable<K>,
     ) -> Result<i32, DriverError> {
         let n = self.topic_log(topic.name())?.partitions.len() as i32;
-        Ok(match encode_part(topic.name(), topic.key_codec(), key.into_nullable(), Part::Key)? {
-            Some(k) => partition_for_key(&k, n),
-            None => 0,
-        })
+        Ok(
+            match encode_part(
+                topic.name(),
+                topic.key_codec(),
+                key.into_nullable(),
+                Part::Key,
+            )? {
+                Some(k) => partition_for_key(&k, n),
+                None => 0,
+            },
+        )
     }
 
     /// The offset the next record appended to a partition will get.
@@ -750,12 +772,12 @@ impl TestDriver {
             headers,
             producer: None,
         };
-        let offset = self
-            .log
-            .append(topic, partition, record)
-            .ok_or_else(|| DriverError::UnknownTopic {
-                topic: topic.to_owned(),
-            })?;
+        let offset =
+            self.log
+                .append(topic, partition, record)
+                .ok_or_else(|| DriverError::UnknownTopic {
+                    topic: topic.to_owned(),
+                })?;
         Ok(Coordinate::new(topic, partition, offset))
     }
 
@@ -785,7 +807,10 @@ impl TestDriver {
         let end = usize::try_from(through_offset.saturating_add(1))
             .unwrap_or(0)
             .min(entries.len());
-        let copied: Vec<Entry> = entries.get(start..end).map(<[Entry]>::to_vec).unwrap_or_default();
+        let copied: Vec<Entry> = entries
+            .get(start..end)
+            .map(<[Entry]>::to_vec)
+            .unwrap_or_default();
         let n = copied.len();
         for e in copied {
             match e {
@@ -878,7 +903,12 @@ impl TestDriver {
         self.raw_records(topic.name())?
             .into_iter()
             .map(|r| {
-                let key = decode_part(&r.coordinate, topic.key_codec(), r.key.as_deref(), Part::Key)?;
+                let key = decode_part(
+                    &r.coordinate,
+                    topic.key_codec(),
+                    r.key.as_deref(),
+                    Part::Key,
+                )?;
                 let value = decode_part(
                     &r.coordinate,
                     topic.value_codec(),
@@ -902,7 +932,7 @@ impl TestDriver {
     pub fn key_values<K: Payload, V: Payload>(
         &self,
         topic: &Topic<K, V>,
-    ) -> Result<Vec<(Option<K>, Option<V>)>, DriverError> {
+    ) -> Result<Vec<KeyValue<K, V>>, DriverError> {
         Ok(self
             .records(topic)?
             .into_iter()
@@ -1023,9 +1053,12 @@ impl TestDriver {
         slot: &FoldKey,
         partition: Option<i32>,
     ) -> Result<Option<S>, DriverError> {
-        let st = self.app.stage(stage).ok_or_else(|| DriverError::UnknownStage {
-            stage: stage.to_owned(),
-        })?;
+        let st = self
+            .app
+            .stage(stage)
+            .ok_or_else(|| DriverError::UnknownStage {
+                stage: stage.to_owned(),
+            })?;
         let codec = match &st.def.state {
             None => {
                 return Err(DriverError::StateType {
@@ -1071,7 +1104,12 @@ impl TestDriver {
             })
     }
 
-    fn check_partition(&self, topic: &str, t: &TopicLog, partition: i32) -> Result<(), DriverError> {
+    fn check_partition(
+        &self,
+        topic: &str,
+        t: &TopicLog,
+        partition: i32,
+    ) -> Result<(), DriverError> {
         let n = t.partitions.len() as i32;
         if partition < 0 || partition >= n {
             return Err(DriverError::InvalidPartition {

@@ -72,7 +72,11 @@ impl<K: Payload, V: Payload> Message<K, V> {
     /// A message on `topic` at partition 0, offset 0, timestamp 0, without
     /// headers (for tests; the runtime builds real ones). Pass `None` for a
     /// null key or value.
-    pub fn new(topic: &Topic<K, V>, key: impl IntoNullable<K>, value: impl IntoNullable<V>) -> Self {
+    pub fn new(
+        topic: &Topic<K, V>,
+        key: impl IntoNullable<K>,
+        value: impl IntoNullable<V>,
+    ) -> Self {
         Message {
             key: key.into_nullable(),
             value: value.into_nullable(),

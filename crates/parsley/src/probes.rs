@@ -115,7 +115,11 @@ pub struct Finding {
 
 impl fmt::Display for Finding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "[{}] {} (clause: {})", self.probe, self.observed, self.clause)
+        write!(
+            f,
+            "[{}] {} (clause: {})",
+            self.probe, self.observed, self.clause
+        )
     }
 }
 
@@ -300,11 +304,7 @@ fn probe_of(error: &TaskError) -> Probe {
 /// clock advances past the widest tick interval.
 pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
     let mut report = ProbeReport::default();
-    let widest_tick = app
-        .stages()
-        .iter()
-        .filter_map(|s| s.tick_interval())
-        .max();
+    let widest_tick = app.stages().iter().filter_map(|s| s.tick_interval()).max();
     let mut sampled = BTreeSet::new();
     let mut reached = BTreeSet::new();
 
@@ -360,7 +360,9 @@ pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
             }
         };
         let partitions = driver.partitions(topic).unwrap_or(1);
-        let partition = key.as_deref().map_or(0, |k| partition_for_key(k, partitions));
+        let partition = key
+            .as_deref()
+            .map_or(0, |k| partition_for_key(k, partitions));
         let now = driver.wall_clock();
         let outcome = driver
             .append_raw(topic, partition, key, value, now, Vec::new())
@@ -454,7 +456,10 @@ fn inspect_outputs(
             match causal {
                 Err(e) => report.fail(
                     Probe::Stamps,
-                    format!("output {} has unparseable causal headers: {e}", r.coordinate),
+                    format!(
+                        "output {} has unparseable causal headers: {e}",
+                        r.coordinate
+                    ),
                 ),
                 Ok(c) if c.sender.is_none() || !has_vc => report.fail(
                     Probe::Stamps,

@@ -278,7 +278,12 @@ pub struct Stateful<S> {
 
 impl<S> fmt::Debug for Stateful<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Stateful<{}>({:?})", std::any::type_name::<S>(), self.codec)
+        write!(
+            f,
+            "Stateful<{}>({:?})",
+            std::any::type_name::<S>(),
+            self.codec
+        )
     }
 }
 

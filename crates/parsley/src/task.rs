@@ -459,10 +459,12 @@ impl Task {
             )));
         };
         let describe = |topic: &str| {
-            metadata.describe(topic).map_err(|source| TaskError::Metadata {
-                task: id.clone(),
-                source,
-            })
+            metadata
+                .describe(topic)
+                .map_err(|source| TaskError::Metadata {
+                    task: id.clone(),
+                    source,
+                })
         };
         let mut inputs = Vec::new();
         let mut slots = BTreeMap::new();

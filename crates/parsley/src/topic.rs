@@ -217,7 +217,12 @@ impl<K: Payload, V: Payload> EmissionBody for TypedEmission<K, V> {
 
     fn encode(&self) -> Result<EncodedEmission, (Part, CodecError)> {
         let key = match &self.key {
-            Some(k) => Some(self.topic.key_codec().encode(k).map_err(|e| (Part::Key, e))?),
+            Some(k) => Some(
+                self.topic
+                    .key_codec()
+                    .encode(k)
+                    .map_err(|e| (Part::Key, e))?,
+            ),
             None => None,
         };
         let value = match &self.value {

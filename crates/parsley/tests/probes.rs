@@ -13,8 +13,12 @@ fn topic(name: &str) -> T {
 
 #[test]
 fn a_sound_application_passes_with_notes() {
-    let (orders, payments, settled, audits) =
-        (topic("orders"), topic("payments"), topic("settled"), topic("audits"));
+    let (orders, payments, settled, audits) = (
+        topic("orders"),
+        topic("payments"),
+        topic("settled"),
+        topic("audits"),
+    );
     let s = settled.clone();
     let a = audits.clone();
     let stage = Stage::named("settlement")
@@ -22,7 +26,9 @@ fn a_sound_application_passes_with_notes() {
         .fold(&orders, move |n: i64, m: &Message<String, String>| {
             Step::to(n + 1).emit(s.send(m.key().cloned(), m.value().cloned()))
         })
-        .fold(&payments, |n: i64, _m: &Message<String, String>| Step::to(n))
+        .fold(&payments, |n: i64, _m: &Message<String, String>| {
+            Step::to(n)
+        })
         .tick_fold(Duration::from_secs(60), move |n: i64, t: &Tick| {
             Step::to(n + 1).emit(a.send(None, t.timestamp().to_string()))
         })
@@ -38,10 +44,26 @@ fn a_sound_application_passes_with_notes() {
     assert!(kinds.contains(&NoteKind::TickTopic), "{report}");
     assert!(kinds.contains(&NoteKind::StoreNames), "{report}");
     assert!(report.notes.iter().any(|n| n.text.contains("\"payments\"")));
-    assert!(report.notes.iter().any(|n| n.text.contains("shop-settlement-ticks")));
-    assert!(report.notes.iter().any(|n| n.text.contains("shop-settlement-fold-changelog")));
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.text.contains("shop-settlement-ticks"))
+    );
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.text.contains("shop-settlement-fold-changelog"))
+    );
     // The tick reached the audit sink, so it is not noted as unreached.
-    assert!(!report.notes.iter().any(|n| n.kind == NoteKind::UnreachedSink), "{report}");
+    assert!(
+        !report
+            .notes
+            .iter()
+            .any(|n| n.kind == NoteKind::UnreachedSink),
+        "{report}"
+    );
 }
 
 #[test]
@@ -67,18 +89,30 @@ fn every_violation_is_reported_at_once() {
     let broken: T = Topic::new(
         "broken",
         Codec::utf8(),
-        Codec::new(|s: &String| s.as_bytes().to_vec(), |_b: &[u8]| Err::<String, _>("unreadable")),
+        Codec::new(
+            |s: &String| s.as_bytes().to_vec(),
+            |_b: &[u8]| Err::<String, _>("unreadable"),
+        ),
     );
     let u = undeclared.clone();
     let b = broken.clone();
     let o = out.clone();
     let leaky = Stage::named("leaky")
-        .on(&c1, move |m: &Message<String, String>| vec![u.send(m.key().cloned(), "x")])
-        .on(&c2, |_m: &Message<String, String>| -> Result<Vec<Emission>, String> {
-            Err("cannot handle".into())
+        .on(&c1, move |m: &Message<String, String>| {
+            vec![u.send(m.key().cloned(), "x")]
         })
-        .on(&c3, move |m: &Message<String, String>| vec![b.send(m.key().cloned(), "y")])
-        .on(&lossy, move |m: &Message<String, String>| vec![o.send(m.key().cloned(), "z")])
+        .on(
+            &c2,
+            |_m: &Message<String, String>| -> Result<Vec<Emission>, String> {
+                Err("cannot handle".into())
+            },
+        )
+        .on(&c3, move |m: &Message<String, String>| {
+            vec![b.send(m.key().cloned(), "y")]
+        })
+        .on(&lossy, move |m: &Message<String, String>| {
+            vec![o.send(m.key().cloned(), "z")]
+        })
         .sink(&broken)
         .sink(&out)
         .build()
@@ -104,11 +138,22 @@ fn every_violation_is_reported_at_once() {
         assert_eq!(found[0].clause, p.clause());
     }
     assert!(report.findings_of(Probe::Stamps).is_empty());
-    assert!(report.findings_of(Probe::DeclaredSinks)[0].observed.contains("undeclared"));
-    assert!(report.findings_of(Probe::Samples)[0].observed.contains("nobody"));
+    assert!(
+        report.findings_of(Probe::DeclaredSinks)[0]
+            .observed
+            .contains("undeclared")
+    );
+    assert!(
+        report.findings_of(Probe::Samples)[0]
+            .observed
+            .contains("nobody")
+    );
     let failure = report.clone().into_result().unwrap_err();
     assert!(failure.to_string().contains("[declared-sinks]"));
     let panic = std::panic::catch_unwind(|| report.assert_ok()).unwrap_err();
     let text = panic.downcast_ref::<String>().unwrap();
-    assert!(text.contains("[logic]") && text.contains("[key-codec]"), "{text}");
+    assert!(
+        text.contains("[logic]") && text.contains("[key-codec]"),
+        "{text}"
+    );
 }

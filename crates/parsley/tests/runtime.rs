@@ -31,13 +31,23 @@ fn a_failing_handler_aborts_and_the_retry_redelivers_in_causal_order() {
             if value(m) == "effect" && fail.swap(false, Ordering::SeqCst) {
                 return Err("transient failure".into());
             }
-            let trace = m.header("trace").map(|h| String::from_utf8_lossy(h).into_owned());
-            Ok(vec![out.send(m.key().cloned(), format!("{} {trace:?}", value(m)))])
+            let trace = m
+                .header("trace")
+                .map(|h| String::from_utf8_lossy(h).into_owned());
+            Ok(vec![
+                out.send(m.key().cloned(), format!("{} {trace:?}", value(m))),
+            ])
         }
     };
     let stage = Stage::named("audit")
-        .on(&c1, handler(attempts.clone(), fail_once.clone(), out.clone()))
-        .on(&c2, handler(attempts.clone(), fail_once.clone(), out.clone()))
+        .on(
+            &c1,
+            handler(attempts.clone(), fail_once.clone(), out.clone()),
+        )
+        .on(
+            &c2,
+            handler(attempts.clone(), fail_once.clone(), out.clone()),
+        )
         .sink(&out)
         .build()
         .unwrap();
@@ -46,8 +56,13 @@ fn a_failing_handler_aborts_and_the_retry_redelivers_in_causal_order() {
 
     // The effect arrives first (with a header of its own) and is held.
     let cause = d.next_coordinate(&c1, "k").unwrap();
-    d.pipe_input(&c2, Input::new("k", "effect").after(&cause).header("trace", "t-7"))
-        .unwrap();
+    d.pipe_input(
+        &c2,
+        Input::new("k", "effect")
+            .after(&cause)
+            .header("trace", "t-7"),
+    )
+    .unwrap();
     assert_eq!(d.held().len(), 1);
 
     // The cause releases the effect, whose handler fails: the whole step
@@ -58,7 +73,10 @@ fn a_failing_handler_aborts_and_the_retry_redelivers_in_causal_order() {
         "{err}"
     );
     assert_eq!(d.aborts(), 1);
-    assert!(d.values(&out).unwrap().is_empty(), "nothing of the step is committed");
+    assert!(
+        d.values(&out).unwrap().is_empty(),
+        "nothing of the step is committed"
+    );
     assert!(d.deliveries().is_empty());
 
     // The retry restarts the task from committed state (the held effect is
@@ -92,13 +110,22 @@ fn a_panicking_fold_fails_the_task_and_keeps_committed_state() {
     let mut d = TestDriver::new(&app).unwrap();
     d.pipe(&c1, "k", 5).unwrap();
     let err = d.pipe(&c1, "k", -1).unwrap_err();
-    assert!(matches!(err, DriverError::Task(TaskError::Panic { .. })), "{err}");
-    assert_eq!(d.fold_state::<i64, _>("sum", &Codec::utf8(), "k").unwrap(), Some(5));
+    assert!(
+        matches!(err, DriverError::Task(TaskError::Panic { .. })),
+        "{err}"
+    );
+    assert_eq!(
+        d.fold_state::<i64, _>("sum", &Codec::utf8(), "k").unwrap(),
+        Some(5)
+    );
     // Deterministic: every retry fails again, and the record blocks its channel.
     assert!(d.run().is_err());
     d.append(&c1, Input::new("k", 1)).unwrap();
     assert!(d.run().is_err());
-    assert_eq!(d.fold_state::<i64, _>("sum", &Codec::utf8(), "k").unwrap(), Some(5));
+    assert_eq!(
+        d.fold_state::<i64, _>("sum", &Codec::utf8(), "k").unwrap(),
+        Some(5)
+    );
 }
 
 #[test]
@@ -134,7 +161,10 @@ fn a_recovering_handler_routes_to_the_error_sink_exactly_once() {
     d.run().unwrap();
     assert_eq!(
         d.key_values(&rejects).unwrap(),
-        vec![(Some("o-1".to_string()), Some("quantity must be positive".to_string()))]
+        vec![(
+            Some("o-1".to_string()),
+            Some("quantity must be positive".to_string())
+        )]
     );
     assert_eq!(d.values(&shipments).unwrap(), vec![3]);
     assert_eq!(d.aborts(), 0);
@@ -154,9 +184,15 @@ fn a_recovering_fold_keeps_the_prior_state() {
             recovering_fold(
                 |b: i64, m: &Message<String, i64>| -> Result<Step<i64>, String> {
                     let next = b + m.value().copied().unwrap_or(0);
-                    if next < 0 { Err(format!("overdraft {next}")) } else { Ok(Step::to(next)) }
+                    if next < 0 {
+                        Err(format!("overdraft {next}"))
+                    } else {
+                        Ok(Step::to(next))
+                    }
                 },
-                move |m: &Message<String, i64>, e: &String| vec![r.send(m.key().cloned(), e.clone())],
+                move |m: &Message<String, i64>, e: &String| {
+                    vec![r.send(m.key().cloned(), e.clone())]
+                },
             ),
         )
         .sink(&rejects)
@@ -165,7 +201,11 @@ fn a_recovering_fold_keeps_the_prior_state() {
     let mut d = TestDriver::new(&Parsley::named("app", [stage]).unwrap()).unwrap();
     d.pipe(&pay, "a", 10).unwrap();
     d.pipe(&pay, "a", -15).unwrap();
-    assert_eq!(d.fold_state::<i64, _>("balances", &Codec::utf8(), "a").unwrap(), Some(10));
+    assert_eq!(
+        d.fold_state::<i64, _>("balances", &Codec::utf8(), "a")
+            .unwrap(),
+        Some(10)
+    );
     assert_eq!(d.values(&rejects).unwrap(), vec!["overdraft -5"]);
 }
 
@@ -176,13 +216,21 @@ fn codec_failures_fail_the_task() {
         "out",
         Codec::utf8(),
         Codec::try_new(
-            |v: &i64| if *v == 13 { Err("unlucky") } else { Ok(v.to_be_bytes().to_vec()) },
+            |v: &i64| {
+                if *v == 13 {
+                    Err("unlucky")
+                } else {
+                    Ok(v.to_be_bytes().to_vec())
+                }
+            },
             |b: &[u8]| Codec::int64().decode(b),
         ),
     );
     let o = out.clone();
     let stage = Stage::named("copy")
-        .on(&orders, move |m: &Message<String, i64>| vec![o.send(m.key().cloned(), m.value().copied())])
+        .on(&orders, move |m: &Message<String, i64>| {
+            vec![o.send(m.key().cloned(), m.value().copied())]
+        })
         .sink(&out)
         .build()
         .unwrap();
@@ -190,11 +238,24 @@ fn codec_failures_fail_the_task() {
 
     // Undecodable bytes on a source: the task fails, and keeps failing.
     let mut d = TestDriver::new(&app).unwrap();
-    d.append_raw("orders", 0, Some(b"k".to_vec()), Some(b"not a long".to_vec()), 0, vec![])
-        .unwrap();
+    d.append_raw(
+        "orders",
+        0,
+        Some(b"k".to_vec()),
+        Some(b"not a long".to_vec()),
+        0,
+        vec![],
+    )
+    .unwrap();
     let err = d.run().unwrap_err();
     assert!(
-        matches!(err, DriverError::Task(TaskError::Decode { part: Part::Value, .. })),
+        matches!(
+            err,
+            DriverError::Task(TaskError::Decode {
+                part: Part::Value,
+                ..
+            })
+        ),
         "{err}"
     );
     assert!(d.run().is_err());
@@ -204,7 +265,16 @@ fn codec_failures_fail_the_task() {
     let mut d = TestDriver::new(&app).unwrap();
     d.pipe(&orders, "k", 12).unwrap();
     let err = d.pipe(&orders, "k", 13).unwrap_err();
-    assert!(matches!(err, DriverError::Task(TaskError::Encode { part: Part::Value, .. })), "{err}");
+    assert!(
+        matches!(
+            err,
+            DriverError::Task(TaskError::Encode {
+                part: Part::Value,
+                ..
+            })
+        ),
+        "{err}"
+    );
     assert_eq!(d.values(&out).unwrap(), vec![12]);
 
     // A routable decode failure reaches the handler as data instead.
@@ -213,15 +283,27 @@ fn codec_failures_fail_the_task() {
     let bad = topic("bad");
     let b = bad.clone();
     let stage = Stage::named("router")
-        .on(&raw, move |m: &Message<String, Decoded<i64>>| match m.value() {
-            Some(Decoded::Malformed { reason, .. }) => vec![b.send(m.key().cloned(), reason.clone())],
-            _ => vec![],
+        .on(&raw, move |m: &Message<String, Decoded<i64>>| {
+            match m.value() {
+                Some(Decoded::Malformed { reason, .. }) => {
+                    vec![b.send(m.key().cloned(), reason.clone())]
+                }
+                _ => vec![],
+            }
         })
         .sink(&bad)
         .build()
         .unwrap();
     let mut d = TestDriver::new(&Parsley::named("app2", [stage]).unwrap()).unwrap();
-    d.append_raw("raw", 0, Some(b"k".to_vec()), Some(b"xyz".to_vec()), 0, vec![]).unwrap();
+    d.append_raw(
+        "raw",
+        0,
+        Some(b"k".to_vec()),
+        Some(b"xyz".to_vec()),
+        0,
+        vec![],
+    )
+    .unwrap();
     d.run().unwrap();
     assert_eq!(d.values(&bad).unwrap().len(), 1);
 }
@@ -231,7 +313,9 @@ fn an_emission_to_an_undeclared_sink_fails_at_the_stamping_site() {
     let (c1, elsewhere) = (topic("c1"), topic("elsewhere"));
     let e = elsewhere.clone();
     let stage = Stage::named("leaky")
-        .on(&c1, move |m: &Message<String, String>| vec![e.send(m.key().cloned(), value(m))])
+        .on(&c1, move |m: &Message<String, String>| {
+            vec![e.send(m.key().cloned(), value(m))]
+        })
         .build()
         .unwrap();
     let mut d = TestDriver::builder(&Parsley::named("app", [stage]).unwrap())
@@ -254,8 +338,13 @@ fn corrupt_stamps_fail_the_task() {
         .build()
         .unwrap();
     let mut d = TestDriver::new(&Parsley::named("app", [stage]).unwrap()).unwrap();
-    let err = d.pipe_input(&c1, Input::new("k", "v").header("vc", vec![9, 9])).unwrap_err();
-    assert!(matches!(err, DriverError::Task(TaskError::CorruptHeaders { .. })), "{err}");
+    let err = d
+        .pipe_input(&c1, Input::new("k", "v").header("vc", vec![9, 9]))
+        .unwrap_err();
+    assert!(
+        matches!(err, DriverError::Task(TaskError::CorruptHeaders { .. })),
+        "{err}"
+    );
 }
 
 // ---------------------------------------------------------------- ticks
@@ -267,7 +356,9 @@ fn ticks_flow_through_the_tick_topic_and_fold_the_tick_slot() {
     let a = audits.clone();
     let stage = Stage::named("policy")
         .state(Codec::int64(), || 0)
-        .fold(&c1, |s: i64, m: &Message<String, i64>| Step::to(s + m.value().copied().unwrap_or(0)))
+        .fold(&c1, |s: i64, m: &Message<String, i64>| {
+            Step::to(s + m.value().copied().unwrap_or(0))
+        })
         .tick_fold(Duration::from_secs(60), move |quiet: i64, tick: &Tick| {
             if quiet + 1 >= 2 {
                 Step::to(0).emit(a.send(None, format!("cut@{}", tick.timestamp())))
@@ -284,10 +375,17 @@ fn ticks_flow_through_the_tick_topic_and_fold_the_tick_slot() {
         .wall_clock(1_000)
         .build()
         .unwrap();
-    assert_eq!(d.partitions("pay-policy-ticks"), Some(2), "tick topic matches the widest source");
+    assert_eq!(
+        d.partitions("pay-policy-ticks"),
+        Some(2),
+        "tick topic matches the widest source"
+    );
     d.pipe(&c1, "k", 5).unwrap();
     d.advance_wall_clock(Duration::from_secs(30)).unwrap();
-    assert!(d.raw_records("pay-policy-ticks").unwrap().is_empty(), "not due yet");
+    assert!(
+        d.raw_records("pay-policy-ticks").unwrap().is_empty(),
+        "not due yet"
+    );
     d.advance_wall_clock(Duration::from_secs(30)).unwrap();
     d.advance_wall_clock(Duration::from_secs(60)).unwrap();
 
@@ -296,7 +394,10 @@ fn ticks_flow_through_the_tick_topic_and_fold_the_tick_slot() {
     let ticks = d.raw_records("pay-policy-ticks").unwrap();
     assert_eq!(ticks.len(), 4, "two tasks, two ticks each");
     for t in &ticks {
-        assert_eq!(t.key.as_deref(), Some(&t.coordinate.partition.to_be_bytes()[..]));
+        assert_eq!(
+            t.key.as_deref(),
+            Some(&t.coordinate.partition.to_be_bytes()[..])
+        );
         assert_eq!(t.value, None);
         assert!(t.headers.iter().any(|h| h.name == "vc-sender"));
     }
@@ -306,7 +407,11 @@ fn ticks_flow_through_the_tick_topic_and_fold_the_tick_slot() {
     // Every second tick cuts; the tick slot is separate from key state.
     assert_eq!(d.values(&audits).unwrap(), vec!["cut@121000", "cut@121000"]);
     assert_eq!(d.tick_state::<i64>("policy", 0).unwrap(), Some(0));
-    assert_eq!(d.fold_state::<i64, _>("policy", &Codec::utf8(), "k").unwrap(), Some(5));
+    assert_eq!(
+        d.fold_state::<i64, _>("policy", &Codec::utf8(), "k")
+            .unwrap(),
+        Some(5)
+    );
     let tick_deliveries = d.deliveries().iter().filter(|x| x.tick).count();
     assert_eq!(tick_deliveries, 4);
 
@@ -314,7 +419,9 @@ fn ticks_flow_through_the_tick_topic_and_fold_the_tick_slot() {
     let p = partition_for_key(b"k", 2);
     let tick = ticks.iter().find(|t| t.coordinate.partition == p).unwrap();
     let causal = parsley::protocol::CausalHeaders::decode(
-        tick.headers.iter().map(|h| (h.name.as_str(), h.value.as_deref())),
+        tick.headers
+            .iter()
+            .map(|h| (h.name.as_str(), h.value.as_deref())),
     )
     .unwrap();
     assert_eq!(causal.clock.offset(d.channel("c1", p).unwrap()), Some(0));
@@ -327,13 +434,16 @@ fn a_tick_emitted_while_a_record_is_held_is_held_too() {
     let stage = Stage::named("s")
         .on(&c1, |_m: &Message<String, String>| Vec::<Emission>::new())
         .on(&c2, |_m: &Message<String, String>| Vec::<Emission>::new())
-        .ticks(Duration::from_secs(1), move |t: &Tick| vec![a.send(None, t.timestamp().to_string())])
+        .ticks(Duration::from_secs(1), move |t: &Tick| {
+            vec![a.send(None, t.timestamp().to_string())]
+        })
         .sink(&audits)
         .build()
         .unwrap();
     let mut d = TestDriver::new(&Parsley::named("app", [stage]).unwrap()).unwrap();
     let cause = d.next_coordinate(&c1, "k").unwrap();
-    d.pipe_input(&c2, Input::new("k", "effect").after(&cause)).unwrap();
+    d.pipe_input(&c2, Input::new("k", "effect").after(&cause))
+        .unwrap();
     d.advance_wall_clock(Duration::from_secs(1)).unwrap();
     let held = d.held();
     assert_eq!(held.len(), 2, "{held:?}");
@@ -344,7 +454,11 @@ fn a_tick_emitted_while_a_record_is_held_is_held_too() {
     // The tick waited for the held record's cause, not for the held record
     // itself (it claims what had been delivered, and the record had not):
     // both come after the cause, in either order.
-    let order: Vec<String> = d.delivered_to("s").iter().map(|c| c.topic.clone()).collect();
+    let order: Vec<String> = d
+        .delivered_to("s")
+        .iter()
+        .map(|c| c.topic.clone())
+        .collect();
     assert_eq!(order[0], "c1");
     let mut rest = order[1..].to_vec();
     rest.sort();
@@ -364,13 +478,17 @@ fn hold_diagnostics_report_how_long_a_record_has_been_held() {
         .unwrap();
     let mut d = TestDriver::new(&Parsley::named("app", [stage]).unwrap()).unwrap();
     let cause = d.next_coordinate(&c1, "k").unwrap();
-    d.pipe_input(&c2, Input::new("k", "x").after(&cause)).unwrap();
+    d.pipe_input(&c2, Input::new("k", "x").after(&cause))
+        .unwrap();
     d.advance_wall_clock(Duration::from_secs(7)).unwrap();
     let held = d.held();
     assert_eq!(held[0].held_for_ms, 7_000);
     let summary = held[0].summary();
     assert!(summary.contains("vc-hold-not-fetched"), "{summary}");
-    assert!(summary.contains("c2:0@0") && summary.contains("c1:0 offset 0"), "{summary}");
+    assert!(
+        summary.contains("c2:0@0") && summary.contains("c1:0 offset 0"),
+        "{summary}"
+    );
 }
 
 // ---------------------------------------------------------------- headers, partitions, density
@@ -385,17 +503,32 @@ fn held_records_keep_their_headers_across_a_restart() {
             let h: Vec<String> = m
                 .headers()
                 .iter()
-                .map(|h| format!("{}={}", h.name, String::from_utf8_lossy(h.value.as_deref().unwrap_or_default())))
+                .map(|h| {
+                    format!(
+                        "{}={}",
+                        h.name,
+                        String::from_utf8_lossy(h.value.as_deref().unwrap_or_default())
+                    )
+                })
                 .collect();
-            vec![o.send(m.key().cloned(), format!("{}@{} {}", value(m), m.coordinate(), h.join(",")))]
+            vec![o.send(
+                m.key().cloned(),
+                format!("{}@{} {}", value(m), m.coordinate(), h.join(",")),
+            )]
         })
         .sink(&out)
         .build()
         .unwrap();
     let mut d = TestDriver::new(&Parsley::named("app", [stage]).unwrap()).unwrap();
     let cause = d.next_coordinate(&c1, "k").unwrap();
-    d.pipe_input(&c2, Input::new("k", "v").after(&cause).header("a", "1").header("b", "2"))
-        .unwrap();
+    d.pipe_input(
+        &c2,
+        Input::new("k", "v")
+            .after(&cause)
+            .header("a", "1")
+            .header("b", "2"),
+    )
+    .unwrap();
     d.restart().unwrap();
     assert_eq!(d.held().len(), 1, "restored from the store");
     d.pipe(&c1, "k", "cause").unwrap();
@@ -429,12 +562,18 @@ fn emissions_land_where_kafkas_default_partitioner_puts_them() {
         match &r.key {
             Some(k) => assert_eq!(r.coordinate.partition, partition_for_key(k.as_bytes(), 5)),
             // Null keys go to the emitting task's partition (mod the count).
-            None => assert_eq!(Some(r.coordinate.partition), r.producer.as_ref().map(|t| t.partition % 5)),
+            None => assert_eq!(
+                Some(r.coordinate.partition),
+                r.producer.as_ref().map(|t| t.partition % 5)
+            ),
         }
     }
     assert_eq!(recs.len(), 10);
     // Piped records use the same partitioner.
-    assert_eq!(d.partition_of(&c1, "order-17").unwrap(), partition_for_key(b"order-17", 3));
+    assert_eq!(
+        d.partition_of(&c1, "order-17").unwrap(),
+        partition_for_key(b"order-17", 3)
+    );
 }
 
 #[test]
@@ -443,7 +582,9 @@ fn commit_markers_occupy_offsets_and_downstream_bridges_them() {
     let fwd = |name: &str, from: &T, to: &T| {
         let o = to.clone();
         Stage::named(name)
-            .on(from, move |m: &Message<String, String>| vec![o.send(m.key().cloned(), value(m))])
+            .on(from, move |m: &Message<String, String>| {
+                vec![o.send(m.key().cloned(), value(m))]
+            })
             .sink(to)
             .build()
             .unwrap()
@@ -456,7 +597,12 @@ fn commit_markers_occupy_offsets_and_downstream_bridges_them() {
     // c2: record, marker, record, marker, ...
     assert_eq!(d.markers("c2", 0).unwrap(), 3);
     assert_eq!(d.end_offset("c2", 0).unwrap(), 6);
-    let offsets: Vec<i64> = d.records(&c2).unwrap().iter().map(|r| r.coordinate.offset).collect();
+    let offsets: Vec<i64> = d
+        .records(&c2)
+        .unwrap()
+        .iter()
+        .map(|r| r.coordinate.offset)
+        .collect();
     assert_eq!(offsets, vec![0, 2, 4]);
     assert_eq!(d.values(&c3).unwrap(), vec!["m0", "m1", "m2"]);
     assert!(d.held().is_empty());
@@ -469,8 +615,20 @@ fn commit_markers_occupy_offsets_and_downstream_bridges_them() {
 fn tombstones_and_null_keys_pass_through_untouched() {
     let strict = || {
         Codec::try_new(
-            |s: &String| if s.is_empty() { Err("empty") } else { Ok(s.as_bytes().to_vec()) },
-            |b: &[u8]| if b.is_empty() { Err("empty".to_string()) } else { Ok(String::from_utf8_lossy(b).into_owned()) },
+            |s: &String| {
+                if s.is_empty() {
+                    Err("empty")
+                } else {
+                    Ok(s.as_bytes().to_vec())
+                }
+            },
+            |b: &[u8]| {
+                if b.is_empty() {
+                    Err("empty".to_string())
+                } else {
+                    Ok(String::from_utf8_lossy(b).into_owned())
+                }
+            },
         )
     };
     let c1: T = Topic::new("c1", strict(), strict());
@@ -490,11 +648,21 @@ fn tombstones_and_null_keys_pass_through_untouched() {
     d.pipe(&c1, None, None).unwrap();
     assert_eq!(
         d.key_values(&out).unwrap(),
-        vec![(Some("k".to_string()), None), (None, Some("v".to_string())), (None, None)]
+        vec![
+            (Some("k".to_string()), None),
+            (None, Some("v".to_string())),
+            (None, None)
+        ]
     );
     // The null key folds under its own slot.
-    assert_eq!(d.fold_state::<i64, _>("s", &Codec::utf8(), None).unwrap(), Some(2));
-    assert_eq!(d.fold_state::<i64, _>("s", &Codec::utf8(), "k").unwrap(), Some(1));
+    assert_eq!(
+        d.fold_state::<i64, _>("s", &Codec::utf8(), None).unwrap(),
+        Some(2)
+    );
+    assert_eq!(
+        d.fold_state::<i64, _>("s", &Codec::utf8(), "k").unwrap(),
+        Some(1)
+    );
 }
 
 #[test]
@@ -511,6 +679,9 @@ fn a_tick_topic_with_the_wrong_partition_count_fails_loudly() {
         .partitions("app-s-ticks", 1)
         .build()
         .unwrap_err();
-    assert!(matches!(err, DriverError::Task(TaskError::Config { .. })), "{err}");
+    assert!(
+        matches!(err, DriverError::Task(TaskError::Config { .. })),
+        "{err}"
+    );
     assert!(err.to_string().contains("exactly 2"), "{err}");
 }

@@ -43,7 +43,10 @@ fn observer(name: &str, sources: &[&T]) -> Stage {
 }
 
 fn coords(d: &TestDriver, stage: &str) -> Vec<String> {
-    d.delivered_to(stage).iter().map(ToString::to_string).collect()
+    d.delivered_to(stage)
+        .iter()
+        .map(ToString::to_string)
+        .collect()
 }
 
 fn held_deliveries(d: &TestDriver, stage: &str) -> Vec<String> {
@@ -65,7 +68,10 @@ fn linear_claims_carry_across_hops_and_gate_a_reconciler() {
     let (c1, c2, c3) = (topic("c1"), topic("c2"), topic("c3"));
     let pipeline = Parsley::named(
         "pipeline",
-        [forward("p1", &c1, &c2, "+p1"), forward("p2", &c2, &c3, "+p2")],
+        [
+            forward("p1", &c1, &c2, "+p1"),
+            forward("p2", &c2, &c3, "+p2"),
+        ],
     )
     .unwrap();
     let mut a = TestDriver::new(&pipeline).unwrap();
@@ -136,7 +142,10 @@ fn fan_out_emissions_are_claimed_in_send_order() {
     b.run().unwrap();
     let held = b.held();
     assert_eq!(held.len(), 1);
-    assert_eq!(held[0].queue_depth, 2, "the second audit queues behind the first");
+    assert_eq!(
+        held[0].queue_depth, 2,
+        "the second audit queues behind the first"
+    );
     assert_eq!(held[0].waiting_on[0].diagnosis(), Diagnosis::SenderUnseen);
     b.append_all_from(&a, "c2").unwrap();
     b.run().unwrap();
@@ -177,10 +186,15 @@ fn fan_in_delivers_a_cause_before_its_effect_across_sources() {
     let mut d = TestDriver::new(&join_app(&c1, &c2, &c4)).unwrap();
     // The c2 record claims the c1 record, which is piped only afterwards.
     let cause = d.next_coordinate(&c1, "k").unwrap();
-    d.pipe_input(&c2, Input::new("k", "effect").after(&cause)).unwrap();
+    d.pipe_input(&c2, Input::new("k", "effect").after(&cause))
+        .unwrap();
     assert_eq!(d.held().len(), 1, "the effect must be held");
     assert!(d.values(&c4).unwrap().is_empty());
-    assert_eq!(d.fold_state::<String, _>("p3", &Codec::utf8(), "k").unwrap(), None);
+    assert_eq!(
+        d.fold_state::<String, _>("p3", &Codec::utf8(), "k")
+            .unwrap(),
+        None
+    );
 
     d.pipe(&c1, "k", "cause").unwrap();
     assert!(d.held().is_empty());
@@ -188,7 +202,8 @@ fn fan_in_delivers_a_cause_before_its_effect_across_sources() {
     assert_eq!(held_deliveries(&d, "p3"), vec!["c2:0@0"]);
     // The fold never saw the effect before the cause.
     assert_eq!(
-        d.fold_state::<String, _>("p3", &Codec::utf8(), "k").unwrap(),
+        d.fold_state::<String, _>("p3", &Codec::utf8(), "k")
+            .unwrap(),
         Some("[L cause][R effect]".to_string())
     );
 }
@@ -210,7 +225,9 @@ fn fan_in_does_not_order_concurrent_records() {
         assert!(held_deliveries(&d, "p3").is_empty(), "nothing to wait for");
         let want = if c2_first { "[R r][L l]" } else { "[L l][R r]" };
         assert_eq!(
-            d.fold_state::<String, _>("p3", &Codec::utf8(), "k").unwrap().as_deref(),
+            d.fold_state::<String, _>("p3", &Codec::utf8(), "k")
+                .unwrap()
+                .as_deref(),
             Some(want)
         );
     }
@@ -233,7 +250,10 @@ fn diamond_branches_are_concurrent_at_the_join() {
     let (o2, o3) = (c2.clone(), c3.clone());
     let p1 = Stage::named("p1")
         .on(&c1, move |m: &Message<String, String>| {
-            vec![o2.send(m.key().cloned(), value(m)), o3.send(m.key().cloned(), value(m))]
+            vec![
+                o2.send(m.key().cloned(), value(m)),
+                o3.send(m.key().cloned(), value(m)),
+            ]
         })
         .sink(&c2)
         .sink(&c3)
@@ -241,7 +261,11 @@ fn diamond_branches_are_concurrent_at_the_join() {
         .unwrap();
     let branches = Parsley::named(
         "branches",
-        [p1, forward("p2", &c2, &c4, "+left"), forward("p3", &c3, &c5, "+right")],
+        [
+            p1,
+            forward("p2", &c2, &c4, "+left"),
+            forward("p3", &c3, &c5, "+right"),
+        ],
     )
     .unwrap();
     let mut a = TestDriver::new(&branches).unwrap();
@@ -270,7 +294,11 @@ fn diamond_branches_are_concurrent_at_the_join() {
             .unwrap();
         let join = Parsley::named("join", [p4]).unwrap();
         let mut b = TestDriver::new(&join).unwrap();
-        let order = if left_first { ["c4", "c5"] } else { ["c5", "c4"] };
+        let order = if left_first {
+            ["c4", "c5"]
+        } else {
+            ["c5", "c4"]
+        };
         for t in order {
             b.append_all_from(&a, t).unwrap();
             b.run().unwrap();
@@ -282,7 +310,9 @@ fn diamond_branches_are_concurrent_at_the_join() {
             "base+right;base+left;"
         };
         assert_eq!(
-            b.fold_state::<String, _>("p4", &Codec::utf8(), "k").unwrap().as_deref(),
+            b.fold_state::<String, _>("p4", &Codec::utf8(), "k")
+                .unwrap()
+                .as_deref(),
             Some(want)
         );
     }
@@ -347,15 +377,18 @@ fn request_reply_delivers_the_effect_before_the_reply() {
         .fold(&effects, |s: String, m: &Message<String, String>| {
             Step::to(format!("{s}seen {};", value(m)))
         })
-        .fold(&replies, |s: String, m: &Message<String, String>| -> Result<Step<String>, String> {
-            // Read-your-writes: the effect being acknowledged is visible.
-            let wanted = value(m).replace("ack ", "seen effect of ");
-            if s.contains(&wanted) {
-                Ok(Step::to(format!("{s}acked;")))
-            } else {
-                Err(format!("reply before its effect: {s}"))
-            }
-        })
+        .fold(
+            &replies,
+            |s: String, m: &Message<String, String>| -> Result<Step<String>, String> {
+                // Read-your-writes: the effect being acknowledged is visible.
+                let wanted = value(m).replace("ack ", "seen effect of ");
+                if s.contains(&wanted) {
+                    Ok(Step::to(format!("{s}acked;")))
+                } else {
+                    Err(format!("reply before its effect: {s}"))
+                }
+            },
+        )
         .sink(&requests)
         .build()
         .unwrap();
@@ -379,7 +412,9 @@ fn request_reply_delivers_the_effect_before_the_reply() {
     req.run().unwrap();
     assert!(req.held().is_empty());
     assert_eq!(
-        req.fold_state::<String, _>("p1", &Codec::utf8(), "k").unwrap().as_deref(),
+        req.fold_state::<String, _>("p1", &Codec::utf8(), "k")
+            .unwrap()
+            .as_deref(),
         Some("seen effect of pay;acked;")
     );
 }
@@ -407,10 +442,19 @@ fn event_notification_never_dangles() {
     // The notification handler looks the data up in its own fold state.
     let reader = Stage::named("reader")
         .state(Codec::utf8(), String::new)
-        .fold(&data, |_s: String, m: &Message<String, String>| Step::to(value(m)))
-        .fold(&events, |s: String, _m: &Message<String, String>| -> Result<Step<String>, String> {
-            if s.is_empty() { Err("dangling notification".into()) } else { Ok(Step::keep()) }
+        .fold(&data, |_s: String, m: &Message<String, String>| {
+            Step::to(value(m))
         })
+        .fold(
+            &events,
+            |s: String, _m: &Message<String, String>| -> Result<Step<String>, String> {
+                if s.is_empty() {
+                    Err("dangling notification".into())
+                } else {
+                    Ok(Step::keep())
+                }
+            },
+        )
         .build()
         .unwrap();
     let app = Parsley::named("reader", [reader]).unwrap();
@@ -426,7 +470,10 @@ fn event_notification_never_dangles() {
     // and unordered, even before the data it announces.
     let mut c = TestDriver::new(&app).unwrap();
     let err = c.pipe(&events, "doc-2", "updated").unwrap_err();
-    assert!(matches!(err, DriverError::Task(TaskError::Logic { .. })), "{err}");
+    assert!(
+        matches!(err, DriverError::Task(TaskError::Logic { .. })),
+        "{err}"
+    );
     assert!(c.held().is_empty());
 }
 
@@ -447,7 +494,11 @@ fn cycle_app(limit: i64) -> (Parsley, Topic<String, i64>, Topic<String, i64>) {
     let p2 = Stage::named("p2")
         .on(&c2, move |m: &Message<String, i64>| {
             let n = m.value().copied().unwrap_or(0);
-            if n < limit { vec![to1.send(m.key().cloned(), n + 1)] } else { vec![] }
+            if n < limit {
+                vec![to1.send(m.key().cloned(), n + 1)]
+            } else {
+                vec![]
+            }
         })
         .sink(&c1)
         .build()
@@ -467,7 +518,10 @@ fn cycles_that_converge_settle_without_deadlock() {
     // c2 record that caused it.
     let last = d.records(&c1).unwrap().pop().unwrap();
     let c2_ch = d.channel("c2", 0).unwrap();
-    assert!(last.clock().offset(c2_ch).is_some() || last.clock().sequences().iter().any(|s| s.channel == c2_ch));
+    assert!(
+        last.clock().offset(c2_ch).is_some()
+            || last.clock().sequences().iter().any(|s| s.channel == c2_ch)
+    );
 }
 
 #[test]
