@@ -18,7 +18,7 @@ use crate::message::Coordinate;
 use crate::partition::partition_for_key;
 use crate::task::{
     CommittedState, DeliveredRecord, FetchedRecord, MetadataError, Task, TaskError, TaskId,
-    TopicDescription, TopicMetadata,
+    TaskStats, TopicDescription, TopicMetadata,
 };
 use crate::topic::{IntoNullable, Part, Payload, Topic};
 
@@ -621,6 +621,15 @@ impl TestDriver {
     /// The tasks, in scheduling order.
     pub fn tasks(&self) -> Vec<TaskId> {
         self.slots.iter().map(|s| s.id.clone()).collect()
+    }
+
+    /// Counters of the live task incarnations, in scheduling order (a
+    /// restarted task starts counting again).
+    pub fn task_stats(&self) -> Vec<(TaskId, TaskStats)> {
+        self.slots
+            .iter()
+            .filter_map(|s| s.task.as_ref().map(|t| (s.id.clone(), t.stats())))
+            .collect()
     }
 
     /// How many steps have aborted so far.

@@ -377,6 +377,9 @@ pub struct TaskStats {
     pub emitted: u64,
     /// Ticks emitted.
     pub ticks_emitted: u64,
+    /// `vc-hold-*` warnings logged (one per hold that outlived the
+    /// stage's threshold).
+    pub hold_warnings: u64,
 }
 
 /// One stage task, sans I/O. See the [module documentation](self).
@@ -658,6 +661,7 @@ impl Task {
                     };
                     if !track.warned && held.held_for_ms >= threshold {
                         track.warned = true;
+                        t.stats.hold_warnings += 1;
                         let code = held
                             .waiting_on
                             .first()

@@ -483,6 +483,16 @@ fn hold_diagnostics_report_how_long_a_record_has_been_held() {
     d.advance_wall_clock(Duration::from_secs(7)).unwrap();
     let held = d.held();
     assert_eq!(held[0].held_for_ms, 7_000);
+    // Past the threshold: warned once, however long the hold lasts.
+    let warnings = |d: &TestDriver| {
+        d.task_stats()
+            .iter()
+            .map(|(_, s)| s.hold_warnings)
+            .sum::<u64>()
+    };
+    assert_eq!(warnings(&d), 1);
+    d.advance_wall_clock(Duration::from_secs(7)).unwrap();
+    assert_eq!(warnings(&d), 1);
     let summary = held[0].summary();
     assert!(summary.contains("vc-hold-not-fetched"), "{summary}");
     assert!(
