@@ -119,8 +119,8 @@ fn every_interleaving_delivers_causes_first() {
                 next[t] += 1;
                 b.run().unwrap();
             }
-            for t in 0..2 {
-                b.append_all_from(&a, topics[t].name()).unwrap();
+            for t in &topics {
+                b.append_all_from(&a, t.name()).unwrap();
             }
             b.run().unwrap();
 
