@@ -1,0 +1,367 @@
+//! Codecs: pure functions between a value and its bytes.
+//!
+//! A [`Codec<T>`] is the only serialization vocabulary of the functional
+//! core. Inbound bytes are decoded with the source topic's codecs when a
+//! record is delivered (a held record waits as its original bytes), and an
+//! emission is encoded with its topic's codecs at the stamping site, so the
+//! stamp travels with exactly the bytes it claims.
+//!
+//! # The contract
+//!
+//! * **Never null.** Null keys and values (tombstones) pass the runtime
+//!   untouched and never reach a codec, so a codec has no null branch.
+//! * **Total and inverse on real data.** `decode` accepts everything
+//!   `encode` produces (and everything already on the topic), and
+//!   `decode(encode(v)) == v`.
+//! * **Failure is loud.** A codec error fails the task: the step aborts and
+//!   the retry refetches. A codec must never return a placeholder. For a
+//!   topic whose producers you do not control, where malformed bytes are a
+//!   fact of the domain, wrap the codec in [`Codec::attempting`] and route
+//!   the [`Decoded::Malformed`] case from your handler.
+//! * **Key codecs are identity.** Encoded key bytes pick the partition and
+//!   key the fold state, so a key codec must be canonical and stable: the
+//!   same logical key gives the same bytes everywhere, forever.
+//!   [`Codec::utf8`], [`Codec::int64`] and [`Codec::bytes`] all are.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// A boxed error, as user codecs and fallible handlers return them.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A codec could not encode or decode a value. Returned by user codecs; the
+/// runtime fails the task with it.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct CodecError {
+    message: String,
+    #[source]
+    source: Option<BoxError>,
+}
+
+impl CodecError {
+    /// An error with a message.
+    pub fn new(message: impl Into<String>) -> Self {
+        CodecError {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An error wrapping an underlying cause; its message is the cause's.
+    pub fn from_source(source: impl Into<BoxError>) -> Self {
+        let source = source.into();
+        CodecError {
+            message: source.to_string(),
+            source: Some(source),
+        }
+    }
+
+    /// The error message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+type EncodeFn<T> = dyn Fn(&T) -> Result<Vec<u8>, CodecError> + Send + Sync;
+type DecodeFn<T> = dyn Fn(&[u8]) -> Result<T, CodecError> + Send + Sync;
+
+/// Two pure functions between a `T` and its bytes. Cheap to clone.
+///
+/// ```
+/// use parsley::Codec;
+///
+/// // A fixed-layout value: sensor id and reading, 16 bytes.
+/// #[derive(Debug, PartialEq)]
+/// struct Reading { sensor: i64, value: f64 }
+///
+/// let reading: Codec<Reading> = Codec::new(
+///     |r: &Reading| [r.sensor.to_be_bytes(), r.value.to_be_bytes()].concat(),
+///     |b: &[u8]| -> Result<Reading, String> {
+///         let b: [u8; 16] = b.try_into().map_err(|_| format!("expected 16 bytes, got {}", b.len()))?;
+///         let (s, v) = b.split_at(8);
+///         Ok(Reading {
+///             sensor: i64::from_be_bytes(s.try_into().unwrap()),
+///             value: f64::from_be_bytes(v.try_into().unwrap()),
+///         })
+///     },
+/// );
+/// let r = Reading { sensor: 7, value: 1.5 };
+/// let bytes = reading.encode(&r)?;
+/// assert_eq!(reading.decode(&bytes)?, r);
+/// assert!(reading.decode(b"short").is_err());
+/// # Ok::<(), parsley::CodecError>(())
+/// ```
+pub struct Codec<T> {
+    name: Arc<str>,
+    encode: Arc<EncodeFn<T>>,
+    decode: Arc<DecodeFn<T>>,
+}
+
+impl<T> Clone for Codec<T> {
+    fn clone(&self) -> Self {
+        Codec {
+            name: self.name.clone(),
+            encode: self.encode.clone(),
+            decode: self.decode.clone(),
+        }
+    }
+}
+
+impl<T> fmt::Debug for Codec<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Codec({})", self.name)
+    }
+}
+
+impl<T: 'static> Codec<T> {
+    /// A codec from an infallible encoder and a fallible decoder. The
+    /// decoder's error becomes a [`CodecError`], which fails the task.
+    pub fn new<E>(
+        encode: impl Fn(&T) -> Vec<u8> + Send + Sync + 'static,
+        decode: impl Fn(&[u8]) -> Result<T, E> + Send + Sync + 'static,
+    ) -> Self
+    where
+        E: Into<BoxError>,
+    {
+        Codec {
+            name: Arc::from("custom"),
+            encode: Arc::new(move |v| Ok(encode(v))),
+            decode: Arc::new(move |b| decode(b).map_err(CodecError::from_source)),
+        }
+    }
+
+    /// A codec whose encoder can fail too (a JSON mapper, a schema lookup).
+    pub fn try_new<E1, E2>(
+        encode: impl Fn(&T) -> Result<Vec<u8>, E1> + Send + Sync + 'static,
+        decode: impl Fn(&[u8]) -> Result<T, E2> + Send + Sync + 'static,
+    ) -> Self
+    where
+        E1: Into<BoxError>,
+        E2: Into<BoxError>,
+    {
+        Codec {
+            name: Arc::from("custom"),
+            encode: Arc::new(move |v| encode(v).map_err(CodecError::from_source)),
+            decode: Arc::new(move |b| decode(b).map_err(CodecError::from_source)),
+        }
+    }
+
+    /// The same codec under a name, shown by `{:?}` and in error messages.
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = Arc::from(name.into());
+        self
+    }
+
+    /// The codec's name (`utf8`, `int64`, `bytes`, `json`, or the one given
+    /// with [`named`](Self::named); `custom` otherwise).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Encodes a value.
+    pub fn encode(&self, value: &T) -> Result<Vec<u8>, CodecError> {
+        (self.encode)(value)
+    }
+
+    /// Decodes bytes.
+    pub fn decode(&self, bytes: &[u8]) -> Result<T, CodecError> {
+        (self.decode)(bytes)
+    }
+}
+
+impl Codec<String> {
+    /// UTF-8 strings. Decoding bytes that are not UTF-8 fails.
+    ///
+    /// ```
+    /// use parsley::Codec;
+    /// let c = Codec::utf8();
+    /// assert_eq!(c.encode(&"hé".to_string())?, "hé".as_bytes());
+    /// assert!(c.decode(&[0xff]).is_err());
+    /// # Ok::<(), parsley::CodecError>(())
+    /// ```
+    pub fn utf8() -> Self {
+        Codec::new(
+            |s: &String| s.as_bytes().to_vec(),
+            |b: &[u8]| String::from_utf8(b.to_vec()).map_err(CodecError::from_source),
+        )
+        .named("utf8")
+    }
+}
+
+impl Codec<i64> {
+    /// Big-endian 64-bit integers: the eight-byte layout of Kafka's
+    /// `LongSerializer`. Decoding anything but exactly eight bytes fails.
+    ///
+    /// ```
+    /// use parsley::Codec;
+    /// let c = Codec::int64();
+    /// assert_eq!(c.encode(&-2)?, vec![0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe]);
+    /// assert_eq!(c.decode(&[0, 0, 0, 0, 0, 0, 1, 0])?, 256);
+    /// assert!(c.decode(&[1, 2, 3]).is_err());
+    /// # Ok::<(), parsley::CodecError>(())
+    /// ```
+    pub fn int64() -> Self {
+        Codec::new(
+            |v: &i64| v.to_be_bytes().to_vec(),
+            |b: &[u8]| -> Result<i64, CodecError> {
+                let a: [u8; 8] = b.try_into().map_err(|_| {
+                    CodecError::new(format!("int64 needs exactly 8 bytes, got {}", b.len()))
+                })?;
+                Ok(i64::from_be_bytes(a))
+            },
+        )
+        .named("int64")
+    }
+}
+
+impl Codec<Vec<u8>> {
+    /// Raw bytes, unchanged both ways.
+    pub fn bytes() -> Self {
+        Codec::new(
+            |v: &Vec<u8>| v.clone(),
+            |b: &[u8]| Ok::<_, CodecError>(b.to_vec()),
+        )
+        .named("bytes")
+    }
+}
+
+#[cfg(feature = "json")]
+impl<T> Codec<T>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + 'static,
+{
+    /// JSON through serde (feature `json`). Fine for values; keep it off
+    /// keys unless your serializer's output is canonical (field order and
+    /// spacing fixed forever), because key bytes are identity.
+    ///
+    /// ```
+    /// # #[cfg(feature = "json")] {
+    /// use parsley::Codec;
+    /// #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+    /// struct Order { id: String, total: i64 }
+    /// let c: Codec<Order> = Codec::json();
+    /// let o = Order { id: "o-1".into(), total: 12 };
+    /// assert_eq!(c.decode(&c.encode(&o).unwrap()).unwrap(), o);
+    /// # }
+    /// ```
+    pub fn json() -> Self {
+        Codec::try_new(
+            |v: &T| serde_json::to_vec(v),
+            |b: &[u8]| serde_json::from_slice(b),
+        )
+        .named("json")
+    }
+}
+
+/// The result of a decoding that is allowed to fail as data: the value, or
+/// the raw bytes with the reason they did not decode.
+///
+/// Build codecs of this type with [`Codec::attempting`] for source topics
+/// whose producers you do not control; route the malformed case to an error
+/// sink from your handler.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Decoded<T> {
+    /// The bytes decoded.
+    Ok(T),
+    /// The bytes did not decode.
+    Malformed {
+        /// The bytes as they were on the topic.
+        raw: Vec<u8>,
+        /// Why the inner codec refused them.
+        reason: String,
+    },
+}
+
+impl<T> Decoded<T> {
+    /// The value, if it decoded.
+    pub fn ok(self) -> Option<T> {
+        match self {
+            Decoded::Ok(v) => Some(v),
+            Decoded::Malformed { .. } => None,
+        }
+    }
+
+    /// True for the malformed case.
+    pub fn is_malformed(&self) -> bool {
+        matches!(self, Decoded::Malformed { .. })
+    }
+}
+
+impl<T: 'static> Codec<Decoded<T>> {
+    /// Makes `inner` total: bytes it cannot decode become
+    /// [`Decoded::Malformed`] instead of failing the task. Encoding a
+    /// `Malformed` value writes its raw bytes back unchanged.
+    ///
+    /// ```
+    /// use parsley::{Codec, Decoded};
+    /// let c = Codec::attempting(Codec::int64());
+    /// assert_eq!(c.decode(&7i64.to_be_bytes())?, Decoded::Ok(7));
+    /// let bad = c.decode(b"seven")?;
+    /// assert!(bad.is_malformed());
+    /// assert_eq!(c.encode(&bad)?, b"seven");
+    /// # Ok::<(), parsley::CodecError>(())
+    /// ```
+    pub fn attempting(inner: Codec<T>) -> Self {
+        let name = format!("attempting({})", inner.name());
+        let enc = inner.clone();
+        Codec {
+            name: Arc::from(name),
+            encode: Arc::new(move |d: &Decoded<T>| match d {
+                Decoded::Ok(v) => enc.encode(v),
+                Decoded::Malformed { raw, .. } => Ok(raw.clone()),
+            }),
+            decode: Arc::new(move |b: &[u8]| {
+                Ok(match inner.decode(b) {
+                    Ok(v) => Decoded::Ok(v),
+                    Err(e) => Decoded::Malformed {
+                        raw: b.to_vec(),
+                        reason: e.to_string(),
+                    },
+                })
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_round_trip() {
+        let s = Codec::utf8();
+        assert_eq!(s.decode(&s.encode(&"abc".into()).unwrap()).unwrap(), "abc");
+        let l = Codec::int64();
+        for v in [0, 1, -1, i64::MIN, i64::MAX] {
+            assert_eq!(l.decode(&l.encode(&v).unwrap()).unwrap(), v);
+        }
+        let b = Codec::bytes();
+        assert_eq!(b.decode(&[1, 2]).unwrap(), vec![1, 2]);
+        assert_eq!(format!("{l:?}"), "Codec(int64)");
+    }
+
+    #[test]
+    fn int64_is_kafka_long_layout() {
+        assert_eq!(
+            Codec::int64().encode(&0x0102_0304_0506_0708).unwrap(),
+            vec![1, 2, 3, 4, 5, 6, 7, 8]
+        );
+        assert!(Codec::int64().decode(&[0; 9]).is_err());
+    }
+
+    #[test]
+    fn try_new_propagates_encode_errors() {
+        let c: Codec<i64> = Codec::try_new(
+            |v: &i64| {
+                if *v < 0 {
+                    Err("negative")
+                } else {
+                    Ok(v.to_be_bytes().to_vec())
+                }
+            },
+            |_b: &[u8]| Ok::<_, CodecError>(0),
+        );
+        assert_eq!(c.encode(&-1).unwrap_err().message(), "negative");
+    }
+}

@@ -1,0 +1,1353 @@
+//! The broker-less test host: [`TestDriver`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+use parsley_protocol::{
+    BrokerOffsets, BrokerOffsetsError, CausalHeaders, Channel, CorruptHeader, Header, MemStore,
+    OffsetClaim, SenderId, TopicId, TopicOffsets, VectorClock,
+};
+
+use crate::app::Parsley;
+use crate::codec::{Codec, CodecError};
+use crate::fold::{FoldKey, FoldStore};
+use crate::holds::HeldRecord;
+use crate::identity::test_topic_id;
+use crate::message::Coordinate;
+use crate::partition::partition_for_key;
+use crate::task::{
+    CommittedState, DeliveredRecord, FetchedRecord, MetadataError, Task, TaskError, TaskId,
+    TaskStats, TopicDescription, TopicMetadata,
+};
+use crate::topic::{IntoNullable, Part, Payload, Topic};
+
+/// A key and value as read back; `None` is a null.
+pub type KeyValue<K, V> = (Option<K>, Option<V>);
+
+/// How many processing steps one call may take before the driver decides
+/// the application does not settle (a cycle that never converges).
+pub const DEFAULT_STEP_BUDGET: usize = 100_000;
+
+#[derive(Clone, Debug)]
+struct StoredRecord {
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    timestamp: i64,
+    headers: Vec<Header>,
+    producer: Option<TaskId>,
+}
+
+#[derive(Clone, Debug)]
+enum Entry {
+    Record {
+        seq: u64,
+        record: StoredRecord,
+    },
+    /// A transaction marker: occupies an offset, never returned.
+    Marker,
+}
+
+#[derive(Clone, Debug)]
+struct TopicLog {
+    id: TopicId,
+    partitions: Vec<Vec<Entry>>,
+}
+
+/// The in-memory log: topics, partitions, offsets and transaction markers.
+#[derive(Clone, Debug, Default)]
+struct Log {
+    topics: BTreeMap<String, TopicLog>,
+    names: BTreeMap<TopicId, String>,
+    seq: u64,
+}
+
+enum NextEntry {
+    Record(i64),
+    OnlyMarkers(i64),
+    Nothing,
+}
+
+impl Log {
+    fn create(&mut self, name: &str, partitions: i32) {
+        let id = test_topic_id(name, 0);
+        self.names.insert(id, name.to_owned());
+        self.topics.insert(
+            name.to_owned(),
+            TopicLog {
+                id,
+                partitions: (0..partitions).map(|_| Vec::new()).collect(),
+            },
+        );
+    }
+
+    fn partition(&self, channel: Channel) -> Option<&Vec<Entry>> {
+        let name = self.names.get(&channel.topic)?;
+        self.topics
+            .get(name)?
+            .partitions
+            .get(usize::try_from(channel.partition).ok()?)
+    }
+
+    fn partition_mut(&mut self, topic: &str, partition: i32) -> Option<&mut Vec<Entry>> {
+        self.topics
+            .get_mut(topic)?
+            .partitions
+            .get_mut(usize::try_from(partition).ok()?)
+    }
+
+    /// What a `read_committed` consumer at `position` sees next.
+    fn next(&self, channel: Channel, position: i64) -> NextEntry {
+        let Some(entries) = self.partition(channel) else {
+            return NextEntry::Nothing;
+        };
+        let end = entries.len() as i64;
+        let mut at = position.max(0);
+        while at < end {
+            if let Entry::Record { .. } = entries[at as usize] {
+                return NextEntry::Record(at);
+            }
+            at += 1;
+        }
+        if position < end {
+            NextEntry::OnlyMarkers(end)
+        } else {
+            NextEntry::Nothing
+        }
+    }
+
+    /// The consumer position after reading `offset`: one past it, and past
+    /// any markers that follow.
+    fn position_after(&self, channel: Channel, offset: i64) -> i64 {
+        let Some(entries) = self.partition(channel) else {
+            return offset + 1;
+        };
+        let mut at = offset + 1;
+        while let Some(Entry::Marker) = entries.get(at as usize) {
+            at += 1;
+        }
+        at
+    }
+
+    fn append(&mut self, topic: &str, partition: i32, record: StoredRecord) -> Option<i64> {
+        self.seq += 1;
+        let seq = self.seq;
+        let entries = self.partition_mut(topic, partition)?;
+        entries.push(Entry::Record { seq, record });
+        Some(entries.len() as i64 - 1)
+    }
+
+    fn append_marker(&mut self, topic: &str, partition: i32) {
+        if let Some(entries) = self.partition_mut(topic, partition) {
+            entries.push(Entry::Marker);
+        }
+    }
+
+    fn offsets(&self, topics: &BTreeSet<TopicId>, end: bool) -> BTreeMap<TopicId, TopicOffsets> {
+        topics
+            .iter()
+            .map(|id| {
+                let answer = match self.names.get(id).and_then(|n| self.topics.get(n)) {
+                    Some(t) => TopicOffsets::Present(
+                        t.partitions
+                            .iter()
+                            .enumerate()
+                            .map(|(p, e)| (p as i32, if end { e.len() as i64 } else { 0 }))
+                            .collect(),
+                    ),
+                    None => TopicOffsets::Absent,
+                };
+                (*id, answer)
+            })
+            .collect()
+    }
+}
+
+impl TopicMetadata for Log {
+    fn describe(&self, topic: &str) -> Result<TopicDescription, MetadataError> {
+        self.topics
+            .get(topic)
+            .map(|t| TopicDescription {
+                id: t.id,
+                partitions: t.partitions.len() as i32,
+            })
+            .ok_or_else(|| MetadataError::Missing(topic.to_owned()))
+    }
+}
+
+impl BrokerOffsets for Log {
+    fn end_offsets(
+        &self,
+        topics: &BTreeSet<TopicId>,
+    ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        Ok(self.offsets(topics, true))
+    }
+
+    fn log_starts(
+        &self,
+        topics: &BTreeSet<TopicId>,
+    ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        Ok(self.offsets(topics, false))
+    }
+}
+
+/// One task's committed world and its live incarnation.
+struct Slot {
+    id: TaskId,
+    task: Option<Task>,
+    protocol: MemStore,
+    fold: FoldStore,
+    committed: BTreeMap<Channel, i64>,
+    position: BTreeMap<Channel, i64>,
+    cursor: usize,
+    aborts: usize,
+}
+
+/// A record that reached a stage's logic, as the driver's delivery log
+/// records it (committed steps only).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct StageDelivery {
+    /// The task that delivered it.
+    pub task: TaskId,
+    /// The record's own coordinate.
+    pub coordinate: Coordinate,
+    /// The record's timestamp.
+    pub timestamp: i64,
+    /// True when it waited in a hold queue first.
+    pub was_held: bool,
+    /// True for a tick.
+    pub tick: bool,
+}
+
+/// A committed record read back from a topic, decoded with the topic's
+/// codecs.
+#[derive(Clone, PartialEq, Debug)]
+pub struct OutputRecord<K, V> {
+    /// The key; `None` for a null key.
+    pub key: Option<K>,
+    /// The value; `None` for a tombstone.
+    pub value: Option<V>,
+    /// Where it sits.
+    pub coordinate: Coordinate,
+    /// Its timestamp.
+    pub timestamp: i64,
+    /// Every header, in record order (`vc`, `vc-sender`, `vc-seq` included).
+    pub headers: Vec<Header>,
+    /// The task that produced it; `None` for a piped record.
+    pub producer: Option<TaskId>,
+}
+
+impl<K, V> OutputRecord<K, V> {
+    /// The record's causal headers, parsed strictly.
+    pub fn causal(&self) -> Result<CausalHeaders, CorruptHeader> {
+        CausalHeaders::decode(
+            self.headers
+                .iter()
+                .map(|h| (h.name.as_str(), h.value.as_deref())),
+        )
+    }
+
+    /// The record's dependency clock (empty when unstamped or corrupt).
+    pub fn clock(&self) -> VectorClock {
+        self.causal().map(|c| c.clock).unwrap_or_default()
+    }
+
+    /// The sender identity from `vc-sender`, if stamped.
+    pub fn sender(&self) -> Option<SenderId> {
+        self.causal().ok()?.sender.map(|t| t.sender)
+    }
+
+    /// True when the record carries a `vc` header.
+    pub fn is_stamped(&self) -> bool {
+        self.header("vc").is_some()
+    }
+
+    /// The value of the first header called `name`.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|h| h.name == name)
+            .and_then(|h| h.value.as_deref())
+    }
+}
+
+/// A committed record with raw bytes (see [`TestDriver::raw_records`]).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct RawRecord {
+    /// Where it sits.
+    pub coordinate: Coordinate,
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes.
+    pub value: Option<Vec<u8>>,
+    /// Its timestamp.
+    pub timestamp: i64,
+    /// Every header.
+    pub headers: Vec<Header>,
+    /// The task that produced it; `None` for a piped record.
+    pub producer: Option<TaskId>,
+}
+
+/// A record to pipe into a topic, with optional partition, timestamp,
+/// headers and causal claims. Built from a typed key and value.
+///
+/// ```
+/// use parsley::{Codec, Coordinate, Input, Topic};
+/// let payments: Topic<String, i64> = Topic::new("payments", Codec::utf8(), Codec::int64());
+/// // A payment with a header, claiming the first order as its cause.
+/// let input: Input<String, i64> = Input::new("acct-1", 50)
+///     .header("trace", "t-1")
+///     .after(&Coordinate::new("orders", 0, 0));
+/// # let _ = (payments, input);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Input<K, V> {
+    key: Option<K>,
+    value: Option<V>,
+    partition: Option<i32>,
+    timestamp: Option<i64>,
+    headers: Vec<Header>,
+    after: Vec<Coordinate>,
+    clock: VectorClock,
+}
+
+impl<K, V> Input<K, V> {
+    /// A record with this key and value (`None` for null).
+    pub fn new(key: impl IntoNullable<K>, value: impl IntoNullable<V>) -> Self {
+        Input {
+            key: key.into_nullable(),
+            value: value.into_nullable(),
+            partition: None,
+            timestamp: None,
+            headers: Vec::new(),
+            after: Vec::new(),
+            clock: VectorClock::new(),
+        }
+    }
+
+    /// Pipes to this partition instead of the key's.
+    pub fn partition(mut self, partition: i32) -> Self {
+        self.partition = Some(partition);
+        self
+    }
+
+    /// Uses this timestamp instead of the driver's wall clock.
+    pub fn timestamp(mut self, timestamp: i64) -> Self {
+        self.timestamp = Some(timestamp);
+        self
+    }
+
+    /// Adds a header. A header named `vc`, `vc-sender` or `vc-seq` is
+    /// passed as given (a way to pipe corrupt stamps on purpose).
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        self.headers.push(Header::new(name, value));
+        self
+    }
+
+    /// Claims the record at `cause` (which need not exist yet): the piped
+    /// record's `vc` stamp names it, so a stage consuming both holds this
+    /// record until the cause is delivered.
+    pub fn after(mut self, cause: &Coordinate) -> Self {
+        self.after.push(cause.clone());
+        self
+    }
+
+    /// Merges a raw clock into the record's `vc` stamp.
+    pub fn clock(mut self, clock: &VectorClock) -> Self {
+        self.clock.merge(clock);
+        self
+    }
+}
+
+/// A failure the driver reports.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// A task failed; its step was aborted. Committed state is as before the
+    /// step, and the next run retries from there.
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    /// No such topic in the driver.
+    #[error(
+        "topic {topic:?} does not exist in this driver; declare it in a stage or create it with TestDriverBuilder::partitions"
+    )]
+    UnknownTopic {
+        /// The topic.
+        topic: String,
+    },
+    /// No such stage in the application.
+    #[error("the application has no stage {stage:?}")]
+    UnknownStage {
+        /// The stage.
+        stage: String,
+    },
+    /// A partition outside the topic.
+    #[error("partition {partition} does not exist: topic {topic:?} has {partitions} partition(s)")]
+    InvalidPartition {
+        /// The topic.
+        topic: String,
+        /// The partition asked for.
+        partition: i32,
+        /// The topic's partition count.
+        partitions: i32,
+    },
+    /// A piped key or value did not encode.
+    #[error("the {part} piped to {topic:?} does not encode: {source}")]
+    Encode {
+        /// The topic.
+        topic: String,
+        /// Key or value.
+        part: Part,
+        /// The codec's error.
+        #[source]
+        source: CodecError,
+    },
+    /// A committed record did not decode with the topic's codecs.
+    #[error("the {part} of {coordinate} does not decode: {source}")]
+    Decode {
+        /// The record.
+        coordinate: Coordinate,
+        /// Key or value.
+        part: Part,
+        /// The codec's error.
+        #[source]
+        source: CodecError,
+    },
+    /// The stage has no state, or state of another type.
+    #[error("stage {stage:?} has {found}, not state of type {expected}")]
+    StateType {
+        /// The stage.
+        stage: String,
+        /// The type asked for.
+        expected: &'static str,
+        /// What the stage has.
+        found: String,
+    },
+    /// Stored state did not decode.
+    #[error("state of stage {stage:?} does not decode: {source}")]
+    StateDecode {
+        /// The stage.
+        stage: String,
+        /// The codec's error.
+        #[source]
+        source: CodecError,
+    },
+    /// The application did not settle within the step budget.
+    #[error(
+        "the application did not settle within {steps} steps; a cycle whose logic never converges keeps emitting (emit only on change, or count rounds in state)"
+    )]
+    NoQuiescence {
+        /// The budget.
+        steps: usize,
+    },
+}
+
+/// Configures a [`TestDriver`]: partition counts, the initial wall clock and
+/// the step budget.
+#[derive(Debug)]
+pub struct TestDriverBuilder {
+    app: Parsley,
+    partitions: BTreeMap<String, i32>,
+    wall_clock: i64,
+    budget: usize,
+}
+
+impl TestDriverBuilder {
+    /// Creates `topic` with `partitions` partitions (default 1). Works for
+    /// any name: a topic of the application, a tick topic (whose default is
+    /// the stage's widest source), or an extra topic.
+    pub fn partitions(mut self, topic: impl AsRef<str>, partitions: i32) -> Self {
+        self.partitions
+            .insert(topic.as_ref().to_owned(), partitions.max(1));
+        self
+    }
+
+    /// The initial wall clock (milliseconds), default 0.
+    pub fn wall_clock(mut self, now_ms: i64) -> Self {
+        self.wall_clock = now_ms;
+        self
+    }
+
+    /// The most processing steps one call may take (default
+    /// [`DEFAULT_STEP_BUDGET`]).
+    pub fn step_budget(mut self, steps: usize) -> Self {
+        self.budget = steps;
+        self
+    }
+
+    /// Creates the topics, starts every task, and runs to quiescence.
+    pub fn build(self) -> Result<TestDriver, DriverError> {
+        let app = self.app;
+        let mut log = Log::default();
+        let count = |name: &str| self.partitions.get(name).copied().unwrap_or(1);
+        for name in app.topics() {
+            if app
+                .def
+                .topics
+                .get(name)
+                .is_some_and(|u| u.ticks_of.is_none())
+            {
+                log.create(name, count(name));
+            }
+        }
+        let mut slots = Vec::new();
+        for (i, stage) in app.stages().iter().enumerate() {
+            let widest = stage
+                .source_topics()
+                .iter()
+                .map(|t| count(t))
+                .max()
+                .unwrap_or(1);
+            let names = &app.def.names[i];
+            if let Some(tick_topic) = &names.tick_topic {
+                let n = self.partitions.get(tick_topic).copied().unwrap_or(widest);
+                log.create(tick_topic, n);
+            }
+            for p in 0..widest {
+                slots.push(Slot {
+                    id: TaskId {
+                        stage: stage.name().to_owned(),
+                        partition: p,
+                    },
+                    task: None,
+                    protocol: MemStore::new(),
+                    fold: FoldStore::new(),
+                    committed: BTreeMap::new(),
+                    position: BTreeMap::new(),
+                    cursor: 0,
+                    aborts: 0,
+                });
+            }
+        }
+        for (name, &n) in &self.partitions {
+            if !log.topics.contains_key(name) {
+                log.create(name, n);
+            }
+        }
+        let mut driver = TestDriver {
+            app,
+            log,
+            wall_clock: self.wall_clock,
+            slots,
+            deliveries: Vec::new(),
+            budget: self.budget,
+        };
+        for i in 0..driver.slots.len() {
+            driver.ensure_task(i)?;
+        }
+        driver.run()?;
+        Ok(driver)
+    }
+}
+
+/// A synchronous, deterministic, in-memory host for one application: this
+/// project's `TopologyTestDriver`.
+///
+/// It runs the real [`Task`] runner and [`CausalNode`](parsley_protocol::CausalNode)
+/// of every stage task: real stamps (`vc`, `vc-sender`, `vc-seq`), real
+/// gating and hold queues, fold state, hops between stages, and ticks
+/// through each ticking stage's tick topic when the wall clock advances.
+///
+/// * **The log.** Every topic has in-memory partitions with real offsets.
+///   Each processing step of a task is one transaction: its outputs are
+///   appended, then a commit marker on every partition it wrote, and the
+///   task's protocol state, fold state and consumed positions are
+///   committed. Consumers read `read_committed`: markers occupy offsets and
+///   are never returned, so the protocol's density adaptation (bridging
+///   skipped offsets, position advances past trailing markers) runs in
+///   every test.
+/// * **Scheduling.** After every pipe or clock advance the driver runs to
+///   quiescence, one step per task in turn (stages in application order,
+///   then partitions), each step feeding one record or one position
+///   advance, rotating over the task's channels. The same calls always
+///   produce the same run.
+/// * **Failure.** A failing step aborts: nothing of it is committed, the
+///   task is discarded, and the error is returned. The next call (any pipe,
+///   [`run`](Self::run), or clock advance) restarts the task from committed
+///   state and redelivers the same records in the same order.
+///
+/// Pipe records with [`pipe`](Self::pipe) / [`pipe_input`](Self::pipe_input)
+/// (optionally with stamps of your own, see [`Input::after`]), read
+/// committed records with [`records`](Self::records), see what is held with
+/// [`held`](Self::held) and what was delivered where with
+/// [`deliveries`](Self::deliveries).
+pub struct TestDriver {
+    app: Parsley,
+    log: Log,
+    wall_clock: i64,
+    slots: Vec<Slot>,
+    deliveries: Vec<StageDelivery>,
+    budget: usize,
+}
+
+impl fmt::Debug for TestDriver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TestDriver")
+            .field("application_id", &self.app.application_id())
+            .field("wall_clock", &self.wall_clock)
+            .field(
+                "tasks",
+                &self.slots.iter().map(|s| &s.id).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl TestDriver {
+    /// A driver with every topic at one partition and the wall clock at 0.
+    pub fn new(app: &Parsley) -> Result<TestDriver, DriverError> {
+        TestDriver::builder(app).build()
+    }
+
+    /// Configures a driver.
+    pub fn builder(app: &Parsley) -> TestDriverBuilder {
+        TestDriverBuilder {
+            app: app.clone(),
+            partitions: BTreeMap::new(),
+            wall_clock: 0,
+            budget: DEFAULT_STEP_BUDGET,
+        }
+    }
+
+    /// The application under test.
+    pub fn app(&self) -> &Parsley {
+        &self.app
+    }
+
+    /// The driver's wall clock (milliseconds).
+    pub fn wall_clock(&self) -> i64 {
+        self.wall_clock
+    }
+
+    /// The tasks, in scheduling order.
+    pub fn tasks(&self) -> Vec<TaskId> {
+        self.slots.iter().map(|s| s.id.clone()).collect()
+    }
+
+    /// Counters of the live task incarnations, in scheduling order (a
+    /// restarted task starts counting again).
+    pub fn task_stats(&self) -> Vec<(TaskId, TaskStats)> {
+        self.slots
+            .iter()
+            .filter_map(|s| s.task.as_ref().map(|t| (s.id.clone(), t.stats())))
+            .collect()
+    }
+
+    /// How many steps have aborted so far.
+    pub fn aborts(&self) -> usize {
+        self.slots.iter().map(|s| s.aborts).sum()
+    }
+
+    /// The partition count of `topic`.
+    pub fn partitions(&self, topic: &str) -> Option<i32> {
+        self.log
+            .topics
+            .get(topic)
+            .map(|t| t.partitions.len() as i32)
+    }
+
+    /// The channel (topic id and partition) of a partition of `topic`, for
+    /// building raw clocks.
+    pub fn channel(&self, topic: &str, partition: i32) -> Result<Channel, DriverError> {
+        let t = self.topic_log(topic)?;
+        self.check_partition(topic, t, partition)?;
+        Ok(Channel::new(t.id, partition))
+    }
+
+    /// The partition a keyed record lands on, as Kafka's default producer
+    /// partitioner picks it (null keys go to partition 0).
+    pub fn partition_of<K: Payload, V: Payload>(
+        &self,
+        topic: &Topic<K, V>,
+        key: impl IntoNullable<K>,
+    ) -> Result<i32, DriverError> {
+        let n = self.topic_log(topic.name())?.partitions.len() as i32;
+        Ok(
+            match encode_part(
+                topic.name(),
+                topic.key_codec(),
+                key.into_nullable(),
+                Part::Key,
+            )? {
+                Some(k) => partition_for_key(&k, n),
+                None => 0,
+            },
+        )
+    }
+
+    /// The offset the next record appended to a partition will get.
+    pub fn next_offset(&self, topic: &str, partition: i32) -> Result<i64, DriverError> {
+        let t = self.topic_log(topic)?;
+        self.check_partition(topic, t, partition)?;
+        Ok(t.partitions[partition as usize].len() as i64)
+    }
+
+    /// Where the next record piped with `key` to `topic` will land: use it
+    /// with [`Input::after`] to claim a cause before piping it.
+    pub fn next_coordinate<K: Payload, V: Payload>(
+        &self,
+        topic: &Topic<K, V>,
+        key: impl IntoNullable<K>,
+    ) -> Result<Coordinate, DriverError> {
+        let p = self.partition_of(topic, key)?;
+        Ok(Coordinate::new(
+            topic.name(),
+            p,
+            self.next_offset(topic.name(), p)?,
+        ))
+    }
+
+    /// Pipes one record (key and value, `None` for null) and runs to
+    /// quiescence. Returns where the record landed.
+    pub fn pipe<K: Payload, V: Payload>(
+        &mut self,
+        topic: &Topic<K, V>,
+        key: impl IntoNullable<K>,
+        value: impl IntoNullable<V>,
+    ) -> Result<Coordinate, DriverError> {
+        self.pipe_input(topic, Input::new(key, value))
+    }
+
+    /// Pipes one record with options and runs to quiescence.
+    pub fn pipe_input<K: Payload, V: Payload>(
+        &mut self,
+        topic: &Topic<K, V>,
+        input: Input<K, V>,
+    ) -> Result<Coordinate, DriverError> {
+        let at = self.append(topic, input)?;
+        self.run()?;
+        Ok(at)
+    }
+
+    /// Appends one record without processing anything (call
+    /// [`run`](Self::run) after). Useful to queue several records, or to keep
+    /// the coordinate when processing is expected to fail.
+    pub fn append<K: Payload, V: Payload>(
+        &mut self,
+        topic: &Topic<K, V>,
+        input: Input<K, V>,
+    ) -> Result<Coordinate, DriverError> {
+        let name = topic.name();
+        let key = encode_part(name, topic.key_codec(), input.key, Part::Key)?;
+        let value = encode_part(name, topic.value_codec(), input.value, Part::Value)?;
+        let n = self.topic_log(name)?.partitions.len() as i32;
+        let partition = match (input.partition, &key) {
+            (Some(p), _) => p,
+            (None, Some(k)) => partition_for_key(k, n),
+            (None, None) => 0,
+        };
+        let mut clock = input.clock;
+        for cause in &input.after {
+            let t = self.topic_log(&cause.topic)?;
+            self.check_partition(&cause.topic, t, cause.partition)?;
+            clock.merge(&VectorClock::from_claims(
+                [OffsetClaim {
+                    channel: Channel::new(t.id, cause.partition),
+                    offset: cause.offset,
+                }],
+                [],
+            ));
+        }
+        let mut headers = input.headers;
+        if !clock.is_empty() {
+            headers.push(Header::new("vc", clock.encode()));
+        }
+        self.append_raw(
+            name,
+            partition,
+            key,
+            value,
+            input.timestamp.unwrap_or(self.wall_clock),
+            headers,
+        )
+    }
+
+    /// Appends raw bytes to a partition without processing anything (for
+    /// piping bytes a codec cannot decode, or headers of your own making).
+    pub fn append_raw(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        key: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
+        timestamp: i64,
+        headers: Vec<Header>,
+    ) -> Result<Coordinate, DriverError> {
+        let t = self.topic_log(topic)?;
+        self.check_partition(topic, t, partition)?;
+        let record = StoredRecord {
+            key,
+            value,
+            timestamp,
+            headers,
+            producer: None,
+        };
+        let offset =
+            self.log
+                .append(topic, partition, record)
+                .ok_or_else(|| DriverError::UnknownTopic {
+                    topic: topic.to_owned(),
+                })?;
+        Ok(Coordinate::new(topic, partition, offset))
+    }
+
+    /// Copies the log of one partition from another driver (another
+    /// application sharing the same cluster), entry for entry, records and
+    /// transaction markers alike, from this driver's end offset through
+    /// `through_offset`. Offsets, bytes and headers stay exactly as they
+    /// were, so the copied stamps keep naming the right records. Nothing is
+    /// processed; call [`run`](Self::run) after.
+    ///
+    /// This is how a test controls the order in which one application sees
+    /// another's outputs: copy an effect before its cause and watch it held.
+    /// Returns how many entries were copied.
+    pub fn append_from(
+        &mut self,
+        source: &TestDriver,
+        topic: &str,
+        partition: i32,
+        through_offset: i64,
+    ) -> Result<usize, DriverError> {
+        let from = source.topic_log(topic)?;
+        source.check_partition(topic, from, partition)?;
+        let to = self.topic_log(topic)?;
+        self.check_partition(topic, to, partition)?;
+        let start = to.partitions[partition as usize].len();
+        let entries = &from.partitions[partition as usize];
+        let end = usize::try_from(through_offset.saturating_add(1))
+            .unwrap_or(0)
+            .min(entries.len());
+        let copied: Vec<Entry> = entries
+            .get(start..end)
+            .map(<[Entry]>::to_vec)
+            .unwrap_or_default();
+        let n = copied.len();
+        for e in copied {
+            match e {
+                Entry::Record { record, .. } => {
+                    self.log.append(topic, partition, record);
+                }
+                Entry::Marker => self.log.append_marker(topic, partition),
+            }
+        }
+        Ok(n)
+    }
+
+    /// [`append_from`](Self::append_from) for every partition of `topic`,
+    /// through the source's end.
+    pub fn append_all_from(
+        &mut self,
+        source: &TestDriver,
+        topic: &str,
+    ) -> Result<usize, DriverError> {
+        let n = source.topic_log(topic)?.partitions.len() as i32;
+        let mut copied = 0;
+        for p in 0..n {
+            copied += self.append_from(source, topic, p, i64::MAX - 1)?;
+        }
+        Ok(copied)
+    }
+
+    /// Advances the wall clock by `by`: every task is told the new time (a
+    /// ticking task emits a tick when one is due), then the driver runs to
+    /// quiescence, so ticks are delivered through the tick topic.
+    pub fn advance_wall_clock(&mut self, by: Duration) -> Result<(), DriverError> {
+        let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        self.wall_clock = self.wall_clock.saturating_add(by);
+        for i in 0..self.slots.len() {
+            self.ensure_task(i)?;
+            let now = self.wall_clock;
+            let r = match self.slots[i].task.as_mut() {
+                Some(task) => task.punctuate(now),
+                None => Ok(()),
+            };
+            if let Err(e) = r {
+                return Err(self.abort(i, e));
+            }
+            self.commit(i)?;
+        }
+        self.run()
+    }
+
+    /// Processes until nothing is left to do: every fetchable record has
+    /// gone through its task and every position advance was reported. Also
+    /// retries steps that failed before.
+    pub fn run(&mut self) -> Result<(), DriverError> {
+        let mut steps = 0usize;
+        loop {
+            let mut progressed = false;
+            for i in 0..self.slots.len() {
+                if self.step(i)? {
+                    progressed = true;
+                    steps += 1;
+                }
+            }
+            if !progressed {
+                return Ok(());
+            }
+            if steps > self.budget {
+                return Err(DriverError::NoQuiescence { steps: self.budget });
+            }
+        }
+    }
+
+    /// Discards every task and starts each from its committed state, as a
+    /// crash or a redeploy would; then runs to quiescence.
+    pub fn restart(&mut self) -> Result<(), DriverError> {
+        for slot in &mut self.slots {
+            slot.task = None;
+            slot.position = slot.committed.clone();
+        }
+        for i in 0..self.slots.len() {
+            self.ensure_task(i)?;
+        }
+        self.run()
+    }
+
+    /// Every committed record of `topic` (piped and produced), in append
+    /// order, decoded with the topic's codecs.
+    pub fn records<K: Payload, V: Payload>(
+        &self,
+        topic: &Topic<K, V>,
+    ) -> Result<Vec<OutputRecord<K, V>>, DriverError> {
+        self.raw_records(topic.name())?
+            .into_iter()
+            .map(|r| {
+                let key = decode_part(
+                    &r.coordinate,
+                    topic.key_codec(),
+                    r.key.as_deref(),
+                    Part::Key,
+                )?;
+                let value = decode_part(
+                    &r.coordinate,
+                    topic.value_codec(),
+                    r.value.as_deref(),
+                    Part::Value,
+                )?;
+                Ok(OutputRecord {
+                    key,
+                    value,
+                    coordinate: r.coordinate,
+                    timestamp: r.timestamp,
+                    headers: r.headers,
+                    producer: r.producer,
+                })
+            })
+            .collect()
+    }
+
+    /// The key and value of every committed record of `topic`, in append
+    /// order.
+    pub fn key_values<K: Payload, V: Payload>(
+        &self,
+        topic: &Topic<K, V>,
+    ) -> Result<Vec<KeyValue<K, V>>, DriverError> {
+        Ok(self
+            .records(topic)?
+            .into_iter()
+            .map(|r| (r.key, r.value))
+            .collect())
+    }
+
+    /// The non-null values of every committed record of `topic`, in append
+    /// order.
+    pub fn values<K: Payload, V: Payload>(
+        &self,
+        topic: &Topic<K, V>,
+    ) -> Result<Vec<V>, DriverError> {
+        Ok(self
+            .records(topic)?
+            .into_iter()
+            .filter_map(|r| r.value)
+            .collect())
+    }
+
+    /// Every committed record of `topic` as raw bytes, in append order.
+    pub fn raw_records(&self, topic: &str) -> Result<Vec<RawRecord>, DriverError> {
+        let t = self.topic_log(topic)?;
+        let mut out: Vec<(u64, RawRecord)> = Vec::new();
+        for (p, entries) in t.partitions.iter().enumerate() {
+            for (offset, e) in entries.iter().enumerate() {
+                if let Entry::Record { seq, record } = e {
+                    out.push((
+                        *seq,
+                        RawRecord {
+                            coordinate: Coordinate::new(topic, p as i32, offset as i64),
+                            key: record.key.clone(),
+                            value: record.value.clone(),
+                            timestamp: record.timestamp,
+                            headers: record.headers.clone(),
+                            producer: record.producer.clone(),
+                        },
+                    ));
+                }
+            }
+        }
+        out.sort_by_key(|(seq, _)| *seq);
+        Ok(out.into_iter().map(|(_, r)| r).collect())
+    }
+
+    /// The number of offsets a partition occupies (records and markers).
+    pub fn end_offset(&self, topic: &str, partition: i32) -> Result<i64, DriverError> {
+        self.next_offset(topic, partition)
+    }
+
+    /// How many transaction markers a partition holds.
+    pub fn markers(&self, topic: &str, partition: i32) -> Result<usize, DriverError> {
+        let t = self.topic_log(topic)?;
+        self.check_partition(topic, t, partition)?;
+        Ok(t.partitions[partition as usize]
+            .iter()
+            .filter(|e| matches!(e, Entry::Marker))
+            .count())
+    }
+
+    /// Every record now gating a channel, with what it waits for: one
+    /// entry per held queue head, tasks in scheduling order.
+    pub fn held(&self) -> Vec<HeldRecord> {
+        self.slots
+            .iter()
+            .filter_map(|s| s.task.as_ref())
+            .flat_map(Task::held)
+            .collect()
+    }
+
+    /// Every committed delivery to logic, in the order it happened.
+    pub fn deliveries(&self) -> &[StageDelivery] {
+        &self.deliveries
+    }
+
+    /// The coordinates delivered to `stage`'s logic, in order (ticks
+    /// included).
+    pub fn delivered_to(&self, stage: &str) -> Vec<Coordinate> {
+        self.deliveries
+            .iter()
+            .filter(|d| d.task.stage == stage)
+            .map(|d| d.coordinate.clone())
+            .collect()
+    }
+
+    /// The committed fold state of `key` in `stage`, decoded with the
+    /// stage's state codec (`None` when the key has no state). The key is
+    /// encoded with `key_codec`; every task of the stage is searched.
+    pub fn fold_state<S: 'static, K: 'static>(
+        &self,
+        stage: &str,
+        key_codec: &Codec<K>,
+        key: impl IntoNullable<K>,
+    ) -> Result<Option<S>, DriverError> {
+        let key = match key.into_nullable() {
+            Some(k) => Some(key_codec.encode(&k).map_err(|source| DriverError::Encode {
+                topic: format!("<state key of {stage}>"),
+                part: Part::Key,
+                source,
+            })?),
+            None => None,
+        };
+        self.slot_state(stage, &FoldKey::for_key(key.as_deref()), None)
+    }
+
+    /// The committed tick state of task `partition` of `stage`.
+    pub fn tick_state<S: 'static>(
+        &self,
+        stage: &str,
+        partition: i32,
+    ) -> Result<Option<S>, DriverError> {
+        self.slot_state(stage, &FoldKey::Ticks, Some(partition))
+    }
+
+    fn slot_state<S: 'static>(
+        &self,
+        stage: &str,
+        slot: &FoldKey,
+        partition: Option<i32>,
+    ) -> Result<Option<S>, DriverError> {
+        let st = self
+            .app
+            .stage(stage)
+            .ok_or_else(|| DriverError::UnknownStage {
+                stage: stage.to_owned(),
+            })?;
+        let codec = match &st.def.state {
+            None => {
+                return Err(DriverError::StateType {
+                    stage: stage.to_owned(),
+                    expected: std::any::type_name::<S>(),
+                    found: "no state".to_owned(),
+                });
+            }
+            Some(decl) => match decl.codec.downcast_ref::<Codec<S>>() {
+                Some(c) => c,
+                None => {
+                    return Err(DriverError::StateType {
+                        stage: stage.to_owned(),
+                        expected: std::any::type_name::<S>(),
+                        found: format!("state of type {}", decl.type_name),
+                    });
+                }
+            },
+        };
+        for s in self.slots.iter().filter(|s| s.id.stage == stage) {
+            if partition.is_some_and(|p| p != s.id.partition) {
+                continue;
+            }
+            if let Some(bytes) = s.fold.get(slot) {
+                return codec
+                    .decode(bytes)
+                    .map(Some)
+                    .map_err(|source| DriverError::StateDecode {
+                        stage: stage.to_owned(),
+                        source,
+                    });
+            }
+        }
+        Ok(None)
+    }
+
+    fn topic_log(&self, topic: &str) -> Result<&TopicLog, DriverError> {
+        self.log
+            .topics
+            .get(topic)
+            .ok_or_else(|| DriverError::UnknownTopic {
+                topic: topic.to_owned(),
+            })
+    }
+
+    fn check_partition(
+        &self,
+        topic: &str,
+        t: &TopicLog,
+        partition: i32,
+    ) -> Result<(), DriverError> {
+        let n = t.partitions.len() as i32;
+        if partition < 0 || partition >= n {
+            return Err(DriverError::InvalidPartition {
+                topic: topic.to_owned(),
+                partition,
+                partitions: n,
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts the slot's task from committed state if it has none.
+    fn ensure_task(&mut self, i: usize) -> Result<(), DriverError> {
+        if self.slots[i].task.is_some() {
+            return Ok(());
+        }
+        let slot = &self.slots[i];
+        let init = Task::init(
+            &self.app,
+            &slot.id.stage,
+            slot.id.partition,
+            CommittedState {
+                protocol: &slot.protocol,
+                fold: &slot.fold,
+            },
+            &self.log,
+            &self.log,
+            self.wall_clock,
+        );
+        let task = match init {
+            Ok(t) => t,
+            Err(e) => {
+                self.slots[i].aborts += 1;
+                return Err(e.into());
+            }
+        };
+        let mut task = task;
+        let slot = &mut self.slots[i];
+        let mut position = BTreeMap::new();
+        for input in task.inputs() {
+            let c = input.channel;
+            let p = task
+                .resume_positions()
+                .get(&c)
+                .or_else(|| slot.committed.get(&c))
+                .copied()
+                .unwrap_or(0);
+            position.insert(c, p);
+        }
+        // The starting position is a position like any other (a consumer
+        // reports it at its first poll), and the node does not persist what
+        // it was told: without this, a marker skipped while records were
+        // held before a restart could never be covered again.
+        for (&c, &p) in &position {
+            if let Err(e) = task.position_advance(c, p) {
+                slot.aborts += 1;
+                return Err(e.into());
+            }
+        }
+        slot.position = position;
+        slot.task = Some(task);
+        // Records released at init belong to the first transaction.
+        self.commit(i)
+    }
+
+    /// One step of a task: one record (and the position after it) or one
+    /// position advance past markers, then the commit.
+    fn step(&mut self, i: usize) -> Result<bool, DriverError> {
+        self.ensure_task(i)?;
+        let Some(task) = self.slots[i].task.as_ref() else {
+            return Ok(false);
+        };
+        let inputs: Vec<Channel> = task.inputs().iter().map(|c| c.channel).collect();
+        if inputs.is_empty() {
+            return Ok(false);
+        }
+        let start = self.slots[i].cursor % inputs.len();
+        for k in 0..inputs.len() {
+            let c = inputs[(start + k) % inputs.len()];
+            let pos = self.slots[i].position.get(&c).copied().unwrap_or(0);
+            let work = self.log.next(c, pos);
+            let r = match work {
+                NextEntry::Nothing => continue,
+                NextEntry::Record(offset) => self.feed(i, c, offset),
+                NextEntry::OnlyMarkers(end) => self.advance(i, c, end),
+            };
+            if let Err(e) = r {
+                return Err(self.abort(i, e));
+            }
+            self.slots[i].cursor = (start + k + 1) % inputs.len();
+            self.commit(i)?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn feed(&mut self, i: usize, c: Channel, offset: i64) -> Result<(), TaskError> {
+        let Some(Entry::Record { record, .. }) = self
+            .log
+            .partition(c)
+            .and_then(|e| e.get(offset as usize))
+            .cloned()
+        else {
+            return Ok(());
+        };
+        let after = self.log.position_after(c, offset);
+        let slot = &mut self.slots[i];
+        let Some(task) = slot.task.as_mut() else {
+            return Ok(());
+        };
+        task.on_record(FetchedRecord {
+            channel: c,
+            offset,
+            timestamp: record.timestamp,
+            key: record.key,
+            value: record.value,
+            headers: record.headers,
+        })?;
+        task.position_advance(c, after)?;
+        slot.position.insert(c, after);
+        Ok(())
+    }
+
+    fn advance(&mut self, i: usize, c: Channel, to: i64) -> Result<(), TaskError> {
+        let slot = &mut self.slots[i];
+        if let Some(task) = slot.task.as_mut() {
+            task.position_advance(c, to)?;
+        }
+        slot.position.insert(c, to);
+        Ok(())
+    }
+
+    /// Commits the slot's transaction: outputs, then a marker on every
+    /// partition written, then protocol state, fold state and positions.
+    fn commit(&mut self, i: usize) -> Result<(), DriverError> {
+        let taken = match self.slots[i].task.as_mut() {
+            Some(task) => task.take_commit(),
+            None => return Ok(()),
+        };
+        let commit = match taken {
+            Ok(c) => c,
+            Err(e) => return Err(self.abort(i, e)),
+        };
+        let producer = self.slots[i].id.clone();
+        let mut touched = BTreeSet::new();
+        for r in commit.records {
+            touched.insert((r.topic.clone(), r.partition));
+            let stored = StoredRecord {
+                key: r.key,
+                value: r.value,
+                timestamp: r.timestamp,
+                headers: r.headers,
+                producer: Some(producer.clone()),
+            };
+            if self.log.append(&r.topic, r.partition, stored).is_none() {
+                return Err(DriverError::UnknownTopic { topic: r.topic });
+            }
+        }
+        for (topic, partition) in touched {
+            self.log.append_marker(&topic, partition);
+        }
+        let slot = &mut self.slots[i];
+        slot.protocol.apply(&commit.protocol);
+        slot.fold.apply(&commit.fold);
+        slot.committed = slot.position.clone();
+        for DeliveredRecord {
+            coordinate,
+            timestamp,
+            was_held,
+            tick,
+        } in commit.delivered
+        {
+            self.deliveries.push(StageDelivery {
+                task: producer.clone(),
+                coordinate,
+                timestamp,
+                was_held,
+                tick,
+            });
+        }
+        Ok(())
+    }
+
+    /// Aborts the slot's step: discard the task, rewind to committed
+    /// positions.
+    fn abort(&mut self, i: usize, error: TaskError) -> DriverError {
+        let slot = &mut self.slots[i];
+        tracing::debug!(task = %slot.id, %error, "step aborted; the task restarts from committed state");
+        slot.task = None;
+        slot.position = slot.committed.clone();
+        slot.aborts += 1;
+        DriverError::Task(error)
+    }
+}
+
+fn encode_part<T: 'static>(
+    topic: &str,
+    codec: &Codec<T>,
+    v: Option<T>,
+    part: Part,
+) -> Result<Option<Vec<u8>>, DriverError> {
+    match v {
+        Some(v) => codec
+            .encode(&v)
+            .map(Some)
+            .map_err(|source| DriverError::Encode {
+                topic: topic.to_owned(),
+                part,
+                source,
+            }),
+        None => Ok(None),
+    }
+}
+
+fn decode_part<T: 'static>(
+    coordinate: &Coordinate,
+    codec: &Codec<T>,
+    b: Option<&[u8]>,
+    part: Part,
+) -> Result<Option<T>, DriverError> {
+    match b {
+        Some(b) => codec
+            .decode(b)
+            .map(Some)
+            .map_err(|source| DriverError::Decode {
+                coordinate: coordinate.clone(),
+                part,
+                source,
+            }),
+        None => Ok(None),
+    }
+}

@@ -1,0 +1,211 @@
+//! The fold-state store: per-key state of a stateful stage, in bytes.
+//!
+//! One store per stage task, named `<stage>-fold` (backed by the changelog
+//! `<applicationId>-<stage>-fold-changelog` in the Kafka runtime). Keys are
+//! the message key's encoded bytes behind a one-byte presence prefix, so a
+//! null key has its own slot and never collides with an empty key; the tick
+//! state has a reserved key of its own. Values are the state codec's bytes,
+//! unframed.
+//!
+//! | key | slot |
+//! |-----|------|
+//! | `0x00` | the null key |
+//! | `0x01` followed by the key bytes | a key |
+//! | `0x02` | the tick state |
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A slot of the fold-state store.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum FoldKey {
+    /// The null key's state.
+    Null,
+    /// The state of a key, by its encoded bytes.
+    Key(Vec<u8>),
+    /// The reserved tick-state slot.
+    Ticks,
+}
+
+impl FoldKey {
+    /// The slot of a record key (`None` is a null key).
+    pub fn for_key(key: Option<&[u8]>) -> Self {
+        match key {
+            None => FoldKey::Null,
+            Some(k) => FoldKey::Key(k.to_vec()),
+        }
+    }
+
+    /// The store key bytes.
+    ///
+    /// ```
+    /// use parsley::FoldKey;
+    /// assert_eq!(FoldKey::Null.to_bytes(), vec![0x00]);
+    /// assert_eq!(FoldKey::Key(b"k".to_vec()).to_bytes(), vec![0x01, b'k']);
+    /// assert_eq!(FoldKey::Key(vec![]).to_bytes(), vec![0x01]);
+    /// assert_eq!(FoldKey::Ticks.to_bytes(), vec![0x02]);
+    /// ```
+    pub fn to_bytes(&self) -> Vec<u8> {
+        match self {
+            FoldKey::Null => vec![0x00],
+            FoldKey::Key(k) => {
+                let mut out = Vec::with_capacity(k.len() + 1);
+                out.push(0x01);
+                out.extend_from_slice(k);
+                out
+            }
+            FoldKey::Ticks => vec![0x02],
+        }
+    }
+
+    /// Parses store key bytes; `None` for bytes no slot produces.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        match bytes {
+            [0x00] => Some(FoldKey::Null),
+            [0x01, rest @ ..] => Some(FoldKey::Key(rest.to_vec())),
+            [0x02] => Some(FoldKey::Ticks),
+            _ => None,
+        }
+    }
+}
+
+/// Changes to a fold store: puts and deletes by store key, in key order.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct FoldWrites {
+    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl fmt::Debug for FoldWrites {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(
+                self.writes
+                    .iter()
+                    .map(|(k, v)| (k, v.as_ref().map(|v| format!("{} bytes", v.len())))),
+            )
+            .finish()
+    }
+}
+
+impl FoldWrites {
+    /// No writes.
+    pub fn new() -> Self {
+        FoldWrites::default()
+    }
+
+    pub(crate) fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.writes.insert(key, Some(value));
+    }
+
+    pub(crate) fn delete(&mut self, key: Vec<u8>) {
+        self.writes.insert(key, None);
+    }
+
+    /// True when nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    /// How many keys changed.
+    pub fn len(&self) -> usize {
+        self.writes.len()
+    }
+
+    /// The changes in key order: `Some` is a put, `None` a delete.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        self.writes
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_deref()))
+    }
+}
+
+/// A committed fold store in memory. Hosts commit [`FoldWrites`] into it
+/// and start tasks from it.
+#[derive(Clone, PartialEq, Eq, Default, Debug)]
+pub struct FoldStore {
+    entries: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+impl FoldStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        FoldStore::default()
+    }
+
+    /// Applies committed writes.
+    pub fn apply(&mut self, writes: &FoldWrites) {
+        for (k, v) in writes.iter() {
+            match v {
+                Some(v) => {
+                    self.entries.insert(k.to_vec(), v.to_vec());
+                }
+                None => {
+                    self.entries.remove(k);
+                }
+            }
+        }
+    }
+
+    /// The state bytes in `slot`.
+    pub fn get(&self, slot: &FoldKey) -> Option<&[u8]> {
+        self.entries.get(&slot.to_bytes()).map(Vec::as_slice)
+    }
+
+    /// Every entry, in store-key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.entries
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_slice()))
+    }
+
+    /// The number of slots holding state.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when no slot holds state.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub(crate) fn entries(&self) -> &BTreeMap<Vec<u8>, Vec<u8>> {
+        &self.entries
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_and_never_collide() {
+        for k in [
+            FoldKey::Null,
+            FoldKey::Key(vec![]),
+            FoldKey::Key(vec![0]),
+            FoldKey::Key(b"abc".to_vec()),
+            FoldKey::Ticks,
+        ] {
+            assert_eq!(FoldKey::from_bytes(&k.to_bytes()), Some(k));
+        }
+        assert_ne!(FoldKey::Null.to_bytes(), FoldKey::Key(vec![]).to_bytes());
+        assert_eq!(FoldKey::from_bytes(&[]), None);
+        assert_eq!(FoldKey::from_bytes(&[0x03]), None);
+        assert_eq!(FoldKey::from_bytes(&[0x00, 1]), None);
+    }
+
+    #[test]
+    fn store_applies_puts_and_deletes() {
+        let mut s = FoldStore::new();
+        let mut w = FoldWrites::new();
+        w.put(FoldKey::Null.to_bytes(), vec![1]);
+        w.put(FoldKey::Ticks.to_bytes(), vec![2]);
+        s.apply(&w);
+        assert_eq!(s.get(&FoldKey::Null), Some(&[1u8][..]));
+        let mut w = FoldWrites::new();
+        w.delete(FoldKey::Null.to_bytes());
+        s.apply(&w);
+        assert_eq!(s.get(&FoldKey::Null), None);
+        assert_eq!(s.len(), 1);
+    }
+}

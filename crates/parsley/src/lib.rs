@@ -1,0 +1,229 @@
+//! # parsley
+//!
+//! Causal delivery order for Kafka stream processing. A record reaches your
+//! logic only after every cause of it that your stage consumes has been
+//! delivered there; when A causally precedes B, every stage that consumes
+//! both processes A before B. Nothing is ever reordered, dropped or released
+//! on a timeout: a record whose cause is missing waits, and state that
+//! cannot be trusted fails the task.
+//!
+//! This is the crate applications are written against. Your logic is pure
+//! functions over values; everything imperative (gating, decoding, state,
+//! stamping, partitioning, the transaction) lives in the stage runtime. The
+//! broker-less [`TestDriver`] runs that runtime in memory, so the whole
+//! application, its ordering guarantee included, is testable in plain
+//! `cargo test`. This crate has no C dependencies.
+//!
+//! ## A walk through: two stages, state and ticks
+//!
+//! **Topics** are typed values declared once, with their codecs. A hop
+//! between stages is the same `Topic` used as one stage's sink and the
+//! next stage's source.
+//!
+//! ```
+//! use parsley::{Codec, Topic};
+//! // account id -> order total
+//! let orders: Topic<String, i64> = Topic::new("orders", Codec::utf8(), Codec::int64());
+//! // account id -> payment amount
+//! let payments: Topic<String, i64> = Topic::new("payments", Codec::utf8(), Codec::int64());
+//! // account id -> balance after an order was settled
+//! let settlements: Topic<String, i64> = Topic::new("settlements", Codec::utf8(), Codec::int64());
+//! ```
+//!
+//! **Logic** is a handler (message to emissions) or a fold (state and
+//! message to a [`Step`]: next state plus emissions). Emissions are minted
+//! by their topic, `topic.send(key, value)`, and compare with `==`, so logic
+//! tests need no runtime at all:
+//!
+//! ```
+//! # use parsley::{Codec, Topic};
+//! use parsley::{Message, Step};
+//! # let orders: Topic<String, i64> = Topic::new("orders", Codec::utf8(), Codec::int64());
+//! # let settlements: Topic<String, i64> = Topic::new("settlements", Codec::utf8(), Codec::int64());
+//! let out = settlements.clone();
+//! let settle = move |balance: i64, m: &Message<String, i64>| {
+//!     let next = balance - m.value().copied().unwrap_or(0);
+//!     Step::to(next).emit(out.send(m.key().cloned(), next))
+//! };
+//! assert_eq!(
+//!     settle(100, &Message::new(&orders, "acct-1", 30)),
+//!     Step::to(70).emit(settlements.send("acct-1", 70))
+//! );
+//! ```
+//!
+//! **Stages** wire logic to topics. The first stage keeps a balance per
+//! account (state is keyed by the message key's encoded bytes); the second
+//! stage watches settlements and, once a minute, emits an audit cut from a
+//! tick: wall-clock time that reaches logic as a delivered record.
+//! [`Parsley::named`] composes them under an application id, which names
+//! every topic and store the application owns.
+//!
+//! ```
+//! use std::time::Duration;
+//! use parsley::{Codec, Message, Parsley, Stage, Step, Tick, TestDriver, Topic, Input};
+//!
+//! let orders: Topic<String, i64> = Topic::new("orders", Codec::utf8(), Codec::int64());
+//! let payments: Topic<String, i64> = Topic::new("payments", Codec::utf8(), Codec::int64());
+//! let settlements: Topic<String, i64> = Topic::new("settlements", Codec::utf8(), Codec::int64());
+//! let audits: Topic<String, String> = Topic::new("audits", Codec::utf8(), Codec::utf8());
+//!
+//! let out = settlements.clone();
+//! let settlement = Stage::named("settlement")
+//!     .state(Codec::int64(), || 0)
+//!     .fold(&orders, move |balance: i64, m: &Message<String, i64>| {
+//!         let next = balance - m.value().copied().unwrap_or(0);
+//!         Step::to(next).emit(out.send(m.key().cloned(), next))
+//!     })
+//!     .fold(&payments, |balance: i64, m: &Message<String, i64>| {
+//!         Step::to(balance + m.value().copied().unwrap_or(0))
+//!     })
+//!     .sink(&settlements)
+//!     .build()?;
+//!
+//! // The auditor counts settlements per account and cuts on each tick.
+//! let cuts = audits.clone();
+//! let auditor = Stage::named("auditor")
+//!     .state(Codec::int64(), || 0)
+//!     .fold(&settlements, |seen: i64, _m: &Message<String, i64>| Step::to(seen + 1))
+//!     .tick_fold(Duration::from_secs(60), move |ticks: i64, tick: &Tick| {
+//!         Step::to(ticks + 1).emit(cuts.send(None, format!("cut {} at {}", ticks + 1, tick.timestamp())))
+//!     })
+//!     .sink(&audits)
+//!     .build()?;
+//!
+//! let app = Parsley::named("payments-app", [settlement, auditor])?;
+//! assert_eq!(app.tick_topic("auditor"), Some("payments-app-auditor-ticks"));
+//!
+//! // Test the wiring: pipe records in, read committed outputs back.
+//! let mut driver = TestDriver::new(&app)?;
+//! driver.pipe(&payments, "acct-1", 100)?;
+//! driver.pipe(&orders, "acct-1", 30)?;
+//! assert_eq!(driver.values(&settlements)?, vec![70]);
+//! assert_eq!(driver.fold_state::<i64, _>("settlement", &Codec::utf8(), "acct-1")?, Some(70));
+//! assert_eq!(driver.fold_state::<i64, _>("auditor", &Codec::utf8(), "acct-1")?, Some(1));
+//!
+//! // Every output carries the stamp headers that order it downstream.
+//! let settled = &driver.records(&settlements)?[0];
+//! assert!(settled.is_stamped());
+//! assert_eq!(settled.sender(), Some(app.sender_id("settlement", 0)));
+//!
+//! // See the guarantee: a payment stamped as caused by an order that has
+//! // not arrived yet is held, not processed.
+//! let order = driver.next_coordinate(&orders, "acct-2")?;
+//! driver.pipe_input(&payments, Input::new("acct-2", 50).after(&order))?;
+//! let held = driver.held();
+//! assert_eq!(held.len(), 1);
+//! assert_eq!(held[0].coordinate.topic, "payments");
+//! assert_eq!(held[0].waiting_on[0].topic(), "orders");
+//! println!("{}", held[0]); // "... vc-hold-not-fetched waiting on orders:0 offset 0 ..."
+//!
+//! // The cause arrives: the order is processed first, then the payment.
+//! driver.pipe(&orders, "acct-2", 20)?;
+//! assert!(driver.held().is_empty());
+//! let delivered = driver.delivered_to("settlement");
+//! let n = delivered.len();
+//! assert_eq!(delivered[n - 2], order);
+//! assert_eq!(delivered[n - 1].topic, "payments");
+//! assert_eq!(driver.values(&settlements)?, vec![70, -20]);
+//! assert_eq!(driver.fold_state::<i64, _>("settlement", &Codec::utf8(), "acct-2")?, Some(30));
+//!
+//! // Ticks: advancing the wall clock past the interval emits a tick to the
+//! // tick topic, which the auditor consumes back through the gate.
+//! driver.advance_wall_clock(Duration::from_secs(60))?;
+//! assert_eq!(driver.values(&audits)?, vec!["cut 1 at 60000".to_string()]);
+//! assert_eq!(driver.tick_state::<i64>("auditor", 0)?, Some(1));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Errors are values, failures abort
+//!
+//! A handler or fold may return `Result`. An `Err` (or a panic, or a codec
+//! error) fails the task: the step's transaction aborts, nothing it did is
+//! committed, and the retry redelivers the same records in the same causal
+//! order. In the driver the failing call returns [`DriverError::Task`] and
+//! the next call retries. A failure that is a fact of your domain is not a
+//! task failure: return it as an emission, or wrap the logic in
+//! [`recovering`] / [`recovering_fold`] to route its `Err` to an error sink.
+//!
+//! ```
+//! use parsley::{Codec, DriverError, Emission, Message, Parsley, Stage, TaskError, TestDriver, Topic};
+//! let orders: Topic<String, i64> = Topic::new("orders", Codec::utf8(), Codec::int64());
+//! let stage = Stage::named("picky")
+//!     .on(&orders, |m: &Message<String, i64>| -> Result<Vec<Emission>, String> {
+//!         if m.value() == Some(&0) { Err("empty order".into()) } else { Ok(vec![]) }
+//!     })
+//!     .build()?;
+//! let app = Parsley::named("shop", [stage])?;
+//! let mut driver = TestDriver::new(&app)?;
+//! let err = driver.pipe(&orders, "o-1", 0).unwrap_err();
+//! assert!(matches!(err, DriverError::Task(TaskError::Logic { .. })));
+//! // Deterministic failures recur on every retry: the record blocks its channel.
+//! assert!(driver.run().is_err());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Contract probes
+//!
+//! [`probe`] runs your application in a driver with samples you supply and
+//! reports every contract finding at once (key codecs, stamps, sink
+//! decoding, undeclared sinks, failing logic, misdirected samples), plus
+//! notes (unsampled sources, unreached sinks, tick topics to create, store
+//! names to keep stable). See [`probes`].
+//!
+//! ## Map
+//!
+//! * [`Topic`], [`Codec`], [`Decoded`]: typed topics and codecs.
+//! * [`Message`], [`Tick`], [`Emission`], [`Step`]: what logic sees and
+//!   returns; [`recovering`], [`recovering_fold`].
+//! * [`Stage`], [`StageBuilder`], [`Parsley`]: wiring and composition.
+//! * [`TestDriver`]: the broker-less host; [`HeldRecord`]: hold diagnostics.
+//! * [`probe`]: test-time contract probes.
+//! * [`task`]: the host-independent task runner every host drives (the
+//!   driver here, the Kafka runtime later); [`partition`]: Kafka's default
+//!   partitioner; [`identity`]: sender identities; [`fold`]: the fold-state
+//!   store layout.
+//! * [`protocol`]: the causal protocol core, re-exported.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+// Errors here end a step (the transaction aborts), so they are off the hot
+// path; keeping them unboxed keeps them easy to match in tests.
+#![allow(clippy::result_large_err)]
+
+mod app;
+pub mod codec;
+mod driver;
+pub mod fold;
+pub mod holds;
+pub mod identity;
+mod logic;
+mod message;
+pub mod partition;
+pub mod probes;
+mod stage;
+pub mod task;
+mod topic;
+
+pub use app::{CompositionError, OwnedNames, Parsley};
+pub use codec::{BoxError, Codec, CodecError, Decoded};
+pub use driver::{
+    DEFAULT_STEP_BUDGET, DriverError, Input, KeyValue, OutputRecord, RawRecord, StageDelivery,
+    TestDriver, TestDriverBuilder,
+};
+pub use fold::{FoldKey, FoldStore, FoldWrites};
+pub use holds::{Diagnosis, HeldRecord, WaitingOn};
+pub use logic::{FoldOutput, HandlerOutput, LogicError, Next, Step, recovering, recovering_fold};
+pub use message::{Coordinate, Header, Message, Tick};
+pub use probes::{Finding, Note, NoteKind, Probe, ProbeFailure, ProbeReport, Samples, probe};
+pub use stage::{
+    DEFAULT_HOLD_WARNING_AFTER, Stage, StageBuilder, StageError, StateMode, Stateful, Stateless,
+};
+pub use task::{TaskError, TaskId};
+pub use topic::{Emission, IntoNullable, Part, Payload, Topic};
+
+/// The protocol core this crate runs on, re-exported for building raw
+/// clocks in tests and for hosts.
+pub use parsley_protocol as protocol;

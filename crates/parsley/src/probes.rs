@@ -1,0 +1,486 @@
+//! Test-time contract probes: the mechanically checkable clauses of the
+//! contract, run against your application's own topology in a
+//! [`TestDriver`], with samples you supply.
+//!
+//! ```
+//! use parsley::{probe, Codec, Message, Parsley, Samples, Stage, Topic};
+//! let orders: Topic<String, i64> = Topic::new("orders", Codec::utf8(), Codec::int64());
+//! let totals: Topic<String, i64> = Topic::new("totals", Codec::utf8(), Codec::int64());
+//! let out = totals.clone();
+//! let stage = Stage::named("double")
+//!     .on(&orders, move |m: &Message<String, i64>| {
+//!         vec![out.send(m.key().cloned(), m.value().map(|v| v * 2))]
+//!     })
+//!     .sink(&totals)
+//!     .build()?;
+//! let app = Parsley::named("shop", [stage])?;
+//! let report = probe(&app, &Samples::new().on(&orders, "o-1", 21));
+//! report.assert_ok();
+//! assert!(report.findings.is_empty());
+//! // Notes are not failures: the store names this stage pins, for instance.
+//! assert!(report.notes.iter().any(|n| n.text.contains("shop-double-state-changelog")));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Probes see only the topology's own behaviour on the samples. They cannot
+//! check that related keys co-partition across producers, that plain
+//! producers outside the topology stamp, that logic is pure, or the causal
+//! guarantee itself (the protocol's own verification covers that).
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::Duration;
+
+use parsley_protocol::CausalHeaders;
+
+use crate::app::Parsley;
+use crate::driver::{DriverError, TestDriver};
+use crate::partition::partition_for_key;
+use crate::task::TaskError;
+use crate::topic::{AnyTopic, IntoNullable, Payload, Topic, erase};
+
+/// The probes.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum Probe {
+    /// Key codecs are deterministic and canonical on the samples.
+    KeyCodec,
+    /// Every record a stage produced carries parseable `vc`, `vc-sender`
+    /// and `vc-seq` headers.
+    Stamps,
+    /// Every record a stage produced decodes with its topic's own codecs.
+    SinkDecode,
+    /// No logic path emits to an undeclared sink.
+    DeclaredSinks,
+    /// Handlers and folds do not fail on the samples.
+    Logic,
+    /// Every sample names a topic some stage consumes.
+    Samples,
+}
+
+impl Probe {
+    /// The probe's name, as reports print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Probe::KeyCodec => "key-codec",
+            Probe::Stamps => "stamps",
+            Probe::SinkDecode => "sink-decode",
+            Probe::DeclaredSinks => "declared-sinks",
+            Probe::Logic => "logic",
+            Probe::Samples => "samples",
+        }
+    }
+
+    /// The contract clause the probe checks, and the item whose
+    /// documentation states it.
+    pub fn clause(self) -> &'static str {
+        match self {
+            Probe::KeyCodec => {
+                "key codecs are identity: encoded key bytes pick the partition and key the fold state, so they must be canonical and stable (parsley::codec)"
+            }
+            Probe::Stamps => {
+                "every stage output carries the vc, vc-sender and vc-seq headers (parsley::protocol::headers)"
+            }
+            Probe::SinkDecode => {
+                "a record decodes with its topic's own codecs, as the next hop will decode it (parsley::Codec)"
+            }
+            Probe::DeclaredSinks => {
+                "emissions name declared sinks only (parsley::StageBuilder::sink)"
+            }
+            Probe::Logic => {
+                "handlers and folds return emissions; an error or panic fails the task, so domain failures belong in emissions (parsley::recovering)"
+            }
+            Probe::Samples => {
+                "each sample names a topic a stage of the application consumes, so the probe run exercises something (parsley::probe)"
+            }
+        }
+    }
+}
+
+impl fmt::Display for Probe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A contract violation a probe observed.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Finding {
+    /// The probe.
+    pub probe: Probe,
+    /// The clause it checks.
+    pub clause: &'static str,
+    /// What it observed.
+    pub observed: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "[{}] {} (clause: {})",
+            self.probe, self.observed, self.clause
+        )
+    }
+}
+
+/// Kinds of notes: gaps rather than violations.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum NoteKind {
+    /// A source topic had no sample; its logic went unexercised.
+    UnsampledSource,
+    /// A declared sink that no sample reached.
+    UnreachedSink,
+    /// A tick topic the deployment must create.
+    TickTopic,
+    /// The store names a stage pins (keep stage names and the application
+    /// id stable).
+    StoreNames,
+}
+
+/// A stated blind spot or a deployment reminder.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Note {
+    /// The kind.
+    pub kind: NoteKind,
+    /// What to know.
+    pub text: String,
+}
+
+/// Every finding and note of a probe run. Passed when there are no
+/// findings; notes never fail a report.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct ProbeReport {
+    /// Violations.
+    pub findings: Vec<Finding>,
+    /// Gaps and reminders.
+    pub notes: Vec<Note>,
+}
+
+/// A probe report with findings, as an error.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ProbeFailure(pub ProbeReport);
+
+impl ProbeReport {
+    /// True when no probe found a violation.
+    pub fn passed(&self) -> bool {
+        self.findings.is_empty()
+    }
+
+    /// The findings of one probe.
+    pub fn findings_of(&self, probe: Probe) -> Vec<&Finding> {
+        self.findings.iter().filter(|f| f.probe == probe).collect()
+    }
+
+    /// `Ok` when passed; the whole report as the error otherwise.
+    pub fn into_result(self) -> Result<ProbeReport, ProbeFailure> {
+        if self.passed() {
+            Ok(self)
+        } else {
+            Err(ProbeFailure(self))
+        }
+    }
+
+    /// Panics with every finding at once unless the report passed. Meant
+    /// for tests.
+    #[track_caller]
+    #[allow(clippy::panic)]
+    pub fn assert_ok(&self) {
+        if !self.passed() {
+            panic!("contract probes failed:\n{self}");
+        }
+    }
+
+    fn fail(&mut self, probe: Probe, observed: String) {
+        let f = Finding {
+            probe,
+            clause: probe.clause(),
+            observed,
+        };
+        if !self.findings.contains(&f) {
+            self.findings.push(f);
+        }
+    }
+
+    fn note(&mut self, kind: NoteKind, text: String) {
+        let n = Note { kind, text };
+        if !self.notes.contains(&n) {
+            self.notes.push(n);
+        }
+    }
+}
+
+impl fmt::Display for ProbeReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} finding(s), {} note(s)",
+            self.findings.len(),
+            self.notes.len()
+        )?;
+        for finding in &self.findings {
+            writeln!(f, "  FAIL {finding}")?;
+        }
+        for note in &self.notes {
+            writeln!(f, "  note: {}", note.text)?;
+        }
+        Ok(())
+    }
+}
+
+struct Sample {
+    topic: AnyTopic,
+    key: Result<Option<Vec<u8>>, String>,
+    key_again: Result<Option<Vec<u8>>, String>,
+    value: Result<Option<Vec<u8>>, String>,
+}
+
+/// Sample records for [`probe`]: at least one per source topic.
+#[derive(Default)]
+pub struct Samples {
+    samples: Vec<Sample>,
+}
+
+impl fmt::Debug for Samples {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.samples.iter().map(|s| s.topic.name()))
+            .finish()
+    }
+}
+
+impl Samples {
+    /// No samples.
+    pub fn new() -> Self {
+        Samples::default()
+    }
+
+    /// Adds a sample record for `topic` (`None` for a null key or value).
+    pub fn on<K: Payload, V: Payload>(
+        mut self,
+        topic: &Topic<K, V>,
+        key: impl IntoNullable<K>,
+        value: impl IntoNullable<V>,
+    ) -> Self {
+        let key = key.into_nullable();
+        let enc = |k: &Option<K>| match k {
+            Some(k) => topic
+                .key_codec()
+                .encode(k)
+                .map(Some)
+                .map_err(|e| e.to_string()),
+            None => Ok(None),
+        };
+        let value = match value.into_nullable() {
+            Some(v) => topic
+                .value_codec()
+                .encode(&v)
+                .map(Some)
+                .map_err(|e| e.to_string()),
+            None => Ok(None),
+        };
+        self.samples.push(Sample {
+            topic: erase(topic),
+            key: enc(&key),
+            key_again: enc(&key),
+            value,
+        });
+        self
+    }
+}
+
+fn probe_of(error: &TaskError) -> Probe {
+    match error {
+        TaskError::UndeclaredSink { .. } => Probe::DeclaredSinks,
+        TaskError::Decode { .. } | TaskError::Encode { .. } => Probe::SinkDecode,
+        TaskError::CorruptHeaders { .. } => Probe::Stamps,
+        _ => Probe::Logic,
+    }
+}
+
+/// Runs the application's own topology in a fresh [`TestDriver`] per
+/// sample and reports every finding at once (see the [module
+/// documentation](self)). Ticking stages tick: after each sample the wall
+/// clock advances past the widest tick interval.
+pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
+    let mut report = ProbeReport::default();
+    let widest_tick = app.stages().iter().filter_map(|s| s.tick_interval()).max();
+    let mut sampled = BTreeSet::new();
+    let mut reached = BTreeSet::new();
+
+    for s in &samples.samples {
+        let topic = s.topic.name();
+        // key-codec: deterministic and canonical on the sample.
+        match (&s.key, &s.key_again) {
+            (Err(e), _) => report.fail(
+                Probe::KeyCodec,
+                format!("the sample key for {topic:?} does not encode: {e}"),
+            ),
+            (Ok(a), Ok(b)) if a != b => report.fail(
+                Probe::KeyCodec,
+                format!("encoding the same key for {topic:?} twice gave different bytes"),
+            ),
+            (Ok(Some(bytes)), _) => match s.topic.reencode_key(bytes) {
+                Ok(again) if &again != bytes => report.fail(
+                    Probe::KeyCodec,
+                    format!("a key of {topic:?} does not survive decode-then-encode unchanged"),
+                ),
+                Err(e) => report.fail(
+                    Probe::KeyCodec,
+                    format!("the key codec of {topic:?} cannot decode its own output: {e}"),
+                ),
+                Ok(_) => {}
+            },
+            _ => {}
+        }
+        if app.consumer_of(topic).is_none() {
+            report.fail(
+                Probe::Samples,
+                format!("a sample names {topic:?}, which no stage of the application consumes"),
+            );
+            continue;
+        }
+        sampled.insert(topic.to_owned());
+        let (key, value) = match (&s.key, &s.value) {
+            (Ok(k), Ok(v)) => (k.clone(), v.clone()),
+            (_, Err(e)) => {
+                report.fail(
+                    Probe::Samples,
+                    format!("the sample value for {topic:?} does not encode: {e}"),
+                );
+                continue;
+            }
+            _ => continue,
+        };
+        let mut driver = match TestDriver::new(app) {
+            Ok(d) => d,
+            Err(e) => {
+                record_error(&mut report, &e);
+                continue;
+            }
+        };
+        let partitions = driver.partitions(topic).unwrap_or(1);
+        let partition = key
+            .as_deref()
+            .map_or(0, |k| partition_for_key(k, partitions));
+        let now = driver.wall_clock();
+        let outcome = driver
+            .append_raw(topic, partition, key, value, now, Vec::new())
+            .and_then(|_| driver.run())
+            .and_then(|()| match widest_tick {
+                Some(interval) => driver.advance_wall_clock(interval + Duration::from_millis(1)),
+                None => Ok(()),
+            });
+        if let Err(e) = &outcome {
+            record_error(&mut report, e);
+        }
+        inspect_outputs(app, &driver, &mut report, &mut reached);
+    }
+
+    for stage in app.stages() {
+        for source in stage.source_topics() {
+            if !sampled.contains(source) {
+                report.note(
+                    NoteKind::UnsampledSource,
+                    format!(
+                        "source {source:?} of stage {:?} has no sample; its logic went unexercised",
+                        stage.name()
+                    ),
+                );
+            }
+        }
+        for sink in stage.sink_topics() {
+            if !reached.contains(sink) {
+                report.note(
+                    NoteKind::UnreachedSink,
+                    format!(
+                        "sink {sink:?} of stage {:?} was not reached by any sample",
+                        stage.name()
+                    ),
+                );
+            }
+        }
+        if let Some(names) = app.owned_names(stage.name()) {
+            if let Some(tick_topic) = &names.tick_topic {
+                report.note(
+                    NoteKind::TickTopic,
+                    format!(
+                        "create tick topic {tick_topic:?} with exactly as many partitions as the widest source of stage {:?} ({})",
+                        stage.name(),
+                        stage.source_topics().join(", ")
+                    ),
+                );
+            }
+            let mut pinned = vec![names.state_store.clone(), names.state_changelog.clone()];
+            pinned.extend(names.fold_store.clone());
+            pinned.extend(names.fold_changelog.clone());
+            report.note(
+                NoteKind::StoreNames,
+                format!(
+                    "stage {:?} pins {}; keep the stage name and the application id stable across deployments",
+                    stage.name(),
+                    pinned.join(", ")
+                ),
+            );
+        }
+    }
+    report
+}
+
+fn record_error(report: &mut ProbeReport, error: &DriverError) {
+    match error {
+        DriverError::Task(e) => report.fail(probe_of(e), e.to_string()),
+        other => report.fail(Probe::Logic, other.to_string()),
+    }
+}
+
+fn inspect_outputs(
+    app: &Parsley,
+    driver: &TestDriver,
+    report: &mut ProbeReport,
+    reached: &mut BTreeSet<String>,
+) {
+    for name in app.topics() {
+        let Ok(records) = driver.raw_records(name) else {
+            continue;
+        };
+        let typed = app.def.topics.get(name).and_then(|u| u.topic.clone());
+        for r in records.iter().filter(|r| r.producer.is_some()) {
+            reached.insert(name.to_owned());
+            let causal = CausalHeaders::decode(
+                r.headers
+                    .iter()
+                    .map(|h| (h.name.as_str(), h.value.as_deref())),
+            );
+            let has_vc = r.headers.iter().any(|h| h.name == "vc");
+            match causal {
+                Err(e) => report.fail(
+                    Probe::Stamps,
+                    format!(
+                        "output {} has unparseable causal headers: {e}",
+                        r.coordinate
+                    ),
+                ),
+                Ok(c) if c.sender.is_none() || !has_vc => report.fail(
+                    Probe::Stamps,
+                    format!(
+                        "output {} lacks a vc, vc-sender or vc-seq header",
+                        r.coordinate
+                    ),
+                ),
+                Ok(_) => {}
+            }
+            if let Some(t) = &typed
+                && let Err((part, e)) = t.decode_debug(r.key.as_deref(), r.value.as_deref())
+            {
+                report.fail(
+                    Probe::SinkDecode,
+                    format!(
+                        "the {part} of output {} does not decode with {name:?}'s codecs: {e}",
+                        r.coordinate
+                    ),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,709 @@
+//! Stages: logic wired to topics.
+
+use std::any::Any;
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::codec::{Codec, CodecError};
+use crate::logic::{FoldOutput, HandlerOutput, LogicError, Next, Step};
+use crate::message::{Header, Message, Tick};
+use crate::topic::{AnyTopic, Emission, Part, Payload, Topic, erase};
+
+/// The default hold-warning threshold: 30 seconds.
+pub const DEFAULT_HOLD_WARNING_AFTER: Duration = Duration::from_secs(30);
+
+/// The longest topic name Kafka accepts.
+pub(crate) const MAX_TOPIC_NAME: usize = 249;
+
+/// Why a name cannot be used, or `None` when it can. Kafka's topic-name
+/// rules, which every owned name derived from a stage name must also meet.
+pub(crate) fn name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("it is empty".to_owned());
+    }
+    if name == "." || name == ".." {
+        return Some("`.` and `..` are not allowed".to_owned());
+    }
+    if name.len() > MAX_TOPIC_NAME {
+        return Some(format!(
+            "it is {} characters long, the limit is {MAX_TOPIC_NAME}",
+            name.len()
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Some(format!(
+            "it contains {c:?}; only ASCII letters, digits, '.', '_' and '-' are allowed"
+        ));
+    }
+    None
+}
+
+/// A delivery's raw parts, as the task runner hands them to stage logic.
+pub(crate) struct RawInput<'a> {
+    pub(crate) topic: &'a str,
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+    pub(crate) timestamp: i64,
+    pub(crate) key: Option<&'a [u8]>,
+    pub(crate) value: Option<&'a [u8]>,
+    pub(crate) headers: &'a [Header],
+}
+
+/// What logic did to its state slot, in bytes.
+#[derive(Debug)]
+pub(crate) enum StateWrite {
+    Keep,
+    Put(Vec<u8>),
+    Delete,
+}
+
+/// One application of logic: the state write and the emissions.
+pub(crate) struct Outcome {
+    pub(crate) write: StateWrite,
+    pub(crate) emissions: Vec<Emission>,
+}
+
+/// Why applying logic failed (before any panic handling).
+#[derive(Debug)]
+pub(crate) enum Failure {
+    Decode { part: Part, source: CodecError },
+    StateDecode(CodecError),
+    StateEncode(CodecError),
+    Logic(LogicError),
+}
+
+type SourceLogic =
+    Arc<dyn Fn(&RawInput<'_>, Option<&[u8]>) -> Result<Outcome, Failure> + Send + Sync>;
+type TickLogic = Arc<dyn Fn(&Tick, Option<&[u8]>) -> Result<Outcome, Failure> + Send + Sync>;
+
+pub(crate) struct SourceDecl {
+    pub(crate) topic: AnyTopic,
+    pub(crate) logic: SourceLogic,
+    pub(crate) uses_state: bool,
+}
+
+pub(crate) struct TickDecl {
+    pub(crate) interval: Duration,
+    pub(crate) logic: TickLogic,
+    pub(crate) uses_state: bool,
+}
+
+pub(crate) struct StateDecl {
+    pub(crate) type_name: &'static str,
+    /// A `Codec<S>`, for reading state back typed.
+    pub(crate) codec: Arc<dyn Any + Send + Sync>,
+}
+
+pub(crate) struct StageDef {
+    pub(crate) name: String,
+    pub(crate) state: Option<StateDecl>,
+    pub(crate) sources: Vec<SourceDecl>,
+    pub(crate) sinks: Vec<AnyTopic>,
+    pub(crate) ticks: Option<TickDecl>,
+    pub(crate) hold_warning_after: Option<Duration>,
+}
+
+/// A built stage: a name, its sources with their logic, its sinks, and
+/// optionally per-key state and ticks. Immutable and cheap to clone.
+///
+/// Build one with [`Stage::named`]; compose stages into an application with
+/// [`Parsley::named`](crate::Parsley::named).
+///
+/// ```
+/// use parsley::{Codec, Message, Stage, Topic};
+/// let c1: Topic<String, String> = Topic::new("c1", Codec::utf8(), Codec::utf8());
+/// let c2: Topic<String, String> = Topic::new("c2", Codec::utf8(), Codec::utf8());
+/// let out = c2.clone();
+/// let upper = Stage::named("upper")
+///     .on(&c1, move |m: &Message<String, String>| {
+///         vec![out.send(m.key().cloned(), m.value().map(|v| v.to_uppercase()))]
+///     })
+///     .sink(&c2)
+///     .build()?;
+/// assert_eq!(upper.name(), "upper");
+/// assert_eq!(upper.source_topics(), vec!["c1"]);
+/// assert_eq!(upper.sink_topics(), vec!["c2"]);
+/// # Ok::<(), parsley::StageError>(())
+/// ```
+#[derive(Clone)]
+pub struct Stage {
+    pub(crate) def: Arc<StageDef>,
+}
+
+impl fmt::Debug for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stage")
+            .field("name", &self.def.name)
+            .field("sources", &self.source_topics())
+            .field("sinks", &self.sink_topics())
+            .field("state", &self.def.state.as_ref().map(|s| s.type_name))
+            .field("ticks", &self.tick_interval())
+            .finish()
+    }
+}
+
+impl Stage {
+    /// Starts building a stage. The name keys the stage's stores, its tick
+    /// topic and its sender identity, so keep it stable across deployments.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn named(name: impl Into<String>) -> StageBuilder<Stateless> {
+        StageBuilder {
+            name: name.into(),
+            sources: Vec::new(),
+            sinks: Vec::new(),
+            ticks: Vec::new(),
+            hold_warning_after: Some(DEFAULT_HOLD_WARNING_AFTER),
+            errors: Vec::new(),
+            mode: Stateless,
+        }
+    }
+
+    /// The stage name.
+    pub fn name(&self) -> &str {
+        &self.def.name
+    }
+
+    /// The source topics, in declaration order (the tick topic is not
+    /// listed; see [`Parsley::tick_topic`](crate::Parsley::tick_topic)).
+    pub fn source_topics(&self) -> Vec<&str> {
+        self.def.sources.iter().map(|s| s.topic.name()).collect()
+    }
+
+    /// The declared sink topics, sorted.
+    pub fn sink_topics(&self) -> Vec<&str> {
+        self.def.sinks.iter().map(|s| s.name()).collect()
+    }
+
+    /// The tick interval, if the stage ticks.
+    pub fn tick_interval(&self) -> Option<Duration> {
+        self.def.ticks.as_ref().map(|t| t.interval)
+    }
+
+    /// True when the stage declares per-key state.
+    pub fn is_stateful(&self) -> bool {
+        self.def.state.is_some()
+    }
+
+    /// The hold-warning threshold; `None` when disabled.
+    pub fn hold_warning_after(&self) -> Option<Duration> {
+        self.def.hold_warning_after
+    }
+
+    pub(crate) fn declares_sink(&self, topic: &str) -> bool {
+        self.def.sinks.iter().any(|s| s.name() == topic)
+    }
+}
+
+/// Why a stage cannot be built. Each message says what to change.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum StageError {
+    /// The stage name is unusable.
+    #[error(
+        "stage name {name:?} is invalid: {reason}; the name becomes part of topic names, so use 1 to 249 ASCII letters, digits, '.', '_' or '-'"
+    )]
+    InvalidName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A topic name the stage uses is unusable.
+    #[error("stage {stage:?} uses topic {topic:?}, whose name is invalid: {reason}")]
+    InvalidTopicName {
+        /// The stage.
+        stage: String,
+        /// The topic name.
+        topic: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The stage has nothing to consume.
+    #[error(
+        "stage {stage:?} has no source; add a handler with .on(..) or a fold with .fold(..), or declare ticks"
+    )]
+    NoSources {
+        /// The stage.
+        stage: String,
+    },
+    /// One topic has two handlers or folds in one stage.
+    #[error(
+        "stage {stage:?} declares topic {topic:?} as a source twice; give each topic one handler or fold and branch inside it"
+    )]
+    DuplicateSource {
+        /// The stage.
+        stage: String,
+        /// The topic.
+        topic: String,
+    },
+    /// Two different topic types share one sink name.
+    #[error(
+        "stage {stage:?} declares sink {topic:?} twice with different key or value types; declare each topic once and reuse the value"
+    )]
+    ConflictingSink {
+        /// The stage.
+        stage: String,
+        /// The topic.
+        topic: String,
+    },
+    /// Ticks declared more than once.
+    #[error(
+        "stage {stage:?} declares ticks more than once; keep a single .ticks(..) or .tick_fold(..)"
+    )]
+    DuplicateTicks {
+        /// The stage.
+        stage: String,
+    },
+    /// A tick interval of zero.
+    #[error("stage {stage:?} declares a tick interval of zero; use a positive interval")]
+    ZeroTickInterval {
+        /// The stage.
+        stage: String,
+    },
+}
+
+/// Marks a stage builder without per-key state.
+#[derive(Debug)]
+pub struct Stateless;
+
+/// Marks a stage builder with per-key state of type `S`.
+pub struct Stateful<S> {
+    codec: Codec<S>,
+    init: Arc<dyn Fn() -> S + Send + Sync>,
+}
+
+impl<S> fmt::Debug for Stateful<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Stateful<{}>({:?})",
+            std::any::type_name::<S>(),
+            self.codec
+        )
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Stateless {}
+    impl<S> Sealed for super::Stateful<S> {}
+}
+
+/// The state mode of a [`StageBuilder`]: [`Stateless`] or [`Stateful`].
+pub trait StateMode: sealed::Sealed {
+    #[doc(hidden)]
+    fn state_decl(&self) -> Option<StateDeclHandle>;
+}
+
+/// Opaque handle to a stage's state declaration.
+#[doc(hidden)]
+pub struct StateDeclHandle(StateDecl);
+
+impl StateMode for Stateless {
+    fn state_decl(&self) -> Option<StateDeclHandle> {
+        None
+    }
+}
+
+impl<S: 'static> StateMode for Stateful<S> {
+    fn state_decl(&self) -> Option<StateDeclHandle> {
+        Some(StateDeclHandle(StateDecl {
+            type_name: std::any::type_name::<S>(),
+            codec: Arc::new(self.codec.clone()),
+        }))
+    }
+}
+
+/// Builds a [`Stage`]. Start with [`Stage::named`].
+///
+/// * [`state`](StageBuilder::state) declares per-key state (once, first);
+/// * [`on`](StageBuilder::on) adds a source with a handler;
+/// * [`fold`](StageBuilder::fold) adds a source with a fold (stateful only);
+/// * [`ticks`](StageBuilder::ticks) / [`tick_fold`](StageBuilder::tick_fold)
+///   declare ticks;
+/// * [`sink`](StageBuilder::sink) declares each topic the logic may emit to;
+/// * [`build`](StageBuilder::build) validates and freezes the stage.
+pub struct StageBuilder<M = Stateless> {
+    name: String,
+    sources: Vec<SourceDecl>,
+    sinks: Vec<AnyTopic>,
+    ticks: Vec<TickDecl>,
+    hold_warning_after: Option<Duration>,
+    errors: Vec<StageError>,
+    mode: M,
+}
+
+impl<M> fmt::Debug for StageBuilder<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StageBuilder")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn decode_part<T>(codec: &Codec<T>, bytes: Option<&[u8]>, part: Part) -> Result<Option<T>, Failure>
+where
+    T: 'static,
+{
+    match bytes {
+        Some(b) => codec
+            .decode(b)
+            .map(Some)
+            .map_err(|source| Failure::Decode { part, source }),
+        None => Ok(None),
+    }
+}
+
+fn decode_message<K: Payload, V: Payload>(
+    topic: &Topic<K, V>,
+    input: &RawInput<'_>,
+) -> Result<Message<K, V>, Failure> {
+    let key = decode_part(topic.key_codec(), input.key, Part::Key)?;
+    let value = decode_part(topic.value_codec(), input.value, Part::Value)?;
+    Ok(Message::from_parts(
+        key,
+        value,
+        input.topic.to_owned(),
+        input.partition,
+        input.offset,
+        input.timestamp,
+        input.headers.to_vec(),
+    ))
+}
+
+fn resolve_state<S>(
+    codec: &Codec<S>,
+    init: &(dyn Fn() -> S + Send + Sync),
+    bytes: Option<&[u8]>,
+) -> Result<S, Failure>
+where
+    S: 'static,
+{
+    match bytes {
+        Some(b) => codec.decode(b).map_err(Failure::StateDecode),
+        None => Ok(init()),
+    }
+}
+
+fn step_outcome<S: 'static>(codec: &Codec<S>, step: Step<S>) -> Result<Outcome, Failure> {
+    let (next, emissions) = step.into_parts();
+    let write = match next {
+        Next::Keep => StateWrite::Keep,
+        Next::Delete => StateWrite::Delete,
+        Next::Set(s) => StateWrite::Put(codec.encode(&s).map_err(Failure::StateEncode)?),
+    };
+    Ok(Outcome { write, emissions })
+}
+
+impl<M: StateMode> StageBuilder<M> {
+    /// Adds `topic` as a source, handled by `handler`: a function from the
+    /// delivered message to its emissions, returning `Vec<Emission>` or
+    /// `Result<Vec<Emission>, E>`. On a stateful stage a handler leaves the
+    /// state untouched.
+    pub fn on<K, V, F, R>(mut self, topic: &Topic<K, V>, handler: F) -> Self
+    where
+        K: Payload,
+        V: Payload,
+        F: Fn(&Message<K, V>) -> R + Send + Sync + 'static,
+        R: HandlerOutput,
+    {
+        let t = topic.clone();
+        let logic: SourceLogic = Arc::new(move |input, _state| {
+            let m = decode_message(&t, input)?;
+            let emissions = handler(&m).into_emissions().map_err(Failure::Logic)?;
+            Ok(Outcome {
+                write: StateWrite::Keep,
+                emissions,
+            })
+        });
+        self.add_source(erase(topic), logic, false);
+        self
+    }
+
+    /// Declares ticks with a tick handler: every `interval` of wall-clock
+    /// time, each task of the stage emits a tick to the stage's tick topic,
+    /// consumes it back through the gate, and calls `handler` with it.
+    pub fn ticks<F, R>(mut self, interval: Duration, handler: F) -> Self
+    where
+        F: Fn(&Tick) -> R + Send + Sync + 'static,
+        R: HandlerOutput,
+    {
+        let logic: TickLogic = Arc::new(move |tick, _state| {
+            let emissions = handler(tick).into_emissions().map_err(Failure::Logic)?;
+            Ok(Outcome {
+                write: StateWrite::Keep,
+                emissions,
+            })
+        });
+        self.ticks.push(TickDecl {
+            interval,
+            logic,
+            uses_state: false,
+        });
+        self
+    }
+
+    /// Declares `topic` as a sink the stage's logic may emit to. An emission
+    /// to any other topic fails the task at the stamping site.
+    pub fn sink<K: Payload, V: Payload>(mut self, topic: &Topic<K, V>) -> Self {
+        let t = erase(topic);
+        match self.sinks.iter().find(|s| s.name() == t.name()) {
+            Some(existing) => {
+                if existing.key_type().0 != t.key_type().0
+                    || existing.value_type().0 != t.value_type().0
+                {
+                    self.errors.push(StageError::ConflictingSink {
+                        stage: self.name.clone(),
+                        topic: t.name().to_owned(),
+                    });
+                }
+            }
+            None => self.sinks.push(t),
+        }
+        self
+    }
+
+    /// How long a record may gate its channel before the stage logs a
+    /// `vc-hold-*` warning (once per hold). Default 30 seconds;
+    /// `Duration::ZERO` disables the warning.
+    pub fn hold_warning_after(mut self, after: Duration) -> Self {
+        self.hold_warning_after = if after.is_zero() { None } else { Some(after) };
+        self
+    }
+
+    /// Validates the stage and freezes it.
+    pub fn build(self) -> Result<Stage, StageError> {
+        if let Some(reason) = name_problem(&self.name) {
+            return Err(StageError::InvalidName {
+                name: self.name,
+                reason,
+            });
+        }
+        if let Some(e) = self.errors.into_iter().next() {
+            return Err(e);
+        }
+        let mut seen = BTreeSet::new();
+        for s in &self.sources {
+            let topic = s.topic.name();
+            if let Some(reason) = name_problem(topic) {
+                return Err(StageError::InvalidTopicName {
+                    stage: self.name,
+                    topic: topic.to_owned(),
+                    reason,
+                });
+            }
+            if !seen.insert(topic.to_owned()) {
+                return Err(StageError::DuplicateSource {
+                    stage: self.name,
+                    topic: topic.to_owned(),
+                });
+            }
+        }
+        for s in &self.sinks {
+            if let Some(reason) = name_problem(s.name()) {
+                return Err(StageError::InvalidTopicName {
+                    stage: self.name,
+                    topic: s.name().to_owned(),
+                    reason,
+                });
+            }
+        }
+        if self.ticks.len() > 1 {
+            return Err(StageError::DuplicateTicks { stage: self.name });
+        }
+        if self.ticks.iter().any(|t| t.interval.is_zero()) {
+            return Err(StageError::ZeroTickInterval { stage: self.name });
+        }
+        if self.sources.is_empty() && self.ticks.is_empty() {
+            return Err(StageError::NoSources { stage: self.name });
+        }
+        let mut sinks = self.sinks;
+        sinks.sort_by(|a, b| a.name().cmp(b.name()));
+        Ok(Stage {
+            def: Arc::new(StageDef {
+                name: self.name,
+                state: self.mode.state_decl().map(|h| h.0),
+                sources: self.sources,
+                sinks,
+                ticks: self.ticks.into_iter().next(),
+                hold_warning_after: self.hold_warning_after,
+            }),
+        })
+    }
+
+    fn add_source(&mut self, topic: AnyTopic, logic: SourceLogic, uses_state: bool) {
+        self.sources.push(SourceDecl {
+            topic,
+            logic,
+            uses_state,
+        });
+    }
+}
+
+impl StageBuilder<Stateless> {
+    /// Declares per-key state: its codec and the initial value an unseen key
+    /// starts from. State is keyed by the message key's encoded bytes and
+    /// scoped to the stage; a reserved slot beside the keys holds the tick
+    /// state.
+    pub fn state<S: 'static>(
+        self,
+        codec: Codec<S>,
+        initial: impl Fn() -> S + Send + Sync + 'static,
+    ) -> StageBuilder<Stateful<S>> {
+        StageBuilder {
+            name: self.name,
+            sources: self.sources,
+            sinks: self.sinks,
+            ticks: self.ticks,
+            hold_warning_after: self.hold_warning_after,
+            errors: self.errors,
+            mode: Stateful {
+                codec,
+                init: Arc::new(initial),
+            },
+        }
+    }
+}
+
+impl<S: 'static> StageBuilder<Stateful<S>> {
+    /// Adds `topic` as a source folded over the key's state: `fold` gets the
+    /// current state (the initial value for an unseen key) and the message,
+    /// and returns a [`Step`] (or `Result<Step<S>, E>`).
+    pub fn fold<K, V, F, R>(mut self, topic: &Topic<K, V>, fold: F) -> Self
+    where
+        K: Payload,
+        V: Payload,
+        F: Fn(S, &Message<K, V>) -> R + Send + Sync + 'static,
+        R: FoldOutput<S>,
+    {
+        let t = topic.clone();
+        let codec = self.mode.codec.clone();
+        let init = self.mode.init.clone();
+        let logic: SourceLogic = Arc::new(move |input, state| {
+            let m = decode_message(&t, input)?;
+            let s = resolve_state(&codec, init.as_ref(), state)?;
+            let step = fold(s, &m).into_step().map_err(Failure::Logic)?;
+            step_outcome(&codec, step)
+        });
+        self.add_source(erase(topic), logic, true);
+        self
+    }
+
+    /// Declares ticks with a tick fold over the stage's tick-state slot: one
+    /// reserved slot per task, distinct from every key's (the null key's
+    /// included), starting from the initial value.
+    pub fn tick_fold<F, R>(mut self, interval: Duration, fold: F) -> Self
+    where
+        F: Fn(S, &Tick) -> R + Send + Sync + 'static,
+        R: FoldOutput<S>,
+    {
+        let codec = self.mode.codec.clone();
+        let init = self.mode.init.clone();
+        let logic: TickLogic = Arc::new(move |tick, state| {
+            let s = resolve_state(&codec, init.as_ref(), state)?;
+            let step = fold(s, tick).into_step().map_err(Failure::Logic)?;
+            step_outcome(&codec, step)
+        });
+        self.ticks.push(TickDecl {
+            interval,
+            logic,
+            uses_state: true,
+        });
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topic(name: &str) -> Topic<String, String> {
+        Topic::new(name, Codec::utf8(), Codec::utf8())
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(name_problem("ok.name_-1").is_none());
+        assert!(name_problem("").is_some());
+        assert!(name_problem("..").is_some());
+        assert!(name_problem("a b").is_some());
+        assert!(name_problem(&"x".repeat(250)).is_some());
+        let e = Stage::named("bad name")
+            .on(&topic("a"), |_m: &Message<String, String>| vec![])
+            .build()
+            .unwrap_err();
+        assert!(matches!(e, StageError::InvalidName { .. }), "{e}");
+    }
+
+    #[test]
+    fn duplicate_sources_and_ticks_are_rejected() {
+        let a = topic("a");
+        let e = Stage::named("s")
+            .on(&a, |_m: &Message<String, String>| vec![])
+            .on(&a, |_m: &Message<String, String>| vec![])
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            e,
+            StageError::DuplicateSource {
+                stage: "s".into(),
+                topic: "a".into()
+            }
+        );
+        let e = Stage::named("s")
+            .ticks(Duration::from_secs(1), |_t: &Tick| vec![])
+            .ticks(Duration::from_secs(2), |_t: &Tick| vec![])
+            .build()
+            .unwrap_err();
+        assert!(matches!(e, StageError::DuplicateTicks { .. }));
+        let e = Stage::named("s")
+            .ticks(Duration::ZERO, |_t: &Tick| vec![])
+            .build()
+            .unwrap_err();
+        assert!(matches!(e, StageError::ZeroTickInterval { .. }));
+        let e = Stage::named("s").build().unwrap_err();
+        assert!(matches!(e, StageError::NoSources { .. }));
+    }
+
+    #[test]
+    fn conflicting_sinks_are_rejected() {
+        let a = topic("a");
+        let b: Topic<String, i64> = Topic::new("b", Codec::utf8(), Codec::int64());
+        let b2: Topic<String, String> = topic("b");
+        let e = Stage::named("s")
+            .on(&a, |_m: &Message<String, String>| vec![])
+            .sink(&b)
+            .sink(&b2)
+            .build()
+            .unwrap_err();
+        assert!(matches!(e, StageError::ConflictingSink { .. }));
+        // The same topic twice is fine.
+        let s = Stage::named("s")
+            .on(&a, |_m: &Message<String, String>| vec![])
+            .sink(&b)
+            .sink(&b)
+            .build()
+            .unwrap();
+        assert_eq!(s.sink_topics(), vec!["b"]);
+    }
+
+    #[test]
+    fn hold_warning_default_and_disable() {
+        let a = topic("a");
+        let s = Stage::named("s")
+            .on(&a, |_m: &Message<String, String>| vec![])
+            .build()
+            .unwrap();
+        assert_eq!(s.hold_warning_after(), Some(DEFAULT_HOLD_WARNING_AFTER));
+        let s = Stage::named("s")
+            .on(&a, |_m: &Message<String, String>| vec![])
+            .hold_warning_after(Duration::ZERO)
+            .build()
+            .unwrap();
+        assert_eq!(s.hold_warning_after(), None);
+    }
+}

@@ -1,0 +1,1069 @@
+//! The task runner: everything a stage task does, with no I/O.
+//!
+//! A task is one stage consuming one partition number `p` of each of its
+//! source topics (and of its tick topic). [`Task`] owns the task's
+//! [`CausalNode`], its fold state and its tick schedule, and does all the
+//! per-record work: splitting the causal headers off a fetched record,
+//! gating it, decoding a delivery with the source topic's codecs, applying
+//! the handler or fold, reading and writing fold state, emitting ticks,
+//! partitioning each emission (Kafka's default murmur2 partitioner on the
+//! encoded key; see [`partition`](crate::partition)), stamping it, and
+//! encoding it. Every host drives this same code: the broker-less
+//! [`TestDriver`](crate::TestDriver) and the Kafka runtime.
+//!
+//! # What a host supplies
+//!
+//! The log, the wall clock and the commit; nothing else:
+//!
+//! * topic metadata by name ([`TopicMetadata`]: topic id and partition
+//!   count) and broker offsets ([`BrokerOffsets`]) at init;
+//! * fetched records through [`Task::on_record`], per channel in strictly
+//!   increasing offset order (a `read_committed` view), and consumer
+//!   positions through [`Task::position_advance`], only once every record
+//!   below the position went through `on_record`;
+//! * the wall clock through [`Task::punctuate`] (ticks and hold warnings);
+//! * the commit: [`Task::take_commit`] hands over the records to append
+//!   (already partitioned, stamped and encoded), the protocol state writes
+//!   and the fold-state writes. The host appends the records and commits
+//!   both write sets and the consumed positions in one transaction.
+//!
+//! # Failure
+//!
+//! Any error is final for the task object: the host aborts the transaction,
+//! discards the task, starts a new one with [`Task::init`] from the
+//! committed stores, and refetches from the committed positions. A task that
+//! returned an error refuses every later call with [`TaskError::Poisoned`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Duration;
+
+use parsley_protocol::headers::is_causal_header;
+use parsley_protocol::{
+    BrokerOffsets, CausalHeaders, CausalNode, Channel, CorruptHeader, Delivery, Header,
+    InboundRecord, NodeConfig, ProtocolError, StoreRead, TopicId, UnmetClaim, WriteBatch,
+};
+use tracing::{debug, info, warn};
+
+use crate::app::Parsley;
+use crate::codec::CodecError;
+use crate::fold::{FoldKey, FoldStore, FoldWrites};
+use crate::holds::{Diagnosis, HeldRecord, WaitingOn};
+use crate::logic::LogicError;
+use crate::message::{Coordinate, Tick};
+use crate::partition::partition_for;
+use crate::stage::{Failure, Outcome, RawInput, Stage, StateWrite};
+use crate::topic::{Emission, Part};
+
+/// A topic as the cluster (or the test driver) describes it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TopicDescription {
+    /// The topic's id.
+    pub id: TopicId,
+    /// Its partition count.
+    pub partitions: i32,
+}
+
+/// A topic lookup that could not be answered.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum MetadataError {
+    /// The topic does not exist.
+    #[error("topic {0:?} does not exist; create it before starting the application")]
+    Missing(String),
+    /// The lookup failed.
+    #[error("metadata lookup for topic {topic:?} failed: {message}")]
+    Failed {
+        /// The topic.
+        topic: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Topic metadata by name, supplied by the host.
+pub trait TopicMetadata {
+    /// The id and partition count of `topic`.
+    fn describe(&self, topic: &str) -> Result<TopicDescription, MetadataError>;
+}
+
+/// A task: a stage and the partition number it consumes.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct TaskId {
+    /// The stage name.
+    pub stage: String,
+    /// The partition number.
+    pub partition: i32,
+}
+
+impl fmt::Display for TaskId {
+    /// `stage[partition]`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}]", self.stage, self.partition)
+    }
+}
+
+/// A record as the host fetched it: raw bytes and every header, the causal
+/// ones included.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct FetchedRecord {
+    /// The channel it was fetched from.
+    pub channel: Channel,
+    /// Its offset.
+    pub offset: i64,
+    /// Its timestamp.
+    pub timestamp: i64,
+    /// Key bytes; `None` is a null key.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes; `None` is a null value.
+    pub value: Option<Vec<u8>>,
+    /// All headers, in record order.
+    pub headers: Vec<Header>,
+}
+
+/// A record the host must append: partitioned, stamped and encoded.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct OutgoingRecord {
+    /// The destination topic.
+    pub topic: String,
+    /// The destination partition.
+    pub partition: i32,
+    /// Key bytes; `None` is a null key.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes; `None` is a null value.
+    pub value: Option<Vec<u8>>,
+    /// The record timestamp.
+    pub timestamp: i64,
+    /// The headers: `vc`, `vc-sender`, `vc-seq`.
+    pub headers: Vec<Header>,
+}
+
+/// A record that reached the stage's logic in this transaction.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct DeliveredRecord {
+    /// The record's own coordinate.
+    pub coordinate: Coordinate,
+    /// The record's timestamp.
+    pub timestamp: i64,
+    /// True when it waited in a hold queue.
+    pub was_held: bool,
+    /// True for a tick.
+    pub tick: bool,
+}
+
+/// What a host commits for one transaction of a task.
+#[derive(Debug, Default)]
+pub struct TaskCommit {
+    /// Records to append, in send order.
+    pub records: Vec<OutgoingRecord>,
+    /// Protocol state writes.
+    pub protocol: WriteBatch,
+    /// Fold-state writes.
+    pub fold: FoldWrites,
+    /// The records delivered to logic, in delivery order.
+    pub delivered: Vec<DeliveredRecord>,
+}
+
+impl TaskCommit {
+    /// True when the transaction changed nothing.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+            && self.protocol.is_empty()
+            && self.fold.is_empty()
+            && self.delivered.is_empty()
+    }
+}
+
+/// The committed state a task starts from.
+#[derive(Clone, Copy)]
+pub struct CommittedState<'a> {
+    /// The protocol store.
+    pub protocol: &'a dyn StoreRead,
+    /// The fold store.
+    pub fold: &'a FoldStore,
+}
+
+impl fmt::Debug for CommittedState<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CommittedState")
+            .field("fold", &self.fold)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A consumed channel of a task.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct InputChannel {
+    /// The topic name.
+    pub topic: String,
+    /// The channel.
+    pub channel: Channel,
+    /// True for the stage's tick topic.
+    pub tick: bool,
+}
+
+/// Why a task failed. After any of these, the host aborts the transaction
+/// and restarts the task from committed state.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    /// The protocol refused (a guard of the delivery gate, the stamp or
+    /// restore).
+    #[error("task {task}: {source}")]
+    Protocol {
+        /// The task.
+        task: TaskId,
+        /// The protocol's error.
+        #[source]
+        source: ProtocolError,
+    },
+    /// A topic could not be described.
+    #[error("task {task}: {source}")]
+    Metadata {
+        /// The task.
+        task: TaskId,
+        /// The lookup error.
+        #[source]
+        source: MetadataError,
+    },
+    /// The task cannot be built as asked.
+    #[error("task {task}: {message}")]
+    Config {
+        /// The task.
+        task: TaskId,
+        /// What is wrong.
+        message: String,
+    },
+    /// A record's `vc`, `vc-sender` or `vc-seq` header is corrupt.
+    #[error("task {task}: record {coordinate} has corrupt causal headers: {source}")]
+    CorruptHeaders {
+        /// The task.
+        task: TaskId,
+        /// The record.
+        coordinate: Coordinate,
+        /// What is wrong.
+        #[source]
+        source: CorruptHeader,
+    },
+    /// A delivered record did not decode with its topic's codecs.
+    #[error(
+        "task {task}: the {part} of record {coordinate} does not decode with the topic's codec: {source}"
+    )]
+    Decode {
+        /// The task.
+        task: TaskId,
+        /// The record.
+        coordinate: Coordinate,
+        /// Key or value.
+        part: Part,
+        /// The codec's error.
+        #[source]
+        source: CodecError,
+    },
+    /// An emission did not encode with its topic's codecs.
+    #[error(
+        "task {task}: while handling {coordinate}, the {part} of an emission to {topic:?} does not encode: {source}"
+    )]
+    Encode {
+        /// The task.
+        task: TaskId,
+        /// The record being handled.
+        coordinate: Coordinate,
+        /// The emission's topic.
+        topic: String,
+        /// Key or value.
+        part: Part,
+        /// The codec's error.
+        #[source]
+        source: CodecError,
+    },
+    /// Stored fold state did not decode, or new state did not encode.
+    #[error("task {task}: while handling {coordinate}, the state codec failed: {source}")]
+    StateCodec {
+        /// The task.
+        task: TaskId,
+        /// The record being handled.
+        coordinate: Coordinate,
+        /// The codec's error.
+        #[source]
+        source: CodecError,
+    },
+    /// A handler or fold returned an error it did not recover from.
+    #[error("task {task}: logic failed on {coordinate}: {source}")]
+    Logic {
+        /// The task.
+        task: TaskId,
+        /// The record being handled.
+        coordinate: Coordinate,
+        /// The logic's error.
+        #[source]
+        source: LogicError,
+    },
+    /// A handler or fold panicked.
+    #[error("task {task}: logic panicked on {coordinate}: {message}")]
+    Panic {
+        /// The task.
+        task: TaskId,
+        /// The record being handled.
+        coordinate: Coordinate,
+        /// The panic message.
+        message: String,
+    },
+    /// Logic emitted to a topic the stage did not declare as a sink.
+    #[error(
+        "task {task}: while handling {coordinate}, logic emitted to {topic:?}, which is not a declared sink of the stage; add .sink(..) for it"
+    )]
+    UndeclaredSink {
+        /// The task.
+        task: TaskId,
+        /// The record being handled.
+        coordinate: Coordinate,
+        /// The undeclared topic.
+        topic: String,
+    },
+    /// The task failed earlier and must be discarded.
+    #[error("task {task} failed earlier; discard it and start a new one from committed state")]
+    Poisoned {
+        /// The task.
+        task: TaskId,
+    },
+}
+
+impl TaskError {
+    /// The failed task.
+    pub fn task(&self) -> &TaskId {
+        match self {
+            TaskError::Protocol { task, .. }
+            | TaskError::Metadata { task, .. }
+            | TaskError::Config { task, .. }
+            | TaskError::CorruptHeaders { task, .. }
+            | TaskError::Decode { task, .. }
+            | TaskError::Encode { task, .. }
+            | TaskError::StateCodec { task, .. }
+            | TaskError::Logic { task, .. }
+            | TaskError::Panic { task, .. }
+            | TaskError::UndeclaredSink { task, .. }
+            | TaskError::Poisoned { task } => task,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum SourceSlot {
+    User(usize),
+    Ticks,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct SinkInfo {
+    id: TopicId,
+    partitions: i32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct HoldTrack {
+    offset: i64,
+    since: i64,
+    warned: bool,
+}
+
+/// Counters since init.
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
+pub struct TaskStats {
+    /// Records delivered to logic (ticks included).
+    pub delivered: u64,
+    /// Of those, records that had waited in a hold queue.
+    pub delivered_after_hold: u64,
+    /// Records emitted (ticks included).
+    pub emitted: u64,
+    /// Ticks emitted.
+    pub ticks_emitted: u64,
+    /// `vc-hold-*` warnings logged (one per hold that outlived the
+    /// stage's threshold).
+    pub hold_warnings: u64,
+}
+
+/// One stage task, sans I/O. See the [module documentation](self).
+pub struct Task {
+    app: Parsley,
+    stage: Stage,
+    id: TaskId,
+    node: CausalNode,
+    inputs: Vec<InputChannel>,
+    slots: BTreeMap<TopicId, SourceSlot>,
+    names: BTreeMap<TopicId, String>,
+    sinks: BTreeMap<String, SinkInfo>,
+    tick_route: Option<(String, Channel)>,
+    fold: BTreeMap<Vec<u8>, Vec<u8>>,
+    pending_fold: FoldWrites,
+    outgoing: Vec<OutgoingRecord>,
+    delivered: Vec<DeliveredRecord>,
+    wall_clock: i64,
+    next_tick_at: Option<i64>,
+    holds: BTreeMap<Channel, HoldTrack>,
+    poisoned: bool,
+    stats: TaskStats,
+}
+
+impl fmt::Debug for Task {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Task")
+            .field("id", &self.id)
+            .field("inputs", &self.inputs)
+            .field("held", &self.node.held_count())
+            .field("poisoned", &self.poisoned)
+            .finish_non_exhaustive()
+    }
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic with a non-string payload".to_owned()
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Task {
+    /// Starts task `partition` of `stage` from committed state: describes
+    /// its topics, initialises the causal node (restore, rescope, own-output
+    /// seed), loads the fold state, and processes whatever the node released
+    /// during init. Those records' outputs belong to the first transaction.
+    ///
+    /// A task consumes partition `partition` of each source topic that has
+    /// it. A ticking stage's tick topic must have exactly as many partitions
+    /// as the stage's widest source.
+    pub fn init(
+        app: &Parsley,
+        stage: &str,
+        partition: i32,
+        committed: CommittedState<'_>,
+        metadata: &dyn TopicMetadata,
+        broker: &dyn BrokerOffsets,
+        now_ms: i64,
+    ) -> Result<Task, TaskError> {
+        let id = TaskId {
+            stage: stage.to_owned(),
+            partition,
+        };
+        let config_err = |message: String| TaskError::Config {
+            task: id.clone(),
+            message,
+        };
+        let Some(stage_def) = app.stage(stage).cloned() else {
+            return Err(config_err(format!(
+                "application {:?} has no stage {stage:?}",
+                app.application_id()
+            )));
+        };
+        let describe = |topic: &str| {
+            metadata
+                .describe(topic)
+                .map_err(|source| TaskError::Metadata {
+                    task: id.clone(),
+                    source,
+                })
+        };
+        let mut inputs = Vec::new();
+        let mut slots = BTreeMap::new();
+        let mut names = BTreeMap::new();
+        let mut widest = 0;
+        for (i, src) in stage_def.def.sources.iter().enumerate() {
+            let name = src.topic.name();
+            let d = describe(name)?;
+            widest = widest.max(d.partitions);
+            slots.insert(d.id, SourceSlot::User(i));
+            names.insert(d.id, name.to_owned());
+            if partition < d.partitions {
+                inputs.push(InputChannel {
+                    topic: name.to_owned(),
+                    channel: Channel::new(d.id, partition),
+                    tick: false,
+                });
+            }
+        }
+        let mut sinks = BTreeMap::new();
+        for sink in &stage_def.def.sinks {
+            let d = describe(sink.name())?;
+            names.insert(d.id, sink.name().to_owned());
+            sinks.insert(
+                sink.name().to_owned(),
+                SinkInfo {
+                    id: d.id,
+                    partitions: d.partitions,
+                },
+            );
+        }
+        let mut tick_route = None;
+        if let Some(tick_topic) = app.tick_topic(stage) {
+            let d = describe(tick_topic)?;
+            if widest == 0 {
+                widest = d.partitions;
+            }
+            if d.partitions != widest {
+                return Err(config_err(format!(
+                    "tick topic {tick_topic:?} has {} partition(s) but the stage's widest source has {widest}; create it with exactly {widest}",
+                    d.partitions
+                )));
+            }
+            let channel = Channel::new(d.id, partition);
+            slots.insert(d.id, SourceSlot::Ticks);
+            names.insert(d.id, tick_topic.to_owned());
+            inputs.push(InputChannel {
+                topic: tick_topic.to_owned(),
+                channel,
+                tick: true,
+            });
+            tick_route = Some((tick_topic.to_owned(), channel));
+        }
+        if partition < 0 || partition >= widest {
+            return Err(config_err(format!(
+                "partition {partition} is out of range: the stage's widest source has {widest} partition(s)"
+            )));
+        }
+        inputs.sort_by_key(|i| i.channel);
+        let config = NodeConfig {
+            sender: app.sender_id(stage, partition),
+            inputs: inputs.iter().map(|i| i.channel).collect(),
+            sinks: sinks
+                .values()
+                .map(|s| s.id)
+                .chain(tick_route.as_ref().map(|(_, c)| c.topic))
+                .collect(),
+        };
+        let init = CausalNode::init(config, committed.protocol, broker).map_err(|source| {
+            TaskError::Protocol {
+                task: id.clone(),
+                source,
+            }
+        })?;
+        info!(
+            task = %id,
+            channels = ?inputs.iter().map(|i| format!("{} -> {}", i.topic, i.channel)).collect::<Vec<_>>(),
+            restored_held = init.report.restored_held,
+            released_at_init = init.deliveries.len(),
+            "task initialised"
+        );
+        let next_tick_at = stage_def
+            .tick_interval()
+            .map(|d| now_ms.saturating_add(ms(d)));
+        let mut task = Task {
+            app: app.clone(),
+            stage: stage_def,
+            id,
+            node: init.node,
+            inputs,
+            slots,
+            names,
+            sinks,
+            tick_route,
+            fold: committed.fold.entries().clone(),
+            pending_fold: FoldWrites::new(),
+            outgoing: Vec::new(),
+            delivered: Vec::new(),
+            wall_clock: now_ms,
+            next_tick_at,
+            holds: BTreeMap::new(),
+            poisoned: false,
+            stats: TaskStats::default(),
+        };
+        for d in init.deliveries {
+            task.process(d)?;
+        }
+        task.refresh_holds();
+        Ok(task)
+    }
+
+    /// The task's identity.
+    pub fn id(&self) -> &TaskId {
+        &self.id
+    }
+
+    /// The application the task belongs to.
+    pub fn app(&self) -> &Parsley {
+        &self.app
+    }
+
+    /// The channels to fetch, sorted by channel.
+    pub fn inputs(&self) -> &[InputChannel] {
+        &self.inputs
+    }
+
+    /// Where to start fetching channels that joined the scope and were
+    /// seeded from carried ancestry; other channels resume from the
+    /// committed positions.
+    pub fn resume_positions(&self) -> &BTreeMap<Channel, i64> {
+        self.node.resume_positions()
+    }
+
+    /// When the next tick is due (host wall clock), if the stage ticks.
+    pub fn next_tick_at(&self) -> Option<i64> {
+        self.next_tick_at
+    }
+
+    /// Counters since init.
+    pub fn stats(&self) -> TaskStats {
+        self.stats
+    }
+
+    /// The causal node, read-only (diagnostics, gauges).
+    pub fn node(&self) -> &CausalNode {
+        &self.node
+    }
+
+    /// Hands over one fetched record. Records of one channel must come in
+    /// strictly increasing offset order.
+    pub fn on_record(&mut self, record: FetchedRecord) -> Result<(), TaskError> {
+        self.guarded(|t| t.on_record_inner(record))
+    }
+
+    /// Reports the consumer position of a channel: every offset below
+    /// `position` has been handed to [`on_record`](Self::on_record) or was
+    /// skipped by the consumer (transaction markers, aborted records).
+    pub fn position_advance(&mut self, channel: Channel, position: i64) -> Result<(), TaskError> {
+        self.guarded(|t| {
+            let deliveries = t
+                .node
+                .position_advance(channel, position)
+                .map_err(|e| t.protocol(e))?;
+            for d in deliveries {
+                t.process(d)?;
+            }
+            t.refresh_holds();
+            Ok(())
+        })
+    }
+
+    /// Tells the task the wall-clock time: emits a tick if one is due (one
+    /// per call at most; missed intervals are not made up, the interval is a
+    /// cadence floor), and logs a `vc-hold-*` warning once for each hold
+    /// older than the stage's threshold.
+    pub fn punctuate(&mut self, now_ms: i64) -> Result<(), TaskError> {
+        self.guarded(|t| {
+            t.wall_clock = t.wall_clock.max(now_ms);
+            if let (Some(at), Some(interval)) = (t.next_tick_at, t.stage.tick_interval())
+                && t.wall_clock >= at
+            {
+                t.emit_tick()?;
+                t.next_tick_at = Some(t.wall_clock.saturating_add(ms(interval)));
+            }
+            t.refresh_holds();
+            if let Some(threshold) = t.stage.hold_warning_after() {
+                let threshold = ms(threshold);
+                for (channel, held) in t.held_by_channel() {
+                    let Some(track) = t.holds.get_mut(&channel) else {
+                        continue;
+                    };
+                    if !track.warned && held.held_for_ms >= threshold {
+                        track.warned = true;
+                        t.stats.hold_warnings += 1;
+                        let code = held
+                            .waiting_on
+                            .first()
+                            .map_or("vc-hold", |w| w.diagnosis().code());
+                        warn!(code, task = %t.id, "{}", held.summary());
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Takes everything this transaction produced. The host appends the
+    /// records and commits both write sets with the consumed positions,
+    /// atomically; after this call the task treats them as committed.
+    pub fn take_commit(&mut self) -> Result<TaskCommit, TaskError> {
+        if self.poisoned {
+            return Err(TaskError::Poisoned {
+                task: self.id.clone(),
+            });
+        }
+        Ok(TaskCommit {
+            records: std::mem::take(&mut self.outgoing),
+            protocol: self.node.take_writes(),
+            fold: std::mem::take(&mut self.pending_fold),
+            delivered: std::mem::take(&mut self.delivered),
+        })
+    }
+
+    /// The state bytes in a fold slot, as this task sees them (including
+    /// writes not yet taken).
+    pub fn fold_state(&self, slot: &FoldKey) -> Option<&[u8]> {
+        self.fold.get(&slot.to_bytes()).map(Vec::as_slice)
+    }
+
+    /// Every record gating a channel of this task, with what it waits for,
+    /// in channel order.
+    pub fn held(&self) -> Vec<HeldRecord> {
+        self.held_by_channel().into_iter().map(|(_, h)| h).collect()
+    }
+
+    fn held_by_channel(&self) -> Vec<(Channel, HeldRecord)> {
+        let name = |c: Channel| {
+            self.names
+                .get(&c.topic)
+                .cloned()
+                .unwrap_or_else(|| c.topic.to_string())
+        };
+        self.node
+            .held_heads()
+            .into_iter()
+            .map(|h| {
+                let channel = h.channel;
+                let since = self
+                    .holds
+                    .get(&h.channel)
+                    .filter(|t| t.offset == h.offset)
+                    .map_or(self.wall_clock, |t| t.since);
+                let held = HeldRecord {
+                    stage: self.id.stage.clone(),
+                    task_partition: self.id.partition,
+                    coordinate: Coordinate::new(name(h.channel), h.channel.partition, h.offset),
+                    timestamp: h.timestamp,
+                    held_for_ms: self.wall_clock - since,
+                    queue_depth: h.depth,
+                    waiting_on: h
+                        .unmet
+                        .into_iter()
+                        .map(|u| match u {
+                            UnmetClaim::Offset {
+                                channel,
+                                offset,
+                                frontier,
+                                received,
+                                position,
+                            } => WaitingOn::Offset {
+                                topic: name(channel),
+                                partition: channel.partition,
+                                offset,
+                                frontier,
+                                received,
+                                position,
+                                diagnosis: if received >= offset {
+                                    Diagnosis::HeldUpstream
+                                } else {
+                                    Diagnosis::NotFetched
+                                },
+                            },
+                            UnmetClaim::Sequence {
+                                channel,
+                                sender,
+                                seq,
+                                delivered,
+                            } => WaitingOn::Sequence {
+                                topic: name(channel),
+                                partition: channel.partition,
+                                sender,
+                                seq,
+                                delivered_seq: delivered.map(|d| d.seq),
+                                diagnosis: if delivered.is_some() {
+                                    Diagnosis::SenderBehind
+                                } else {
+                                    Diagnosis::SenderUnseen
+                                },
+                            },
+                        })
+                        .collect(),
+                };
+                (channel, held)
+            })
+            .collect()
+    }
+
+    fn guarded(
+        &mut self,
+        f: impl FnOnce(&mut Task) -> Result<(), TaskError>,
+    ) -> Result<(), TaskError> {
+        if self.poisoned {
+            return Err(TaskError::Poisoned {
+                task: self.id.clone(),
+            });
+        }
+        let r = f(self);
+        if r.is_err() {
+            self.poisoned = true;
+        }
+        r
+    }
+
+    fn protocol(&self, source: ProtocolError) -> TaskError {
+        TaskError::Protocol {
+            task: self.id.clone(),
+            source,
+        }
+    }
+
+    fn topic_name(&self, topic: TopicId) -> String {
+        self.names
+            .get(&topic)
+            .cloned()
+            .unwrap_or_else(|| topic.to_string())
+    }
+
+    fn on_record_inner(&mut self, record: FetchedRecord) -> Result<(), TaskError> {
+        let causal = CausalHeaders::decode(
+            record
+                .headers
+                .iter()
+                .map(|h| (h.name.as_str(), h.value.as_deref())),
+        )
+        .map_err(|source| TaskError::CorruptHeaders {
+            task: self.id.clone(),
+            coordinate: Coordinate::new(
+                self.topic_name(record.channel.topic),
+                record.channel.partition,
+                record.offset,
+            ),
+            source,
+        })?;
+        let headers = record
+            .headers
+            .into_iter()
+            .filter(|h| !is_causal_header(&h.name))
+            .collect();
+        let inbound = InboundRecord {
+            channel: record.channel,
+            offset: record.offset,
+            timestamp: record.timestamp,
+            key: record.key,
+            value: record.value,
+            headers,
+            causal,
+        };
+        let mut deliveries = Vec::new();
+        self.node
+            .on_record_into(inbound, &mut deliveries)
+            .map_err(|e| self.protocol(e))?;
+        for d in deliveries {
+            self.process(d)?;
+        }
+        self.refresh_holds();
+        Ok(())
+    }
+
+    fn process(&mut self, delivery: Delivery) -> Result<(), TaskError> {
+        let Delivery { record, was_held } = delivery;
+        let coordinate = Coordinate::new(
+            self.topic_name(record.channel.topic),
+            record.channel.partition,
+            record.offset,
+        );
+        let Some(&slot) = self.slots.get(&record.channel.topic) else {
+            return Err(TaskError::Config {
+                task: self.id.clone(),
+                message: format!("delivered record {coordinate} is on no source of the stage"),
+            });
+        };
+        debug!(task = %self.id, %coordinate, was_held, "delivering to logic");
+        let stage = self.stage.clone();
+        let (outcome, state_key) = match slot {
+            SourceSlot::Ticks => {
+                let Some(decl) = stage.def.ticks.as_ref() else {
+                    return Err(TaskError::Config {
+                        task: self.id.clone(),
+                        message: "tick delivered to a stage without ticks".to_owned(),
+                    });
+                };
+                let tick = Tick::new(record.timestamp).on_partition(record.channel.partition);
+                let key = FoldKey::Ticks.to_bytes();
+                let state = if decl.uses_state {
+                    self.fold.get(&key).map(Vec::as_slice)
+                } else {
+                    None
+                };
+                let r = catch_unwind(AssertUnwindSafe(|| (decl.logic)(&tick, state)));
+                (r, decl.uses_state.then_some(key))
+            }
+            SourceSlot::User(i) => {
+                let src = &stage.def.sources[i];
+                let key = FoldKey::for_key(record.key.as_deref()).to_bytes();
+                let state = if src.uses_state {
+                    self.fold.get(&key).map(Vec::as_slice)
+                } else {
+                    None
+                };
+                let input = RawInput {
+                    topic: &coordinate.topic,
+                    partition: record.channel.partition,
+                    offset: record.offset,
+                    timestamp: record.timestamp,
+                    key: record.key.as_deref(),
+                    value: record.value.as_deref(),
+                    headers: &record.headers,
+                };
+                let r = catch_unwind(AssertUnwindSafe(|| (src.logic)(&input, state)));
+                (r, src.uses_state.then_some(key))
+            }
+        };
+        let outcome = match outcome {
+            Err(payload) => {
+                return Err(TaskError::Panic {
+                    task: self.id.clone(),
+                    coordinate,
+                    message: panic_message(payload),
+                });
+            }
+            Ok(Err(failure)) => return Err(self.failure(failure, coordinate)),
+            Ok(Ok(o)) => o,
+        };
+        self.stats.delivered += 1;
+        if was_held {
+            self.stats.delivered_after_hold += 1;
+        }
+        self.delivered.push(DeliveredRecord {
+            coordinate: coordinate.clone(),
+            timestamp: record.timestamp,
+            was_held,
+            tick: matches!(slot, SourceSlot::Ticks),
+        });
+        self.apply(outcome, state_key, record.timestamp, &coordinate)
+    }
+
+    fn failure(&self, failure: Failure, coordinate: Coordinate) -> TaskError {
+        let task = self.id.clone();
+        match failure {
+            Failure::Decode { part, source } => TaskError::Decode {
+                task,
+                coordinate,
+                part,
+                source,
+            },
+            Failure::StateDecode(source) | Failure::StateEncode(source) => TaskError::StateCodec {
+                task,
+                coordinate,
+                source,
+            },
+            Failure::Logic(source) => TaskError::Logic {
+                task,
+                coordinate,
+                source,
+            },
+        }
+    }
+
+    fn apply(
+        &mut self,
+        outcome: Outcome,
+        state_key: Option<Vec<u8>>,
+        timestamp: i64,
+        coordinate: &Coordinate,
+    ) -> Result<(), TaskError> {
+        if let Some(key) = state_key {
+            match outcome.write {
+                StateWrite::Keep => {}
+                StateWrite::Put(bytes) => {
+                    self.fold.insert(key.clone(), bytes.clone());
+                    self.pending_fold.put(key, bytes);
+                }
+                StateWrite::Delete => {
+                    self.fold.remove(&key);
+                    self.pending_fold.delete(key);
+                }
+            }
+        }
+        for emission in outcome.emissions {
+            self.send(&emission, timestamp, coordinate)?;
+        }
+        Ok(())
+    }
+
+    /// The single stamping site: check the sink, encode, partition, stamp.
+    fn send(
+        &mut self,
+        emission: &Emission,
+        default_timestamp: i64,
+        coordinate: &Coordinate,
+    ) -> Result<(), TaskError> {
+        let topic = emission.topic();
+        let sink = match self.sinks.get(topic) {
+            Some(s) if self.stage.declares_sink(topic) => *s,
+            _ => {
+                return Err(TaskError::UndeclaredSink {
+                    task: self.id.clone(),
+                    coordinate: coordinate.clone(),
+                    topic: topic.to_owned(),
+                });
+            }
+        };
+        let encoded = emission
+            .encode()
+            .map_err(|(part, source)| TaskError::Encode {
+                task: self.id.clone(),
+                coordinate: coordinate.clone(),
+                topic: topic.to_owned(),
+                part,
+                source,
+            })?;
+        let partition = partition_for(encoded.key.as_deref(), self.id.partition, sink.partitions);
+        let stamp = self
+            .node
+            .prepare_send(Channel::new(sink.id, partition))
+            .map_err(|e| self.protocol(e))?;
+        self.stats.emitted += 1;
+        self.outgoing.push(OutgoingRecord {
+            topic: topic.to_owned(),
+            partition,
+            key: encoded.key,
+            value: encoded.value,
+            timestamp: encoded.timestamp.unwrap_or(default_timestamp),
+            headers: stamp_headers(&stamp),
+        });
+        Ok(())
+    }
+
+    fn emit_tick(&mut self) -> Result<(), TaskError> {
+        let Some((topic, channel)) = self.tick_route.clone() else {
+            return Ok(());
+        };
+        let stamp = self
+            .node
+            .prepare_send(channel)
+            .map_err(|e| self.protocol(e))?;
+        self.stats.emitted += 1;
+        self.stats.ticks_emitted += 1;
+        debug!(task = %self.id, timestamp = self.wall_clock, "tick emitted");
+        self.outgoing.push(OutgoingRecord {
+            topic,
+            partition: channel.partition,
+            key: Some(channel.partition.to_be_bytes().to_vec()),
+            value: None,
+            timestamp: self.wall_clock,
+            headers: stamp_headers(&stamp),
+        });
+        Ok(())
+    }
+
+    fn refresh_holds(&mut self) {
+        if self.node.held_count() == 0 {
+            self.holds.clear();
+            return;
+        }
+        let mut next = BTreeMap::new();
+        for h in self.node.held_heads() {
+            let track = match self.holds.get(&h.channel) {
+                Some(t) if t.offset == h.offset => *t,
+                _ => HoldTrack {
+                    offset: h.offset,
+                    since: self.wall_clock,
+                    warned: false,
+                },
+            };
+            next.insert(h.channel, track);
+        }
+        self.holds = next;
+    }
+}
+
+/// The stamp as record headers, in the order `vc`, `vc-sender`, `vc-seq`.
+pub(crate) fn stamp_headers(stamp: &CausalHeaders) -> Vec<Header> {
+    stamp
+        .encode()
+        .into_iter()
+        .map(|(name, value)| Header::new(name, value))
+        .collect()
+}

@@ -1,0 +1,463 @@
+//! Typed topics and the emissions they mint.
+
+use std::any::{Any, TypeId};
+use std::fmt;
+use std::sync::Arc;
+
+use crate::codec::{Codec, CodecError};
+
+/// What a key or value type must be to travel in an [`Emission`]: comparable
+/// and printable (so emissions are testable with `assert_eq!`), and safe to
+/// hand between threads. Implemented for every such type.
+pub trait Payload: PartialEq + fmt::Debug + Send + Sync + 'static {}
+
+impl<T: PartialEq + fmt::Debug + Send + Sync + 'static> Payload for T {}
+
+/// A key or value that may be null. Lets [`Topic::send`] take either a plain
+/// value (`"k"`, `42`) or an `Option` (`None` is Kafka's null: a null key, or
+/// a tombstone value).
+pub trait IntoNullable<T> {
+    /// The value, or `None` for null.
+    fn into_nullable(self) -> Option<T>;
+}
+
+impl<T> IntoNullable<T> for T {
+    fn into_nullable(self) -> Option<T> {
+        Some(self)
+    }
+}
+
+impl<T> IntoNullable<T> for Option<T> {
+    fn into_nullable(self) -> Option<T> {
+        self
+    }
+}
+
+impl IntoNullable<String> for &str {
+    fn into_nullable(self) -> Option<String> {
+        Some(self.to_owned())
+    }
+}
+
+impl IntoNullable<String> for &String {
+    fn into_nullable(self) -> Option<String> {
+        Some(self.clone())
+    }
+}
+
+impl IntoNullable<Vec<u8>> for &[u8] {
+    fn into_nullable(self) -> Option<Vec<u8>> {
+        Some(self.to_vec())
+    }
+}
+
+struct TopicInner<K, V> {
+    name: String,
+    key: Codec<K>,
+    value: Codec<V>,
+}
+
+/// A typed topic: its name and its key and value codecs, declared once.
+///
+/// A pipeline hop is the same `Topic` value used as one stage's sink and
+/// another's source, so the codecs on both sides of the hop agree by
+/// construction. Cheap to clone.
+///
+/// ```
+/// use parsley::{Codec, Topic};
+/// let orders: Topic<String, i64> = Topic::new("orders", Codec::utf8(), Codec::int64());
+/// let e = orders.send("o-1", 250);
+/// assert_eq!(e, orders.send("o-1".to_string(), 250));
+/// assert_ne!(e, orders.send("o-1", 251));
+/// assert_eq!(format!("{e:?}"), r#"Emission { topic: "orders", key: Some("o-1"), value: Some(250), timestamp: None }"#);
+/// ```
+pub struct Topic<K, V> {
+    inner: Arc<TopicInner<K, V>>,
+}
+
+impl<K, V> Clone for Topic<K, V> {
+    fn clone(&self) -> Self {
+        Topic {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K, V> fmt::Debug for Topic<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Topic")
+            .field("name", &self.inner.name)
+            .field("key", &self.inner.key)
+            .field("value", &self.inner.value)
+            .finish()
+    }
+}
+
+impl<K: Payload, V: Payload> Topic<K, V> {
+    /// Declares a topic. The name is checked when a stage using it is built
+    /// (Kafka's rules: 1 to 249 characters of `[A-Za-z0-9._-]`, not `.` or
+    /// `..`).
+    pub fn new(name: impl Into<String>, key: Codec<K>, value: Codec<V>) -> Self {
+        Topic {
+            inner: Arc::new(TopicInner {
+                name: name.into(),
+                key,
+                value,
+            }),
+        }
+    }
+
+    /// The topic name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The key codec.
+    pub fn key_codec(&self) -> &Codec<K> {
+        &self.inner.key
+    }
+
+    /// The value codec.
+    pub fn value_codec(&self) -> &Codec<V> {
+        &self.inner.value
+    }
+
+    /// An emission of `key` and `value` to this topic. It inherits the
+    /// timestamp of the message being handled (or the tick). Pass `None` for
+    /// a null key or a tombstone value.
+    ///
+    /// ```
+    /// use parsley::{Codec, Topic};
+    /// let audits: Topic<String, String> = Topic::new("audits", Codec::utf8(), Codec::utf8());
+    /// let keyless = audits.send(None, "cut");
+    /// let tombstone = audits.send("k", None);
+    /// assert_eq!(keyless.key::<String>(), Some(None));
+    /// assert_eq!(tombstone.value::<String>(), Some(None));
+    /// ```
+    pub fn send(&self, key: impl IntoNullable<K>, value: impl IntoNullable<V>) -> Emission {
+        Emission::new(TypedEmission {
+            topic: self.clone(),
+            key: key.into_nullable(),
+            value: value.into_nullable(),
+            timestamp: None,
+        })
+    }
+
+    /// An emission with its own timestamp (milliseconds since the epoch)
+    /// instead of the handled message's.
+    pub fn send_at(
+        &self,
+        key: impl IntoNullable<K>,
+        value: impl IntoNullable<V>,
+        timestamp: i64,
+    ) -> Emission {
+        self.send(key, value).at(timestamp)
+    }
+}
+
+/// The bytes of an encoded emission, ready to partition and stamp.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(crate) struct EncodedEmission {
+    pub(crate) key: Option<Vec<u8>>,
+    pub(crate) value: Option<Vec<u8>>,
+    pub(crate) timestamp: Option<i64>,
+}
+
+/// Which half of a record a codec failed on.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Part {
+    /// The key.
+    Key,
+    /// The value.
+    Value,
+}
+
+impl fmt::Display for Part {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Part::Key => "key",
+            Part::Value => "value",
+        })
+    }
+}
+
+trait EmissionBody: Send + Sync {
+    fn topic_name(&self) -> &str;
+    fn timestamp(&self) -> Option<i64>;
+    fn set_timestamp(&mut self, ts: i64);
+    fn encode(&self) -> Result<EncodedEmission, (Part, CodecError)>;
+    fn as_any(&self) -> &dyn Any;
+    fn eq_body(&self, other: &dyn EmissionBody) -> bool;
+    fn fmt_body(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
+    fn key_any(&self) -> Option<&dyn Any>;
+    fn value_any(&self) -> Option<&dyn Any>;
+    fn key_type(&self) -> TypeId;
+    fn value_type(&self) -> TypeId;
+}
+
+struct TypedEmission<K, V> {
+    topic: Topic<K, V>,
+    key: Option<K>,
+    value: Option<V>,
+    timestamp: Option<i64>,
+}
+
+impl<K: Payload, V: Payload> EmissionBody for TypedEmission<K, V> {
+    fn topic_name(&self) -> &str {
+        self.topic.name()
+    }
+
+    fn timestamp(&self) -> Option<i64> {
+        self.timestamp
+    }
+
+    fn set_timestamp(&mut self, ts: i64) {
+        self.timestamp = Some(ts);
+    }
+
+    fn encode(&self) -> Result<EncodedEmission, (Part, CodecError)> {
+        let key = match &self.key {
+            Some(k) => Some(
+                self.topic
+                    .key_codec()
+                    .encode(k)
+                    .map_err(|e| (Part::Key, e))?,
+            ),
+            None => None,
+        };
+        let value = match &self.value {
+            Some(v) => Some(
+                self.topic
+                    .value_codec()
+                    .encode(v)
+                    .map_err(|e| (Part::Value, e))?,
+            ),
+            None => None,
+        };
+        Ok(EncodedEmission {
+            key,
+            value,
+            timestamp: self.timestamp,
+        })
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn eq_body(&self, other: &dyn EmissionBody) -> bool {
+        match other.as_any().downcast_ref::<TypedEmission<K, V>>() {
+            Some(o) => {
+                self.topic.name() == o.topic.name()
+                    && self.key == o.key
+                    && self.value == o.value
+                    && self.timestamp == o.timestamp
+            }
+            None => false,
+        }
+    }
+
+    fn fmt_body(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Emission")
+            .field("topic", &self.topic.name())
+            .field("key", &self.key)
+            .field("value", &self.value)
+            .field("timestamp", &self.timestamp)
+            .finish()
+    }
+
+    fn key_any(&self) -> Option<&dyn Any> {
+        self.key.as_ref().map(|k| k as &dyn Any)
+    }
+
+    fn value_any(&self) -> Option<&dyn Any> {
+        self.value.as_ref().map(|v| v as &dyn Any)
+    }
+
+    fn key_type(&self) -> TypeId {
+        TypeId::of::<K>()
+    }
+
+    fn value_type(&self) -> TypeId {
+        TypeId::of::<V>()
+    }
+}
+
+/// An output as a value: a key and value bound for one topic, minted by
+/// [`Topic::send`].
+///
+/// Emissions compare with `==` (same topic, key, value and timestamp) and
+/// print with `{:?}`, so handlers and folds are tested with plain
+/// `assert_eq!`. The typed key and value are kept as they are and encoded
+/// with the topic's codecs only at the stamping site, where a codec error
+/// fails the task.
+pub struct Emission {
+    body: Box<dyn EmissionBody>,
+}
+
+impl Emission {
+    fn new<K: Payload, V: Payload>(e: TypedEmission<K, V>) -> Self {
+        Emission { body: Box::new(e) }
+    }
+
+    /// The destination topic's name.
+    pub fn topic(&self) -> &str {
+        self.body.topic_name()
+    }
+
+    /// The timestamp set with [`Topic::send_at`] or [`at`](Self::at);
+    /// `None` inherits the handled message's timestamp.
+    pub fn timestamp(&self) -> Option<i64> {
+        self.body.timestamp()
+    }
+
+    /// The same emission with its own timestamp.
+    pub fn at(mut self, timestamp: i64) -> Self {
+        self.body.set_timestamp(timestamp);
+        self
+    }
+
+    /// The key, if the emission's key type is `K`: `Some(None)` for a null
+    /// key, `None` when `K` is the wrong type.
+    pub fn key<K: 'static>(&self) -> Option<Option<&K>> {
+        if self.body.key_type() != TypeId::of::<K>() {
+            return None;
+        }
+        Some(self.body.key_any().and_then(|k| k.downcast_ref::<K>()))
+    }
+
+    /// The value, if the emission's value type is `V`: `Some(None)` for a
+    /// tombstone, `None` when `V` is the wrong type.
+    pub fn value<V: 'static>(&self) -> Option<Option<&V>> {
+        if self.body.value_type() != TypeId::of::<V>() {
+            return None;
+        }
+        Some(self.body.value_any().and_then(|v| v.downcast_ref::<V>()))
+    }
+
+    pub(crate) fn encode(&self) -> Result<EncodedEmission, (Part, CodecError)> {
+        self.body.encode()
+    }
+}
+
+impl PartialEq for Emission {
+    fn eq(&self, other: &Self) -> bool {
+        self.body.eq_body(other.body.as_ref())
+    }
+}
+
+impl fmt::Debug for Emission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.body.fmt_body(f)
+    }
+}
+
+/// A topic with its types erased, as stages and the runtime hold it.
+pub(crate) trait ErasedTopic: Send + Sync {
+    fn name(&self) -> &str;
+    fn key_type(&self) -> (TypeId, &'static str);
+    fn value_type(&self) -> (TypeId, &'static str);
+    /// Decodes a record with the topic's codecs and prints it (for probes).
+    fn decode_debug(
+        &self,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+    ) -> Result<String, (Part, CodecError)>;
+    /// Decodes a key and encodes it again.
+    fn reencode_key(&self, key: &[u8]) -> Result<Vec<u8>, CodecError>;
+}
+
+impl<K: Payload, V: Payload> ErasedTopic for Topic<K, V> {
+    fn name(&self) -> &str {
+        Topic::name(self)
+    }
+
+    fn key_type(&self) -> (TypeId, &'static str) {
+        (TypeId::of::<K>(), std::any::type_name::<K>())
+    }
+
+    fn value_type(&self) -> (TypeId, &'static str) {
+        (TypeId::of::<V>(), std::any::type_name::<V>())
+    }
+
+    fn decode_debug(
+        &self,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+    ) -> Result<String, (Part, CodecError)> {
+        let k = match key {
+            Some(b) => Some(self.key_codec().decode(b).map_err(|e| (Part::Key, e))?),
+            None => None,
+        };
+        let v = match value {
+            Some(b) => Some(self.value_codec().decode(b).map_err(|e| (Part::Value, e))?),
+            None => None,
+        };
+        Ok(format!("key {k:?}, value {v:?}"))
+    }
+
+    fn reencode_key(&self, key: &[u8]) -> Result<Vec<u8>, CodecError> {
+        let k = self.key_codec().decode(key)?;
+        self.key_codec().encode(&k)
+    }
+}
+
+pub(crate) type AnyTopic = Arc<dyn ErasedTopic>;
+
+pub(crate) fn erase<K: Payload, V: Payload>(topic: &Topic<K, V>) -> AnyTopic {
+    Arc::new(topic.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t() -> Topic<String, i64> {
+        Topic::new("t", Codec::utf8(), Codec::int64())
+    }
+
+    #[test]
+    fn emissions_compare_by_topic_key_value_timestamp() {
+        let a: Topic<String, i64> = t();
+        let b: Topic<String, i64> = Topic::new("u", Codec::utf8(), Codec::int64());
+        assert_eq!(a.send("k", 1), a.send("k", 1));
+        assert_ne!(a.send("k", 1), b.send("k", 1));
+        assert_ne!(a.send("k", 1), a.send("k", 1).at(5));
+        assert_eq!(a.send_at("k", 1, 5), a.send("k", 1).at(5));
+        assert_ne!(a.send("k", 1), a.send(None, 1));
+        // Same name, different types: not equal.
+        let c: Topic<String, String> = Topic::new("t", Codec::utf8(), Codec::utf8());
+        assert_ne!(a.send("k", 1), c.send("k", "1"));
+    }
+
+    #[test]
+    fn typed_access() {
+        let e = t().send("k", 9);
+        assert_eq!(e.key::<String>(), Some(Some(&"k".to_string())));
+        assert_eq!(e.value::<i64>(), Some(Some(&9)));
+        assert_eq!(e.value::<String>(), None);
+        assert_eq!(e.topic(), "t");
+    }
+
+    #[test]
+    fn nulls_never_reach_codecs() {
+        let failing: Topic<String, i64> = Topic::new(
+            "t",
+            Codec::try_new(
+                |_: &String| Err::<Vec<u8>, _>("no"),
+                |_: &[u8]| Err::<String, _>("no"),
+            ),
+            Codec::try_new(
+                |_: &i64| Err::<Vec<u8>, _>("no"),
+                |_: &[u8]| Err::<i64, _>("no"),
+            ),
+        );
+        let enc = failing.send(None, None).encode().unwrap();
+        assert_eq!(enc.key, None);
+        assert_eq!(enc.value, None);
+        let (part, _) = failing.send("k", None).encode().unwrap_err();
+        assert_eq!(part, Part::Key);
+        let (part, _) = failing.send(None, 1).encode().unwrap_err();
+        assert_eq!(part, Part::Value);
+    }
+}
