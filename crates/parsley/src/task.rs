@@ -20,7 +20,9 @@
 //! * fetched records through [`Task::on_record`], per channel in strictly
 //!   increasing offset order (a `read_committed` view), and consumer
 //!   positions through [`Task::position_advance`], only once every record
-//!   below the position went through `on_record`;
+//!   below the position went through `on_record`, starting with the
+//!   position each consumer resumes from right after [`Task::init`] (the
+//!   node does not persist positions it was told);
 //! * the wall clock through [`Task::punctuate`] (ticks and hold warnings);
 //! * the commit: [`Task::take_commit`] hands over the records to append
 //!   (already partitioned, stamped and encoded), the protocol state writes
