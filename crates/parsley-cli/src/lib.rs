@@ -1,0 +1,12 @@
+//! Library code behind the `parsley` command, so that the command stays a
+//! thin `main` and everything it does is tested.
+//!
+//! * [`demo`]: the guarantee at work, with and without Parsley.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
+pub mod demo;
