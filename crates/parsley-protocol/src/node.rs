@@ -771,6 +771,15 @@ impl CausalNode {
         out
     }
 
+    /// The offset of every gating queue head, in channel order: the cheap
+    /// form of [`held_heads`](Self::held_heads) for hosts that track how
+    /// long each head has been held (it computes no claims).
+    pub fn head_offsets(&self) -> impl Iterator<Item = (Channel, i64)> + '_ {
+        self.channels
+            .iter()
+            .filter_map(|ch| ch.queue.front().map(|head| (ch.channel, head.offset)))
+    }
+
     /// The bookkeeping of one consumed channel.
     pub fn channel_view(&self, channel: Channel) -> Option<ChannelView> {
         let i = self

@@ -526,3 +526,24 @@ fn trailing_marker_after_restart_needs_the_resumed_position() {
     // ... until the host reports where its consumer resumed.
     assert_eq!(h.advance(a, 6), vec![(b, 0)]);
 }
+
+/// The cheap head view agrees with the full one.
+#[test]
+fn head_offsets_match_held_heads() {
+    let a = ch(1, 0);
+    let b = ch(2, 0);
+    let c = ch(3, 0);
+    let mut h = Harness::start(config(sender(ME), &[a, b, c], &[]), FakeBroker::default());
+    h.feed(rec(a, 3, offsets(&[(c, 0)])));
+    h.feed(rec(a, 4, VectorClock::new()));
+    h.feed(rec(b, 7, offsets(&[(c, 1)])));
+    let cheap: Vec<(Channel, i64)> = h.node.head_offsets().collect();
+    let full: Vec<(Channel, i64)> = h
+        .node
+        .held_heads()
+        .iter()
+        .map(|x| (x.channel, x.offset))
+        .collect();
+    assert_eq!(cheap, vec![(a, 3), (b, 7)]);
+    assert_eq!(cheap, full);
+}

@@ -1046,16 +1046,16 @@ impl Task {
             return;
         }
         let mut next = BTreeMap::new();
-        for h in self.node.held_heads() {
-            let track = match self.holds.get(&h.channel) {
-                Some(t) if t.offset == h.offset => *t,
+        for (channel, offset) in self.node.head_offsets() {
+            let track = match self.holds.get(&channel) {
+                Some(t) if t.offset == offset => *t,
                 _ => HoldTrack {
-                    offset: h.offset,
+                    offset,
                     since: self.wall_clock,
                     warned: false,
                 },
             };
-            next.insert(h.channel, track);
+            next.insert(channel, track);
         }
         self.holds = next;
     }
