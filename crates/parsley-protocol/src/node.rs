@@ -799,7 +799,9 @@ impl CausalNode {
     /// The delivered frontier of a consumed channel (-1 when nothing is
     /// delivered or skipped yet).
     pub fn frontier(&self, channel: Channel) -> Option<i64> {
-        self.channel_view(channel).map(|v| v.frontier)
+        self.index_of(channel, "frontier")
+            .ok()
+            .map(|i| self.channels[i].frontier)
     }
 
     /// The highest sequence delivered from `sender` on `channel`.

@@ -385,9 +385,7 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         let report = self.nodes[i]
             .step(action, false, broker, oracle, topics)
             .map_err(|v| self.fail(v.message))?;
-        self.stats.deliveries += report.delivered as u64;
-        self.stats.released_from_hold += report.released_from_hold as u64;
-        self.stats.truncated_entries += report.truncated as u64;
+        self.account(&report);
         Ok(report)
     }
 
@@ -621,12 +619,7 @@ impl<P: DeliveryProtocol> SimWorld<P> {
                 StepReport::default()
             }
         };
-        self.stats.deliveries += report.delivered as u64;
-        self.stats.released_from_hold += report.released_from_hold as u64;
-        self.stats.sends += report.sent as u64;
-        self.stats.truncated_entries += report.truncated as u64;
-        self.stats.max_held = self.stats.max_held.max(report.held_after as u64);
-        self.stats.restored_held += report.restored_held as u64;
+        self.account(&report);
         let kind = match action {
             Action::Join(i) => i as u64,
             Action::Restart(i) => 100 + i as u64,
@@ -645,6 +638,16 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         Ok(())
     }
 
+    /// Adds one step's report to the world's counters.
+    fn account(&mut self, report: &StepReport) {
+        self.stats.deliveries += report.delivered as u64;
+        self.stats.released_from_hold += report.released_from_hold as u64;
+        self.stats.sends += report.sent as u64;
+        self.stats.truncated_entries += report.truncated as u64;
+        self.stats.max_held = self.stats.max_held.max(report.held_after as u64);
+        self.stats.restored_held += report.restored_held as u64;
+    }
+
     fn count_crash(&mut self, i: usize) {
         self.budget.crashes -= 1;
         self.stats.crashes += 1;
@@ -653,8 +656,7 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         }
     }
 
-    /// Runs a node's consumer-visible view of a channel: its committed
-    /// position (for tests).
+    /// A node's committed consumer position on a channel (for tests).
     pub fn position(&self, node: &str, topic: &str, partition: i32) -> Option<i64> {
         self.node(node)
             .position(Channel::new(self.topic(topic), partition))

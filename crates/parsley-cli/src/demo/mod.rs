@@ -238,16 +238,17 @@ impl LedgerHost for DriverHost {
             };
             events.insert(landed, (arrival.event, arrival.at_ms));
             ledger.run()?;
-            let delivered = ledger.delivered_to("settlement");
-            for coordinate in &delivered[seen..] {
-                let &(event, arrived) = events.get(coordinate).ok_or_else(|| {
-                    format!("the ledger delivered {coordinate}, which never arrived")
+            // Only what was delivered since the previous arrival.
+            let all = ledger.deliveries();
+            for d in all[seen..].iter().filter(|d| d.task.stage == "settlement") {
+                let &(event, arrived) = events.get(&d.coordinate).ok_or_else(|| {
+                    format!("the ledger delivered {}, which never arrived", d.coordinate)
                 })?;
                 observed
                     .delivered
                     .push((event, arrived, ledger.wall_clock()));
             }
-            seen = delivered.len();
+            seen = all.len();
             progress();
         }
         observed.rejected = ledger
