@@ -35,8 +35,6 @@ pub(crate) struct TopicUse {
     pub(crate) topic: Option<AnyTopic>,
     /// The stage consuming it.
     pub(crate) source_of: Option<usize>,
-    /// Stages declaring it as a sink.
-    pub(crate) sink_of: Vec<usize>,
     /// The stage whose tick topic it is.
     pub(crate) ticks_of: Option<usize>,
 }
@@ -266,7 +264,6 @@ impl Parsley {
                 let entry = topics.entry(name.to_owned()).or_insert_with(|| TopicUse {
                     topic: Some(t.clone()),
                     source_of: None,
-                    sink_of: Vec::new(),
                     ticks_of: None,
                 });
                 if is_source {
@@ -278,8 +275,6 @@ impl Parsley {
                         });
                     }
                     entry.source_of = Some(i);
-                } else if !entry.sink_of.contains(&i) {
-                    entry.sink_of.push(i);
                 }
             }
         }
@@ -289,7 +284,6 @@ impl Parsley {
                 TopicUse {
                     topic: None,
                     source_of: Some(i),
-                    sink_of: vec![i],
                     ticks_of: Some(i),
                 },
             );

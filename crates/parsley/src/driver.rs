@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use parsley_protocol::{
     BrokerOffsets, BrokerOffsetsError, CausalHeaders, Channel, CorruptHeader, Header, MemStore,
-    OffsetClaim, SenderId, TopicId, TopicOffsets, VectorClock,
+    SenderId, TopicId, TopicOffsets, VectorClock, headers::CLOCK_HEADER,
 };
 
 use crate::app::Parsley;
@@ -15,10 +15,10 @@ use crate::fold::{FoldKey, FoldStore};
 use crate::holds::HeldRecord;
 use crate::identity::test_topic_id;
 use crate::message::Coordinate;
-use crate::partition::partition_for_key;
+use crate::partition::partition_for;
 use crate::task::{
     CommittedState, DeliveredRecord, FetchedRecord, MetadataError, Task, TaskError, TaskId,
-    TaskStats, TopicDescription, TopicMetadata,
+    TaskStats, TopicDescription, TopicMetadata, causal_headers,
 };
 use crate::topic::{IntoNullable, Part, Payload, Topic};
 
@@ -240,11 +240,7 @@ pub struct OutputRecord<K, V> {
 impl<K, V> OutputRecord<K, V> {
     /// The record's causal headers, parsed strictly.
     pub fn causal(&self) -> Result<CausalHeaders, CorruptHeader> {
-        CausalHeaders::decode(
-            self.headers
-                .iter()
-                .map(|h| (h.name.as_str(), h.value.as_deref())),
-        )
+        causal_headers(&self.headers)
     }
 
     /// The record's dependency clock (empty when unstamped or corrupt).
@@ -259,7 +255,7 @@ impl<K, V> OutputRecord<K, V> {
 
     /// True when the record carries a `vc` header.
     pub fn is_stamped(&self) -> bool {
-        self.header("vc").is_some()
+        self.header(CLOCK_HEADER).is_some()
     }
 
     /// The value of the first header called `name`.
@@ -661,17 +657,13 @@ impl TestDriver {
         key: impl IntoNullable<K>,
     ) -> Result<i32, DriverError> {
         let n = self.topic_log(topic.name())?.partitions.len() as i32;
-        Ok(
-            match encode_part(
-                topic.name(),
-                topic.key_codec(),
-                key.into_nullable(),
-                Part::Key,
-            )? {
-                Some(k) => partition_for_key(&k, n),
-                None => 0,
-            },
-        )
+        let key = encode_part(
+            topic.name(),
+            topic.key_codec(),
+            key.into_nullable(),
+            Part::Key,
+        )?;
+        Ok(partition_for(key.as_deref(), 0, n))
     }
 
     /// The offset the next record appended to a partition will get.
@@ -730,26 +722,18 @@ impl TestDriver {
         let key = encode_part(name, topic.key_codec(), input.key, Part::Key)?;
         let value = encode_part(name, topic.value_codec(), input.value, Part::Value)?;
         let n = self.topic_log(name)?.partitions.len() as i32;
-        let partition = match (input.partition, &key) {
-            (Some(p), _) => p,
-            (None, Some(k)) => partition_for_key(k, n),
-            (None, None) => 0,
-        };
+        let partition = input
+            .partition
+            .unwrap_or_else(|| partition_for(key.as_deref(), 0, n));
         let mut clock = input.clock;
         for cause in &input.after {
             let t = self.topic_log(&cause.topic)?;
             self.check_partition(&cause.topic, t, cause.partition)?;
-            clock.merge(&VectorClock::from_claims(
-                [OffsetClaim {
-                    channel: Channel::new(t.id, cause.partition),
-                    offset: cause.offset,
-                }],
-                [],
-            ));
+            clock.claim_offset(Channel::new(t.id, cause.partition), cause.offset);
         }
         let mut headers = input.headers;
         if !clock.is_empty() {
-            headers.push(Header::new("vc", clock.encode()));
+            headers.push(Header::new(CLOCK_HEADER, clock.encode()));
         }
         self.append_raw(
             name,

@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use parsley_protocol::SenderId;
+use parsley_protocol::{Channel, SenderId, UnmetClaim};
 
 use crate::message::Coordinate;
 
@@ -95,6 +95,49 @@ pub enum WaitingOn {
 }
 
 impl WaitingOn {
+    /// The diagnostics form of one of the protocol's unmet claims, with
+    /// topic names from `name`.
+    pub(crate) fn from_unmet(u: UnmetClaim, name: impl Fn(Channel) -> String) -> WaitingOn {
+        match u {
+            UnmetClaim::Offset {
+                channel,
+                offset,
+                frontier,
+                received,
+                position,
+            } => WaitingOn::Offset {
+                topic: name(channel),
+                partition: channel.partition,
+                offset,
+                frontier,
+                received,
+                position,
+                diagnosis: if received >= offset {
+                    Diagnosis::HeldUpstream
+                } else {
+                    Diagnosis::NotFetched
+                },
+            },
+            UnmetClaim::Sequence {
+                channel,
+                sender,
+                seq,
+                delivered,
+            } => WaitingOn::Sequence {
+                topic: name(channel),
+                partition: channel.partition,
+                sender,
+                seq,
+                delivered_seq: delivered.map(|d| d.seq),
+                diagnosis: if delivered.is_some() {
+                    Diagnosis::SenderBehind
+                } else {
+                    Diagnosis::SenderUnseen
+                },
+            },
+        }
+    }
+
     /// The diagnosis.
     pub fn diagnosis(&self) -> Diagnosis {
         match self {

@@ -31,12 +31,12 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::time::Duration;
 
-use parsley_protocol::CausalHeaders;
+use parsley_protocol::headers::CLOCK_HEADER;
 
 use crate::app::Parsley;
 use crate::driver::{DriverError, TestDriver};
-use crate::partition::partition_for_key;
-use crate::task::TaskError;
+use crate::partition::partition_for;
+use crate::task::{TaskError, causal_headers};
 use crate::topic::{AnyTopic, IntoNullable, Payload, Topic, erase};
 
 /// The probes.
@@ -360,9 +360,7 @@ pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
             }
         };
         let partitions = driver.partitions(topic).unwrap_or(1);
-        let partition = key
-            .as_deref()
-            .map_or(0, |k| partition_for_key(k, partitions));
+        let partition = partition_for(key.as_deref(), 0, partitions);
         let now = driver.wall_clock();
         let outcome = driver
             .append_raw(topic, partition, key, value, now, Vec::new())
@@ -447,12 +445,8 @@ fn inspect_outputs(
         let typed = app.def.topics.get(name).and_then(|u| u.topic.clone());
         for r in records.iter().filter(|r| r.producer.is_some()) {
             reached.insert(name.to_owned());
-            let causal = CausalHeaders::decode(
-                r.headers
-                    .iter()
-                    .map(|h| (h.name.as_str(), h.value.as_deref())),
-            );
-            let has_vc = r.headers.iter().any(|h| h.name == "vc");
+            let causal = causal_headers(&r.headers);
+            let has_vc = r.headers.iter().any(|h| h.name == CLOCK_HEADER);
             match causal {
                 Err(e) => report.fail(
                     Probe::Stamps,
@@ -471,7 +465,7 @@ fn inspect_outputs(
                 Ok(_) => {}
             }
             if let Some(t) = &typed
-                && let Err((part, e)) = t.decode_debug(r.key.as_deref(), r.value.as_deref())
+                && let Err((part, e)) = t.check_decodes(r.key.as_deref(), r.value.as_deref())
             {
                 report.fail(
                     Probe::SinkDecode,

@@ -193,10 +193,6 @@ impl Stage {
     pub fn hold_warning_after(&self) -> Option<Duration> {
         self.def.hold_warning_after
     }
-
-    pub(crate) fn declares_sink(&self, topic: &str) -> bool {
-        self.def.sinks.iter().any(|s| s.name() == topic)
-    }
 }
 
 /// Why a stage cannot be built. Each message says what to change.

@@ -44,14 +44,14 @@ use std::time::Duration;
 use parsley_protocol::headers::is_causal_header;
 use parsley_protocol::{
     BrokerOffsets, CausalHeaders, CausalNode, Channel, CorruptHeader, Delivery, Header,
-    InboundRecord, NodeConfig, ProtocolError, StoreRead, TopicId, UnmetClaim, WriteBatch,
+    InboundRecord, NodeConfig, ProtocolError, StoreRead, TopicId, WriteBatch,
 };
 use tracing::{debug, info, warn};
 
 use crate::app::Parsley;
 use crate::codec::CodecError;
 use crate::fold::{FoldKey, FoldStore, FoldWrites};
-use crate::holds::{Diagnosis, HeldRecord, WaitingOn};
+use crate::holds::{HeldRecord, WaitingOn};
 use crate::logic::LogicError;
 use crate::message::{Coordinate, Tick};
 use crate::partition::partition_for;
@@ -654,9 +654,17 @@ impl Task {
                 t.emit_tick()?;
                 t.next_tick_at = Some(t.wall_clock.saturating_add(ms(interval)));
             }
-            t.refresh_holds();
+            // Hold heads only change in on_record, position_advance and
+            // init, and each refreshes the tracking; here only time moves.
             if let Some(threshold) = t.stage.hold_warning_after() {
                 let threshold = ms(threshold);
+                let due = t
+                    .holds
+                    .values()
+                    .any(|h| !h.warned && t.wall_clock - h.since >= threshold);
+                if !due {
+                    return Ok(());
+                }
                 for (channel, held) in t.held_by_channel() {
                     let Some(track) = t.holds.get_mut(&channel) else {
                         continue;
@@ -706,12 +714,7 @@ impl Task {
     }
 
     fn held_by_channel(&self) -> Vec<(Channel, HeldRecord)> {
-        let name = |c: Channel| {
-            self.names
-                .get(&c.topic)
-                .cloned()
-                .unwrap_or_else(|| c.topic.to_string())
-        };
+        let name = |c: Channel| self.topic_name(c.topic);
         self.node
             .held_heads()
             .into_iter()
@@ -732,44 +735,7 @@ impl Task {
                     waiting_on: h
                         .unmet
                         .into_iter()
-                        .map(|u| match u {
-                            UnmetClaim::Offset {
-                                channel,
-                                offset,
-                                frontier,
-                                received,
-                                position,
-                            } => WaitingOn::Offset {
-                                topic: name(channel),
-                                partition: channel.partition,
-                                offset,
-                                frontier,
-                                received,
-                                position,
-                                diagnosis: if received >= offset {
-                                    Diagnosis::HeldUpstream
-                                } else {
-                                    Diagnosis::NotFetched
-                                },
-                            },
-                            UnmetClaim::Sequence {
-                                channel,
-                                sender,
-                                seq,
-                                delivered,
-                            } => WaitingOn::Sequence {
-                                topic: name(channel),
-                                partition: channel.partition,
-                                sender,
-                                seq,
-                                delivered_seq: delivered.map(|d| d.seq),
-                                diagnosis: if delivered.is_some() {
-                                    Diagnosis::SenderBehind
-                                } else {
-                                    Diagnosis::SenderUnseen
-                                },
-                            },
-                        })
+                        .map(|u| WaitingOn::from_unmet(u, name))
                         .collect(),
                 };
                 (channel, held)
@@ -808,21 +774,16 @@ impl Task {
     }
 
     fn on_record_inner(&mut self, record: FetchedRecord) -> Result<(), TaskError> {
-        let causal = CausalHeaders::decode(
-            record
-                .headers
-                .iter()
-                .map(|h| (h.name.as_str(), h.value.as_deref())),
-        )
-        .map_err(|source| TaskError::CorruptHeaders {
-            task: self.id.clone(),
-            coordinate: Coordinate::new(
-                self.topic_name(record.channel.topic),
-                record.channel.partition,
-                record.offset,
-            ),
-            source,
-        })?;
+        let causal =
+            causal_headers(&record.headers).map_err(|source| TaskError::CorruptHeaders {
+                task: self.id.clone(),
+                coordinate: Coordinate::new(
+                    self.topic_name(record.channel.topic),
+                    record.channel.partition,
+                    record.offset,
+                ),
+                source,
+            })?;
         let headers = record
             .headers
             .into_iter()
@@ -837,10 +798,7 @@ impl Task {
             headers,
             causal,
         };
-        let mut deliveries = Vec::new();
-        self.node
-            .on_record_into(inbound, &mut deliveries)
-            .map_err(|e| self.protocol(e))?;
+        let deliveries = self.node.on_record(inbound).map_err(|e| self.protocol(e))?;
         for d in deliveries {
             self.process(d)?;
         }
@@ -883,12 +841,13 @@ impl Task {
             }
             SourceSlot::User(i) => {
                 let src = &stage.def.sources[i];
-                let key = FoldKey::for_key(record.key.as_deref()).to_bytes();
-                let state = if src.uses_state {
-                    self.fold.get(&key).map(Vec::as_slice)
-                } else {
-                    None
-                };
+                let key = src
+                    .uses_state
+                    .then(|| FoldKey::for_key(record.key.as_deref()).to_bytes());
+                let state = key
+                    .as_ref()
+                    .and_then(|k| self.fold.get(k))
+                    .map(Vec::as_slice);
                 let input = RawInput {
                     topic: &coordinate.topic,
                     partition: record.channel.partition,
@@ -899,7 +858,7 @@ impl Task {
                     headers: &record.headers,
                 };
                 let r = catch_unwind(AssertUnwindSafe(|| (src.logic)(&input, state)));
-                (r, src.uses_state.then_some(key))
+                (r, key)
             }
         };
         let outcome = match outcome {
@@ -982,9 +941,11 @@ impl Task {
         coordinate: &Coordinate,
     ) -> Result<(), TaskError> {
         let topic = emission.topic();
+        // `sinks` holds exactly the stage's declared sinks (the tick topic
+        // is routed separately).
         let sink = match self.sinks.get(topic) {
-            Some(s) if self.stage.declares_sink(topic) => *s,
-            _ => {
+            Some(s) => *s,
+            None => {
                 return Err(TaskError::UndeclaredSink {
                     task: self.id.clone(),
                     coordinate: coordinate.clone(),
@@ -1061,8 +1022,17 @@ impl Task {
     }
 }
 
+/// A record's causal headers, read strictly out of all its headers.
+pub(crate) fn causal_headers(headers: &[Header]) -> Result<CausalHeaders, CorruptHeader> {
+    CausalHeaders::decode(
+        headers
+            .iter()
+            .map(|h| (h.name.as_str(), h.value.as_deref())),
+    )
+}
+
 /// The stamp as record headers, in the order `vc`, `vc-sender`, `vc-seq`.
-pub(crate) fn stamp_headers(stamp: &CausalHeaders) -> Vec<Header> {
+fn stamp_headers(stamp: &CausalHeaders) -> Vec<Header> {
     stamp
         .encode()
         .into_iter()
