@@ -196,6 +196,16 @@ pub(crate) fn parse_hyphenated(b: &[u8]) -> Option<u128> {
     Uuid::try_parse_ascii(b).ok().map(|u| u.as_u128())
 }
 
+/// Parses a hyphenated UUID in its one canonical spelling (lower-case hex,
+/// the form [`fmt::Display`] writes), from exactly 36 bytes. State keys use
+/// this: two spellings of one id must never name two entries.
+pub(crate) fn parse_hyphenated_canonical(b: &[u8]) -> Option<u128> {
+    if b.iter().any(u8::is_ascii_uppercase) {
+        return None;
+    }
+    parse_hyphenated(b)
+}
+
 /// The value of one hex digit (either case).
 pub(crate) fn hex_digit(c: u8) -> Option<u8> {
     match c {
@@ -210,13 +220,28 @@ pub(crate) fn hex_digit(c: u8) -> Option<u8> {
 /// channel and the bytes after it. The partition is one or more decimal
 /// digits fitting an `i32`.
 pub(crate) fn parse_channel_prefix(b: &[u8]) -> Option<(Channel, &[u8])> {
-    let topic = parse_hyphenated(b.get(..36)?)?;
+    parse_channel_prefix_with(b, parse_hyphenated, false)
+}
+
+/// [`parse_channel_prefix`] accepting only the canonical spelling that
+/// [`Channel`]'s `Display` writes: a lower-case topic id and a partition
+/// without leading zeros.
+pub(crate) fn parse_channel_prefix_canonical(b: &[u8]) -> Option<(Channel, &[u8])> {
+    parse_channel_prefix_with(b, parse_hyphenated_canonical, true)
+}
+
+fn parse_channel_prefix_with(
+    b: &[u8],
+    uuid: fn(&[u8]) -> Option<u128>,
+    canonical: bool,
+) -> Option<(Channel, &[u8])> {
+    let topic = uuid(b.get(..36)?)?;
     if b.get(36) != Some(&b':') {
         return None;
     }
     let rest = &b[37..];
     let digits = rest.iter().take_while(|c| c.is_ascii_digit()).count();
-    if digits == 0 || digits > 10 {
+    if digits == 0 || digits > 10 || (canonical && digits > 1 && rest[0] == b'0') {
         return None;
     }
     let mut partition: i64 = 0;

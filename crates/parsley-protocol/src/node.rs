@@ -70,6 +70,19 @@ pub struct DeliveredMark {
     pub offset: i64,
 }
 
+/// Records of one sender on a joined input that the node's past already
+/// claimed by sequence when the input joined: that sender's records on the
+/// channel with a send sequence up to `seq` and an offset below `bound` (the
+/// channel's end offset at the join) are skipped, not delivered.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct SkipMark {
+    /// The highest claimed send sequence.
+    pub seq: i64,
+    /// The channel's end offset when the input joined; nothing at or above
+    /// it can have been in the node's past.
+    pub bound: i64,
+}
+
 /// Counters a host can export as metrics.
 #[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
 pub struct NodeStats {
@@ -77,6 +90,9 @@ pub struct NodeStats {
     pub delivered_total: u64,
     /// Records fed at or below the frontier and discarded.
     pub replays_skipped_total: u64,
+    /// Records on a joined input skipped because the node's past already
+    /// claimed them by sequence (see [`CausalNode::init`] on scope growth).
+    pub past_skipped_total: u64,
 }
 
 /// What [`CausalNode::init`] found and did.
@@ -91,8 +107,12 @@ pub struct InitReport {
     pub shrunk: Vec<Channel>,
     /// Inputs that joined the scope.
     pub grown: Vec<Channel>,
-    /// Joined inputs whose frontier was seeded from carried ancestry.
+    /// Joined inputs whose frontier was seeded from the node's past (every
+    /// offset its stamps already claimed on the channel).
     pub seeded: BTreeMap<Channel, i64>,
+    /// Joined inputs on which sequence claims of the node's past will skip
+    /// records as they arrive, with the claimed sender and sequence.
+    pub skip_marks: BTreeMap<Channel, BTreeMap<SenderId, SkipMark>>,
     /// Former sinks whose end offsets were folded into carried ancestry.
     pub former_sinks_folded: Vec<TopicId>,
     /// Former sinks skipped because the topic no longer exists.
@@ -215,6 +235,11 @@ struct ChannelState {
     committed_head: i64,
     committed_tail: i64,
     delivered: BTreeMap<SenderId, DeliveredMark>,
+    /// Skip marks set when the channel joined the scope (kept for as long
+    /// as the channel stays an input: they also meet claims on the skipped
+    /// records, which are never delivered here).
+    skip: BTreeMap<SenderId, SkipMark>,
+    skip_dirty: bool,
     frontier_dirty: bool,
     advertised_dirty: bool,
     delivered_dirty: BTreeSet<SenderId>,
@@ -233,6 +258,8 @@ impl ChannelState {
             committed_head: 0,
             committed_tail: 0,
             delivered: BTreeMap::new(),
+            skip: BTreeMap::new(),
+            skip_dirty: false,
             frontier_dirty: false,
             advertised_dirty: false,
             delivered_dirty: BTreeSet::new(),
@@ -278,6 +305,11 @@ pub struct CausalNode {
     send_seq: BTreeMap<Channel, i64>,
     /// Send sequences committed by earlier incarnations (read at init).
     prior_send_seq: BTreeMap<Channel, i64>,
+    /// For each consumed channel this node has sent to before: the offset
+    /// below which all of those committed sends lie (the channel's end at
+    /// init, minus one). A claim on one of them is met once the frontier
+    /// reaches it.
+    own_cover: BTreeMap<Channel, i64>,
     /// This incarnation's sends: the last sequence per sink channel.
     self_claims: BTreeMap<Channel, i64>,
     send_seq_dirty: BTreeSet<Channel>,
@@ -339,12 +371,31 @@ impl CausalNode {
             if p.queue_meta.remove(&ch).is_some() {
                 pending.delete(StateKey::QueueMeta(ch));
             }
+            for sender in p.skips.remove(&ch).unwrap_or_default().into_keys() {
+                pending.delete(StateKey::SkipMark(ch, sender));
+            }
             report.shrunk.push(ch);
         }
 
-        // One end-offset query for current and former sinks.
+        // One end-offset query: current and former sinks (own outputs and
+        // their folding), joining inputs (the bound of what the node's past
+        // can name there), and inputs this node has sent to (where its own
+        // committed sends lie).
         let former: BTreeSet<TopicId> = recorded_sinks.difference(&config.sinks).copied().collect();
-        let query: BTreeSet<TopicId> = config.sinks.union(&former).copied().collect();
+        let grown: Vec<Channel> = config
+            .inputs
+            .difference(&recorded_inputs)
+            .copied()
+            .collect();
+        let mut query: BTreeSet<TopicId> = config.sinks.union(&former).copied().collect();
+        query.extend(grown.iter().map(|c| c.topic));
+        query.extend(
+            config
+                .inputs
+                .iter()
+                .filter(|c| p.send_seq.contains_key(c))
+                .map(|c| c.topic),
+        );
         let answers = if query.is_empty() {
             BTreeMap::new()
         } else {
@@ -373,18 +424,68 @@ impl CausalNode {
             }
         }
 
-        // Growth: a joining input starts at what the node already carries
-        // for it, so carried history is skipped rather than re-entered.
+        let end_of = |c: Channel| match answers.get(&c.topic) {
+            Some(TopicOffsets::Present(ends)) => ends.get(&c.partition).copied(),
+            _ => None,
+        };
+        let own_cover: BTreeMap<Channel, i64> = config
+            .inputs
+            .iter()
+            .filter(|c| p.send_seq.contains_key(c))
+            .filter_map(|&c| end_of(c).map(|end| (c, end - 1)))
+            .collect();
+
+        // Growth: a joining input skips everything the node's stamps already
+        // claim as past on it, so that history is never re-entered after
+        // the effects the node delivered. That past is what a stamp would
+        // carry: carried ancestry (departed inputs, former sinks), own
+        // outputs, and the advertised clocks of the inputs it keeps, with
+        // sequence claims it can resolve turned into offsets. Sequence
+        // claims it cannot resolve name records whose offsets are unknown
+        // here; they become skip marks, applied as those records arrive.
+        let mut past = carried.clone();
+        past.merge(&own_outputs);
+        for (c, cc) in &p.advertised {
+            if config.inputs.contains(c) {
+                past.merge(cc);
+            }
+        }
         let mut resume = BTreeMap::new();
         let mut seeded = BTreeMap::new();
-        for &ch in config.inputs.difference(&recorded_inputs) {
+        let mut skips: BTreeMap<Channel, BTreeMap<SenderId, SkipMark>> = BTreeMap::new();
+        for &ch in &grown {
             report.grown.push(ch);
-            if let Some(n) = carried.offset(ch) {
+            let mut seed = past.offset(ch);
+            let marks = p.delivered.get(&ch);
+            for claim in past.sequences().iter().filter(|c| c.channel == ch) {
+                if claim.sender == config.sender {
+                    // Our own committed sends: the own-claim rule covers them.
+                    continue;
+                }
+                match marks.and_then(|m| m.get(&claim.sender)) {
+                    Some(m) if m.seq >= claim.seq => {
+                        seed = Some(seed.map_or(m.offset, |s| s.max(m.offset)));
+                    }
+                    _ => {
+                        if let Some(bound) = end_of(ch) {
+                            skips.entry(ch).or_default().insert(
+                                claim.sender,
+                                SkipMark {
+                                    seq: claim.seq,
+                                    bound,
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+            if let Some(n) = seed {
                 seeded.insert(ch, n);
                 resume.insert(ch, n + 1);
             }
         }
         report.seeded = seeded.clone();
+        report.skip_marks = skips.clone();
 
         let mut carried_delivered = std::mem::take(&mut p.delivered);
         let mut channels = Vec::with_capacity(config.inputs.len());
@@ -411,6 +512,13 @@ impl CausalNode {
             if let Some(marks) = carried_delivered.remove(&ch) {
                 st.delivered = marks;
             }
+            if let Some(marks) = p.skips.remove(&ch) {
+                st.skip = marks;
+            }
+            if let Some(marks) = skips.remove(&ch) {
+                st.skip = marks;
+                st.skip_dirty = true;
+            }
             channels.push(st);
         }
 
@@ -432,6 +540,7 @@ impl CausalNode {
             carried_delivered,
             own_outputs,
             prior_send_seq: p.send_seq.clone(),
+            own_cover,
             send_seq: p.send_seq,
             self_claims: BTreeMap::new(),
             send_seq_dirty: BTreeSet::new(),
@@ -504,6 +613,24 @@ impl CausalNode {
         if ch.advertised.merge(&record.causal.clock) {
             ch.advertised_dirty = true;
             self.stamp_base = None;
+        }
+        if let Some(tag) = record.causal.sender
+            && ch
+                .skip
+                .get(&tag.sender)
+                .is_some_and(|m| tag.seq <= m.seq && record.offset < m.bound)
+        {
+            // Already in the node's past when the channel joined: skipped
+            // like a replay. With nothing held, the frontier passes it.
+            self.stats.past_skipped_total += 1;
+            debug!(channel = %record.channel, offset = record.offset, "record of the node's past skipped on a joined input");
+            if ch.queue.is_empty() && set_frontier(ch, record.offset) {
+                self.stamp_base = None;
+                if self.held > 0 {
+                    self.cascade(out);
+                }
+            }
+            return Ok(());
         }
         if !ch.queue.is_empty() {
             debug!(channel = %record.channel, offset = record.offset, depth = ch.queue.len(), "record queued behind a held head");
@@ -581,6 +708,11 @@ impl CausalNode {
         };
         let mut clock = base.clone();
         self.stamp_base = Some(base);
+        // Never a claim of our own on the destination itself (an echo of an
+        // earlier send there, this incarnation's or a prior one's): the
+        // record travels behind those sends on the same channel.
+        let me = self.sender;
+        clock.retain_sequences(|c| !(c.sender == me && c.channel == destination));
         for (&ch, &seq) in &self.self_claims {
             if ch != destination {
                 clock.claim_sequence(ch, self.sender, seq);
@@ -688,8 +820,9 @@ impl CausalNode {
     }
 
     /// Where the host must start fetching channels that joined the scope and
-    /// were seeded from carried ancestry: one past the seed. Other channels
-    /// resume from the host's committed positions.
+    /// were seeded from the node's past: one past the seed. Other channels
+    /// resume from the host's committed positions (or the host's start
+    /// policy, for a joining channel the node's past says nothing about).
     pub fn resume_positions(&self) -> &BTreeMap<Channel, i64> {
         &self.resume
     }
@@ -709,6 +842,11 @@ impl CausalNode {
             if ch.advertised_dirty {
                 batch.put(StateKey::ChannelClock(c), ch.advertised.encode());
                 ch.advertised_dirty = false;
+            }
+            if std::mem::take(&mut ch.skip_dirty) {
+                for (&sender, m) in &ch.skip {
+                    batch.put(StateKey::SkipMark(c, sender), encode_pair(m.seq, m.bound));
+                }
             }
             for sender in std::mem::take(&mut ch.delivered_dirty) {
                 if let Some(m) = ch.delivered.get(&sender) {
@@ -912,13 +1050,30 @@ impl CausalNode {
         out
     }
 
+    /// Whether a claim on a consumed channel is met. A sequence claim is met
+    /// by a delivery from its sender at or past the sequence, by a skip
+    /// mark (the claimed records were already past when the channel
+    /// joined), or, for a claim on this node's own sends committed by an
+    /// earlier incarnation, once the frontier covers the offset below which
+    /// the restart found them all (those records sit below what the restart
+    /// seeded, so no delivery from us may ever come).
     fn satisfied(&self, claim: Claim) -> bool {
         match claim {
             Claim::Offset { idx, offset } => self.channels[idx].frontier >= offset,
-            Claim::Seq { idx, sender, seq } => self.channels[idx]
-                .delivered
-                .get(&sender)
-                .is_some_and(|m| m.seq >= seq),
+            Claim::Seq { idx, sender, seq } => {
+                let ch = &self.channels[idx];
+                ch.delivered.get(&sender).is_some_and(|m| m.seq >= seq)
+                    || ch.skip.get(&sender).is_some_and(|m| m.seq >= seq)
+                    || (sender == self.sender
+                        && self
+                            .prior_send_seq
+                            .get(&ch.channel)
+                            .is_some_and(|&p| seq <= p)
+                        && self
+                            .own_cover
+                            .get(&ch.channel)
+                            .is_some_and(|&cover| ch.frontier >= cover))
+            }
         }
     }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use crate::clock::VectorClock;
 use crate::error::ProtocolError;
 use crate::ids::{Channel, SenderId};
-use crate::node::DeliveredMark;
+use crate::node::{DeliveredMark, SkipMark};
 use crate::record::InboundRecord;
 use crate::store::{
     CorruptState, ScopeRecord, StateKey, StoreRead, decode_envelope, decode_i64, decode_pair,
@@ -25,6 +25,8 @@ pub(crate) struct Persisted {
     pub(crate) queues: BTreeMap<Channel, Vec<InboundRecord>>,
     pub(crate) send_seq: BTreeMap<Channel, i64>,
     pub(crate) delivered: BTreeMap<Channel, BTreeMap<SenderId, DeliveredMark>>,
+    /// Skip marks of joined inputs: per sender, (sequence, end bound).
+    pub(crate) skips: BTreeMap<Channel, BTreeMap<SenderId, SkipMark>>,
 }
 
 impl Persisted {
@@ -88,6 +90,13 @@ impl Persisted {
                     .or_default()
                     .insert(sender, DeliveredMark { seq, offset });
             }
+            StateKey::SkipMark(c, sender) => {
+                let (seq, bound) = decode_pair(value).map_err(bad)?;
+                self.skips
+                    .entry(c)
+                    .or_default()
+                    .insert(sender, SkipMark { seq, bound });
+            }
         }
         Ok(())
     }
@@ -107,7 +116,8 @@ impl Persisted {
                     || !self.queue_meta.is_empty()
                     || !entries.is_empty()
                     || !self.send_seq.is_empty()
-                    || !self.delivered.is_empty();
+                    || !self.delivered.is_empty()
+                    || !self.skips.is_empty();
                 if anything {
                     return Err(CorruptState::new(
                         StateKey::Scope,
@@ -127,6 +137,14 @@ impl Persisted {
         }
         if let Some(c) = self.advertised.keys().find(|c| !is_input(c)) {
             return Err(outside(StateKey::ChannelClock(*c)).into());
+        }
+        if let Some((c, marks)) = self.skips.iter().find(|(c, _)| !is_input(c)) {
+            let sender = marks
+                .keys()
+                .next()
+                .copied()
+                .unwrap_or(SenderId::from_u128(0));
+            return Err(outside(StateKey::SkipMark(*c, sender)).into());
         }
         if let Some(c) = self.queue_meta.keys().find(|c| !is_input(c)) {
             return Err(outside(StateKey::QueueMeta(*c)).into());

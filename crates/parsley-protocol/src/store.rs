@@ -64,7 +64,10 @@ use std::str::FromStr;
 use crate::bytes::Reader;
 use crate::clock::VectorClock;
 use crate::headers::{CausalHeaders, SenderTag};
-use crate::ids::{Channel, SenderId, TopicId, hex_digit, parse_channel_prefix, parse_hyphenated};
+use crate::ids::{
+    Channel, SenderId, TopicId, hex_digit, parse_channel_prefix_canonical,
+    parse_hyphenated_canonical,
+};
 use crate::record::{Header, InboundRecord};
 
 /// The extension tag for held-record headers.
@@ -109,6 +112,10 @@ pub enum StateKey {
     SendSeq(Channel),
     /// `ds/<channel>/<sender>`
     DeliveredSeq(Channel, SenderId),
+    /// `sk/<channel>/<sender>`: records of `sender` on a joined input that
+    /// the node's past already claimed by sequence (this implementation's
+    /// own key; see `docs/decisions.md`).
+    SkipMark(Channel, SenderId),
 }
 
 impl fmt::Display for StateKey {
@@ -122,6 +129,7 @@ impl fmt::Display for StateKey {
             StateKey::QueueEntry(c, i) => write!(f, "q/{c}/e/{i:016x}"),
             StateKey::SendSeq(c) => write!(f, "sq/{c}"),
             StateKey::DeliveredSeq(c, s) => write!(f, "ds/{c}/{s}"),
+            StateKey::SkipMark(c, s) => write!(f, "sk/{c}/{s}"),
         }
     }
 }
@@ -135,7 +143,10 @@ impl FromStr for StateKey {
 }
 
 /// Parses a state key by fixed positions (keys are generated, so their
-/// shapes are exact; anything else is not ours).
+/// shapes are exact; anything else is not ours). Only the spelling that
+/// `Display` writes is accepted: lower-case ids, partitions and indices
+/// without leading zeros. A second spelling of one key would name the same
+/// entry twice, and restore could not tell which one is current.
 fn parse_key(b: &[u8]) -> Option<StateKey> {
     match b {
         b"scope" => return Some(StateKey::Scope),
@@ -152,17 +163,23 @@ fn parse_key(b: &[u8]) -> Option<StateKey> {
         (b's', r)
     } else if let Some(r) = b.strip_prefix(b"ds/") {
         (b'd', r)
+    } else if let Some(r) = b.strip_prefix(b"sk/") {
+        (b'k', r)
     } else {
         return None;
     };
-    let (channel, rest) = parse_channel_prefix(rest)?;
+    let (channel, rest) = parse_channel_prefix_canonical(rest)?;
     match (kind, rest) {
         (b'f', []) => Some(StateKey::Frontier(channel)),
         (b'c', []) => Some(StateKey::ChannelClock(channel)),
         (b's', []) => Some(StateKey::SendSeq(channel)),
         (b'd', [b'/', sender @ ..]) => Some(StateKey::DeliveredSeq(
             channel,
-            SenderId::from_u128(parse_hyphenated(sender)?),
+            SenderId::from_u128(parse_hyphenated_canonical(sender)?),
+        )),
+        (b'k', [b'/', sender @ ..]) => Some(StateKey::SkipMark(
+            channel,
+            SenderId::from_u128(parse_hyphenated_canonical(sender)?),
         )),
         (b'q', b"/m") => Some(StateKey::QueueMeta(channel)),
         (b'q', [b'/', b'e', b'/', index @ ..]) if index.len() == 16 => {

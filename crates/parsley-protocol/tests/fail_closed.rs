@@ -176,6 +176,46 @@ fn corrupt_persisted_values() {
     assert!(CausalNode::init(h.config.clone(), &good, &h.broker).is_ok());
 }
 
+/// Two spellings of one key would name one entry twice, and restore could
+/// only keep whichever it read last. Only the canonical spelling parses, so
+/// an alias fails init instead of silently replacing the real entry.
+#[test]
+fn non_canonical_state_keys_are_corrupt() {
+    let a = Channel::new(TopicId::from_u128(0xAB), 3);
+    let mut h = Harness::start(config(sender(ME), &[a], &[]), FakeBroker::default());
+    h.feed(rec(a, 5, VectorClock::new()));
+    h.commit();
+    let good = h.store.clone();
+    let canonical = StateKey::Frontier(a).to_string();
+    assert!(good.get(&canonical).is_some());
+    for alias in [
+        canonical.to_uppercase().replacen("F/", "f/", 1),
+        canonical.replace(":3", ":03"),
+    ] {
+        assert_ne!(alias, canonical);
+        let mut store = good.clone();
+        store
+            .entries_mut()
+            .insert(alias.clone(), 9i64.to_be_bytes().to_vec());
+        let err = CausalNode::init(h.config.clone(), &store, &h.broker).unwrap_err();
+        assert!(
+            matches!(err, ProtocolError::CorruptState(ref c) if c.key == alias),
+            "{alias}: {err}"
+        );
+    }
+    // A skip mark for a channel outside the recorded scope is corrupt too.
+    let mut store = good.clone();
+    store.entries_mut().insert(
+        StateKey::SkipMark(ch(7, 0), sender(1)).to_string(),
+        [1i64.to_be_bytes(), 9i64.to_be_bytes()].concat(),
+    );
+    assert!(matches!(
+        CausalNode::init(h.config.clone(), &store, &h.broker),
+        Err(ProtocolError::CorruptState(_))
+    ));
+    assert!(CausalNode::init(h.config.clone(), &good, &h.broker).is_ok());
+}
+
 #[test]
 fn missing_sink_at_init() {
     let a = ch(1, 0);
