@@ -443,8 +443,14 @@ impl CausalNode {
         // sequence claims it can resolve turned into offsets. Sequence
         // claims it cannot resolve name records whose offsets are unknown
         // here; they become skip marks, applied as those records arrive.
+        //
+        // A fresh node has no past: its own outputs at a first start are an
+        // over-claim on whatever others wrote to its sinks, not history it
+        // ignored, so they seed nothing and the host's start policy decides.
         let mut past = carried.clone();
-        past.merge(&own_outputs);
+        if !report.fresh {
+            past.merge(&own_outputs);
+        }
         for (c, cc) in &p.advertised {
             if config.inputs.contains(c) {
                 past.merge(cc);

@@ -414,3 +414,20 @@ fn a_stamp_never_self_claims_its_destination() {
     assert_eq!(stamp.clock.sequence(g, me), None, "{:?}", stamp.clock);
     assert_eq!(stamp.sender.unwrap().seq, 3);
 }
+
+/// A first start is not growth: a fresh node that consumes one of its own
+/// sinks is not seeded at that sink's end (those records were written by
+/// others before it existed, not ignored by it); the host's start policy
+/// decides where it begins.
+#[test]
+fn a_fresh_node_is_not_seeded_at_its_own_outputs() {
+    let t = ch(2, 0);
+    let me = sender(ME);
+    let broker = FakeBroker::default().with_topic(t.topic, 1, 5);
+    let mut h = Harness::start(config(me, &[t], &[t.topic]), broker);
+    assert!(h.report.fresh);
+    assert!(h.node.resume_positions().is_empty());
+    assert_eq!(h.node.frontier(t), Some(-1));
+    h.advance(t, 0);
+    assert_eq!(h.feed(rec(t, 0, VectorClock::new())), vec![(t, 0)]);
+}
