@@ -305,11 +305,6 @@ pub struct CausalNode {
     send_seq: BTreeMap<Channel, i64>,
     /// Send sequences committed by earlier incarnations (read at init).
     prior_send_seq: BTreeMap<Channel, i64>,
-    /// For each consumed channel this node has sent to before: the offset
-    /// below which all of those committed sends lie (the channel's end at
-    /// init, minus one). A claim on one of them is met once the frontier
-    /// reaches it.
-    own_cover: BTreeMap<Channel, i64>,
     /// This incarnation's sends: the last sequence per sink channel.
     self_claims: BTreeMap<Channel, i64>,
     send_seq_dirty: BTreeSet<Channel>,
@@ -378,9 +373,8 @@ impl CausalNode {
         }
 
         // One end-offset query: current and former sinks (own outputs and
-        // their folding), joining inputs (the bound of what the node's past
-        // can name there), and inputs this node has sent to (where its own
-        // committed sends lie).
+        // their folding), and joining inputs (the bound of what the node's
+        // past can name there).
         let former: BTreeSet<TopicId> = recorded_sinks.difference(&config.sinks).copied().collect();
         let grown: Vec<Channel> = config
             .inputs
@@ -389,13 +383,6 @@ impl CausalNode {
             .collect();
         let mut query: BTreeSet<TopicId> = config.sinks.union(&former).copied().collect();
         query.extend(grown.iter().map(|c| c.topic));
-        query.extend(
-            config
-                .inputs
-                .iter()
-                .filter(|c| p.send_seq.contains_key(c))
-                .map(|c| c.topic),
-        );
         let answers = if query.is_empty() {
             BTreeMap::new()
         } else {
@@ -428,12 +415,6 @@ impl CausalNode {
             Some(TopicOffsets::Present(ends)) => ends.get(&c.partition).copied(),
             _ => None,
         };
-        let own_cover: BTreeMap<Channel, i64> = config
-            .inputs
-            .iter()
-            .filter(|c| p.send_seq.contains_key(c))
-            .filter_map(|&c| end_of(c).map(|end| (c, end - 1)))
-            .collect();
 
         // Growth: a joining input skips everything the node's stamps already
         // claim as past on it, so that history is never re-entered after
@@ -443,6 +424,10 @@ impl CausalNode {
         // sequence claims it can resolve turned into offsets. Sequence
         // claims it cannot resolve name records whose offsets are unknown
         // here; they become skip marks, applied as those records arrive.
+        // The node's own committed sends to the channel (it was a sink) are
+        // in its past by definition: they become a skip mark too, which is
+        // what meets claims on them that come back through custody (they
+        // sit below the seed, so they will never be delivered here).
         //
         // A fresh node has no past: its own outputs at a first start are an
         // over-claim on whatever others wrote to its sinks, not history it
@@ -463,6 +448,12 @@ impl CausalNode {
             report.grown.push(ch);
             let mut seed = past.offset(ch);
             let marks = p.delivered.get(&ch);
+            if let (Some(&seq), Some(bound)) = (p.send_seq.get(&ch), end_of(ch)) {
+                skips
+                    .entry(ch)
+                    .or_default()
+                    .insert(config.sender, SkipMark { seq, bound });
+            }
             for claim in past.sequences().iter().filter(|c| c.channel == ch) {
                 if claim.sender == config.sender {
                     // Our own committed sends: the own-claim rule covers them.
@@ -546,7 +537,6 @@ impl CausalNode {
             carried_delivered,
             own_outputs,
             prior_send_seq: p.send_seq.clone(),
-            own_cover,
             send_seq: p.send_seq,
             self_claims: BTreeMap::new(),
             send_seq_dirty: BTreeSet::new(),
@@ -1057,12 +1047,10 @@ impl CausalNode {
     }
 
     /// Whether a claim on a consumed channel is met. A sequence claim is met
-    /// by a delivery from its sender at or past the sequence, by a skip
-    /// mark (the claimed records were already past when the channel
-    /// joined), or, for a claim on this node's own sends committed by an
-    /// earlier incarnation, once the frontier covers the offset below which
-    /// the restart found them all (those records sit below what the restart
-    /// seeded, so no delivery from us may ever come).
+    /// by a delivery from its sender at or past the sequence, or by a skip
+    /// mark: the claimed records were already in the node's past when the
+    /// channel joined (the node's own earlier sends among them), so they
+    /// are never delivered here.
     fn satisfied(&self, claim: Claim) -> bool {
         match claim {
             Claim::Offset { idx, offset } => self.channels[idx].frontier >= offset,
@@ -1070,15 +1058,6 @@ impl CausalNode {
                 let ch = &self.channels[idx];
                 ch.delivered.get(&sender).is_some_and(|m| m.seq >= seq)
                     || ch.skip.get(&sender).is_some_and(|m| m.seq >= seq)
-                    || (sender == self.sender
-                        && self
-                            .prior_send_seq
-                            .get(&ch.channel)
-                            .is_some_and(|&p| seq <= p)
-                        && self
-                            .own_cover
-                            .get(&ch.channel)
-                            .is_some_and(|&cover| ch.frontier >= cover))
             }
         }
     }

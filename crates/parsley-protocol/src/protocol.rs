@@ -12,7 +12,7 @@ use crate::broker::BrokerOffsets;
 use crate::error::ProtocolError;
 use crate::headers::CausalHeaders;
 use crate::ids::Channel;
-use crate::node::{CausalNode, Initialized, NodeConfig, TruncationReport};
+use crate::node::{CausalNode, Initialized, NodeConfig, NodeStats, TruncationReport};
 use crate::record::{Delivery, InboundRecord};
 use crate::store::{StoreRead, WriteBatch};
 
@@ -53,6 +53,11 @@ pub trait DeliveryProtocol: Sized {
 
     /// Records currently held.
     fn held_count(&self) -> usize;
+
+    /// Counters since init (an implementation without them reports zeros).
+    fn stats(&self) -> NodeStats {
+        NodeStats::default()
+    }
 }
 
 impl DeliveryProtocol for CausalNode {
@@ -97,5 +102,9 @@ impl DeliveryProtocol for CausalNode {
 
     fn held_count(&self) -> usize {
         CausalNode::held_count(self)
+    }
+
+    fn stats(&self) -> NodeStats {
+        CausalNode::stats(self)
     }
 }

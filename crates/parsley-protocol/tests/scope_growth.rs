@@ -171,12 +171,12 @@ fn a_kept_sink_added_as_an_input_meets_old_own_claims_and_waits_for_new_ones() {
     assert_eq!(h.feed(ours), vec![(g, 2), (t, 2)]);
 }
 
-/// Soundness of the own-claim rule: a claim on one of our earlier sends is
-/// met only once the frontier covers where the restart put it. A node that
-/// consumes its own sink from the start (no seed) must still wait for the
-/// frontier to reach the committed end.
+/// Soundness of the own-claim rule: only a join turns the node's own
+/// earlier sends into skipped past. A node that consumed its own sink all
+/// along (no join) still waits for the claimed record itself, even across a
+/// restart.
 #[test]
-fn own_claims_wait_until_the_frontier_covers_the_committed_sends() {
+fn own_claims_on_an_input_consumed_all_along_wait_for_the_record() {
     let Topics { a, t: _, g } = topics();
     let me = sender(ME);
     let broker = FakeBroker::default()

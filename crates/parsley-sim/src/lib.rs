@@ -14,8 +14,10 @@
 //! * [`SimWorld`]: the seeded scheduler (ChaCha8), with budgets that make
 //!   worlds drain, and the weighting that buys crashes while records are
 //!   held.
-//! * [`Oracle`]: causal order, per-channel FIFO and no duplicates on every
-//!   delivery; completeness at drain.
+//! * [`Oracle`]: causal order, per-channel FIFO, no duplicates and no
+//!   re-entry of a node's causal past on every delivery; completeness at
+//!   drain, judged for an input added by a redeploy from the host's own
+//!   start position and the oracle's claim envelope.
 //! * [`EdgeProducer`]: plain producers and observers at the topology's edge.
 //! * [`Behavior`]: forward, fan-out, filter, damped feedback; ticks via
 //!   [`TickSpec`].

@@ -20,9 +20,12 @@
 //!   that really exists.
 //! * **H5** [`start`](SimNode::start) restarts from committed state through
 //!   the protocol's full init path, seeks channels that joined the scope to
-//!   the protocol's resume positions, and reports each channel's starting
-//!   position (the position watermark is not persisted; the host re-reports
-//!   it).
+//!   the protocol's resume positions (unless [`NodeSpec::seek_resume`] is
+//!   off, which re-reads the prefix so the replay guard must drop it), and
+//!   reports each channel's starting position (the position watermark is
+//!   not persisted; the host re-reports it). A scope change the protocol
+//!   refuses because a departing input still holds records is retried at
+//!   the next restart, with the input redeclared meanwhile.
 //! * **H6** positions below the log start are moved up to it.
 //!
 //! Nothing hands a send's offset back to the node that made it.
@@ -33,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use parsley_protocol::{
     CausalHeaders, Channel, Delivery, DeliveryProtocol, InboundRecord, MemStore, NodeConfig,
-    SenderId, TopicId,
+    NodeStats, ProtocolError, SenderId, StateKey, TopicId,
 };
 
 use crate::behavior::{Behavior, Output, Payload, Route};
@@ -76,7 +79,8 @@ pub struct TickSpec {
     pub outputs: Vec<Output>,
 }
 
-/// A change of scope applied when the node restarts for the n-th time.
+/// A change of scope applied when the node restarts for the n-th time (a
+/// node may have several, at different restarts).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rescope {
     /// Applies at this restart (1 = the first restart).
@@ -107,8 +111,13 @@ pub struct NodeSpec {
     pub start: StartPolicy,
     /// False for a node that joins only when the scenario says so.
     pub joins_at_start: bool,
-    /// A scope change at a later restart.
-    pub rescope: Option<Rescope>,
+    /// Scope changes at later restarts.
+    pub rescopes: Vec<Rescope>,
+    /// Whether the host seeks a joining input to the protocol's resume
+    /// position (the host contract). A host that does not re-reads the
+    /// prefix from its own start position, and the protocol's replay guard
+    /// must drop it: that is how the kit exercises the guard.
+    pub seek_resume: bool,
 }
 
 impl NodeSpec {
@@ -123,7 +132,8 @@ impl NodeSpec {
             tick: None,
             start: StartPolicy::Earliest,
             joins_at_start: true,
-            rescope: None,
+            rescopes: Vec::new(),
+            seek_resume: true,
         }
     }
 }
@@ -156,6 +166,22 @@ pub struct StepReport {
     pub held_after: usize,
     /// Held records a (re)start restored from the committed store.
     pub restored_held: usize,
+    /// Replays the protocol dropped at or below a frontier.
+    pub replays_skipped: usize,
+    /// Records on joined inputs the protocol skipped as already past.
+    pub past_skipped: usize,
+    /// Inputs that joined by a redeploy at this (re)start.
+    pub joined_inputs: usize,
+    /// Of those, inputs the protocol asked to resume past a seed.
+    pub seeded_inputs: usize,
+    /// Inputs that left the scope at this (re)start.
+    pub left_inputs: usize,
+    /// Redeploys the protocol refused because a departing input still held
+    /// records (retried at the next restart).
+    pub refused_shrinks: usize,
+    /// Deliveries of records that claim, by sequence, one of the node's
+    /// own sends made before that channel joined its inputs.
+    pub own_past_claims_delivered: usize,
 }
 
 /// A failure of the world: a violation, a protocol refusal, or a host
@@ -182,6 +208,11 @@ pub struct SimNode<P: DeliveryProtocol> {
     restarts: u32,
     round_robin: u64,
     fault: Option<HostFault>,
+    stats_seen: NodeStats,
+    rescopes_applied: usize,
+    /// Per input that joined by a redeploy: the node's own send sequence
+    /// there when it joined (for the kit's counters only).
+    joined_own_seq: BTreeMap<Channel, i64>,
 }
 
 /// Resolves topic names for a node.
@@ -220,6 +251,9 @@ impl<P: DeliveryProtocol> SimNode<P> {
             restarts: 0,
             round_robin: 0,
             fault,
+            stats_seen: NodeStats::default(),
+            rescopes_applied: 0,
+            joined_own_seq: BTreeMap::new(),
         }
     }
 
@@ -241,6 +275,12 @@ impl<P: DeliveryProtocol> SimNode<P> {
     /// Times the node restarted.
     pub fn restarts(&self) -> u32 {
         self.restarts
+    }
+
+    /// Scope changes not applied yet (their restart has not come, or the
+    /// protocol refused them so far).
+    pub fn rescopes_pending(&self) -> usize {
+        self.spec.rescopes.len() - self.rescopes_applied
     }
 
     /// The committed consumer position on a channel.
@@ -281,14 +321,22 @@ impl<P: DeliveryProtocol> SimNode<P> {
         oracle: &mut Oracle,
         topics: &dyn Topics,
     ) -> StepResult {
+        let first_start = !self.joined;
         if self.joined {
             self.restarts += 1;
         }
         self.joined = true;
-        if let Some(r) = &self.spec.rescope
-            && r.at_restart == self.restarts
-        {
-            let old = std::mem::take(&mut self.inputs);
+        let old_inputs = self.inputs.clone();
+        let old_sinks = self.sinks.clone();
+        let old_behavior = self.spec.behavior.clone();
+        // The next pending scope change, once its restart has come.
+        let pending = self
+            .spec
+            .rescopes
+            .get(self.rescopes_applied)
+            .filter(|r| r.at_restart <= self.restarts)
+            .cloned();
+        if let Some(r) = &pending {
             self.inputs = r
                 .inputs
                 .iter()
@@ -298,33 +346,97 @@ impl<P: DeliveryProtocol> SimNode<P> {
             if let Some(b) = &r.behavior {
                 self.spec.behavior = b.clone();
             }
-            for c in old.difference(&self.inputs) {
-                oracle.stop_consuming(self.actor, *c);
-                self.positions.remove(c);
+        }
+        let config = |inputs: &BTreeSet<Channel>, sinks: &BTreeSet<TopicId>| NodeConfig {
+            sender: self.sender,
+            inputs: inputs.clone(),
+            sinks: sinks.clone(),
+        };
+        let mut refused_shrink = 0;
+        let init = match P::init(config(&self.inputs, &self.sinks), &self.store, broker) {
+            Ok(init) => {
+                if pending.is_some() {
+                    self.rescopes_applied += 1;
+                }
+                init
+            }
+            // The protocol refuses to drop an input that still holds
+            // records. An operator redeclares the input and tries the
+            // redeploy again later: so does the kit, at the next restart.
+            Err(ProtocolError::HeldRecordsOnDepartingInput { .. }) if pending.is_some() => {
+                refused_shrink = 1;
+                self.inputs = old_inputs.clone();
+                self.sinks = old_sinks.clone();
+                self.spec.behavior = old_behavior;
+                P::init(config(&self.inputs, &self.sinks), &self.store, broker)
+                    .map_err(|e| violation(format!("node {}: init refused: {e}", self.spec.name)))?
+            }
+            Err(e) => {
+                return Err(violation(format!(
+                    "node {}: init refused: {e}",
+                    self.spec.name
+                )));
+            }
+        };
+        let mut left_inputs = 0;
+        for c in old_inputs.difference(&self.inputs) {
+            oracle.stop_consuming(self.actor, *c);
+            self.positions.remove(c);
+            left_inputs += 1;
+        }
+        let resume = init.node.resume_positions();
+        // The oracle's claim envelope takes in the sink end offsets this
+        // start's own outputs (and former sinks' folding) claim.
+        for &topic in self.sinks.union(&old_sinks) {
+            for p in 0..broker.partitions(topic).unwrap_or(0) {
+                let c = Channel::new(topic, p);
+                oracle.own_output(self.actor, c, broker.end_offset(c));
             }
         }
-        let config = NodeConfig {
-            sender: self.sender,
-            inputs: self.inputs.clone(),
-            sinks: self.sinks.clone(),
-        };
-        let init = P::init(config, &self.store, broker)
-            .map_err(|e| violation(format!("node {}: init refused: {e}", self.spec.name)))?;
-        let resume = init.node.resume_positions();
+        let mut joined_inputs = 0;
+        let mut seeded_inputs = 0;
         for &c in &self.inputs {
             let start = broker.log_start(c);
-            let pos = match (self.positions.get(&c), resume.get(&c)) {
-                (_, Some(&r)) => r,
-                (Some(&p), None) => p,
-                (None, None) => match self.spec.start {
+            // Where the host's own policy starts: the committed position,
+            // else the start policy. This, not the protocol's answer, is the
+            // oracle's baseline.
+            let own = match self.positions.get(&c) {
+                Some(&p) => p,
+                None => match self.spec.start {
                     StartPolicy::Earliest => start,
                     StartPolicy::Latest => broker.end_offset(c),
                 },
             };
+            // H5: a joining input resumes where the protocol says.
+            let pos = match resume.get(&c) {
+                Some(&r) if self.spec.seek_resume => r,
+                _ => own,
+            };
             // H6: never start below the log start.
-            let pos = pos.max(start);
+            let (pos, own) = (pos.max(start), own.max(start));
             self.positions.insert(c, pos);
-            oracle.consume(self.actor, c, pos);
+            if !first_start && !old_inputs.contains(&c) {
+                joined_inputs += 1;
+                if resume.contains_key(&c) {
+                    seeded_inputs += 1;
+                }
+                oracle.consume_joining(self.actor, c, own);
+                // The node's own committed sends to the joining channel (it
+                // was a sink): records claiming them are what used to wedge.
+                match self.store.get(&StateKey::SendSeq(c).to_string()) {
+                    Some(v) => {
+                        let seq = v.try_into().map(i64::from_be_bytes).map_err(|_| {
+                            violation(format!("node {}: corrupt sq/ value", self.spec.name))
+                        })?;
+                        self.joined_own_seq.insert(c, seq);
+                    }
+                    None => {
+                        self.joined_own_seq.remove(&c);
+                    }
+                }
+            } else {
+                oracle.consume(self.actor, c, pos);
+            }
         }
         let restored_held = init.report.restored_held;
         let mut node = init.node;
@@ -349,8 +461,14 @@ impl<P: DeliveryProtocol> SimNode<P> {
             }
         }
         self.protocol = Some(node);
+        self.stats_seen = NodeStats::default();
         // The first transaction: init's writes and whatever it released.
         oracle.begin(self.actor);
+        if self.fault != Some(HostFault::WithholdPositionAdvance) {
+            for (&c, &pos) in &self.positions {
+                oracle.position(self.actor, c, pos);
+            }
+        }
         let positions = self.positions.clone();
         let mut report = self.finish_with(
             deliveries,
@@ -362,6 +480,10 @@ impl<P: DeliveryProtocol> SimNode<P> {
             topics,
         )?;
         report.restored_held = restored_held;
+        report.joined_inputs = joined_inputs;
+        report.seeded_inputs = seeded_inputs;
+        report.left_inputs = left_inputs;
+        report.refused_shrinks = refused_shrink;
         Ok(report)
     }
 
@@ -424,6 +546,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
                     headers: rec.headers.clone(),
                     causal: rec.causal.clone(),
                 };
+                let id = rec.oracle_id;
                 positions.insert(c, offset + 1);
                 if self.fault == Some(HostFault::EarlyPositionReport) {
                     // The fault: report the end as the position before the
@@ -435,6 +558,8 @@ impl<P: DeliveryProtocol> SimNode<P> {
                     );
                 }
                 deliveries.extend(protocol.on_record(record).map_err(refused)?);
+                oracle.receive(self.actor, id);
+                oracle.position(self.actor, c, offset + 1);
                 Ok((deliveries, Vec::new(), 0))
             }
             NodeAction::Advance(c) => {
@@ -442,6 +567,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
                 if let Some(target) = broker.skip_target(c, from) {
                     positions.insert(c, target);
                     deliveries.extend(protocol.position_advance(c, target).map_err(refused)?);
+                    oracle.position(self.actor, c, target);
                 }
                 Ok((deliveries, Vec::new(), 0))
             }
@@ -503,6 +629,15 @@ impl<P: DeliveryProtocol> SimNode<P> {
                 return Err(v);
             }
             report.delivered += 1;
+            if d.record.causal.clock.sequences().iter().any(|claim| {
+                claim.sender == self.sender
+                    && self
+                        .joined_own_seq
+                        .get(&claim.channel)
+                        .is_some_and(|&s| claim.seq <= s)
+            }) {
+                report.own_past_claims_delivered += 1;
+            }
             if d.was_held {
                 report.released_from_hold += 1;
             }
@@ -541,6 +676,12 @@ impl<P: DeliveryProtocol> SimNode<P> {
             }
         }
         report.sent = sends.len();
+        let now = protocol.stats();
+        report.replays_skipped =
+            (now.replays_skipped_total - self.stats_seen.replays_skipped_total) as usize;
+        report.past_skipped =
+            (now.past_skipped_total - self.stats_seen.past_skipped_total) as usize;
+        self.stats_seen = now;
         let touched: BTreeSet<Channel> = sends.iter().map(|s| s.channel).collect();
         if crash {
             // The transaction aborts: its records take offsets as aborted

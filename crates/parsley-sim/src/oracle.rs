@@ -21,6 +21,19 @@
 //! it checks completeness: every committed record at or above the baseline
 //! of every consumed channel was delivered.
 //!
+//! Two more checks judge what a node may skip and may not re-enter. A record
+//! already in a node's causal past (a cause of something it delivered while
+//! it did not consume that channel) must never be delivered there later:
+//! that would put a cause after its effect. And when a redeploy adds an
+//! input, the node may skip that channel's history only as far as the
+//! *claim envelope* reaches: the over-approximation of everything a sound
+//! stamp may claim, which the oracle keeps by itself from the same events a
+//! protocol sees (records delivered or merely received, consumer positions,
+//! and each node's sink end offsets at every start), never from a clock.
+//! The baseline of a joining input is where the host's own start policy
+//! would fetch, not where the protocol under test asked it to resume; every
+//! record above the envelope and the baseline must be delivered.
+//!
 //! Deliveries are judged by coordinate only; which bytes a node hands its
 //! user at a coordinate is outside the oracle's view (the protocol's
 //! persistence tests pin that).
@@ -63,6 +76,42 @@ struct RecordMeta {
     actor: ActorId,
     send_index: u32,
     past: Vec<u32>,
+    envelope: Envelope,
+}
+
+/// What a sound stamp may claim, over-approximated: a past in actor counts
+/// (what was delivered *or received*, transitively) and per-channel offsets
+/// that over-claims may reach (consumer positions, sink end offsets).
+#[derive(Clone, Debug, Default)]
+struct Envelope {
+    past: Vec<u32>,
+    offsets: BTreeMap<Channel, i64>,
+}
+
+impl Envelope {
+    fn new(actors: usize) -> Self {
+        Envelope {
+            past: vec![0; actors],
+            offsets: BTreeMap::new(),
+        }
+    }
+
+    fn claim(&mut self, c: Channel, offset: i64) {
+        let e = self.offsets.entry(c).or_insert(offset);
+        *e = (*e).max(offset);
+    }
+
+    /// Folds in a record: its own envelope, and the record itself.
+    fn fold(&mut self, m: &RecordMeta) {
+        for (mine, theirs) in self.past.iter_mut().zip(&m.envelope.past) {
+            *mine = (*mine).max(*theirs);
+        }
+        self.past[m.actor] = self.past[m.actor].max(m.send_index);
+        for (&c, &o) in &m.envelope.offsets {
+            self.claim(c, o);
+        }
+        self.claim(m.channel, m.offset);
+    }
 }
 
 #[derive(Default)]
@@ -74,12 +123,17 @@ struct ActorState {
     last: BTreeMap<Channel, i64>,
     baselines: BTreeMap<Channel, i64>,
     consumes: Vec<Channel>,
+    envelope: Envelope,
+    /// Inputs that joined by a redeploy: records at or below this offset
+    /// may be skipped (they were within the claim envelope at the join).
+    skippable: BTreeMap<Channel, i64>,
 }
 
 struct Staged {
     past: Vec<u32>,
     delivered: Vec<RecordId>,
     last: BTreeMap<Channel, i64>,
+    envelope: Envelope,
 }
 
 /// A send whose record is not appended yet: its sender's past at the moment
@@ -89,6 +143,7 @@ pub struct PendingSend {
     actor: ActorId,
     send_index: u32,
     past: Vec<u32>,
+    envelope: Envelope,
 }
 
 /// Ground-truth causality for one simulated world.
@@ -113,6 +168,7 @@ impl Oracle {
                 .map(|name| ActorState {
                     name: name.clone(),
                     past: vec![0; n],
+                    envelope: Envelope::new(n),
                     ..ActorState::default()
                 })
                 .collect(),
@@ -160,6 +216,73 @@ impl Oracle {
         }
     }
 
+    /// Declares that `actor` starts consuming `channel` because a redeploy
+    /// added it, fetching from `baseline` by the host's own start policy.
+    /// Records on the channel up to the claim envelope (everything the
+    /// actor's committed past may claim there) may be skipped; the rest
+    /// above the baseline must be delivered, after their causes.
+    pub fn consume_joining(&mut self, actor: ActorId, channel: Channel, baseline: i64) {
+        let reach = self.envelope_reach(actor, channel);
+        let a = &mut self.actors[actor];
+        a.baselines.insert(channel, baseline);
+        match reach {
+            Some(r) => a.skippable.insert(channel, r),
+            None => a.skippable.remove(&channel),
+        };
+        if !a.consumes.contains(&channel) {
+            a.consumes.push(channel);
+            a.consumes.sort();
+        }
+    }
+
+    /// The highest offset on `channel` the actor's committed claim envelope
+    /// reaches: its offset bounds, and the latest send to the channel of
+    /// every actor inside its envelope past.
+    fn envelope_reach(&self, actor: ActorId, channel: Channel) -> Option<i64> {
+        let env = &self.actors[actor].envelope;
+        let mut reach = env.offsets.get(&channel).copied();
+        for (x, &count) in env.past.iter().enumerate() {
+            let Some(list) = self.sends[x].get(&channel) else {
+                continue;
+            };
+            let i = list.partition_point(|&(idx, _, _)| idx <= count);
+            if i > 0 {
+                let offset = list[i - 1].1;
+                reach = Some(reach.map_or(offset, |r| r.max(offset)));
+            }
+        }
+        reach
+    }
+
+    /// Extends an actor's claim envelope with a sink's end offset at one of
+    /// its starts (own outputs over-claim everything appended there).
+    pub fn own_output(&mut self, actor: ActorId, channel: Channel, end: i64) {
+        if end > 0 {
+            self.actors[actor].envelope.claim(channel, end - 1);
+        }
+    }
+
+    /// A record fetched inside the actor's step, delivered or not: what it
+    /// claims may reach the actor's stamps from now on.
+    pub fn receive(&mut self, actor: ActorId, record: RecordId) {
+        let m = &self.records[record];
+        let staged = self.actors[actor]
+            .staged
+            .as_mut()
+            .expect("oracle: receive outside a step");
+        staged.envelope.fold(m);
+    }
+
+    /// A consumer position reported inside the actor's step: the frontier
+    /// (and so a stamp) may reach one below it.
+    pub fn position(&mut self, actor: ActorId, channel: Channel, position: i64) {
+        let staged = self.actors[actor]
+            .staged
+            .as_mut()
+            .expect("oracle: position outside a step");
+        staged.envelope.claim(channel, position - 1);
+    }
+
     /// Declares that `actor` no longer consumes `channel` (a scope shrink).
     pub fn stop_consuming(&mut self, actor: ActorId, channel: Channel) {
         self.actors[actor].consumes.retain(|c| *c != channel);
@@ -178,6 +301,7 @@ impl Oracle {
             past: a.past.clone(),
             delivered: Vec::new(),
             last: BTreeMap::new(),
+            envelope: a.envelope.clone(),
         });
     }
 
@@ -204,6 +328,18 @@ impl Oracle {
             .get(&m.channel)
             .or_else(|| a.last.get(&m.channel))
             .copied();
+        // Re-entry: a record already in this node's causal past (it is a
+        // cause of something delivered here while its channel was not
+        // consumed) can only come after its effect now.
+        if m.actor != actor && staged.past[m.actor] >= m.send_index {
+            return Err(Violation {
+                message: format!(
+                    "{}: causal order violated, that record (sent by {}) is already in the node's causal past, so a cause would follow its effect",
+                    what(),
+                    self.actors[m.actor].name
+                ),
+            });
+        }
         if let Some(last) = last
             && m.offset <= last
         {
@@ -235,6 +371,11 @@ impl Oracle {
                 if offset < baseline {
                     continue;
                 }
+                // Skippable on a joined input: if it was skipped, fine; if it
+                // is delivered later, the re-entry check above catches it.
+                if a.skippable.get(&c).is_some_and(|&r| offset <= r) {
+                    continue;
+                }
                 if !a.delivered.contains(&ancestor) && !staged.delivered.contains(&ancestor) {
                     return Err(Violation {
                         message: format!(
@@ -250,6 +391,7 @@ impl Oracle {
         let (channel, offset, sender, send_index) = (m.channel, m.offset, m.actor, m.send_index);
         let past = m.past.clone();
         let staged = self.actors[actor].staged.as_mut().expect("checked above");
+        staged.envelope.fold(&self.records[record]);
         for (mine, theirs) in staged.past.iter_mut().zip(&past) {
             *mine = (*mine).max(*theirs);
         }
@@ -269,6 +411,7 @@ impl Oracle {
             .staged
             .as_mut()
             .expect("oracle: observation outside a step");
+        staged.envelope.fold(m);
         for (mine, theirs) in staged.past.iter_mut().zip(&past) {
             *mine = (*mine).max(*theirs);
         }
@@ -283,10 +426,16 @@ impl Oracle {
             .expect("oracle: send outside a step");
         let past = staged.past.clone();
         staged.past[actor] += 1;
+        let mut envelope = staged.envelope.clone();
+        for (e, p) in envelope.past.iter_mut().zip(&past) {
+            *e = (*e).max(*p);
+        }
+        staged.envelope.past[actor] = staged.past[actor];
         PendingSend {
             actor,
             send_index: staged.past[actor],
             past,
+            envelope,
         }
     }
 
@@ -303,6 +452,7 @@ impl Oracle {
             actor: send.actor,
             send_index: send.send_index,
             past: send.past,
+            envelope: send.envelope,
         });
         self.by_coordinate.insert((channel, offset), id);
         id
@@ -319,6 +469,7 @@ impl Oracle {
         let a = &mut self.actors[actor];
         let staged = a.staged.take().expect("oracle: commit outside a step");
         a.past = staged.past;
+        a.envelope = staged.envelope;
         a.delivered.extend(staged.delivered);
         a.last.extend(staged.last);
     }
@@ -340,9 +491,11 @@ impl Oracle {
             assert!(a.staged.is_none(), "oracle: drain with an open step");
             for &c in &a.consumes {
                 let baseline = a.baselines.get(&c).copied().unwrap_or(0);
+                let skippable = a.skippable.get(&c).copied().unwrap_or(-1);
                 let missing: Vec<RecordId> = broker
                     .committed_records(c, baseline)
                     .into_iter()
+                    .filter(|&(offset, _)| offset > skippable)
                     .map(|(_, id)| id)
                     .filter(|id| !a.delivered.contains(id))
                     .collect();

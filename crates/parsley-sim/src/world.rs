@@ -151,6 +151,21 @@ pub struct WorldStats {
     pub max_held: u64,
     /// Held records restored by restarts (the hold-queue restore path).
     pub restored_held: u64,
+    /// Replays the protocol dropped at or below a frontier.
+    pub replays_skipped: u64,
+    /// Records on joined inputs skipped as already in the node's past.
+    pub past_skipped: u64,
+    /// Inputs added by redeploys.
+    pub joined_inputs: u64,
+    /// Of those, inputs the protocol resumed past a seed.
+    pub seeded_inputs: u64,
+    /// Inputs removed by redeploys.
+    pub left_inputs: u64,
+    /// Redeploys refused because a departing input held records.
+    pub refused_shrinks: u64,
+    /// Deliveries of records claiming a node's own pre-join sends on a
+    /// channel that joined its inputs.
+    pub own_past_claims_delivered: u64,
 }
 
 impl WorldStats {
@@ -172,6 +187,13 @@ impl WorldStats {
         self.truncated_entries += o.truncated_entries;
         self.max_held = self.max_held.max(o.max_held);
         self.restored_held += o.restored_held;
+        self.replays_skipped += o.replays_skipped;
+        self.past_skipped += o.past_skipped;
+        self.joined_inputs += o.joined_inputs;
+        self.seeded_inputs += o.seeded_inputs;
+        self.left_inputs += o.left_inputs;
+        self.refused_shrinks += o.refused_shrinks;
+        self.own_past_claims_delivered += o.own_past_claims_delivered;
     }
 }
 
@@ -646,6 +668,13 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         self.stats.truncated_entries += report.truncated as u64;
         self.stats.max_held = self.stats.max_held.max(report.held_after as u64);
         self.stats.restored_held += report.restored_held as u64;
+        self.stats.replays_skipped += report.replays_skipped as u64;
+        self.stats.past_skipped += report.past_skipped as u64;
+        self.stats.joined_inputs += report.joined_inputs as u64;
+        self.stats.seeded_inputs += report.seeded_inputs as u64;
+        self.stats.left_inputs += report.left_inputs as u64;
+        self.stats.refused_shrinks += report.refused_shrinks as u64;
+        self.stats.own_past_claims_delivered += report.own_past_claims_delivered as u64;
     }
 
     fn count_crash(&mut self, i: usize) {

@@ -260,12 +260,12 @@ fn ticking_stage_drops_a_sink_across_restart() {
             partition: 0,
             outputs: vec![Output::to("audit", 0)],
         });
-        stage.rescope = Some(Rescope {
+        stage.rescopes = vec![Rescope {
             at_restart: 1,
             inputs: vec![("in".into(), 0), ("ticks".into(), 0)],
             sinks: vec!["ticks".into(), "audit".into()],
             behavior: Some(Behavior::Sink),
-        });
+        }];
         let mut c = WorldConfig::new(&[("in", 1), ("ticks", 1), ("out", 1), ("audit", 1)])
             .node(stage)
             .node(checker("check", &[("in", 0), ("out", 0), ("audit", 0)]))
@@ -366,12 +366,12 @@ fn scope_shrink_across_restart() {
         "scope shrink",
         |_| {
             let mut p = NodeSpec::new("p", &[("t1a", 0), ("t1b", 0)], &["t2"], forward("t2"));
-            p.rescope = Some(Rescope {
+            p.rescopes = vec![Rescope {
                 at_restart: 1,
                 inputs: vec![("t1a".into(), 0)],
                 sinks: vec!["t2".into()],
                 behavior: None,
-            });
+            }];
             let mut c = WorldConfig::new(&[("t1a", 1), ("t1b", 1), ("t2", 1)])
                 .node(p)
                 .node_joining(checker("check", &[("t1b", 0), ("t2", 0)]), Join::Manual)
@@ -708,12 +708,12 @@ fn a_dropped_sink_is_deleted() {
                 partition: 0,
                 outputs: vec![Output::to("y", 0)],
             });
-            p.rescope = Some(Rescope {
+            p.rescopes = vec![Rescope {
                 at_restart: 1,
                 inputs: vec![("in".into(), 0), ("ticks".into(), 0)],
                 sinks: vec!["y".into(), "ticks".into()],
                 behavior: Some(Behavior::Forward(vec![Output::to("y", 0)])),
-            });
+            }];
             let mut c = WorldConfig::new(&[("in", 1), ("ticks", 1), ("x", 1), ("y", 1), ("z", 1)])
                 .node(p)
                 .node(NodeSpec::new("relay", &[("y", 0)], &["z"], forward("z")))
