@@ -7,12 +7,18 @@
 //! as a Kafka consumer does. Retention is modelled by a log start per
 //! partition; topics can be destroyed, after which they are definitively
 //! absent.
+//!
+//! Every append also feeds the broker's [`Trace`], so the digest of a run
+//! covers the exact bytes of every record and marker, where it landed, and
+//! whether its transaction committed.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use parsley_protocol::{
     BrokerOffsets, BrokerOffsetsError, CausalHeaders, Channel, Header, TopicId, TopicOffsets,
 };
+
+use crate::trace::Trace;
 
 /// A business record as stored in a partition.
 #[derive(Clone, Debug)]
@@ -67,6 +73,31 @@ struct Topic {
 pub struct SimBroker {
     topics: BTreeMap<TopicId, Topic>,
     next_id: u128,
+    trace: Trace,
+}
+
+/// Mixes one appended record into a digest: where it landed, whether its
+/// transaction committed, and its bytes, the causal headers in their wire
+/// encoding (clock bytes, sender, sequence).
+fn mix_record(t: &mut Trace, c: Channel, offset: i64, record: &StoredRecord, committed: bool) {
+    t.word(0xA1);
+    t.channel(c);
+    t.word(offset as u64);
+    t.word(u64::from(committed));
+    t.opt_bytes(record.key.as_deref());
+    t.opt_bytes(record.value.as_deref());
+    t.word(record.timestamp as u64);
+    t.word(record.headers.len() as u64);
+    for h in &record.headers {
+        t.bytes(h.name.as_bytes());
+        t.opt_bytes(h.value.as_deref());
+    }
+    let causal = record.causal.encode();
+    t.word(causal.len() as u64);
+    for (name, value) in &causal {
+        t.bytes(name.as_bytes());
+        t.bytes(value);
+    }
 }
 
 impl SimBroker {
@@ -103,6 +134,11 @@ impl SimBroker {
         }
     }
 
+    /// The digest of every append so far (see [`Trace`]).
+    pub fn trace(&self) -> u64 {
+        self.trace.value()
+    }
+
     /// A topic's name.
     pub fn topic_name(&self, topic: TopicId) -> Option<&str> {
         self.topics.get(&topic).map(|t| t.name.as_str())
@@ -137,16 +173,25 @@ impl SimBroker {
 
     /// Appends a business record; returns its offset.
     pub fn append(&mut self, c: Channel, record: StoredRecord, committed: bool) -> i64 {
+        let mut trace = self.trace;
         let p = self.partition_mut(c);
+        let offset = p.entries.len() as i64;
+        mix_record(&mut trace, c, offset, &record, committed);
         p.entries.push(Entry::Record { record, committed });
-        p.entries.len() as i64 - 1
+        self.trace = trace;
+        offset
     }
 
     /// Appends a transaction marker; returns its offset.
     pub fn append_marker(&mut self, c: Channel, commit: bool) -> i64 {
         let p = self.partition_mut(c);
         p.entries.push(Entry::Marker { commit });
-        p.entries.len() as i64 - 1
+        let offset = p.entries.len() as i64 - 1;
+        self.trace.word(0xA2);
+        self.trace.channel(c);
+        self.trace.word(offset as u64);
+        self.trace.word(u64::from(commit));
+        offset
     }
 
     /// The next offset to be written.

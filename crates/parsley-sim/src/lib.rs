@@ -21,6 +21,7 @@
 //!   [`TickSpec`].
 //! * [`EagerProtocol`]: a protocol that ignores claims, which the oracle must
 //!   flag.
+//! * [`Trace`]: the run digest behind [`SimWorld::trace_hash`].
 //!
 //! ## A precondition the kit makes explicit: retention and holds
 //!
@@ -60,6 +61,7 @@ pub mod eager;
 pub mod edge;
 pub mod node;
 pub mod oracle;
+pub mod trace;
 pub mod world;
 
 pub use behavior::{Behavior, Output, Payload, Route};
@@ -70,4 +72,5 @@ pub use node::{
     HostFault, NodeAction, NodeSpec, Rescope, SimNode, StartPolicy, StepReport, TickSpec,
 };
 pub use oracle::{ActorId, Oracle, RecordId, Violation};
+pub use trace::Trace;
 pub use world::{Budget, Join, SimWorld, WorldConfig, WorldFailure, WorldStats};

@@ -31,6 +31,7 @@ use std::fmt;
 use parsley_protocol::Channel;
 
 use crate::broker::SimBroker;
+use crate::trace::Trace;
 
 /// Index of an actor (node, edge producer, observer).
 pub type ActorId = usize;
@@ -101,6 +102,7 @@ pub struct Oracle {
     sends: Vec<BTreeMap<Channel, SendLog>>,
     names: BTreeMap<Channel, String>,
     deliveries_checked: u64,
+    trace: Trace,
 }
 
 impl Oracle {
@@ -121,6 +123,7 @@ impl Oracle {
             sends: vec![BTreeMap::new(); n],
             names: BTreeMap::new(),
             deliveries_checked: 0,
+            trace: Trace::new(),
         }
     }
 
@@ -141,6 +144,13 @@ impl Oracle {
     /// Deliveries checked so far.
     pub fn deliveries_checked(&self) -> u64 {
         self.deliveries_checked
+    }
+
+    /// The digest of every delivery checked so far, in order: node, channel
+    /// and offset of each (see [`Trace`]). Deliveries of a step that later
+    /// aborted count too: they reached the node's user logic.
+    pub fn trace(&self) -> u64 {
+        self.trace.value()
     }
 
     /// The actor's name.
@@ -191,6 +201,7 @@ impl Oracle {
     pub fn deliver(&mut self, actor: ActorId, record: RecordId) -> Result<(), Violation> {
         self.deliveries_checked += 1;
         let m = &self.records[record];
+        self.trace.delivery(actor, m.channel, m.offset);
         let a = &self.actors[actor];
         let staged = a.staged.as_ref().expect("oracle: delivery outside a step");
         let what = || format!("node {} delivering {}", a.name, self.coordinate(record));

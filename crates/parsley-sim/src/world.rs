@@ -13,6 +13,11 @@
 //! last crash of the budget is reserved for a holding node: a crash while
 //! records are held is the only way into the hold-queue restore path, and an
 //! unweighted draw tends to spend the budget before such a state exists.
+//!
+//! [`SimWorld::trace_hash`] digests every delivery (node, channel, offset,
+//! in order) and the bytes and coordinates of every append, committed or
+//! aborted, interleaved with the scheduler's choices: two runs with the same
+//! hash did the same things in the same order.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -25,6 +30,7 @@ use crate::broker::SimBroker;
 use crate::edge::{EdgeProducer, EdgeSpec};
 use crate::node::{HostFault, NodeAction, NodeSpec, SimNode, StepReport, Topics};
 use crate::oracle::Oracle;
+use crate::trace::Trace;
 
 /// When a node joins the world.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -237,7 +243,7 @@ pub struct SimWorld<P: DeliveryProtocol> {
     budget: Budget,
     hops: u32,
     stats: WorldStats,
-    trace: u64,
+    trace: Trace,
 }
 
 impl<P: DeliveryProtocol> SimWorld<P> {
@@ -300,7 +306,7 @@ impl<P: DeliveryProtocol> SimWorld<P> {
             budget: config.budget,
             hops: config.hops,
             stats: WorldStats::default(),
-            trace: 0xcbf2_9ce4_8422_2325,
+            trace: Trace::new(),
         };
         for i in 0..world.nodes.len() {
             if world.joins[i] == Join::Start {
@@ -320,9 +326,15 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         self.stats
     }
 
-    /// A hash of every delivery and send in order: equal for equal runs.
+    /// A digest of the run: every delivery (node, channel, offset) in
+    /// order, the bytes and coordinates of every append (committed or
+    /// aborted, markers included), and the scheduler's choices between
+    /// them. Equal for equal runs.
     pub fn trace_hash(&self) -> u64 {
-        self.trace
+        let mut t = self.trace;
+        t.word(self.broker.trace());
+        t.word(self.oracle.trace());
+        t.value()
     }
 
     /// The budgets left (scenarios top them up between phases).
@@ -356,15 +368,6 @@ impl<P: DeliveryProtocol> SimWorld<P> {
             step: self.stats.steps,
             message,
             stats: Box::new(self.stats),
-        }
-    }
-
-    fn mix(&mut self, words: &[u64]) {
-        for w in words {
-            for b in w.to_le_bytes() {
-                self.trace ^= u64::from(b);
-                self.trace = self.trace.wrapping_mul(0x0100_0000_01b3);
-            }
         }
     }
 
@@ -620,6 +623,8 @@ impl<P: DeliveryProtocol> SimWorld<P> {
             }
         };
         self.account(&report);
+        // The scheduler's choice, then where the delivery and append digests
+        // stand after it: this ties the two streams' interleaving together.
         let kind = match action {
             Action::Join(i) => i as u64,
             Action::Restart(i) => 100 + i as u64,
@@ -629,12 +634,9 @@ impl<P: DeliveryProtocol> SimWorld<P> {
             Action::Edge(e) => 500 + e as u64,
             Action::Retain(..) => 600,
         };
-        self.mix(&[
-            kind,
-            report.delivered as u64,
-            report.sent as u64,
-            self.oracle.deliveries_checked(),
-        ]);
+        self.trace.word(kind);
+        self.trace.word(self.broker.trace());
+        self.trace.word(self.oracle.trace());
         Ok(())
     }
 
