@@ -69,7 +69,8 @@ pub use broker::{Entry, SimBroker, StoredRecord};
 pub use eager::EagerProtocol;
 pub use edge::{EdgeProducer, EdgeSpec};
 pub use node::{
-    HostFault, NodeAction, NodeSpec, Rescope, SimNode, StartPolicy, StepReport, TickSpec,
+    HostFault, NodeAction, NodeSpec, Rescope, SimNode, StartCrash, StartPolicy, StepReport,
+    TickSpec,
 };
 pub use oracle::{ActorId, Oracle, RecordId, Violation};
 pub use trace::Trace;

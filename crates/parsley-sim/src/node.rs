@@ -13,7 +13,10 @@
 //! * **H3** every step is one transaction: store writes and consumer
 //!   positions are staged and committed together with the step's appended
 //!   records; a crash mid-step appends the records as aborted (with abort
-//!   markers), discards the staged state, and takes the node down.
+//!   markers), discards the staged state, and takes the node down. A crash
+//!   can land between any two host calls: inside any kind of step, after
+//!   any number of the step's stamped sends, and inside a start (see
+//!   [`StartCrash`]).
 //! * **H4** every emission is partitioned first, then stamped with
 //!   `prepare_send` for that concrete channel, and exactly that record is
 //!   appended; every offset claim of the stamp is checked to name an offset
@@ -128,6 +131,22 @@ impl NodeSpec {
     }
 }
 
+/// Where inside a (re)start a crash lands. The start is a transaction like
+/// any step: whichever point it lands at, nothing of it commits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartCrash {
+    /// Right after the protocol's init returned, before anything it
+    /// released reached user logic.
+    AfterInit,
+    /// After what init itself released (restored records a rescope made
+    /// deliverable) went through user logic and its sends were stamped, but
+    /// before the starting positions were reported.
+    AfterInitReleases,
+    /// After the starting positions were reported and everything released
+    /// went through user logic, just before the commit.
+    AfterStartPositions,
+}
+
 /// One transactional step of a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeAction {
@@ -156,6 +175,9 @@ pub struct StepReport {
     pub held_after: usize,
     /// Held records a (re)start restored from the committed store.
     pub restored_held: usize,
+    /// The step crashed before a send its user logic still had to make (the
+    /// crash landed between two stamping calls, or before the first).
+    pub cut_sends: bool,
 }
 
 /// A failure of the world: a violation, a protocol refusal, or a host
@@ -281,6 +303,20 @@ impl<P: DeliveryProtocol> SimNode<P> {
         oracle: &mut Oracle,
         topics: &dyn Topics,
     ) -> StepResult {
+        self.start_crashing(None, broker, oracle, topics)
+    }
+
+    /// [`start`](Self::start), crashing at the given point when `crash` is
+    /// set, after at most the given number of stamped sends (see
+    /// [`step`](Self::step)). The node ends up down, with nothing of the
+    /// start committed.
+    pub fn start_crashing(
+        &mut self,
+        crash: Option<(StartCrash, usize)>,
+        broker: &mut SimBroker,
+        oracle: &mut Oracle,
+        topics: &dyn Topics,
+    ) -> StepResult {
         if self.joined {
             self.restarts += 1;
         }
@@ -329,6 +365,22 @@ impl<P: DeliveryProtocol> SimNode<P> {
         let restored_held = init.report.restored_held;
         let mut node = init.node;
         let mut deliveries = init.deliveries;
+        if let Some((point, cut)) = crash
+            && point != StartCrash::AfterStartPositions
+        {
+            if point == StartCrash::AfterInit {
+                deliveries.clear();
+            }
+            return self.start_transaction(
+                node,
+                deliveries,
+                Some(cut),
+                restored_held,
+                broker,
+                oracle,
+                topics,
+            );
+        }
         // H2 at start: the consumer's starting position is a position like
         // any other (a real consumer reports it at its first poll). Every
         // record below it went through `on_record` in an earlier
@@ -348,15 +400,31 @@ impl<P: DeliveryProtocol> SimNode<P> {
                 }
             }
         }
+        let cut = crash.map(|(_, cut)| cut);
+        self.start_transaction(node, deliveries, cut, restored_held, broker, oracle, topics)
+    }
+
+    /// The first transaction of an incarnation: init's writes and whatever
+    /// was released, committed or (with `crash`) aborted.
+    #[allow(clippy::too_many_arguments)]
+    fn start_transaction(
+        &mut self,
+        node: P,
+        deliveries: Vec<Delivery>,
+        crash: Option<usize>,
+        restored_held: usize,
+        broker: &mut SimBroker,
+        oracle: &mut Oracle,
+        topics: &dyn Topics,
+    ) -> StepResult {
         self.protocol = Some(node);
-        // The first transaction: init's writes and whatever it released.
         oracle.begin(self.actor);
         let positions = self.positions.clone();
         let mut report = self.finish_with(
             deliveries,
             Vec::new(),
             positions,
-            false,
+            crash,
             broker,
             oracle,
             topics,
@@ -365,12 +433,14 @@ impl<P: DeliveryProtocol> SimNode<P> {
         Ok(report)
     }
 
-    /// Runs one transactional step; with `crash` the node crashes after the
-    /// work and before the commit.
+    /// Runs one transactional step. With `crash = Some(k)` the node crashes
+    /// before the commit, and before any stamping call beyond the first `k`
+    /// of the step (so `Some(0)` crashes before the step's first send, and a
+    /// `k` at or above what the step sends crashes after all its work).
     pub fn step(
         &mut self,
         action: NodeAction,
-        crash: bool,
+        crash: Option<usize>,
         broker: &mut SimBroker,
         oracle: &mut Oracle,
         topics: &dyn Topics,
@@ -466,14 +536,14 @@ impl<P: DeliveryProtocol> SimNode<P> {
     }
 
     /// Processes deliveries (oracle check, behaviour, stamped sends), then
-    /// commits or crashes.
+    /// commits or crashes (see [`step`](Self::step) for `crash`).
     #[allow(clippy::too_many_arguments)]
     fn finish_with(
         &mut self,
         deliveries: Vec<Delivery>,
         mut sends: Vec<Send>,
         positions: BTreeMap<Channel, i64>,
-        crash: bool,
+        crash: Option<usize>,
         broker: &mut SimBroker,
         oracle: &mut Oracle,
         topics: &dyn Topics,
@@ -489,7 +559,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
             oracle.rollback(self.actor);
             return Err(violation(format!("node {name}: step while down")));
         };
-        for d in deliveries {
+        'deliveries: for d in deliveries {
             let c = d.record.channel;
             let Some(id) = oracle.record_at(c, d.record.offset) else {
                 oracle.rollback(self.actor);
@@ -531,6 +601,11 @@ impl<P: DeliveryProtocol> SimNode<P> {
                     }
                 };
                 let channel = Channel::new(topic, partition);
+                if crash.is_some_and(|k| sends.len() >= k) {
+                    // The crash lands here, before this stamping call.
+                    report.cut_sends = true;
+                    break 'deliveries;
+                }
                 match Self::send(protocol, oracle, broker, self.actor, &name, channel, next) {
                     Ok(s) => sends.push(s),
                     Err(v) => {
@@ -542,7 +617,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
         }
         report.sent = sends.len();
         let touched: BTreeSet<Channel> = sends.iter().map(|s| s.channel).collect();
-        if crash {
+        if crash.is_some() {
             // The transaction aborts: its records take offsets as aborted
             // records, each touched partition gets an abort marker, and the
             // node goes down with nothing of the step committed.

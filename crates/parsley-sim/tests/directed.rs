@@ -119,3 +119,91 @@ fn retention_that_respects_holds_keeps_the_claim() {
     assert_eq!(r.delivered, 3);
     w.run().unwrap();
 }
+
+/// `gate` consumes `c` and `d`; the observer's records on `c` claim what it
+/// read on `d`. `gate` holds `c@0` (waiting for `d@0`), crashes, and its
+/// first restart drops `d` from its scope, so init itself releases `c@0`.
+fn gate_holding_across_a_shrink() -> SimWorld<CausalNode> {
+    let mut gate = NodeSpec::new(
+        "gate",
+        &[("c", 0), ("d", 0)],
+        &["out"],
+        Behavior::Forward(vec![Output::to("out", 0)]),
+    );
+    gate.rescope = Some(Rescope {
+        at_restart: 1,
+        inputs: vec![("c".into(), 0)],
+        sinks: vec!["out".into()],
+        behavior: None,
+    });
+    let mut observer = EdgeSpec::producer("observer", &[("c", 0)]);
+    observer.observes = vec![("d".into(), 0)];
+    let config = WorldConfig::new(&[("c", 1), ("d", 1), ("out", 1)])
+        .node(gate)
+        .node(NodeSpec::new(
+            "check",
+            &[("c", 0), ("out", 0)],
+            &[],
+            Behavior::Sink,
+        ))
+        .edge(EdgeSpec::producer("producer", &[("d", 0)]))
+        .edge(observer);
+    let mut w = SimWorld::new(config, 0).expect("world");
+    let c = w.channel("c", 0);
+    w.edge_op("producer"); // d@0
+    w.edge_op("observer"); // c@0, claiming d@0
+    let r = w.step_node("gate", NodeAction::Fetch(c)).unwrap();
+    assert_eq!((r.delivered, r.held_after), (0, 1), "gate must hold c@0");
+    w.crash("gate");
+    w
+}
+
+/// A crash between init and the starting-position reports, after init's
+/// own releases went through user logic: the release and its send abort
+/// together (an aborted record and an abort marker on `out`), and the next
+/// start releases the same record again, once, and commits.
+#[test]
+fn a_crash_after_init_releases_aborts_them() {
+    let mut w = gate_holding_across_a_shrink();
+    let out = w.channel("out", 0);
+    let r = w
+        .restart_crashing("gate", StartCrash::AfterInitReleases, 10)
+        .unwrap();
+    assert_eq!((r.delivered, r.sent, r.restored_held), (1, 1, 1), "{r:?}");
+    assert!(!r.cut_sends);
+    assert!(!w.node("gate").is_up());
+    assert_eq!(
+        w.broker.end_offset(out),
+        2,
+        "an aborted record and its marker"
+    );
+    assert!(w.broker.fetch(out, 0).is_none(), "nothing committed on out");
+    assert_eq!(w.oracle.delivered_count(w.node("gate").actor), 0);
+    let stats = w.run().unwrap();
+    assert_eq!(stats.restarts, 1);
+    assert_eq!(w.oracle.delivered_count(w.node("gate").actor), 1);
+    assert!(w.broker.fetch(out, 0).is_some_and(|(o, _)| o == 2));
+}
+
+/// The same crash landing after init but before anything it released
+/// reached user logic, and one cut short before the release's send: neither
+/// leaves anything on `out`, or just the abort of what was stamped.
+#[test]
+fn crashes_right_after_init_or_before_a_send() {
+    let mut w = gate_holding_across_a_shrink();
+    let out = w.channel("out", 0);
+    let r = w
+        .restart_crashing("gate", StartCrash::AfterInit, 10)
+        .unwrap();
+    assert_eq!((r.delivered, r.sent, r.restored_held), (0, 0, 1), "{r:?}");
+    assert_eq!(w.broker.end_offset(out), 0);
+    let r = w
+        .restart_crashing("gate", StartCrash::AfterStartPositions, 0)
+        .unwrap();
+    assert_eq!((r.delivered, r.sent), (1, 0), "{r:?}");
+    assert!(r.cut_sends, "the crash must land before the send");
+    assert_eq!(w.broker.end_offset(out), 0);
+    w.run().unwrap();
+    assert_eq!(w.oracle.delivered_count(w.node("gate").actor), 1);
+    assert!(w.broker.fetch(out, 0).is_some_and(|(o, _)| o == 0));
+}

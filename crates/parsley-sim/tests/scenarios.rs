@@ -179,6 +179,76 @@ fn multi_partition_sink_ordering() {
         .floor("held records restored at restart", restored_held);
 }
 
+/// Crash points: a crash can land between any two host calls, inside a
+/// restart as well as inside every kind of step. A ticking, sweeping stage
+/// with several inputs and sinks, under a large crash budget, so each kind
+/// of crash point occurs.
+#[test]
+fn crash_points() {
+    let s = sweep("crash points", |_| {
+        let mut stage = NodeSpec::new(
+            "stage",
+            &[("in", 0), ("in", 1), ("ticks", 0)],
+            &["out", "ticks", "audit"],
+            Behavior::Forward(vec![Output::round_robin("out"), Output::to("audit", 0)]),
+        );
+        stage.tick = Some(TickSpec {
+            topic: "ticks".into(),
+            partition: 0,
+            outputs: vec![Output::to("audit", 0)],
+        });
+        let mut source = EdgeSpec::producer("source", &[("in", 0), ("in", 1)]);
+        source.transactional = true;
+        let mut c = WorldConfig::new(&[("in", 2), ("ticks", 1), ("out", 2), ("audit", 1)])
+            .node(stage)
+            .node(NodeSpec::new(
+                "relay",
+                &[("out", 0), ("out", 1)],
+                &["audit"],
+                Behavior::Filter {
+                    keep_one_in: 2,
+                    outputs: vec![Output::to("audit", 0)],
+                },
+            ))
+            .node(checker(
+                "check",
+                &[("in", 0), ("in", 1), ("out", 0), ("out", 1), ("audit", 0)],
+            ))
+            .edge(source);
+        c.budget = Budget {
+            edge_ops: 50,
+            crashes: 30,
+            ticks: 20,
+            sweeps: 20,
+            retention: 10,
+            ..Budget::default()
+        };
+        c
+    });
+    s.floor("crashes right after init", |s| s.crashes_after_init > 0)
+        .floor("crashes after init's releases", |s| {
+            s.crashes_after_init_releases > 0
+        })
+        .floor("crashes after the starting positions", |s| {
+            s.crashes_after_start_positions > 0
+        })
+        .floor("crashes inside a fetch", |s| s.crashes_in_fetch > 0)
+        .floor("crashes inside a fetch on a later channel", |s| {
+            s.crashes_in_fetch_not_first > 0
+        })
+        .floor("crashes inside a position advance", |s| {
+            s.crashes_in_advance > 0
+        })
+        .floor("crashes inside a tick", |s| s.crashes_in_tick > 0)
+        .floor("crashes inside a sweep", |s| s.crashes_in_sweep > 0)
+        .floor("crashes cutting a step's sends short", |s| {
+            s.crashes_cutting_sends > 0
+        })
+        .floor("crashes while records were held", crashed_while_holding)
+        .floor("held records restored at restart", restored_held)
+        .floor("records held at the gate", held_some);
+}
+
 /// A cycle of two damped feedback stages, with a consumer of both sides.
 #[test]
 fn damped_feedback_cycle() {
