@@ -178,6 +178,25 @@ pub struct StepReport {
     /// The step crashed before a send its user logic still had to make (the
     /// crash landed between two stamping calls, or before the first).
     pub cut_sends: bool,
+    /// The step fetched a record right after (at the next offset from) the
+    /// record this node fetched before on that channel: two business records
+    /// with no marker between them.
+    pub adjacent_fetch: bool,
+    /// Like `adjacent_fetch`, with both records carrying a sender tag, so
+    /// both came from node steps.
+    pub adjacent_tagged_fetch: bool,
+    /// Partitions this (committed) step appended two or more records to,
+    /// which therefore sit at adjacent offsets.
+    pub adjacent_sends: usize,
+}
+
+/// What the protocol calls of one step produced.
+struct Work {
+    deliveries: Vec<Delivery>,
+    sends: Vec<Send>,
+    truncated: usize,
+    adjacent_fetch: bool,
+    adjacent_tagged_fetch: bool,
 }
 
 /// A failure of the world: a violation, a protocol refusal, or a host
@@ -204,6 +223,9 @@ pub struct SimNode<P: DeliveryProtocol> {
     restarts: u32,
     round_robin: u64,
     fault: Option<HostFault>,
+    /// Per channel, the last offset this node fetched there (in any
+    /// incarnation) and whether that record carried a sender tag.
+    last_fetched: BTreeMap<Channel, (i64, bool)>,
 }
 
 /// Resolves topic names for a node.
@@ -242,6 +264,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
             restarts: 0,
             round_robin: 0,
             fault,
+            last_fetched: BTreeMap::new(),
         }
     }
 
@@ -447,22 +470,30 @@ impl<P: DeliveryProtocol> SimNode<P> {
     ) -> StepResult {
         let mut positions = self.positions.clone();
         oracle.begin(self.actor);
-        let (deliveries, sends, truncated) =
-            match self.work(action, &mut positions, broker, oracle, topics) {
-                Ok(w) => w,
-                Err(v) => {
-                    oracle.rollback(self.actor);
-                    return Err(v);
-                }
-            };
-        let mut report =
-            self.finish_with(deliveries, sends, positions, crash, broker, oracle, topics)?;
-        report.truncated = truncated;
+        let work = match self.work(action, &mut positions, broker, oracle, topics) {
+            Ok(w) => w,
+            Err(v) => {
+                oracle.rollback(self.actor);
+                return Err(v);
+            }
+        };
+        let mut report = self.finish_with(
+            work.deliveries,
+            work.sends,
+            positions,
+            crash,
+            broker,
+            oracle,
+            topics,
+        )?;
+        report.truncated = work.truncated;
+        report.adjacent_fetch = work.adjacent_fetch;
+        report.adjacent_tagged_fetch = work.adjacent_tagged_fetch;
         Ok(report)
     }
 
     /// The protocol calls of one step: what it delivered, what it sent (a
-    /// tick), and what a sweep truncated.
+    /// tick), what a sweep truncated, and what a fetch fetched.
     fn work(
         &mut self,
         action: NodeAction,
@@ -470,7 +501,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
         broker: &mut SimBroker,
         oracle: &mut Oracle,
         topics: &dyn Topics,
-    ) -> Result<(Vec<Delivery>, Vec<Send>, usize), Violation> {
+    ) -> Result<Work, Violation> {
         let name = &self.spec.name;
         let refused = |e: parsley_protocol::ProtocolError| {
             violation(format!("node {name}: protocol refused: {e}"))
@@ -478,13 +509,28 @@ impl<P: DeliveryProtocol> SimNode<P> {
         let Some(protocol) = self.protocol.as_mut() else {
             return Err(violation(format!("node {name}: step while down")));
         };
-        let mut deliveries = Vec::new();
+        let mut work = Work {
+            deliveries: Vec::new(),
+            sends: Vec::new(),
+            truncated: 0,
+            adjacent_fetch: false,
+            adjacent_tagged_fetch: false,
+        };
+        let deliveries = &mut work.deliveries;
         match action {
             NodeAction::Fetch(c) => {
                 let from = positions.get(&c).copied().unwrap_or(0);
                 let Some((offset, rec)) = broker.fetch(c, from) else {
-                    return Ok((deliveries, Vec::new(), 0));
+                    return Ok(work);
                 };
+                let tagged = rec.causal.sender.is_some();
+                if let Some(&(last, last_tagged)) = self.last_fetched.get(&c)
+                    && last + 1 == offset
+                {
+                    work.adjacent_fetch = true;
+                    work.adjacent_tagged_fetch = tagged && last_tagged;
+                }
+                self.last_fetched.insert(c, (offset, tagged));
                 let record = InboundRecord {
                     channel: c,
                     offset,
@@ -505,7 +551,6 @@ impl<P: DeliveryProtocol> SimNode<P> {
                     );
                 }
                 deliveries.extend(protocol.on_record(record).map_err(refused)?);
-                Ok((deliveries, Vec::new(), 0))
             }
             NodeAction::Advance(c) => {
                 let from = positions.get(&c).copied().unwrap_or(0);
@@ -513,7 +558,6 @@ impl<P: DeliveryProtocol> SimNode<P> {
                     positions.insert(c, target);
                     deliveries.extend(protocol.position_advance(c, target).map_err(refused)?);
                 }
-                Ok((deliveries, Vec::new(), 0))
             }
             NodeAction::Tick => {
                 let Some(tick) = &self.spec.tick else {
@@ -526,13 +570,14 @@ impl<P: DeliveryProtocol> SimNode<P> {
                 };
                 let send =
                     Self::send(protocol, oracle, broker, self.actor, name, channel, payload)?;
-                Ok((deliveries, vec![send], 0))
+                work.sends.push(send);
             }
             NodeAction::Sweep => {
                 let report = protocol.truncate_to_log_starts(broker).map_err(refused)?;
-                Ok((deliveries, Vec::new(), report.entries_removed))
+                work.truncated = report.entries_removed;
             }
         }
+        Ok(work)
     }
 
     /// Processes deliveries (oracle check, behaviour, stamped sends), then
@@ -641,6 +686,10 @@ impl<P: DeliveryProtocol> SimNode<P> {
         report.held_after = protocol.held_count();
         self.store.apply(&writes);
         self.positions = positions;
+        report.adjacent_sends = touched
+            .iter()
+            .filter(|&&c| sends.iter().filter(|s| s.channel == c).count() >= 2)
+            .count();
         for s in sends {
             let offset = broker.end_offset(s.channel);
             let id = oracle.register(s.pending, s.channel, offset);

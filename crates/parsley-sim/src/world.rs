@@ -187,6 +187,15 @@ pub struct WorldStats {
     pub max_held: u64,
     /// Held records restored by restarts (the hold-queue restore path).
     pub restored_held: u64,
+    /// Fetches of a record at the offset right after the one the node
+    /// fetched before on that channel (no marker between them).
+    pub adjacent_fetches: u64,
+    /// Of those, fetches where both records carried sender tags (both were
+    /// written by node steps).
+    pub adjacent_tagged_fetches: u64,
+    /// Committed node steps that appended two or more records to one
+    /// partition.
+    pub steps_with_adjacent_sends: u64,
 }
 
 impl WorldStats {
@@ -217,6 +226,9 @@ impl WorldStats {
         self.truncated_entries += o.truncated_entries;
         self.max_held = self.max_held.max(o.max_held);
         self.restored_held += o.restored_held;
+        self.adjacent_fetches += o.adjacent_fetches;
+        self.adjacent_tagged_fetches += o.adjacent_tagged_fetches;
+        self.steps_with_adjacent_sends += o.steps_with_adjacent_sends;
     }
 }
 
@@ -770,6 +782,9 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         self.stats.max_held = self.stats.max_held.max(report.held_after as u64);
         self.stats.restored_held += report.restored_held as u64;
         self.stats.crashes_cutting_sends += u64::from(report.cut_sends);
+        self.stats.adjacent_fetches += u64::from(report.adjacent_fetch);
+        self.stats.adjacent_tagged_fetches += u64::from(report.adjacent_tagged_fetch);
+        self.stats.steps_with_adjacent_sends += u64::from(report.adjacent_sends > 0);
     }
 
     fn count_crash(&mut self, i: usize) {

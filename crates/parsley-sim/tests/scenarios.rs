@@ -179,6 +179,59 @@ fn multi_partition_sink_ordering() {
         .floor("held records restored at restart", restored_held);
 }
 
+/// Records at adjacent offsets with no marker between them. Transactional
+/// producers commit several records per transaction, to one partition or
+/// spread over several, with one marker per partition at the end; a plain
+/// producer sends batches with no markers at all; a stage appends two
+/// records to one partition per delivery. An off-by-one that a trailing
+/// marker would hide (a claim, a frontier or a seed one past where it
+/// should be) lands on a real record here.
+#[test]
+fn adjacent_records_without_markers() {
+    let s = sweep("adjacent records", |_| {
+        let mut spread = EdgeSpec::batched("spread", &[("a", 0), ("a", 1), ("b", 0)], 3);
+        spread.spread = true;
+        let mut plain = EdgeSpec::producer("plain", &[("b", 0)]);
+        plain.batch = 2;
+        let mut c = WorldConfig::new(&[("a", 2), ("b", 1), ("x", 2), ("out", 1)])
+            .node(NodeSpec::new(
+                "double",
+                &[("a", 0), ("b", 0)],
+                &["x"],
+                Behavior::Forward(vec![
+                    Output::to("x", 0),
+                    Output::to("x", 0),
+                    Output::to("x", 1),
+                ]),
+            ))
+            .node(NodeSpec::new(
+                "relay",
+                &[("x", 0), ("x", 1)],
+                &["out"],
+                forward("out"),
+            ))
+            .node(checker(
+                "check",
+                &[("a", 0), ("a", 1), ("b", 0), ("x", 0), ("x", 1), ("out", 0)],
+            ))
+            .edge(EdgeSpec::batched("batch", &[("a", 0), ("a", 1)], 3))
+            .edge(spread)
+            .edge(plain);
+        c.budget = budget(40, 10);
+        c
+    });
+    s.floor("adjacent fetches", |s| s.adjacent_fetches > 0)
+        .floor("adjacent fetches of two node-written records", |s| {
+            s.adjacent_tagged_fetches > 0
+        })
+        .floor("node steps appending two records to one partition", |s| {
+            s.steps_with_adjacent_sends > 0
+        })
+        .floor("records held at the gate", held_some)
+        .floor("crashes", crashed)
+        .floor("crashes while records were held", crashed_while_holding);
+}
+
 /// Crash points: a crash can land between any two host calls, inside a
 /// restart as well as inside every kind of step. A ticking, sweeping stage
 /// with several inputs and sinks, under a large crash budget, so each kind
