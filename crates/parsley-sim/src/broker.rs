@@ -15,7 +15,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use parsley_protocol::{
-    BrokerOffsets, BrokerOffsetsError, CausalHeaders, Channel, Header, TopicId, TopicOffsets,
+    BrokerOffsets, BrokerOffsetsError, CausalHeaders, Channel, Header, SenderId, TopicId,
+    TopicOffsets,
 };
 
 use crate::trace::Trace;
@@ -59,6 +60,8 @@ pub enum Entry {
 struct Partition {
     entries: Vec<Entry>,
     log_start: i64,
+    /// The sender tags of the committed records written here.
+    senders: BTreeSet<SenderId>,
 }
 
 #[derive(Clone, Debug)]
@@ -134,6 +137,12 @@ impl SimBroker {
         }
     }
 
+    /// How many distinct sender tags the committed records of a live
+    /// partition carry.
+    pub fn tagged_senders(&self, c: Channel) -> usize {
+        self.partition(c).map_or(0, |p| p.senders.len())
+    }
+
     /// The digest of every append so far (see [`Trace`]).
     pub fn trace(&self) -> u64 {
         self.trace.value()
@@ -177,6 +186,9 @@ impl SimBroker {
         let p = self.partition_mut(c);
         let offset = p.entries.len() as i64;
         mix_record(&mut trace, c, offset, &record, committed);
+        if committed && let Some(tag) = record.causal.sender {
+            p.senders.insert(tag.sender);
+        }
         p.entries.push(Entry::Record { record, committed });
         self.trace = trace;
         offset

@@ -188,6 +188,9 @@ pub struct StepReport {
     /// Partitions this (committed) step appended two or more records to,
     /// which therefore sit at adjacent offsets.
     pub adjacent_sends: usize,
+    /// Released held records that sat on, or carried a sequence claim on, a
+    /// channel written by two or more tagged senders.
+    pub multi_sender_holds: usize,
 }
 
 /// What the protocol calls of one step produced.
@@ -620,6 +623,17 @@ impl<P: DeliveryProtocol> SimNode<P> {
             report.delivered += 1;
             if d.was_held {
                 report.released_from_hold += 1;
+                let shared = |ch: Channel| broker.tagged_senders(ch) >= 2;
+                if shared(c)
+                    || d.record
+                        .causal
+                        .clock
+                        .sequences()
+                        .iter()
+                        .any(|s| shared(s.channel))
+                {
+                    report.multi_sender_holds += 1;
+                }
             }
             let payload = Payload::decode(d.record.key.as_deref(), d.record.value.as_deref());
             let emissions: Vec<(Output, Payload)> = match &self.spec.tick {

@@ -196,6 +196,9 @@ pub struct WorldStats {
     /// Committed node steps that appended two or more records to one
     /// partition.
     pub steps_with_adjacent_sends: u64,
+    /// Releases of held records that sat on, or carried a sequence claim
+    /// on, a channel written by two or more tagged senders.
+    pub multi_sender_holds: u64,
 }
 
 impl WorldStats {
@@ -229,6 +232,7 @@ impl WorldStats {
         self.adjacent_fetches += o.adjacent_fetches;
         self.adjacent_tagged_fetches += o.adjacent_tagged_fetches;
         self.steps_with_adjacent_sends += o.steps_with_adjacent_sends;
+        self.multi_sender_holds += o.multi_sender_holds;
     }
 }
 
@@ -785,6 +789,7 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         self.stats.adjacent_fetches += u64::from(report.adjacent_fetch);
         self.stats.adjacent_tagged_fetches += u64::from(report.adjacent_tagged_fetch);
         self.stats.steps_with_adjacent_sends += u64::from(report.adjacent_sends > 0);
+        self.stats.multi_sender_holds += report.multi_sender_holds as u64;
     }
 
     fn count_crash(&mut self, i: usize) {

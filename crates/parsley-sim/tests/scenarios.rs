@@ -179,6 +179,43 @@ fn multi_partition_sink_ordering() {
         .floor("held records restored at restart", restored_held);
 }
 
+/// Two stages write one partition: `s1` turns `a` into `x` then `y`, `s2`
+/// turns `b` into `z` then `x`. A checker of `x`, `y` and `z` receives `x`
+/// from two tagged senders, so a sequence claim on `x` (carried by `y`,
+/// naming `s1`) must be resolved against `s1`'s records on `x` alone,
+/// however `s2`'s records interleave with them; and `x`'s records from `s2`
+/// wait for `z`. With crashes, so restarts turn some claims into offsets.
+#[test]
+fn several_tagged_senders_on_one_partition() {
+    let s = sweep("shared partition", |_| {
+        let mut c = WorldConfig::new(&[("a", 1), ("b", 1), ("x", 1), ("y", 1), ("z", 1)])
+            .node(NodeSpec::new(
+                "s1",
+                &[("a", 0)],
+                &["x", "y"],
+                Behavior::Forward(vec![Output::to("x", 0), Output::to("y", 0)]),
+            ))
+            .node(NodeSpec::new(
+                "s2",
+                &[("b", 0)],
+                &["x", "z"],
+                Behavior::Forward(vec![Output::to("z", 0), Output::to("x", 0)]),
+            ))
+            .node(checker("check", &[("x", 0), ("y", 0), ("z", 0)]))
+            .edge(EdgeSpec::producer("pa", &[("a", 0)]))
+            .edge(EdgeSpec::producer("pb", &[("b", 0)]));
+        c.budget = budget(60, 8);
+        c
+    });
+    s.floor("records held at the gate", held_some)
+        .floor(
+            "holds on or claiming a partition with two tagged senders",
+            |s| s.multi_sender_holds > 0,
+        )
+        .floor("crashes", crashed)
+        .floor("crashes while records were held", crashed_while_holding);
+}
+
 /// Records at adjacent offsets with no marker between them. Transactional
 /// producers commit several records per transaction, to one partition or
 /// spread over several, with one marker per partition at the end; a plain
