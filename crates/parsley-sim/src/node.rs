@@ -191,6 +191,10 @@ pub struct StepReport {
     /// Released held records that sat on, or carried a sequence claim on, a
     /// channel written by two or more tagged senders.
     pub multi_sender_holds: usize,
+    /// The fetched record was held, and in ground truth it waited only for
+    /// its own sender's sends from an earlier incarnation (see
+    /// [`Oracle::waits_only_on_prior_incarnation`]).
+    pub held_on_prior_incarnation: bool,
 }
 
 /// What the protocol calls of one step produced.
@@ -198,6 +202,8 @@ struct Work {
     deliveries: Vec<Delivery>,
     sends: Vec<Send>,
     truncated: usize,
+    /// The fetched record's coordinate, for a fetch that fetched one.
+    fetched: Option<(Channel, i64)>,
     adjacent_fetch: bool,
     adjacent_tagged_fetch: bool,
 }
@@ -299,6 +305,11 @@ impl<P: DeliveryProtocol> SimNode<P> {
     /// The channels currently consumed.
     pub fn inputs(&self) -> &BTreeSet<Channel> {
         &self.inputs
+    }
+
+    /// The sink topics currently declared.
+    pub fn sinks(&self) -> &BTreeSet<TopicId> {
+        &self.sinks
     }
 
     /// The host fault this node runs with, if any.
@@ -492,6 +503,14 @@ impl<P: DeliveryProtocol> SimNode<P> {
         report.truncated = work.truncated;
         report.adjacent_fetch = work.adjacent_fetch;
         report.adjacent_tagged_fetch = work.adjacent_tagged_fetch;
+        if crash.is_none()
+            && let Some((c, offset)) = work.fetched
+            && let Some(id) = oracle.record_at(c, offset)
+            && !oracle.is_delivered(self.actor, id)
+        {
+            report.held_on_prior_incarnation =
+                oracle.waits_only_on_prior_incarnation(self.actor, id);
+        }
         Ok(report)
     }
 
@@ -516,6 +535,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
             deliveries: Vec::new(),
             sends: Vec::new(),
             truncated: 0,
+            fetched: None,
             adjacent_fetch: false,
             adjacent_tagged_fetch: false,
         };
@@ -534,6 +554,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
                     work.adjacent_tagged_fetch = tagged && last_tagged;
                 }
                 self.last_fetched.insert(c, (offset, tagged));
+                work.fetched = Some((c, offset));
                 let record = InboundRecord {
                     channel: c,
                     offset,

@@ -187,6 +187,8 @@ pub struct WorldStats {
     pub max_held: u64,
     /// Held records restored by restarts (the hold-queue restore path).
     pub restored_held: u64,
+    /// Restarts whose rescope removed at least one sink.
+    pub sink_drops: u64,
     /// Fetches of a record at the offset right after the one the node
     /// fetched before on that channel (no marker between them).
     pub adjacent_fetches: u64,
@@ -199,6 +201,9 @@ pub struct WorldStats {
     /// Releases of held records that sat on, or carried a sequence claim
     /// on, a channel written by two or more tagged senders.
     pub multi_sender_holds: u64,
+    /// Records held that, in ground truth, waited only for their own
+    /// sender's sends from an earlier incarnation.
+    pub holds_on_prior_incarnation: u64,
 }
 
 impl WorldStats {
@@ -229,10 +234,12 @@ impl WorldStats {
         self.truncated_entries += o.truncated_entries;
         self.max_held = self.max_held.max(o.max_held);
         self.restored_held += o.restored_held;
+        self.sink_drops += o.sink_drops;
         self.adjacent_fetches += o.adjacent_fetches;
         self.adjacent_tagged_fetches += o.adjacent_tagged_fetches;
         self.steps_with_adjacent_sends += o.steps_with_adjacent_sends;
         self.multi_sender_holds += o.multi_sender_holds;
+        self.holds_on_prior_incarnation += o.holds_on_prior_incarnation;
     }
 }
 
@@ -467,6 +474,7 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         cut: usize,
     ) -> Result<StepReport, WorldFailure> {
         let i = self.node_index(name);
+        self.oracle.begin_incarnation(self.nodes[i].actor);
         let (broker, oracle, topics) = (&mut self.broker, &mut self.oracle, &self.topics);
         let report = self.nodes[i]
             .start_crashing(Some((point, cut)), broker, oracle, topics)
@@ -687,10 +695,16 @@ impl<P: DeliveryProtocol> SimWorld<P> {
                 if restart {
                     self.stats.restarts += 1;
                 }
+                let sinks_before = self.nodes[i].sinks().clone();
+                self.oracle.begin_incarnation(self.nodes[i].actor);
                 let (broker, oracle, topics) = (&mut self.broker, &mut self.oracle, &self.topics);
-                self.nodes[i]
+                let report = self.nodes[i]
                     .start_crashing(crash, broker, oracle, topics)
-                    .map_err(|v| self.fail(v.message))?
+                    .map_err(|v| self.fail(v.message))?;
+                if restart && !sinks_before.is_subset(self.nodes[i].sinks()) {
+                    self.stats.sink_drops += 1;
+                }
+                report
             }
             Action::Node(i, a) => {
                 match a {
@@ -790,6 +804,7 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         self.stats.adjacent_tagged_fetches += u64::from(report.adjacent_tagged_fetch);
         self.stats.steps_with_adjacent_sends += u64::from(report.adjacent_sends > 0);
         self.stats.multi_sender_holds += report.multi_sender_holds as u64;
+        self.stats.holds_on_prior_incarnation += u64::from(report.held_on_prior_incarnation);
     }
 
     fn count_crash(&mut self, i: usize) {
