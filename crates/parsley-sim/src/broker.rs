@@ -6,7 +6,9 @@
 //! consumer sees holes wherever a marker or an aborted record sits, exactly
 //! as a Kafka consumer does. Retention is modelled by a log start per
 //! partition; topics can be destroyed, after which they are definitively
-//! absent.
+//! absent, though the broker remembers how far each partition had been
+//! written (a claim on a destroyed topic is harmless, but it must still name
+//! an offset that once existed).
 //!
 //! Every append also feeds the broker's [`Trace`], so the digest of a run
 //! covers the exact bytes of every record and marker, where it landed, and
@@ -68,7 +70,14 @@ struct Partition {
 struct Topic {
     name: String,
     partitions: Vec<Partition>,
-    destroyed: bool,
+    /// Once destroyed: each partition's end offset at that moment.
+    destroyed_at: Option<Vec<i64>>,
+}
+
+impl Topic {
+    fn destroyed(&self) -> bool {
+        self.destroyed_at.is_some()
+    }
 }
 
 /// The simulated broker.
@@ -124,16 +133,41 @@ impl SimBroker {
                 partitions: (0..partitions.max(0))
                     .map(|_| Partition::default())
                     .collect(),
-                destroyed: false,
+                destroyed_at: None,
             },
         );
         id
     }
 
-    /// Deletes a topic: it answers as definitively absent from now on.
+    /// Deletes a topic: it answers as definitively absent from now on. The
+    /// end offset each partition had is kept (see
+    /// [`claimable_end`](Self::claimable_end)).
     pub fn destroy_topic(&mut self, topic: TopicId) {
-        if let Some(t) = self.topics.get_mut(&topic) {
-            t.destroyed = true;
+        if let Some(t) = self.topics.get_mut(&topic)
+            && t.destroyed_at.is_none()
+        {
+            t.destroyed_at = Some(
+                t.partitions
+                    .iter()
+                    .map(|p| p.entries.len() as i64)
+                    .collect(),
+            );
+        }
+    }
+
+    /// One past the highest offset a claim on `c` may name: the end offset
+    /// of a live partition, or the end offset a destroyed one had when its
+    /// topic was destroyed; 0 for a channel that never existed.
+    pub fn claimable_end(&self, c: Channel) -> i64 {
+        let Some(t) = self.topics.get(&c.topic) else {
+            return 0;
+        };
+        let Ok(i) = usize::try_from(c.partition) else {
+            return 0;
+        };
+        match &t.destroyed_at {
+            Some(ends) => ends.get(i).copied().unwrap_or(0),
+            None => t.partitions.get(i).map_or(0, |p| p.entries.len() as i64),
         }
     }
 
@@ -157,14 +191,14 @@ impl SimBroker {
     pub fn partitions(&self, topic: TopicId) -> Option<i32> {
         self.topics
             .get(&topic)
-            .filter(|t| !t.destroyed)
+            .filter(|t| !t.destroyed())
             .map(|t| t.partitions.len() as i32)
     }
 
     fn partition(&self, c: Channel) -> Option<&Partition> {
         self.topics
             .get(&c.topic)
-            .filter(|t| !t.destroyed)?
+            .filter(|t| !t.destroyed())?
             .partitions
             .get(usize::try_from(c.partition).ok()?)
     }
@@ -174,7 +208,7 @@ impl SimBroker {
             .topics
             .get_mut(&c.topic)
             .unwrap_or_else(|| panic!("sim: append to unknown topic {}", c.topic));
-        assert!(!t.destroyed, "sim: append to destroyed topic {}", c.topic);
+        assert!(!t.destroyed(), "sim: append to destroyed topic {}", c.topic);
         t.partitions
             .get_mut(c.partition as usize)
             .unwrap_or_else(|| panic!("sim: append to unknown partition {c}"))
@@ -291,7 +325,7 @@ impl SimBroker {
     pub fn channels(&self) -> Vec<Channel> {
         self.topics
             .iter()
-            .filter(|(_, t)| !t.destroyed)
+            .filter(|(_, t)| !t.destroyed())
             .flat_map(|(&id, t)| (0..t.partitions.len() as i32).map(move |p| Channel::new(id, p)))
             .collect()
     }
@@ -305,7 +339,7 @@ impl SimBroker {
             .iter()
             .map(|&id| {
                 let answer = match self.topics.get(&id) {
-                    Some(t) if !t.destroyed => TopicOffsets::Present(
+                    Some(t) if !t.destroyed() => TopicOffsets::Present(
                         t.partitions
                             .iter()
                             .enumerate()

@@ -70,7 +70,7 @@ pub use eager::EagerProtocol;
 pub use edge::{EdgeProducer, EdgeSpec};
 pub use node::{
     HostFault, NodeAction, NodeSpec, Rescope, SimNode, StartCrash, StartPolicy, StepReport,
-    TickSpec,
+    TickSpec, check_offset_claims,
 };
 pub use oracle::{ActorId, Oracle, RecordId, Violation};
 pub use trace::Trace;

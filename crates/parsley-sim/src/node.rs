@@ -20,7 +20,8 @@
 //! * **H4** every emission is partitioned first, then stamped with
 //!   `prepare_send` for that concrete channel, and exactly that record is
 //!   appended; every offset claim of the stamp is checked to name an offset
-//!   that really exists.
+//!   that really exists, or existed before its topic was deleted
+//!   ([`check_offset_claims`]).
 //! * **H5** [`start`](SimNode::start) restarts from committed state through
 //!   the protocol's full init path, seeks channels that joined the scope to
 //!   the protocol's resume positions, and reports each channel's starting
@@ -36,7 +37,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use parsley_protocol::{
     CausalHeaders, Channel, Delivery, DeliveryProtocol, InboundRecord, MemStore, NodeConfig,
-    SenderId, TopicId,
+    SenderId, TopicId, VectorClock,
 };
 
 use crate::behavior::{Behavior, Output, Payload, Route};
@@ -206,6 +207,30 @@ struct Work {
     fetched: Option<(Channel, i64)>,
     adjacent_fetch: bool,
     adjacent_tagged_fetch: bool,
+}
+
+/// H4's check of a stamp's offset claims: each must name an offset below
+/// the channel's end offset, or, for a channel whose topic has been
+/// deleted, below the end offset it had when it was deleted. A claim on a
+/// deleted topic is harmless (no receiver can resolve or wait on it, and a
+/// truncation sweep drops it), but it must still name history that existed.
+/// Returns a description of the first claim that does not.
+pub fn check_offset_claims(broker: &SimBroker, clock: &VectorClock) -> Result<(), String> {
+    for claim in clock.offsets() {
+        let end = broker.claimable_end(claim.channel);
+        if claim.offset >= end {
+            let state = if broker.partitions(claim.channel.topic).is_some() {
+                "that channel ends"
+            } else {
+                "that channel (deleted or unknown) ended"
+            };
+            return Err(format!(
+                "stamp claims {}@{} but {state} at {end}",
+                claim.channel, claim.offset
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A failure of the world: a violation, a protocol refusal, or a host
@@ -741,7 +766,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
     }
 
     /// H4: stamp for the concrete channel, check every offset claim names a
-    /// real offset, and stage exactly that record.
+    /// real offset ([`check_offset_claims`]), and stage exactly that record.
     fn send(
         protocol: &mut P,
         oracle: &mut Oracle,
@@ -754,15 +779,8 @@ impl<P: DeliveryProtocol> SimNode<P> {
         let causal: CausalHeaders = protocol
             .prepare_send(channel)
             .map_err(|e| violation(format!("node {name}: stamping refused: {e}")))?;
-        for claim in causal.clock.offsets() {
-            let end = broker.end_offset(claim.channel);
-            if claim.offset >= end {
-                return Err(violation(format!(
-                    "node {name}: stamp claims {}@{} but that channel ends at {end}",
-                    claim.channel, claim.offset
-                )));
-            }
-        }
+        check_offset_claims(broker, &causal.clock)
+            .map_err(|e| violation(format!("node {name}: {e}")))?;
         let pending: PendingSend = oracle.emit(actor);
         Ok(Send {
             channel,

@@ -2,7 +2,7 @@
 //! schedule reaches only by coincidence, scripted step by step and judged by
 //! the same oracle.
 
-use parsley_protocol::CausalNode;
+use parsley_protocol::{CausalHeaders, CausalNode, Channel, TopicId, VectorClock};
 use parsley_sim::*;
 
 /// `k` derives `d` from `c`; `m` consumes `d` (not `c`) and ticks, emitting
@@ -206,4 +206,61 @@ fn crashes_right_after_init_or_before_a_send() {
     w.run().unwrap();
     assert_eq!(w.oracle.delivered_count(w.node("gate").actor), 1);
     assert!(w.broker.fetch(out, 0).is_some_and(|(o, _)| o == 0));
+}
+
+fn claim(c: Channel, offset: i64) -> VectorClock {
+    let mut clock = VectorClock::new();
+    clock.claim_offset(c, offset);
+    clock
+}
+
+fn plain_record() -> StoredRecord {
+    StoredRecord {
+        key: None,
+        value: None,
+        timestamp: 0,
+        headers: Vec::new(),
+        causal: CausalHeaders::default(),
+        oracle_id: usize::MAX,
+    }
+}
+
+/// H4's offset-claim check, on its own: a claim must name an offset below
+/// the channel's end, and on a deleted topic below the end it had when it
+/// was deleted. A claim on a deleted topic is harmless, but not a claim on
+/// history that never existed.
+#[test]
+fn the_offset_claim_check_follows_a_deleted_topic_to_its_last_end() {
+    let mut b = SimBroker::new();
+    let live = b.create_topic("live", 1);
+    let gone = b.create_topic("gone", 2);
+    let (l0, g0, g1) = (
+        Channel::new(live, 0),
+        Channel::new(gone, 0),
+        Channel::new(gone, 1),
+    );
+    b.append(l0, plain_record(), true);
+    b.append(g0, plain_record(), true);
+    b.append_marker(g0, true);
+    b.append(g0, plain_record(), false);
+    b.append(g1, plain_record(), true);
+    let ok = |b: &SimBroker, c, o| check_offset_claims(b, &claim(c, o)).is_ok();
+    assert!(ok(&b, g0, 2) && !ok(&b, g0, 3));
+    b.destroy_topic(gone);
+    assert_eq!(b.end_offset(g0), 0, "a deleted topic answers as absent");
+    // Accepted: offsets g0 and g1 really had (a marker and an aborted
+    // record occupy offsets too).
+    assert!(ok(&b, g0, 0) && ok(&b, g0, 1) && ok(&b, g0, 2) && ok(&b, g1, 0));
+    // Flagged: offsets at or past where each partition ended.
+    let err = check_offset_claims(&b, &claim(g0, 3)).unwrap_err();
+    assert!(err.contains("ended at 3"), "{err}");
+    assert!(!ok(&b, g1, 1));
+    // A live channel: below its end only.
+    assert!(ok(&b, l0, 0) && !ok(&b, l0, 1));
+    // A topic that never existed: nothing.
+    assert!(!ok(&b, Channel::new(TopicId::from_u128(99), 0), 0));
+    // A clock with several claims is judged on each.
+    let mut both = claim(l0, 0);
+    both.claim_offset(g1, 5);
+    assert!(check_offset_claims(&b, &both).is_err());
 }

@@ -854,14 +854,23 @@ fn random_topology(seed: u64) -> WorldConfig {
     }
 }
 
-/// A sink is dropped and its topic deleted while claims on it still travel:
-/// the stage's own tick records carry sequence claims on it, and a relay
-/// holds offset claims on it in custody. The restarted stage must skip the
-/// deleted former sink at init (it is definitively absent) and retire the
-/// echoed claims; the relay's sweep must drop every claim on the deleted
-/// topic; nothing may wedge or reorder.
+/// A sink is dropped and its topic deleted while both kinds of claim on it
+/// travel in custody. `p` writes `x` then `y` per input record, so its `y`
+/// records carry sequence claims on `x`; after a first restart (same scope)
+/// they carry an offset claim on `x` too (the end-offset seed). The relay
+/// consumes `y` but not `x`, so it keeps both in its advertised clock and
+/// stamps them onto `z`: sequence custody and offset custody of `x`. Then
+/// `x` is deleted and `p` restarts a second time without it. The relay
+/// still stamps its offset claims on `x` until its sweep drops them, which
+/// the host check must accept (they name offsets `x` had before it was
+/// deleted); `p` must skip the deleted former sink at init and retire its
+/// echoed claims; nothing may wedge or reorder.
 #[test]
 fn a_dropped_sink_is_deleted() {
+    use std::cell::Cell;
+    let offset_custody = Cell::new(0usize);
+    let sequence_custody = Cell::new(0usize);
+    let stamped_after_deletion = Cell::new(0usize);
     let s = sweep_with::<CausalNode>(
         "deleted former sink",
         |_| {
@@ -877,7 +886,7 @@ fn a_dropped_sink_is_deleted() {
                 outputs: vec![Output::to("y", 0)],
             });
             p.rescope = Some(Rescope {
-                at_restart: 1,
+                at_restart: 2,
                 inputs: vec![("in".into(), 0), ("ticks".into(), 0)],
                 sinks: vec!["y".into(), "ticks".into()],
                 behavior: Some(Behavior::Forward(vec![Output::to("y", 0)])),
@@ -895,8 +904,28 @@ fn a_dropped_sink_is_deleted() {
             c
         },
         |w| {
+            let (x, y, z) = (w.topic("x"), w.channel("y", 0), w.channel("z", 0));
+            let x0 = w.channel("x", 0);
             w.run()?;
-            let x = w.topic("x");
+            // A first restart in the same scope: the end-offset seed puts an
+            // offset claim on x into p's stamps.
+            w.crash("p");
+            w.budget_mut().edge_ops = 10;
+            w.budget_mut().ticks = 5;
+            w.run()?;
+            let advertised = w
+                .node("relay")
+                .protocol()
+                .and_then(|r| r.channel_view(y))
+                .map(|v| v.advertised)
+                .unwrap_or_default();
+            if advertised.offset(x0).is_some() {
+                offset_custody.set(offset_custody.get() + 1);
+            }
+            if advertised.sequences().iter().any(|c| c.channel == x0) {
+                sequence_custody.set(sequence_custody.get() + 1);
+            }
+            let z_end = w.broker.end_offset(z);
             w.broker.destroy_topic(x);
             w.crash("p");
             w.budget_mut().edge_ops = 20;
@@ -904,7 +933,17 @@ fn a_dropped_sink_is_deleted() {
             w.budget_mut().sweeps = 10;
             w.budget_mut().crashes = 2;
             w.run()?;
-            assert!(w.node("p").restarts() >= 1);
+            assert!(w.node("p").restarts() >= 2);
+            assert!(!w.node("p").sinks().contains(&x));
+            // Records the relay stamped after the deletion that still named
+            // an offset on x: each passed the host check only because it is
+            // below x's end at deletion.
+            if (z_end..w.broker.end_offset(z)).any(|o| {
+                matches!(w.broker.entry(z, o), Some(Entry::Record { record, .. })
+                    if record.causal.clock.offset(x0).is_some())
+            }) {
+                stamped_after_deletion.set(stamped_after_deletion.get() + 1);
+            }
             // Once the relay has swept, it claims nothing on the deleted topic.
             w.sweep_all()?;
             let relay = w.node("relay").protocol().expect("relay is up");
@@ -915,7 +954,22 @@ fn a_dropped_sink_is_deleted() {
             Ok(())
         },
     );
+    for (what, n) in [
+        ("offset custody of x at the relay", &offset_custody),
+        ("sequence custody of x at the relay", &sequence_custody),
+        (
+            "offset claims on x stamped after its deletion",
+            &stamped_after_deletion,
+        ),
+    ] {
+        let n = n.get();
+        eprintln!("deleted former sink: {what} in {n}/{} seeds", *SEEDS);
+        assert!(n >= seed_floor(), "only {n} seeds had {what}");
+    }
     s.floor("records held at the gate", held_some)
+        .floor("a restart whose rescope dropped a sink", |s| {
+            s.sink_drops > 0
+        })
         // No retention in this world: a sweep can only remove entries on
         // the deleted topic.
         .floor("sweeps that removed claims on the deleted topic", truncated);
