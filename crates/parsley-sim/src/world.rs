@@ -731,8 +731,15 @@ impl<P: DeliveryProtocol> SimWorld<P> {
             }
             Action::CrashMid(i) => {
                 self.count_crash(i);
-                self.stats.mid_step_crashes += 1;
                 let steps = self.node_actions(&self.nodes[i]);
+                if steps.is_empty() {
+                    // Not reachable from `enabled`, which offers this only
+                    // with a step to crash in; crash idle rather than panic.
+                    self.nodes[i].crash();
+                    self.finish_action(action, &StepReport::default());
+                    return Ok(());
+                }
+                self.stats.mid_step_crashes += 1;
                 let first_fetch = steps.iter().find_map(|(_, a)| match a {
                     NodeAction::Fetch(c) => Some(*c),
                     _ => None,
@@ -772,7 +779,14 @@ impl<P: DeliveryProtocol> SimWorld<P> {
                 StepReport::default()
             }
         };
-        self.account(&report);
+        self.finish_action(action, &report);
+        Ok(())
+    }
+
+    /// Counts an executed action's report and mixes the action into the
+    /// trace.
+    fn finish_action(&mut self, action: Action, report: &StepReport) {
+        self.account(report);
         // The scheduler's choice, then where the delivery and append digests
         // stand after it: this ties the two streams' interleaving together.
         let kind = match action {
@@ -788,7 +802,6 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         self.trace.word(kind);
         self.trace.word(self.broker.trace());
         self.trace.word(self.oracle.trace());
-        Ok(())
     }
 
     /// Adds one step's report to the world's counters.
