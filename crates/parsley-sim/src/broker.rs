@@ -6,13 +6,22 @@
 //! consumer sees holes wherever a marker or an aborted record sits, exactly
 //! as a Kafka consumer does. Retention is modelled by a log start per
 //! partition; topics can be destroyed, after which they are definitively
-//! absent.
+//! absent, though the broker remembers how far each partition had been
+//! written (a claim on a destroyed topic is harmless, but it must still name
+//! an offset that once existed).
+//!
+//! Every append also feeds the broker's [`Trace`], so the digest of a run
+//! covers the exact bytes of every record and marker, where it landed, and
+//! whether its transaction committed.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use parsley_protocol::{
-    BrokerOffsets, BrokerOffsetsError, CausalHeaders, Channel, Header, TopicId, TopicOffsets,
+    BrokerOffsets, BrokerOffsetsError, CausalHeaders, Channel, Header, SenderId, TopicId,
+    TopicOffsets,
 };
+
+use crate::trace::Trace;
 
 /// A business record as stored in a partition.
 #[derive(Clone, Debug)]
@@ -53,13 +62,22 @@ pub enum Entry {
 struct Partition {
     entries: Vec<Entry>,
     log_start: i64,
+    /// The sender tags of the committed records written here.
+    senders: BTreeSet<SenderId>,
 }
 
 #[derive(Clone, Debug)]
 struct Topic {
     name: String,
     partitions: Vec<Partition>,
-    destroyed: bool,
+    /// Once destroyed: each partition's end offset at that moment.
+    destroyed_at: Option<Vec<i64>>,
+}
+
+impl Topic {
+    fn destroyed(&self) -> bool {
+        self.destroyed_at.is_some()
+    }
 }
 
 /// The simulated broker.
@@ -67,6 +85,31 @@ struct Topic {
 pub struct SimBroker {
     topics: BTreeMap<TopicId, Topic>,
     next_id: u128,
+    trace: Trace,
+}
+
+/// Mixes one appended record into a digest: where it landed, whether its
+/// transaction committed, and its bytes, the causal headers in their wire
+/// encoding (clock bytes, sender, sequence).
+fn mix_record(t: &mut Trace, c: Channel, offset: i64, record: &StoredRecord, committed: bool) {
+    t.word(0xA1);
+    t.channel(c);
+    t.word(offset as u64);
+    t.word(u64::from(committed));
+    t.opt_bytes(record.key.as_deref());
+    t.opt_bytes(record.value.as_deref());
+    t.word(record.timestamp as u64);
+    t.word(record.headers.len() as u64);
+    for h in &record.headers {
+        t.bytes(h.name.as_bytes());
+        t.opt_bytes(h.value.as_deref());
+    }
+    let causal = record.causal.encode();
+    t.word(causal.len() as u64);
+    for (name, value) in &causal {
+        t.bytes(name.as_bytes());
+        t.bytes(value);
+    }
 }
 
 impl SimBroker {
@@ -90,17 +133,53 @@ impl SimBroker {
                 partitions: (0..partitions.max(0))
                     .map(|_| Partition::default())
                     .collect(),
-                destroyed: false,
+                destroyed_at: None,
             },
         );
         id
     }
 
-    /// Deletes a topic: it answers as definitively absent from now on.
+    /// Deletes a topic: it answers as definitively absent from now on. The
+    /// end offset each partition had is kept (see
+    /// [`claimable_end`](Self::claimable_end)).
     pub fn destroy_topic(&mut self, topic: TopicId) {
-        if let Some(t) = self.topics.get_mut(&topic) {
-            t.destroyed = true;
+        if let Some(t) = self.topics.get_mut(&topic)
+            && t.destroyed_at.is_none()
+        {
+            t.destroyed_at = Some(
+                t.partitions
+                    .iter()
+                    .map(|p| p.entries.len() as i64)
+                    .collect(),
+            );
         }
+    }
+
+    /// One past the highest offset a claim on `c` may name: the end offset
+    /// of a live partition, or the end offset a destroyed one had when its
+    /// topic was destroyed; 0 for a channel that never existed.
+    pub fn claimable_end(&self, c: Channel) -> i64 {
+        let Some(t) = self.topics.get(&c.topic) else {
+            return 0;
+        };
+        let Ok(i) = usize::try_from(c.partition) else {
+            return 0;
+        };
+        match &t.destroyed_at {
+            Some(ends) => ends.get(i).copied().unwrap_or(0),
+            None => t.partitions.get(i).map_or(0, |p| p.entries.len() as i64),
+        }
+    }
+
+    /// How many distinct sender tags the committed records of a live
+    /// partition carry.
+    pub fn tagged_senders(&self, c: Channel) -> usize {
+        self.partition(c).map_or(0, |p| p.senders.len())
+    }
+
+    /// The digest of every append so far (see [`Trace`]).
+    pub fn trace(&self) -> u64 {
+        self.trace.value()
     }
 
     /// A topic's name.
@@ -112,14 +191,14 @@ impl SimBroker {
     pub fn partitions(&self, topic: TopicId) -> Option<i32> {
         self.topics
             .get(&topic)
-            .filter(|t| !t.destroyed)
+            .filter(|t| !t.destroyed())
             .map(|t| t.partitions.len() as i32)
     }
 
     fn partition(&self, c: Channel) -> Option<&Partition> {
         self.topics
             .get(&c.topic)
-            .filter(|t| !t.destroyed)?
+            .filter(|t| !t.destroyed())?
             .partitions
             .get(usize::try_from(c.partition).ok()?)
     }
@@ -129,7 +208,7 @@ impl SimBroker {
             .topics
             .get_mut(&c.topic)
             .unwrap_or_else(|| panic!("sim: append to unknown topic {}", c.topic));
-        assert!(!t.destroyed, "sim: append to destroyed topic {}", c.topic);
+        assert!(!t.destroyed(), "sim: append to destroyed topic {}", c.topic);
         t.partitions
             .get_mut(c.partition as usize)
             .unwrap_or_else(|| panic!("sim: append to unknown partition {c}"))
@@ -137,16 +216,28 @@ impl SimBroker {
 
     /// Appends a business record; returns its offset.
     pub fn append(&mut self, c: Channel, record: StoredRecord, committed: bool) -> i64 {
+        let mut trace = self.trace;
         let p = self.partition_mut(c);
+        let offset = p.entries.len() as i64;
+        mix_record(&mut trace, c, offset, &record, committed);
+        if committed && let Some(tag) = record.causal.sender {
+            p.senders.insert(tag.sender);
+        }
         p.entries.push(Entry::Record { record, committed });
-        p.entries.len() as i64 - 1
+        self.trace = trace;
+        offset
     }
 
     /// Appends a transaction marker; returns its offset.
     pub fn append_marker(&mut self, c: Channel, commit: bool) -> i64 {
         let p = self.partition_mut(c);
         p.entries.push(Entry::Marker { commit });
-        p.entries.len() as i64 - 1
+        let offset = p.entries.len() as i64 - 1;
+        self.trace.word(0xA2);
+        self.trace.channel(c);
+        self.trace.word(offset as u64);
+        self.trace.word(u64::from(commit));
+        offset
     }
 
     /// The next offset to be written.
@@ -234,7 +325,7 @@ impl SimBroker {
     pub fn channels(&self) -> Vec<Channel> {
         self.topics
             .iter()
-            .filter(|(_, t)| !t.destroyed)
+            .filter(|(_, t)| !t.destroyed())
             .flat_map(|(&id, t)| (0..t.partitions.len() as i32).map(move |p| Channel::new(id, p)))
             .collect()
     }
@@ -248,7 +339,7 @@ impl SimBroker {
             .iter()
             .map(|&id| {
                 let answer = match self.topics.get(&id) {
-                    Some(t) if !t.destroyed => TopicOffsets::Present(
+                    Some(t) if !t.destroyed() => TopicOffsets::Present(
                         t.partitions
                             .iter()
                             .enumerate()

@@ -3,11 +3,17 @@
 //! An edge producer is a sequential plain producer: it sends one record,
 //! waits for the acknowledgement, and folds the acknowledged coordinate into
 //! its clock, so each send claims all of its earlier ones, across topics and
-//! partitions. An observer additionally consumes records from some channels
+//! partitions. One operation sends a batch of one or more records, all to
+//! the same target or spread over the targets in turn; a transactional
+//! producer commits the batch as one transaction, with one commit marker on
+//! each partition it wrote, so the records of a batch that share a partition
+//! sit at adjacent offsets with no marker between them. An observer additionally consumes records from some channels
 //! (as a plain consumer, without any gate) and folds each one's coordinate
 //! and clock before producing, so what it produces claims what it read.
 //! Edge records carry a `vc` header but no sender tag, like records from a
 //! plain client stamping with a causal clock.
+
+use std::collections::BTreeSet;
 
 use parsley_protocol::{CausalHeaders, Channel, VectorClock};
 
@@ -24,9 +30,15 @@ pub struct EdgeSpec {
     pub targets: Vec<(String, i32)>,
     /// Channels it observes before producing (empty: a pure producer).
     pub observes: Vec<(String, i32)>,
-    /// Whether each send is its own committed transaction (leaving a commit
-    /// marker after it) rather than a plain send.
+    /// Whether each operation's batch is one committed transaction (leaving
+    /// a commit marker after it on each partition it wrote) rather than
+    /// plain sends.
     pub transactional: bool,
+    /// Records per operation (at least one).
+    pub batch: usize,
+    /// Whether a batch goes to the targets in turn (one transaction over
+    /// several partitions) rather than all to one target.
+    pub spread: bool,
 }
 
 impl EdgeSpec {
@@ -37,6 +49,19 @@ impl EdgeSpec {
             targets: targets.iter().map(|&(t, p)| (t.to_owned(), p)).collect(),
             observes: Vec::new(),
             transactional: false,
+            batch: 1,
+            spread: false,
+        }
+    }
+
+    /// A transactional producer committing `batch` records per operation,
+    /// all to one target (the targets are used in turn, one per
+    /// transaction).
+    pub fn batched(name: &str, targets: &[(&str, i32)], batch: usize) -> EdgeSpec {
+        EdgeSpec {
+            transactional: true,
+            batch,
+            ..EdgeSpec::producer(name, targets)
         }
     }
 }
@@ -81,8 +106,8 @@ impl EdgeProducer {
     }
 
     /// One operation: observe what is available on the observed channels,
-    /// then send one record to the next target. `key` picks the entity key
-    /// and `hops` the feedback budget of what it sends.
+    /// then send a batch to the next target (or targets). `key` picks the
+    /// entity key and `hops` the feedback budget of what it sends.
     pub fn op(&mut self, broker: &mut SimBroker, oracle: &mut Oracle, key: u64, hops: u32) {
         oracle.begin(self.actor);
         for (c, pos) in &mut self.observes {
@@ -97,39 +122,48 @@ impl EdgeProducer {
             oracle.commit(self.actor);
             return;
         }
-        let channel = self.targets[self.next_target % self.targets.len()];
-        self.next_target += 1;
-        self.next_key += 1;
-        let payload = Payload {
-            key: key.wrapping_add(self.next_key),
-            hops,
-        };
-        let pending = oracle.emit(self.actor);
-        let offset = broker.end_offset(channel);
-        let id = oracle.register(pending, channel, offset);
-        let causal = CausalHeaders {
-            clock: self.clock.clone(),
-            sender: None,
-        };
-        let at = broker.append(
-            channel,
-            StoredRecord {
-                key: Some(payload.key_bytes()),
-                value: Some(payload.value_bytes()),
-                timestamp: 0,
-                headers: Vec::new(),
-                causal,
-                oracle_id: id,
-            },
-            true,
-        );
-        assert_eq!(at, offset);
-        if self.spec.transactional {
-            broker.append_marker(channel, true);
+        let mut touched = BTreeSet::new();
+        for i in 0..self.spec.batch.max(1) {
+            if i == 0 || self.spec.spread {
+                self.next_target += 1;
+            }
+            let channel = self.targets[(self.next_target - 1) % self.targets.len()];
+            self.next_key += 1;
+            let payload = Payload {
+                key: key.wrapping_add(self.next_key),
+                hops,
+            };
+            let pending = oracle.emit(self.actor);
+            let offset = broker.end_offset(channel);
+            let id = oracle.register(pending, channel, offset);
+            let causal = CausalHeaders {
+                clock: self.clock.clone(),
+                sender: None,
+            };
+            let at = broker.append(
+                channel,
+                StoredRecord {
+                    key: Some(payload.key_bytes()),
+                    value: Some(payload.value_bytes()),
+                    timestamp: 0,
+                    headers: Vec::new(),
+                    causal,
+                    oracle_id: id,
+                },
+                true,
+            );
+            assert_eq!(at, offset);
+            touched.insert(channel);
+            // The acknowledgement (a transactional send is acknowledged
+            // before its commit too): the next send claims this one.
+            self.clock.claim_offset(channel, at);
+            self.sent += 1;
         }
-        // The acknowledgement: the next send claims this one.
-        self.clock.claim_offset(channel, at);
-        self.sent += 1;
+        if self.spec.transactional {
+            for &c in &touched {
+                broker.append_marker(c, true);
+            }
+        }
         oracle.commit(self.actor);
     }
 }

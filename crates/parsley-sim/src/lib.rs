@@ -23,6 +23,7 @@
 //!   [`TickSpec`].
 //! * [`EagerProtocol`]: a protocol that ignores claims, which the oracle must
 //!   flag.
+//! * [`Trace`]: the run digest behind [`SimWorld::trace_hash`].
 //!
 //! ## A precondition the kit makes explicit: retention and holds
 //!
@@ -62,6 +63,7 @@ pub mod eager;
 pub mod edge;
 pub mod node;
 pub mod oracle;
+pub mod trace;
 pub mod world;
 
 pub use behavior::{Behavior, Output, Payload, Route};
@@ -69,7 +71,9 @@ pub use broker::{Entry, SimBroker, StoredRecord};
 pub use eager::EagerProtocol;
 pub use edge::{EdgeProducer, EdgeSpec};
 pub use node::{
-    HostFault, NodeAction, NodeSpec, Rescope, SimNode, StartPolicy, StepReport, TickSpec,
+    HostFault, NodeAction, NodeSpec, Rescope, SimNode, StartCrash, StartPolicy, StepReport,
+    TickSpec, check_offset_claims,
 };
 pub use oracle::{ActorId, Oracle, RecordId, Violation};
+pub use trace::Trace;
 pub use world::{Budget, Join, SimWorld, WorldConfig, WorldFailure, WorldStats};

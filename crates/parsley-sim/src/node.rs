@@ -13,11 +13,15 @@
 //! * **H3** every step is one transaction: store writes and consumer
 //!   positions are staged and committed together with the step's appended
 //!   records; a crash mid-step appends the records as aborted (with abort
-//!   markers), discards the staged state, and takes the node down.
+//!   markers), discards the staged state, and takes the node down. A crash
+//!   can land between any two host calls: inside any kind of step, after
+//!   any number of the step's stamped sends, and inside a start (see
+//!   [`StartCrash`]).
 //! * **H4** every emission is partitioned first, then stamped with
 //!   `prepare_send` for that concrete channel, and exactly that record is
 //!   appended; every offset claim of the stamp is checked to name an offset
-//!   that really exists.
+//!   that really exists, or existed before its topic was deleted
+//!   ([`check_offset_claims`]).
 //! * **H5** [`start`](SimNode::start) restarts from committed state through
 //!   the protocol's full init path, seeks channels that joined the scope to
 //!   the protocol's resume positions (unless [`NodeSpec::seek_resume`] is
@@ -36,7 +40,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use parsley_protocol::{
     CausalHeaders, Channel, Delivery, DeliveryProtocol, InboundRecord, MemStore, NodeConfig,
-    NodeStats, ProtocolError, SenderId, StateKey, TopicId,
+    NodeStats, ProtocolError, SenderId, StateKey, TopicId, VectorClock,
 };
 
 use crate::behavior::{Behavior, Output, Payload, Route};
@@ -138,6 +142,22 @@ impl NodeSpec {
     }
 }
 
+/// Where inside a (re)start a crash lands. The start is a transaction like
+/// any step: whichever point it lands at, nothing of it commits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartCrash {
+    /// Right after the protocol's init returned, before anything it
+    /// released reached user logic.
+    AfterInit,
+    /// After what init itself released (restored records a rescope made
+    /// deliverable) went through user logic and its sends were stamped, but
+    /// before the starting positions were reported.
+    AfterInitReleases,
+    /// After the starting positions were reported and everything released
+    /// went through user logic, just before the commit.
+    AfterStartPositions,
+}
+
 /// One transactional step of a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeAction {
@@ -182,6 +202,61 @@ pub struct StepReport {
     /// Deliveries of records that claim, by sequence, one of the node's
     /// own sends made before that channel joined its inputs.
     pub own_past_claims_delivered: usize,
+    /// The step crashed before a send its user logic still had to make (the
+    /// crash landed between two stamping calls, or before the first).
+    pub cut_sends: bool,
+    /// The step fetched a record right after (at the next offset from) the
+    /// record this node fetched before on that channel: two business records
+    /// with no marker between them.
+    pub adjacent_fetch: bool,
+    /// Like `adjacent_fetch`, with both records carrying a sender tag, so
+    /// both came from node steps.
+    pub adjacent_tagged_fetch: bool,
+    /// Partitions this (committed) step appended two or more records to,
+    /// which therefore sit at adjacent offsets.
+    pub adjacent_sends: usize,
+    /// Released held records that sat on, or carried a sequence claim on, a
+    /// channel written by two or more tagged senders.
+    pub multi_sender_holds: usize,
+    /// The fetched record was held, and in ground truth it waited only for
+    /// its own sender's sends from an earlier incarnation (see
+    /// [`Oracle::waits_only_on_prior_incarnation`]).
+    pub held_on_prior_incarnation: bool,
+}
+
+/// What the protocol calls of one step produced.
+struct Work {
+    deliveries: Vec<Delivery>,
+    sends: Vec<Send>,
+    truncated: usize,
+    /// The fetched record's coordinate, for a fetch that fetched one.
+    fetched: Option<(Channel, i64)>,
+    adjacent_fetch: bool,
+    adjacent_tagged_fetch: bool,
+}
+
+/// H4's check of a stamp's offset claims: each must name an offset below
+/// the channel's end offset, or, for a channel whose topic has been
+/// deleted, below the end offset it had when it was deleted. A claim on a
+/// deleted topic is harmless (no receiver can resolve or wait on it, and a
+/// truncation sweep drops it), but it must still name history that existed.
+/// Returns a description of the first claim that does not.
+pub fn check_offset_claims(broker: &SimBroker, clock: &VectorClock) -> Result<(), String> {
+    for claim in clock.offsets() {
+        let end = broker.claimable_end(claim.channel);
+        if claim.offset >= end {
+            let state = if broker.partitions(claim.channel.topic).is_some() {
+                "that channel ends"
+            } else {
+                "that channel (deleted or unknown) ended"
+            };
+            return Err(format!(
+                "stamp claims {}@{} but {state} at {end}",
+                claim.channel, claim.offset
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A failure of the world: a violation, a protocol refusal, or a host
@@ -213,6 +288,9 @@ pub struct SimNode<P: DeliveryProtocol> {
     /// Per input that joined by a redeploy: the node's own send sequence
     /// there when it joined (for the kit's counters only).
     joined_own_seq: BTreeMap<Channel, i64>,
+    /// Per channel, the last offset this node fetched there (in any
+    /// incarnation) and whether that record carried a sender tag.
+    last_fetched: BTreeMap<Channel, (i64, bool)>,
 }
 
 /// Resolves topic names for a node.
@@ -254,6 +332,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
             stats_seen: NodeStats::default(),
             rescopes_applied: 0,
             joined_own_seq: BTreeMap::new(),
+            last_fetched: BTreeMap::new(),
         }
     }
 
@@ -293,6 +372,11 @@ impl<P: DeliveryProtocol> SimNode<P> {
         &self.inputs
     }
 
+    /// The sink topics currently declared.
+    pub fn sinks(&self) -> &BTreeSet<TopicId> {
+        &self.sinks
+    }
+
     /// The host fault this node runs with, if any.
     pub fn fault(&self) -> Option<HostFault> {
         self.fault
@@ -317,6 +401,20 @@ impl<P: DeliveryProtocol> SimNode<P> {
     /// init path; processes whatever init releases as the first step.
     pub fn start(
         &mut self,
+        broker: &mut SimBroker,
+        oracle: &mut Oracle,
+        topics: &dyn Topics,
+    ) -> StepResult {
+        self.start_crashing(None, broker, oracle, topics)
+    }
+
+    /// [`start`](Self::start), crashing at the given point when `crash` is
+    /// set, after at most the given number of stamped sends (see
+    /// [`step`](Self::step)). The node ends up down, with nothing of the
+    /// start committed.
+    pub fn start_crashing(
+        &mut self,
+        crash: Option<(StartCrash, usize)>,
         broker: &mut SimBroker,
         oracle: &mut Oracle,
         topics: &dyn Topics,
@@ -441,6 +539,27 @@ impl<P: DeliveryProtocol> SimNode<P> {
         let restored_held = init.report.restored_held;
         let mut node = init.node;
         let mut deliveries = init.deliveries;
+        if let Some((point, cut)) = crash
+            && point != StartCrash::AfterStartPositions
+        {
+            if point == StartCrash::AfterInit {
+                deliveries.clear();
+            }
+            let mut report = self.start_transaction(
+                node,
+                deliveries,
+                Some(cut),
+                restored_held,
+                broker,
+                oracle,
+                topics,
+            )?;
+            report.joined_inputs = joined_inputs;
+            report.seeded_inputs = seeded_inputs;
+            report.left_inputs = left_inputs;
+            report.refused_shrinks = refused_shrink;
+            return Ok(report);
+        }
         // H2 at start: the consumer's starting position is a position like
         // any other (a real consumer reports it at its first poll). Every
         // record below it went through `on_record` in an earlier
@@ -460,9 +579,31 @@ impl<P: DeliveryProtocol> SimNode<P> {
                 }
             }
         }
+        let cut = crash.map(|(_, cut)| cut);
+        let mut report =
+            self.start_transaction(node, deliveries, cut, restored_held, broker, oracle, topics)?;
+        report.joined_inputs = joined_inputs;
+        report.seeded_inputs = seeded_inputs;
+        report.left_inputs = left_inputs;
+        report.refused_shrinks = refused_shrink;
+        Ok(report)
+    }
+
+    /// The first transaction of an incarnation: init's writes and whatever
+    /// was released, committed or (with `crash`) aborted.
+    #[allow(clippy::too_many_arguments)]
+    fn start_transaction(
+        &mut self,
+        node: P,
+        deliveries: Vec<Delivery>,
+        crash: Option<usize>,
+        restored_held: usize,
+        broker: &mut SimBroker,
+        oracle: &mut Oracle,
+        topics: &dyn Topics,
+    ) -> StepResult {
         self.protocol = Some(node);
         self.stats_seen = NodeStats::default();
-        // The first transaction: init's writes and whatever it released.
         oracle.begin(self.actor);
         if self.fault != Some(HostFault::WithholdPositionAdvance) {
             for (&c, &pos) in &self.positions {
@@ -474,47 +615,61 @@ impl<P: DeliveryProtocol> SimNode<P> {
             deliveries,
             Vec::new(),
             positions,
-            false,
+            crash,
             broker,
             oracle,
             topics,
         )?;
         report.restored_held = restored_held;
-        report.joined_inputs = joined_inputs;
-        report.seeded_inputs = seeded_inputs;
-        report.left_inputs = left_inputs;
-        report.refused_shrinks = refused_shrink;
         Ok(report)
     }
 
-    /// Runs one transactional step; with `crash` the node crashes after the
-    /// work and before the commit.
+    /// Runs one transactional step. With `crash = Some(k)` the node crashes
+    /// before the commit, and before any stamping call beyond the first `k`
+    /// of the step (so `Some(0)` crashes before the step's first send, and a
+    /// `k` at or above what the step sends crashes after all its work).
     pub fn step(
         &mut self,
         action: NodeAction,
-        crash: bool,
+        crash: Option<usize>,
         broker: &mut SimBroker,
         oracle: &mut Oracle,
         topics: &dyn Topics,
     ) -> StepResult {
         let mut positions = self.positions.clone();
         oracle.begin(self.actor);
-        let (deliveries, sends, truncated) =
-            match self.work(action, &mut positions, broker, oracle, topics) {
-                Ok(w) => w,
-                Err(v) => {
-                    oracle.rollback(self.actor);
-                    return Err(v);
-                }
-            };
-        let mut report =
-            self.finish_with(deliveries, sends, positions, crash, broker, oracle, topics)?;
-        report.truncated = truncated;
+        let work = match self.work(action, &mut positions, broker, oracle, topics) {
+            Ok(w) => w,
+            Err(v) => {
+                oracle.rollback(self.actor);
+                return Err(v);
+            }
+        };
+        let mut report = self.finish_with(
+            work.deliveries,
+            work.sends,
+            positions,
+            crash,
+            broker,
+            oracle,
+            topics,
+        )?;
+        report.truncated = work.truncated;
+        report.adjacent_fetch = work.adjacent_fetch;
+        report.adjacent_tagged_fetch = work.adjacent_tagged_fetch;
+        if crash.is_none()
+            && let Some((c, offset)) = work.fetched
+            && let Some(id) = oracle.record_at(c, offset)
+            && !oracle.is_delivered(self.actor, id)
+        {
+            report.held_on_prior_incarnation =
+                oracle.waits_only_on_prior_incarnation(self.actor, id);
+        }
         Ok(report)
     }
 
     /// The protocol calls of one step: what it delivered, what it sent (a
-    /// tick), and what a sweep truncated.
+    /// tick), what a sweep truncated, and what a fetch fetched.
     fn work(
         &mut self,
         action: NodeAction,
@@ -522,7 +677,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
         broker: &mut SimBroker,
         oracle: &mut Oracle,
         topics: &dyn Topics,
-    ) -> Result<(Vec<Delivery>, Vec<Send>, usize), Violation> {
+    ) -> Result<Work, Violation> {
         let name = &self.spec.name;
         let refused = |e: parsley_protocol::ProtocolError| {
             violation(format!("node {name}: protocol refused: {e}"))
@@ -530,13 +685,30 @@ impl<P: DeliveryProtocol> SimNode<P> {
         let Some(protocol) = self.protocol.as_mut() else {
             return Err(violation(format!("node {name}: step while down")));
         };
-        let mut deliveries = Vec::new();
+        let mut work = Work {
+            deliveries: Vec::new(),
+            sends: Vec::new(),
+            truncated: 0,
+            fetched: None,
+            adjacent_fetch: false,
+            adjacent_tagged_fetch: false,
+        };
+        let deliveries = &mut work.deliveries;
         match action {
             NodeAction::Fetch(c) => {
                 let from = positions.get(&c).copied().unwrap_or(0);
                 let Some((offset, rec)) = broker.fetch(c, from) else {
-                    return Ok((deliveries, Vec::new(), 0));
+                    return Ok(work);
                 };
+                let tagged = rec.causal.sender.is_some();
+                if let Some(&(last, last_tagged)) = self.last_fetched.get(&c)
+                    && last + 1 == offset
+                {
+                    work.adjacent_fetch = true;
+                    work.adjacent_tagged_fetch = tagged && last_tagged;
+                }
+                self.last_fetched.insert(c, (offset, tagged));
+                work.fetched = Some((c, offset));
                 let record = InboundRecord {
                     channel: c,
                     offset,
@@ -560,7 +732,6 @@ impl<P: DeliveryProtocol> SimNode<P> {
                 deliveries.extend(protocol.on_record(record).map_err(refused)?);
                 oracle.receive(self.actor, id);
                 oracle.position(self.actor, c, offset + 1);
-                Ok((deliveries, Vec::new(), 0))
             }
             NodeAction::Advance(c) => {
                 let from = positions.get(&c).copied().unwrap_or(0);
@@ -569,7 +740,6 @@ impl<P: DeliveryProtocol> SimNode<P> {
                     deliveries.extend(protocol.position_advance(c, target).map_err(refused)?);
                     oracle.position(self.actor, c, target);
                 }
-                Ok((deliveries, Vec::new(), 0))
             }
             NodeAction::Tick => {
                 let Some(tick) = &self.spec.tick else {
@@ -582,24 +752,25 @@ impl<P: DeliveryProtocol> SimNode<P> {
                 };
                 let send =
                     Self::send(protocol, oracle, broker, self.actor, name, channel, payload)?;
-                Ok((deliveries, vec![send], 0))
+                work.sends.push(send);
             }
             NodeAction::Sweep => {
                 let report = protocol.truncate_to_log_starts(broker).map_err(refused)?;
-                Ok((deliveries, Vec::new(), report.entries_removed))
+                work.truncated = report.entries_removed;
             }
         }
+        Ok(work)
     }
 
     /// Processes deliveries (oracle check, behaviour, stamped sends), then
-    /// commits or crashes.
+    /// commits or crashes (see [`step`](Self::step) for `crash`).
     #[allow(clippy::too_many_arguments)]
     fn finish_with(
         &mut self,
         deliveries: Vec<Delivery>,
         mut sends: Vec<Send>,
         positions: BTreeMap<Channel, i64>,
-        crash: bool,
+        crash: Option<usize>,
         broker: &mut SimBroker,
         oracle: &mut Oracle,
         topics: &dyn Topics,
@@ -615,7 +786,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
             oracle.rollback(self.actor);
             return Err(violation(format!("node {name}: step while down")));
         };
-        for d in deliveries {
+        'deliveries: for d in deliveries {
             let c = d.record.channel;
             let Some(id) = oracle.record_at(c, d.record.offset) else {
                 oracle.rollback(self.actor);
@@ -640,6 +811,17 @@ impl<P: DeliveryProtocol> SimNode<P> {
             }
             if d.was_held {
                 report.released_from_hold += 1;
+                let shared = |ch: Channel| broker.tagged_senders(ch) >= 2;
+                if shared(c)
+                    || d.record
+                        .causal
+                        .clock
+                        .sequences()
+                        .iter()
+                        .any(|s| shared(s.channel))
+                {
+                    report.multi_sender_holds += 1;
+                }
             }
             let payload = Payload::decode(d.record.key.as_deref(), d.record.value.as_deref());
             let emissions: Vec<(Output, Payload)> = match &self.spec.tick {
@@ -666,6 +848,11 @@ impl<P: DeliveryProtocol> SimNode<P> {
                     }
                 };
                 let channel = Channel::new(topic, partition);
+                if crash.is_some_and(|k| sends.len() >= k) {
+                    // The crash lands here, before this stamping call.
+                    report.cut_sends = true;
+                    break 'deliveries;
+                }
                 match Self::send(protocol, oracle, broker, self.actor, &name, channel, next) {
                     Ok(s) => sends.push(s),
                     Err(v) => {
@@ -683,7 +870,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
             (now.past_skipped_total - self.stats_seen.past_skipped_total) as usize;
         self.stats_seen = now;
         let touched: BTreeSet<Channel> = sends.iter().map(|s| s.channel).collect();
-        if crash {
+        if crash.is_some() {
             // The transaction aborts: its records take offsets as aborted
             // records, each touched partition gets an abort marker, and the
             // node goes down with nothing of the step committed.
@@ -707,6 +894,10 @@ impl<P: DeliveryProtocol> SimNode<P> {
         report.held_after = protocol.held_count();
         self.store.apply(&writes);
         self.positions = positions;
+        report.adjacent_sends = touched
+            .iter()
+            .filter(|&&c| sends.iter().filter(|s| s.channel == c).count() >= 2)
+            .count();
         for s in sends {
             let offset = broker.end_offset(s.channel);
             let id = oracle.register(s.pending, s.channel, offset);
@@ -723,7 +914,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
     }
 
     /// H4: stamp for the concrete channel, check every offset claim names a
-    /// real offset, and stage exactly that record.
+    /// real offset ([`check_offset_claims`]), and stage exactly that record.
     fn send(
         protocol: &mut P,
         oracle: &mut Oracle,
@@ -736,15 +927,8 @@ impl<P: DeliveryProtocol> SimNode<P> {
         let causal: CausalHeaders = protocol
             .prepare_send(channel)
             .map_err(|e| violation(format!("node {name}: stamping refused: {e}")))?;
-        for claim in causal.clock.offsets() {
-            let end = broker.end_offset(claim.channel);
-            if claim.offset >= end {
-                return Err(violation(format!(
-                    "node {name}: stamp claims {}@{} but that channel ends at {end}",
-                    claim.channel, claim.offset
-                )));
-            }
-        }
+        check_offset_claims(broker, &causal.clock)
+            .map_err(|e| violation(format!("node {name}: {e}")))?;
         let pending: PendingSend = oracle.emit(actor);
         Ok(Send {
             channel,

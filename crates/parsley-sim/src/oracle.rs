@@ -44,6 +44,7 @@ use std::fmt;
 use parsley_protocol::Channel;
 
 use crate::broker::SimBroker;
+use crate::trace::Trace;
 
 /// Index of an actor (node, edge producer, observer).
 pub type ActorId = usize;
@@ -75,6 +76,8 @@ struct RecordMeta {
     offset: i64,
     actor: ActorId,
     send_index: u32,
+    /// The sender's incarnation when it sent the record.
+    incarnation: u32,
     past: Vec<u32>,
     envelope: Envelope,
 }
@@ -117,6 +120,8 @@ impl Envelope {
 #[derive(Default)]
 struct ActorState {
     name: String,
+    /// Bumped at every (re)start of a node; edge producers stay at 0.
+    incarnation: u32,
     past: Vec<u32>,
     staged: Option<Staged>,
     delivered: HashSet<RecordId>,
@@ -142,6 +147,7 @@ struct Staged {
 pub struct PendingSend {
     actor: ActorId,
     send_index: u32,
+    incarnation: u32,
     past: Vec<u32>,
     envelope: Envelope,
 }
@@ -156,6 +162,7 @@ pub struct Oracle {
     sends: Vec<BTreeMap<Channel, SendLog>>,
     names: BTreeMap<Channel, String>,
     deliveries_checked: u64,
+    trace: Trace,
 }
 
 impl Oracle {
@@ -177,6 +184,7 @@ impl Oracle {
             sends: vec![BTreeMap::new(); n],
             names: BTreeMap::new(),
             deliveries_checked: 0,
+            trace: Trace::new(),
         }
     }
 
@@ -197,6 +205,19 @@ impl Oracle {
     /// Deliveries checked so far.
     pub fn deliveries_checked(&self) -> u64 {
         self.deliveries_checked
+    }
+
+    /// The digest of every delivery checked so far, in order: node, channel
+    /// and offset of each (see [`Trace`]). Deliveries of a step that later
+    /// aborted count too: they reached the node's user logic.
+    pub fn trace(&self) -> u64 {
+        self.trace.value()
+    }
+
+    /// Starts a new incarnation of `actor` (a node's start or restart):
+    /// what it sends from now on is told apart from what it sent before.
+    pub fn begin_incarnation(&mut self, actor: ActorId) {
+        self.actors[actor].incarnation += 1;
     }
 
     /// The actor's name.
@@ -315,6 +336,7 @@ impl Oracle {
     pub fn deliver(&mut self, actor: ActorId, record: RecordId) -> Result<(), Violation> {
         self.deliveries_checked += 1;
         let m = &self.records[record];
+        self.trace.delivery(actor, m.channel, m.offset);
         let a = &self.actors[actor];
         let staged = a.staged.as_ref().expect("oracle: delivery outside a step");
         let what = || format!("node {} delivering {}", a.name, self.coordinate(record));
@@ -420,6 +442,7 @@ impl Oracle {
 
     /// Takes a send inside the current step: snapshots the sender's past.
     pub fn emit(&mut self, actor: ActorId) -> PendingSend {
+        let incarnation = self.actors[actor].incarnation;
         let staged = self.actors[actor]
             .staged
             .as_mut()
@@ -434,6 +457,7 @@ impl Oracle {
         PendingSend {
             actor,
             send_index: staged.past[actor],
+            incarnation,
             past,
             envelope,
         }
@@ -451,6 +475,7 @@ impl Oracle {
             offset,
             actor: send.actor,
             send_index: send.send_index,
+            incarnation: send.incarnation,
             past: send.past,
             envelope: send.envelope,
         });
@@ -482,6 +507,64 @@ impl Oracle {
     /// Records delivered (committed) at an actor.
     pub fn delivered_count(&self, actor: ActorId) -> usize {
         self.actors[actor].delivered.len()
+    }
+
+    /// Whether `actor` has delivered `record` (committed, or in its open
+    /// step).
+    pub fn is_delivered(&self, actor: ActorId, record: RecordId) -> bool {
+        let a = &self.actors[actor];
+        a.delivered.contains(&record)
+            || a.staged
+                .as_ref()
+                .is_some_and(|s| s.delivered.contains(&record))
+    }
+
+    /// For a record `actor` holds: whether what it waits for, in ground
+    /// truth, is only its own sender's sends from an earlier incarnation.
+    /// That is, at least one real ancestor on another channel `actor`
+    /// consumes (at or above the baseline there) is not delivered yet, and
+    /// every such ancestor was sent by the record's sender before the
+    /// restart that began the record's incarnation. Ancestors on the
+    /// record's own channel are left out: FIFO orders those, not a claim.
+    ///
+    /// Such a hold can only be resolved by the claim a restarted node makes
+    /// on its own earlier outputs (the end-offset seed), which is what the
+    /// restart scenario needs to see happen.
+    pub fn waits_only_on_prior_incarnation(&self, actor: ActorId, record: RecordId) -> bool {
+        let m = &self.records[record];
+        let a = &self.actors[actor];
+        let mut waits = false;
+        for (x, &count) in m.past.iter().enumerate() {
+            if count == 0 {
+                continue;
+            }
+            for &c in &a.consumes {
+                if c == m.channel {
+                    continue;
+                }
+                let Some(list) = self.sends[x].get(&c) else {
+                    continue;
+                };
+                let i = list.partition_point(|&(idx, _, _)| idx <= count);
+                if i == 0 {
+                    continue;
+                }
+                // The latest such send decides: if it is delivered, so is
+                // everything before it on that channel; if it is from an
+                // earlier incarnation, so is everything before it.
+                let (_, offset, ancestor) = list[i - 1];
+                if offset < a.baselines.get(&c).copied().unwrap_or(0)
+                    || self.is_delivered(actor, ancestor)
+                {
+                    continue;
+                }
+                if x != m.actor || self.records[ancestor].incarnation >= m.incarnation {
+                    return false;
+                }
+                waits = true;
+            }
+        }
+        waits
     }
 
     /// Completeness at drain: every committed record at or above the

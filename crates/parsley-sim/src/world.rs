@@ -13,6 +13,19 @@
 //! last crash of the budget is reserved for a holding node: a crash while
 //! records are held is the only way into the hold-queue restore path, and an
 //! unweighted draw tends to spend the budget before such a state exists.
+//!
+//! A crash can land between any two host calls. An idle crash lands between
+//! steps. A mid-step crash picks one of the node's enabled steps (a fetch on
+//! any fetchable channel, a position advance, a tick, a sweep) and a number
+//! of stamping calls after which it cuts the step short. A node that is
+//! down can crash again inside its restart, at one of the points of
+//! [`StartCrash`]. Each kind is counted in [`WorldStats`], so scenarios can
+//! show that each occurred.
+//!
+//! [`SimWorld::trace_hash`] digests every delivery (node, channel, offset,
+//! in order) and the bytes and coordinates of every append, committed or
+//! aborted, interleaved with the scheduler's choices: two runs with the same
+//! hash did the same things in the same order.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -23,8 +36,9 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::broker::SimBroker;
 use crate::edge::{EdgeProducer, EdgeSpec};
-use crate::node::{HostFault, NodeAction, NodeSpec, SimNode, StepReport, Topics};
+use crate::node::{HostFault, NodeAction, NodeSpec, SimNode, StartCrash, StepReport, Topics};
 use crate::oracle::Oracle;
+use crate::trace::Trace;
 
 /// When a node joins the world.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,10 +141,32 @@ pub struct WorldStats {
     pub released_from_hold: u64,
     /// Records appended by nodes (committed or aborted).
     pub sends: u64,
-    /// Crashes injected (idle and mid-step).
+    /// Crashes injected (idle, mid-step and mid-start).
     pub crashes: u64,
-    /// Of those, mid-step crashes.
+    /// Of those, crashes inside a transaction (a step or a start).
     pub mid_step_crashes: u64,
+    /// Crashes inside a restart, right after init.
+    pub crashes_after_init: u64,
+    /// Crashes inside a restart, after init's own releases went through
+    /// user logic.
+    pub crashes_after_init_releases: u64,
+    /// Crashes inside a restart, after the starting positions were
+    /// reported.
+    pub crashes_after_start_positions: u64,
+    /// Crashes inside a fetch step.
+    pub crashes_in_fetch: u64,
+    /// Of those, fetches on a channel other than the node's first fetchable
+    /// one.
+    pub crashes_in_fetch_not_first: u64,
+    /// Crashes inside a position-advance step.
+    pub crashes_in_advance: u64,
+    /// Crashes inside a tick step.
+    pub crashes_in_tick: u64,
+    /// Crashes inside a truncation-sweep step.
+    pub crashes_in_sweep: u64,
+    /// Crashes that cut a step or start short before a send its user logic
+    /// still had to make.
+    pub crashes_cutting_sends: u64,
     /// Crashes of a node that was holding records at the time.
     pub crashes_while_holding: u64,
     /// Restarts.
@@ -166,6 +202,23 @@ pub struct WorldStats {
     /// Deliveries of records claiming a node's own pre-join sends on a
     /// channel that joined its inputs.
     pub own_past_claims_delivered: u64,
+    /// Restarts whose rescope removed at least one sink.
+    pub sink_drops: u64,
+    /// Fetches of a record at the offset right after the one the node
+    /// fetched before on that channel (no marker between them).
+    pub adjacent_fetches: u64,
+    /// Of those, fetches where both records carried sender tags (both were
+    /// written by node steps).
+    pub adjacent_tagged_fetches: u64,
+    /// Committed node steps that appended two or more records to one
+    /// partition.
+    pub steps_with_adjacent_sends: u64,
+    /// Releases of held records that sat on, or carried a sequence claim
+    /// on, a channel written by two or more tagged senders.
+    pub multi_sender_holds: u64,
+    /// Records held that, in ground truth, waited only for their own
+    /// sender's sends from an earlier incarnation.
+    pub holds_on_prior_incarnation: u64,
 }
 
 impl WorldStats {
@@ -177,6 +230,15 @@ impl WorldStats {
         self.sends += o.sends;
         self.crashes += o.crashes;
         self.mid_step_crashes += o.mid_step_crashes;
+        self.crashes_after_init += o.crashes_after_init;
+        self.crashes_after_init_releases += o.crashes_after_init_releases;
+        self.crashes_after_start_positions += o.crashes_after_start_positions;
+        self.crashes_in_fetch += o.crashes_in_fetch;
+        self.crashes_in_fetch_not_first += o.crashes_in_fetch_not_first;
+        self.crashes_in_advance += o.crashes_in_advance;
+        self.crashes_in_tick += o.crashes_in_tick;
+        self.crashes_in_sweep += o.crashes_in_sweep;
+        self.crashes_cutting_sends += o.crashes_cutting_sends;
         self.crashes_while_holding += o.crashes_while_holding;
         self.restarts += o.restarts;
         self.position_advances += o.position_advances;
@@ -194,6 +256,12 @@ impl WorldStats {
         self.left_inputs += o.left_inputs;
         self.refused_shrinks += o.refused_shrinks;
         self.own_past_claims_delivered += o.own_past_claims_delivered;
+        self.sink_drops += o.sink_drops;
+        self.adjacent_fetches += o.adjacent_fetches;
+        self.adjacent_tagged_fetches += o.adjacent_tagged_fetches;
+        self.steps_with_adjacent_sends += o.steps_with_adjacent_sends;
+        self.multi_sender_holds += o.multi_sender_holds;
+        self.holds_on_prior_incarnation += o.holds_on_prior_incarnation;
     }
 }
 
@@ -237,12 +305,22 @@ impl Topics for TopicMap {
 enum Action {
     Join(usize),
     Restart(usize),
+    /// A restart that crashes inside its start transaction (the point and
+    /// the cut are drawn when it runs).
+    CrashStart(usize),
     Node(usize, NodeAction),
     Crash(usize),
-    CrashMid(usize, Channel),
+    /// A crash inside one of the node's enabled steps (the step and the
+    /// cut are drawn when it runs).
+    CrashMid(usize),
     Edge(usize),
     Retain(Channel, i64),
 }
+
+/// A mid-transaction crash cuts the work short after this many stamping
+/// calls at most (drawn uniformly below it); most steps stamp fewer, and
+/// crash after all their work.
+const CRASH_CUT_RANGE: usize = 4;
 
 /// A seeded simulated world.
 pub struct SimWorld<P: DeliveryProtocol> {
@@ -259,7 +337,7 @@ pub struct SimWorld<P: DeliveryProtocol> {
     budget: Budget,
     hops: u32,
     stats: WorldStats,
-    trace: u64,
+    trace: Trace,
 }
 
 impl<P: DeliveryProtocol> SimWorld<P> {
@@ -322,7 +400,7 @@ impl<P: DeliveryProtocol> SimWorld<P> {
             budget: config.budget,
             hops: config.hops,
             stats: WorldStats::default(),
-            trace: 0xcbf2_9ce4_8422_2325,
+            trace: Trace::new(),
         };
         for i in 0..world.nodes.len() {
             if world.joins[i] == Join::Start {
@@ -342,9 +420,15 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         self.stats
     }
 
-    /// A hash of every delivery and send in order: equal for equal runs.
+    /// A digest of the run: every delivery (node, channel, offset) in
+    /// order, the bytes and coordinates of every append (committed or
+    /// aborted, markers included), and the scheduler's choices between
+    /// them. Equal for equal runs.
     pub fn trace_hash(&self) -> u64 {
-        self.trace
+        let mut t = self.trace;
+        t.word(self.broker.trace());
+        t.word(self.oracle.trace());
+        t.value()
     }
 
     /// The budgets left (scenarios top them up between phases).
@@ -381,15 +465,6 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         }
     }
 
-    fn mix(&mut self, words: &[u64]) {
-        for w in words {
-            for b in w.to_le_bytes() {
-                self.trace ^= u64::from(b);
-                self.trace = self.trace.wrapping_mul(0x0100_0000_01b3);
-            }
-        }
-    }
-
     /// Joins a `Manual` node now.
     pub fn join(&mut self, name: &str) -> Result<(), WorldFailure> {
         let i = self.node_index(name);
@@ -405,7 +480,26 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         let i = self.node_index(name);
         let (broker, oracle, topics) = (&mut self.broker, &mut self.oracle, &self.topics);
         let report = self.nodes[i]
-            .step(action, false, broker, oracle, topics)
+            .step(action, None, broker, oracle, topics)
+            .map_err(|v| self.fail(v.message))?;
+        self.account(&report);
+        Ok(report)
+    }
+
+    /// Restarts a node now and crashes it inside the start, at `point` and
+    /// after at most `cut` stamped sends (for directed constructions;
+    /// outside the crash budget). The node is down afterwards.
+    pub fn restart_crashing(
+        &mut self,
+        name: &str,
+        point: StartCrash,
+        cut: usize,
+    ) -> Result<StepReport, WorldFailure> {
+        let i = self.node_index(name);
+        self.oracle.begin_incarnation(self.nodes[i].actor);
+        let (broker, oracle, topics) = (&mut self.broker, &mut self.oracle, &self.topics);
+        let report = self.nodes[i]
+            .start_crashing(Some((point, cut)), broker, oracle, topics)
             .map_err(|v| self.fail(v.message))?;
         self.account(&report);
         Ok(report)
@@ -518,6 +612,29 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         bound
     }
 
+    /// The steps a running node can take now, with their weights.
+    fn node_actions(&self, n: &SimNode<P>) -> Vec<(u32, NodeAction)> {
+        let mut out = Vec::new();
+        for &c in n.inputs() {
+            let pos = n.position(c).unwrap_or(0);
+            if self.broker.fetch(c, pos).is_some() {
+                out.push((4, NodeAction::Fetch(c)));
+            }
+            if n.fault() != Some(HostFault::WithholdPositionAdvance)
+                && self.broker.skip_target(c, pos).is_some()
+            {
+                out.push((2, NodeAction::Advance(c)));
+            }
+        }
+        if n.spec.tick.is_some() && self.budget.ticks > 0 {
+            out.push((1, NodeAction::Tick));
+        }
+        if self.budget.sweeps > 0 {
+            out.push((1, NodeAction::Sweep));
+        }
+        out
+    }
+
     fn enabled(&mut self) -> Vec<(u32, Action)> {
         let mut out = Vec::new();
         let crash_budget = self.budget.crashes;
@@ -535,34 +652,23 @@ impl<P: DeliveryProtocol> SimWorld<P> {
             }
             if !n.is_up() {
                 out.push((4, Action::Restart(i)));
+                // A down node holds nothing, so this never takes the crash
+                // reserved for a holding node.
+                if crash_budget > 1 {
+                    out.push((1, Action::CrashStart(i)));
+                }
                 continue;
             }
-            let mut first_fetch = None;
-            for &c in n.inputs() {
-                let pos = n.position(c).unwrap_or(0);
-                if self.broker.fetch(c, pos).is_some() {
-                    out.push((4, Action::Node(i, NodeAction::Fetch(c))));
-                    first_fetch.get_or_insert(c);
-                }
-                if n.fault() != Some(HostFault::WithholdPositionAdvance)
-                    && self.broker.skip_target(c, pos).is_some()
-                {
-                    out.push((2, Action::Node(i, NodeAction::Advance(c))));
-                }
-            }
-            if n.spec.tick.is_some() && self.budget.ticks > 0 {
-                out.push((1, Action::Node(i, NodeAction::Tick)));
-            }
-            if self.budget.sweeps > 0 {
-                out.push((1, Action::Node(i, NodeAction::Sweep)));
-            }
+            let steps = self.node_actions(n);
+            let can_step = !steps.is_empty();
+            out.extend(steps.into_iter().map(|(w, a)| (w, Action::Node(i, a))));
             let holding = n.held() > 0;
             // The last crash of the budget is for a holding node.
             if crash_budget > 1 || (crash_budget == 1 && holding) {
                 let w = if holding { 2 } else { 1 };
                 out.push((w, Action::Crash(i)));
-                if let Some(c) = first_fetch {
-                    out.push((w, Action::CrashMid(i, c)));
+                if can_step {
+                    out.push((w, Action::CrashMid(i)));
                 }
             }
         }
@@ -584,14 +690,43 @@ impl<P: DeliveryProtocol> SimWorld<P> {
 
     fn execute(&mut self, action: Action) -> Result<(), WorldFailure> {
         let report: StepReport = match action {
-            Action::Join(i) | Action::Restart(i) => {
-                if matches!(action, Action::Restart(_)) {
+            Action::Join(i) | Action::Restart(i) | Action::CrashStart(i) => {
+                let restart = !matches!(action, Action::Join(_));
+                let crash = match action {
+                    Action::CrashStart(_) => {
+                        self.count_crash(i);
+                        self.stats.mid_step_crashes += 1;
+                        let point = match self.rng.random_range(0..3) {
+                            0 => {
+                                self.stats.crashes_after_init += 1;
+                                StartCrash::AfterInit
+                            }
+                            1 => {
+                                self.stats.crashes_after_init_releases += 1;
+                                StartCrash::AfterInitReleases
+                            }
+                            _ => {
+                                self.stats.crashes_after_start_positions += 1;
+                                StartCrash::AfterStartPositions
+                            }
+                        };
+                        Some((point, self.rng.random_range(0..CRASH_CUT_RANGE)))
+                    }
+                    _ => None,
+                };
+                if restart {
                     self.stats.restarts += 1;
                 }
+                let sinks_before = self.nodes[i].sinks().clone();
+                self.oracle.begin_incarnation(self.nodes[i].actor);
                 let (broker, oracle, topics) = (&mut self.broker, &mut self.oracle, &self.topics);
-                self.nodes[i]
-                    .start(broker, oracle, topics)
-                    .map_err(|v| self.fail(v.message))?
+                let report = self.nodes[i]
+                    .start_crashing(crash, broker, oracle, topics)
+                    .map_err(|v| self.fail(v.message))?;
+                if restart && !sinks_before.is_subset(self.nodes[i].sinks()) {
+                    self.stats.sink_drops += 1;
+                }
+                report
             }
             Action::Node(i, a) => {
                 match a {
@@ -608,7 +743,7 @@ impl<P: DeliveryProtocol> SimWorld<P> {
                 }
                 let (broker, oracle, topics) = (&mut self.broker, &mut self.oracle, &self.topics);
                 self.nodes[i]
-                    .step(a, false, broker, oracle, topics)
+                    .step(a, None, broker, oracle, topics)
                     .map_err(|v| self.fail(v.message))?
             }
             Action::Crash(i) => {
@@ -616,12 +751,37 @@ impl<P: DeliveryProtocol> SimWorld<P> {
                 self.nodes[i].crash();
                 StepReport::default()
             }
-            Action::CrashMid(i, c) => {
+            Action::CrashMid(i) => {
                 self.count_crash(i);
+                let steps = self.node_actions(&self.nodes[i]);
+                if steps.is_empty() {
+                    // Not reachable from `enabled`, which offers this only
+                    // with a step to crash in; crash idle rather than panic.
+                    self.nodes[i].crash();
+                    self.finish_action(action, &StepReport::default());
+                    return Ok(());
+                }
                 self.stats.mid_step_crashes += 1;
+                let first_fetch = steps.iter().find_map(|(_, a)| match a {
+                    NodeAction::Fetch(c) => Some(*c),
+                    _ => None,
+                });
+                let a = steps[self.rng.random_range(0..steps.len())].1;
+                match a {
+                    NodeAction::Fetch(c) => {
+                        self.stats.crashes_in_fetch += 1;
+                        if Some(c) != first_fetch {
+                            self.stats.crashes_in_fetch_not_first += 1;
+                        }
+                    }
+                    NodeAction::Advance(_) => self.stats.crashes_in_advance += 1,
+                    NodeAction::Tick => self.stats.crashes_in_tick += 1,
+                    NodeAction::Sweep => self.stats.crashes_in_sweep += 1,
+                }
+                let cut = self.rng.random_range(0..CRASH_CUT_RANGE);
                 let (broker, oracle, topics) = (&mut self.broker, &mut self.oracle, &self.topics);
                 self.nodes[i]
-                    .step(NodeAction::Fetch(c), true, broker, oracle, topics)
+                    .step(a, Some(cut), broker, oracle, topics)
                     .map_err(|v| self.fail(v.message))?
             }
             Action::Edge(e) => {
@@ -641,23 +801,29 @@ impl<P: DeliveryProtocol> SimWorld<P> {
                 StepReport::default()
             }
         };
-        self.account(&report);
+        self.finish_action(action, &report);
+        Ok(())
+    }
+
+    /// Counts an executed action's report and mixes the action into the
+    /// trace.
+    fn finish_action(&mut self, action: Action, report: &StepReport) {
+        self.account(report);
+        // The scheduler's choice, then where the delivery and append digests
+        // stand after it: this ties the two streams' interleaving together.
         let kind = match action {
             Action::Join(i) => i as u64,
             Action::Restart(i) => 100 + i as u64,
             Action::Node(i, _) => 200 + i as u64,
             Action::Crash(i) => 300 + i as u64,
-            Action::CrashMid(i, _) => 400 + i as u64,
+            Action::CrashMid(i) => 400 + i as u64,
             Action::Edge(e) => 500 + e as u64,
             Action::Retain(..) => 600,
+            Action::CrashStart(i) => 700 + i as u64,
         };
-        self.mix(&[
-            kind,
-            report.delivered as u64,
-            report.sent as u64,
-            self.oracle.deliveries_checked(),
-        ]);
-        Ok(())
+        self.trace.word(kind);
+        self.trace.word(self.broker.trace());
+        self.trace.word(self.oracle.trace());
     }
 
     /// Adds one step's report to the world's counters.
@@ -675,6 +841,12 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         self.stats.left_inputs += report.left_inputs as u64;
         self.stats.refused_shrinks += report.refused_shrinks as u64;
         self.stats.own_past_claims_delivered += report.own_past_claims_delivered as u64;
+        self.stats.crashes_cutting_sends += u64::from(report.cut_sends);
+        self.stats.adjacent_fetches += u64::from(report.adjacent_fetch);
+        self.stats.adjacent_tagged_fetches += u64::from(report.adjacent_tagged_fetch);
+        self.stats.steps_with_adjacent_sends += u64::from(report.adjacent_sends > 0);
+        self.stats.multi_sender_holds += report.multi_sender_holds as u64;
+        self.stats.holds_on_prior_incarnation += u64::from(report.held_on_prior_incarnation);
     }
 
     fn count_crash(&mut self, i: usize) {

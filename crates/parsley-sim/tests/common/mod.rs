@@ -92,6 +92,27 @@ pub fn sweep_with<P: DeliveryProtocol>(
         totals.max_held,
         totals.restored_held,
     );
+    eprintln!(
+        "{name}: crash points: {} after init, {} after init releases, {} after start positions, \
+         {} in fetches ({} not on the first channel), {} in advances, {} in ticks, {} in sweeps, \
+         {} cutting sends; {} sink drops, {} adjacent fetches ({} of node-written records), \
+         {} steps with adjacent sends, {} multi-sender holds, {} holds on prior-incarnation sends",
+        totals.crashes_after_init,
+        totals.crashes_after_init_releases,
+        totals.crashes_after_start_positions,
+        totals.crashes_in_fetch,
+        totals.crashes_in_fetch_not_first,
+        totals.crashes_in_advance,
+        totals.crashes_in_tick,
+        totals.crashes_in_sweep,
+        totals.crashes_cutting_sends,
+        totals.sink_drops,
+        totals.adjacent_fetches,
+        totals.adjacent_tagged_fetches,
+        totals.steps_with_adjacent_sends,
+        totals.multi_sender_holds,
+        totals.holds_on_prior_incarnation,
+    );
     Summary {
         name,
         per_seed,
