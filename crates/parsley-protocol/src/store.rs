@@ -27,6 +27,10 @@
 //! | `q/<channel>/e/<index>` | a held record (envelope below); index as 16 lower-case hex digits |
 //! | `sq/<channel>` | `i64`: the last send sequence issued to that sink channel |
 //! | `ds/<channel>/<sender-uuid>` | `i64` seq, `i64` offset: the highest delivered sequence from that sender on the channel, and its offset |
+//! | `sk/<channel>/<sender-uuid>` | `i64` seq, `i64` bound: a skip mark set when the channel joined the inputs (this implementation's own key; see `docs/decisions.md`) |
+//!
+//! Keys parse only in exactly this spelling (no upper-case hex, no leading
+//! zeros), so two keys can never name one entry.
 //!
 //! # Held-record envelope
 //!

@@ -597,8 +597,8 @@ impl Task {
     }
 
     /// Where to start fetching channels that joined the scope and were
-    /// seeded from carried ancestry; other channels resume from the
-    /// committed positions.
+    /// seeded from the task's past (see `CausalNode::resume_positions`);
+    /// other channels resume from the committed positions.
     pub fn resume_positions(&self) -> &BTreeMap<Channel, i64> {
         self.node.resume_positions()
     }
