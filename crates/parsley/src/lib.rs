@@ -193,19 +193,23 @@
 // path; keeping them unboxed keeps them easy to match in tests.
 #![allow(clippy::result_large_err)]
 
+// What users write: topics, codecs, messages, logic, fold state, stages,
+// the application.
 mod app;
 pub mod codec;
-mod driver;
 pub mod fold;
-pub mod holds;
-pub mod identity;
 mod logic;
 mod message;
-pub mod partition;
-pub mod probes;
 mod stage;
-pub mod task;
 mod topic;
+// The runner and host core every host drives.
+pub mod runtime;
+// The broker-less test host and contract probes.
+mod testing;
+
+pub use runtime::{holds, identity, partition, task};
+pub use testing::probes;
+use testing::driver;
 
 pub use app::{CompositionError, OwnedNames, Parsley};
 pub use codec::{BoxError, Codec, CodecError, Decoded};
