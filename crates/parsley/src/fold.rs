@@ -106,6 +106,12 @@ impl FoldWrites {
         self.writes.is_empty()
     }
 
+    /// The change to one store key: `None` if unchanged, `Some(None)` for a
+    /// delete, `Some(Some(bytes))` for a put.
+    pub fn get(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        self.writes.get(key).map(Option::as_deref)
+    }
+
     /// How many keys changed.
     pub fn len(&self) -> usize {
         self.writes.len()
@@ -168,8 +174,19 @@ impl FoldStore {
         self.entries.is_empty()
     }
 
-    pub(crate) fn entries(&self) -> &BTreeMap<Vec<u8>, Vec<u8>> {
-        &self.entries
+    /// The state bytes under a raw store key.
+    pub fn get_bytes(&self, key: &[u8]) -> Option<&[u8]> {
+        self.entries.get(key).map(Vec::as_slice)
+    }
+
+    /// Puts raw bytes under a raw store key (changelog restore).
+    pub(crate) fn put_bytes(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.entries.insert(key, value);
+    }
+
+    /// Removes a raw store key (a changelog tombstone).
+    pub(crate) fn remove_bytes(&mut self, key: &[u8]) {
+        self.entries.remove(key);
     }
 }
 

@@ -208,8 +208,8 @@ pub mod runtime;
 mod testing;
 
 pub use runtime::{holds, identity, partition, task};
-pub use testing::probes;
 use testing::driver;
+pub use testing::probes;
 
 pub use app::{CompositionError, OwnedNames, Parsley};
 pub use codec::{BoxError, Codec, CodecError, Decoded};

@@ -738,8 +738,44 @@ fn a_tick_topic_with_the_wrong_partition_count_fails_loudly() {
         .build()
         .unwrap_err();
     assert!(
-        matches!(err, DriverError::Task(TaskError::Config { .. })),
+        matches!(err, DriverError::Task(TaskError::PartitionCounts { .. })),
         "{err}"
     );
-    assert!(err.to_string().contains("exactly 2"), "{err}");
+    assert!(
+        err.to_string()
+            .contains(r#""c1" has 2, "app-s-ticks" has 1"#),
+        "{err}"
+    );
+}
+
+/// A stage whose sources have different partition counts is refused when
+/// the driver starts, naming every topic and its count: a task consumes
+/// partition p of every source, so related keys would land in different
+/// tasks (and a join would silently miss).
+#[test]
+fn sources_with_different_partition_counts_are_refused() {
+    let customers = topic("customers");
+    let orders = topic("orders");
+    let stage = Stage::named("join")
+        .on(&customers, |_m: &Message<String, String>| {
+            Vec::<Emission>::new()
+        })
+        .on(&orders, |_m: &Message<String, String>| {
+            Vec::<Emission>::new()
+        })
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    let err = TestDriver::builder(&app)
+        .partitions("customers", 4)
+        .partitions("orders", 2)
+        .build()
+        .unwrap_err();
+    match &err {
+        DriverError::Task(TaskError::PartitionCounts { counts, .. }) => assert_eq!(
+            counts,
+            &vec![("customers".to_owned(), 4), ("orders".to_owned(), 2)]
+        ),
+        other => panic!("expected PartitionCounts, got {other}"),
+    }
 }

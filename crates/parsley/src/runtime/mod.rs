@@ -1,11 +1,18 @@
 //! The layer every host drives: the task runner and the host core.
 //!
+//! * [`worker`]: the host core, one per stream thread: assignment, start
+//!   positions, position capture, transactions over many tasks, abort and
+//!   fencing, punctuation. Every host drives it.
 //! * [`task`]: one stage task, sans I/O (decode, gate, logic, fold state,
 //!   ticks, partitioning, stamping).
+//! * [`changelog`]: how a task's stores travel through changelog topics and
+//!   come back.
 //! * [`partition`]: Kafka's default partitioner; [`identity`]: sender
 //!   identities; [`holds`]: hold diagnostics.
 
+pub mod changelog;
 pub mod holds;
 pub mod identity;
 pub mod partition;
 pub mod task;
+pub mod worker;

@@ -25,16 +25,21 @@
 //!   node does not persist positions it was told);
 //! * the wall clock through [`Task::punctuate`] (ticks and hold warnings);
 //! * the commit: [`Task::take_commit`] hands over the records to append
-//!   (already partitioned, stamped and encoded), the protocol state writes
-//!   and the fold-state writes. The host appends the records and commits
-//!   both write sets and the consumed positions in one transaction.
+//!   (already partitioned, stamped and encoded) and the changelog records
+//!   of both stores. The host appends them and commits them with the
+//!   consumed positions in one transaction, then tells the task with
+//!   [`Task::commit_done`].
+//!
+//! The task owns its committed stores ([`TaskStores`]: the protocol store
+//! and the fold store) and keeps the open transaction's writes apart from
+//! them, so an abort never copies a store.
 //!
 //! # Failure
 //!
-//! Any error is final for the task object: the host aborts the transaction,
-//! discards the task, starts a new one with [`Task::init`] from the
-//! committed stores, and refetches from the committed positions. A task that
-//! returned an error refuses every later call with [`TaskError::Poisoned`].
+//! Any error is final for the task object: the host aborts the transaction
+//! and rebuilds the task from its committed stores with [`Task::reset`],
+//! then refetches from the committed positions. A task that returned an
+//! error refuses every later call with [`TaskError::Poisoned`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -44,7 +49,7 @@ use std::time::Duration;
 use parsley_protocol::headers::is_causal_header;
 use parsley_protocol::{
     BrokerOffsets, CausalHeaders, CausalNode, Channel, CorruptHeader, Delivery, Header,
-    InboundRecord, NodeConfig, ProtocolError, StoreRead, TopicId, WriteBatch,
+    InboundRecord, MemStore, NodeConfig, ProtocolError, TopicId, TruncationReport, WriteBatch,
 };
 use tracing::{debug, info, warn};
 
@@ -140,6 +145,28 @@ pub struct OutgoingRecord {
     pub headers: Vec<Header>,
 }
 
+/// Something a task did, in the order it happened.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum TaskEvent {
+    /// A record reached the stage's logic.
+    Delivered(DeliveredRecord),
+    /// A fetched record was held at the gate.
+    Held {
+        /// The held record.
+        coordinate: Coordinate,
+    },
+    /// A record was stamped and queued for the transaction (an emission or
+    /// a tick).
+    Sent {
+        /// The destination topic.
+        topic: String,
+        /// The destination partition.
+        partition: i32,
+        /// True for a tick.
+        tick: bool,
+    },
+}
+
 /// A record that reached the stage's logic in this transaction.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct DeliveredRecord {
@@ -156,41 +183,46 @@ pub struct DeliveredRecord {
 /// What a host commits for one transaction of a task.
 #[derive(Debug, Default)]
 pub struct TaskCommit {
-    /// Records to append, in send order.
+    /// Records to append, in send order (emissions and ticks).
     pub records: Vec<OutgoingRecord>,
-    /// Protocol state writes.
-    pub protocol: WriteBatch,
-    /// Fold-state writes.
-    pub fold: FoldWrites,
-    /// The records delivered to logic, in delivery order.
-    pub delivered: Vec<DeliveredRecord>,
+    /// Changelog records of the protocol store, then of the fold store, in
+    /// key order (a delete is a tombstone).
+    pub changelog: Vec<OutgoingRecord>,
+    /// What the task did, in order.
+    pub events: Vec<TaskEvent>,
 }
 
 impl TaskCommit {
     /// True when the transaction changed nothing.
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
-            && self.protocol.is_empty()
-            && self.fold.is_empty()
-            && self.delivered.is_empty()
+        self.records.is_empty() && self.changelog.is_empty() && self.events.is_empty()
+    }
+
+    /// The records delivered to logic, in delivery order.
+    pub fn delivered(&self) -> impl Iterator<Item = &DeliveredRecord> {
+        self.events.iter().filter_map(|e| match e {
+            TaskEvent::Delivered(d) => Some(d),
+            _ => None,
+        })
     }
 }
 
-/// The committed state a task starts from.
-#[derive(Clone, Copy)]
-pub struct CommittedState<'a> {
+/// A task's committed stores: what it starts from, and what it keeps
+/// committed while it runs.
+#[derive(Clone, Default, Debug)]
+pub struct TaskStores {
     /// The protocol store.
-    pub protocol: &'a dyn StoreRead,
+    pub protocol: MemStore,
     /// The fold store.
-    pub fold: &'a FoldStore,
+    pub fold: FoldStore,
 }
 
-impl fmt::Debug for CommittedState<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CommittedState")
-            .field("fold", &self.fold)
-            .finish_non_exhaustive()
-    }
+/// The writes of a transaction handed to the host and not yet known to be
+/// committed.
+#[derive(Debug, Default)]
+struct InFlight {
+    protocol: WriteBatch,
+    fold: FoldWrites,
 }
 
 /// A consumed channel of a task.
@@ -322,6 +354,26 @@ pub enum TaskError {
         /// The undeclared topic.
         topic: String,
     },
+    /// A stage's source topics (and its tick topic) disagree on partition
+    /// count. A task consumes partition `p` of every source, so with
+    /// unequal counts some tasks would miss a source and related keys would
+    /// not meet in one task.
+    #[error(
+        "task {task}: the stage's topics must all have the same partition count, but {}; recreate them with equal counts",
+        counts.iter().map(|(t, n)| format!("{t:?} has {n}")).collect::<Vec<_>>().join(", ")
+    )]
+    PartitionCounts {
+        /// The task.
+        task: TaskId,
+        /// Each source (and the tick topic) with its partition count.
+        counts: Vec<(String, i32)>,
+    },
+    /// A commit was taken while an earlier one was still in flight.
+    #[error("task {task}: a transaction is already in flight; report its outcome first")]
+    InFlight {
+        /// The task.
+        task: TaskId,
+    },
     /// The task failed earlier and must be discarded.
     #[error("task {task} failed earlier; discard it and start a new one from committed state")]
     Poisoned {
@@ -344,6 +396,8 @@ impl TaskError {
             | TaskError::Logic { task, .. }
             | TaskError::Panic { task, .. }
             | TaskError::UndeclaredSink { task, .. }
+            | TaskError::PartitionCounts { task, .. }
+            | TaskError::InFlight { task }
             | TaskError::Poisoned { task } => task,
         }
     }
@@ -395,10 +449,11 @@ pub struct Task {
     names: BTreeMap<TopicId, String>,
     sinks: BTreeMap<String, SinkInfo>,
     tick_route: Option<(String, Channel)>,
-    fold: BTreeMap<Vec<u8>, Vec<u8>>,
+    stores: TaskStores,
+    in_flight: Option<InFlight>,
     pending_fold: FoldWrites,
     outgoing: Vec<OutgoingRecord>,
-    delivered: Vec<DeliveredRecord>,
+    events: Vec<TaskEvent>,
     wall_clock: i64,
     next_tick_at: Option<i64>,
     holds: BTreeMap<Channel, HoldTrack>,
@@ -437,14 +492,14 @@ impl Task {
     /// seed), loads the fold state, and processes whatever the node released
     /// during init. Those records' outputs belong to the first transaction.
     ///
-    /// A task consumes partition `partition` of each source topic that has
-    /// it. A ticking stage's tick topic must have exactly as many partitions
-    /// as the stage's widest source.
+    /// A task consumes partition `partition` of each source topic. All of a
+    /// stage's sources, and its tick topic, must have the same partition
+    /// count ([`TaskError::PartitionCounts`] otherwise).
     pub fn init(
         app: &Parsley,
         stage: &str,
         partition: i32,
-        committed: CommittedState<'_>,
+        stores: TaskStores,
         metadata: &dyn TopicMetadata,
         broker: &dyn BrokerOffsets,
         now_ms: i64,
@@ -474,20 +529,18 @@ impl Task {
         let mut inputs = Vec::new();
         let mut slots = BTreeMap::new();
         let mut names = BTreeMap::new();
-        let mut widest = 0;
+        let mut counts: Vec<(String, i32)> = Vec::new();
         for (i, src) in stage_def.def.sources.iter().enumerate() {
             let name = src.topic.name();
             let d = describe(name)?;
-            widest = widest.max(d.partitions);
+            counts.push((name.to_owned(), d.partitions));
             slots.insert(d.id, SourceSlot::User(i));
             names.insert(d.id, name.to_owned());
-            if partition < d.partitions {
-                inputs.push(InputChannel {
-                    topic: name.to_owned(),
-                    channel: Channel::new(d.id, partition),
-                    tick: false,
-                });
-            }
+            inputs.push(InputChannel {
+                topic: name.to_owned(),
+                channel: Channel::new(d.id, partition),
+                tick: false,
+            });
         }
         let mut sinks = BTreeMap::new();
         for sink in &stage_def.def.sinks {
@@ -504,15 +557,7 @@ impl Task {
         let mut tick_route = None;
         if let Some(tick_topic) = app.tick_topic(stage) {
             let d = describe(tick_topic)?;
-            if widest == 0 {
-                widest = d.partitions;
-            }
-            if d.partitions != widest {
-                return Err(config_err(format!(
-                    "tick topic {tick_topic:?} has {} partition(s) but the stage's widest source has {widest}; create it with exactly {widest}",
-                    d.partitions
-                )));
-            }
+            counts.push((tick_topic.to_owned(), d.partitions));
             let channel = Channel::new(d.id, partition);
             slots.insert(d.id, SourceSlot::Ticks);
             names.insert(d.id, tick_topic.to_owned());
@@ -523,9 +568,16 @@ impl Task {
             });
             tick_route = Some((tick_topic.to_owned(), channel));
         }
-        if partition < 0 || partition >= widest {
+        let tasks = counts.first().map_or(0, |(_, n)| *n);
+        if counts.iter().any(|(_, n)| *n != tasks) {
+            return Err(TaskError::PartitionCounts {
+                task: id.clone(),
+                counts,
+            });
+        }
+        if partition < 0 || partition >= tasks {
             return Err(config_err(format!(
-                "partition {partition} is out of range: the stage's widest source has {widest} partition(s)"
+                "partition {partition} is out of range: the stage's topics have {tasks} partition(s)"
             )));
         }
         inputs.sort_by_key(|i| i.channel);
@@ -538,7 +590,7 @@ impl Task {
                 .chain(tick_route.as_ref().map(|(_, c)| c.topic))
                 .collect(),
         };
-        let init = CausalNode::init(config, committed.protocol, broker).map_err(|source| {
+        let init = CausalNode::init(config, &stores.protocol, broker).map_err(|source| {
             TaskError::Protocol {
                 task: id.clone(),
                 source,
@@ -564,10 +616,11 @@ impl Task {
             names,
             sinks,
             tick_route,
-            fold: committed.fold.entries().clone(),
+            stores,
+            in_flight: None,
             pending_fold: FoldWrites::new(),
             outgoing: Vec::new(),
-            delivered: Vec::new(),
+            events: Vec::new(),
             wall_clock: now_ms,
             next_tick_at,
             holds: BTreeMap::new(),
@@ -684,27 +737,136 @@ impl Task {
         })
     }
 
-    /// Takes everything this transaction produced. The host appends the
-    /// records and commits both write sets with the consumed positions,
-    /// atomically; after this call the task treats them as committed.
+    /// Takes everything this transaction produced: the records to append
+    /// and the changelog records of both stores. The host appends them and
+    /// commits them with the consumed positions, atomically, then reports
+    /// the outcome: [`commit_done`](Self::commit_done) once committed, or
+    /// [`reset`](Self::reset) after an abort.
     pub fn take_commit(&mut self) -> Result<TaskCommit, TaskError> {
         if self.poisoned {
             return Err(TaskError::Poisoned {
                 task: self.id.clone(),
             });
         }
+        if self.in_flight.is_some() {
+            return Err(TaskError::InFlight {
+                task: self.id.clone(),
+            });
+        }
+        let protocol = self.node.take_writes();
+        let fold = std::mem::take(&mut self.pending_fold);
+        let mut changelog = Vec::with_capacity(protocol.len() + fold.len());
+        let names = self.app.owned_names(&self.id.stage);
+        if !protocol.is_empty() {
+            let Some(topic) = names.map(|n| n.state_changelog.clone()) else {
+                return Err(TaskError::Config {
+                    task: self.id.clone(),
+                    message: "the stage has no state changelog name".to_owned(),
+                });
+            };
+            for (key, value) in protocol.iter() {
+                changelog.push(self.changelog_record(&topic, key.as_bytes(), value));
+            }
+        }
+        if !fold.is_empty() {
+            let Some(topic) = names.and_then(|n| n.fold_changelog.clone()) else {
+                return Err(TaskError::Config {
+                    task: self.id.clone(),
+                    message: "fold state written by a stage without a fold store".to_owned(),
+                });
+            };
+            for (key, value) in fold.iter() {
+                changelog.push(self.changelog_record(&topic, key, value));
+            }
+        }
+        self.in_flight = Some(InFlight { protocol, fold });
         Ok(TaskCommit {
             records: std::mem::take(&mut self.outgoing),
-            protocol: self.node.take_writes(),
-            fold: std::mem::take(&mut self.pending_fold),
-            delivered: std::mem::take(&mut self.delivered),
+            changelog,
+            events: std::mem::take(&mut self.events),
         })
     }
 
+    fn changelog_record(&self, topic: &str, key: &[u8], value: Option<&[u8]>) -> OutgoingRecord {
+        OutgoingRecord {
+            topic: topic.to_owned(),
+            partition: self.id.partition,
+            key: Some(key.to_vec()),
+            value: value.map(<[u8]>::to_vec),
+            timestamp: self.wall_clock,
+            headers: Vec::new(),
+        }
+    }
+
+    /// The transaction taken last was committed: its writes join the
+    /// committed stores.
+    pub fn commit_done(&mut self) {
+        if let Some(done) = self.in_flight.take() {
+            self.stores.protocol.apply(&done.protocol);
+            self.stores.fold.apply(&done.fold);
+        }
+    }
+
+    /// Whether the task has anything for the next transaction.
+    pub fn has_work(&self) -> bool {
+        !self.outgoing.is_empty() || !self.events.is_empty() || !self.pending_fold.is_empty()
+    }
+
+    /// The committed stores (what an abort returns to).
+    pub fn stores(&self) -> &TaskStores {
+        &self.stores
+    }
+
+    /// Rebuilds the task from its committed stores, dropping everything not
+    /// committed (an abort): a new node restored from the committed protocol
+    /// store, the committed fold state, a fresh tick schedule. Nothing is
+    /// copied: the stores move into the new task.
+    pub fn reset(
+        self,
+        metadata: &dyn TopicMetadata,
+        broker: &dyn BrokerOffsets,
+        now_ms: i64,
+    ) -> Result<Task, TaskError> {
+        let Task {
+            app, id, stores, ..
+        } = self;
+        Task::init(
+            &app,
+            &id.stage,
+            id.partition,
+            stores,
+            metadata,
+            broker,
+            now_ms,
+        )
+    }
+
+    /// Gives up the task, keeping only its committed stores.
+    pub fn into_stores(self) -> TaskStores {
+        self.stores
+    }
+
+    /// The truncation sweep: drops stamp-side claims below each claimed
+    /// channel's log start. A failed lookup changes nothing and is returned
+    /// for the host to count and skip; it never poisons the task.
+    pub fn sweep(&mut self, broker: &dyn BrokerOffsets) -> Result<TruncationReport, ProtocolError> {
+        self.node.truncate_to_log_starts(broker)
+    }
+
     /// The state bytes in a fold slot, as this task sees them (including
-    /// writes not yet taken).
+    /// writes not yet committed).
     pub fn fold_state(&self, slot: &FoldKey) -> Option<&[u8]> {
-        self.fold.get(&slot.to_bytes()).map(Vec::as_slice)
+        self.fold_get(&slot.to_bytes())
+    }
+
+    fn fold_get(&self, key: &[u8]) -> Option<&[u8]> {
+        if let Some(v) = self.pending_fold.get(key) {
+            return v;
+        }
+        if let Some(v) = self.in_flight.as_ref().and_then(|f| f.fold.get(key)) {
+            return v;
+        }
+        self.stores.fold.get_bytes(key)
     }
 
     /// Every record gating a channel of this task, with what it waits for,
@@ -798,7 +960,18 @@ impl Task {
             headers,
             causal,
         };
+        let coordinate = Coordinate::new(
+            self.topic_name(inbound.channel.topic),
+            inbound.channel.partition,
+            inbound.offset,
+        );
+        let held_before = self.node.held_count();
         let deliveries = self.node.on_record(inbound).map_err(|e| self.protocol(e))?;
+        let released = deliveries.iter().filter(|d| d.was_held).count();
+        if self.node.held_count() + released > held_before {
+            // Only the arriving record can join a queue in one call.
+            self.events.push(TaskEvent::Held { coordinate });
+        }
         for d in deliveries {
             self.process(d)?;
         }
@@ -832,7 +1005,7 @@ impl Task {
                 let tick = Tick::new(record.timestamp).on_partition(record.channel.partition);
                 let key = FoldKey::Ticks.to_bytes();
                 let state = if decl.uses_state {
-                    self.fold.get(&key).map(Vec::as_slice)
+                    self.fold_get(&key)
                 } else {
                     None
                 };
@@ -844,10 +1017,7 @@ impl Task {
                 let key = src
                     .uses_state
                     .then(|| FoldKey::for_key(record.key.as_deref()).to_bytes());
-                let state = key
-                    .as_ref()
-                    .and_then(|k| self.fold.get(k))
-                    .map(Vec::as_slice);
+                let state = key.as_ref().and_then(|k| self.fold_get(k));
                 let input = RawInput {
                     topic: &coordinate.topic,
                     partition: record.channel.partition,
@@ -876,12 +1046,12 @@ impl Task {
         if was_held {
             self.stats.delivered_after_hold += 1;
         }
-        self.delivered.push(DeliveredRecord {
+        self.events.push(TaskEvent::Delivered(DeliveredRecord {
             coordinate: coordinate.clone(),
             timestamp: record.timestamp,
             was_held,
             tick: matches!(slot, SourceSlot::Ticks),
-        });
+        }));
         self.apply(outcome, state_key, record.timestamp, &coordinate)
     }
 
@@ -917,14 +1087,8 @@ impl Task {
         if let Some(key) = state_key {
             match outcome.write {
                 StateWrite::Keep => {}
-                StateWrite::Put(bytes) => {
-                    self.fold.insert(key.clone(), bytes.clone());
-                    self.pending_fold.put(key, bytes);
-                }
-                StateWrite::Delete => {
-                    self.fold.remove(&key);
-                    self.pending_fold.delete(key);
-                }
+                StateWrite::Put(bytes) => self.pending_fold.put(key, bytes),
+                StateWrite::Delete => self.pending_fold.delete(key),
             }
         }
         for emission in outcome.emissions {
@@ -968,6 +1132,11 @@ impl Task {
             .prepare_send(Channel::new(sink.id, partition))
             .map_err(|e| self.protocol(e))?;
         self.stats.emitted += 1;
+        self.events.push(TaskEvent::Sent {
+            topic: topic.to_owned(),
+            partition,
+            tick: false,
+        });
         self.outgoing.push(OutgoingRecord {
             topic: topic.to_owned(),
             partition,
@@ -990,6 +1159,11 @@ impl Task {
         self.stats.emitted += 1;
         self.stats.ticks_emitted += 1;
         debug!(task = %self.id, timestamp = self.wall_clock, "tick emitted");
+        self.events.push(TaskEvent::Sent {
+            topic: topic.clone(),
+            partition: channel.partition,
+            tick: true,
+        });
         self.outgoing.push(OutgoingRecord {
             topic,
             partition: channel.partition,

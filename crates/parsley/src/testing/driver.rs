@@ -5,20 +5,25 @@ use std::fmt;
 use std::time::Duration;
 
 use parsley_protocol::{
-    BrokerOffsets, BrokerOffsetsError, CausalHeaders, Channel, CorruptHeader, Header, MemStore,
-    SenderId, TopicId, TopicOffsets, VectorClock, headers::CLOCK_HEADER,
+    BrokerOffsets, BrokerOffsetsError, CausalHeaders, Channel, CorruptHeader, Header, SenderId,
+    TopicId, TopicOffsets, VectorClock, headers::CLOCK_HEADER,
 };
 
 use crate::app::Parsley;
 use crate::codec::{Codec, CodecError};
-use crate::fold::{FoldKey, FoldStore};
+use crate::fold::FoldKey;
 use crate::holds::HeldRecord;
 use crate::identity::test_topic_id;
 use crate::message::Coordinate;
 use crate::partition::partition_for;
+use crate::runtime::changelog::{ChangelogReader, ChangelogRecord};
+use crate::runtime::worker::{
+    AssignedPartition, CommitOutcome, PolledRecord, Seek, Transaction, Worker, WorkerConfig,
+    WorkerError,
+};
 use crate::task::{
-    CommittedState, DeliveredRecord, FetchedRecord, MetadataError, Task, TaskError, TaskId,
-    TaskStats, TopicDescription, TopicMetadata, causal_headers,
+    MetadataError, OutgoingRecord, TaskError, TaskEvent, TaskId, TaskStats, TopicDescription,
+    TopicMetadata, causal_headers,
 };
 use crate::topic::{IntoNullable, Part, Payload, Topic};
 
@@ -44,7 +49,11 @@ enum Entry {
         seq: u64,
         record: StoredRecord,
     },
-    /// A transaction marker: occupies an offset, never returned.
+    /// A record of an aborted transaction: occupies an offset, never
+    /// returned to a `read_committed` consumer.
+    Aborted(StoredRecord),
+    /// A transaction marker (commit or abort): occupies an offset, never
+    /// returned.
     Marker,
 }
 
@@ -123,7 +132,7 @@ impl Log {
             return offset + 1;
         };
         let mut at = offset + 1;
-        while let Some(Entry::Marker) = entries.get(at as usize) {
+        while let Some(Entry::Marker | Entry::Aborted(_)) = entries.get(at as usize) {
             at += 1;
         }
         at
@@ -140,6 +149,16 @@ impl Log {
     fn append_marker(&mut self, topic: &str, partition: i32) {
         if let Some(entries) = self.partition_mut(topic, partition) {
             entries.push(Entry::Marker);
+        }
+    }
+
+    fn append_aborted(&mut self, topic: &str, partition: i32, record: StoredRecord) -> bool {
+        match self.partition_mut(topic, partition) {
+            Some(entries) => {
+                entries.push(Entry::Aborted(record));
+                true
+            }
+            None => false,
         }
     }
 
@@ -175,6 +194,36 @@ impl TopicMetadata for Log {
     }
 }
 
+impl ChangelogReader for Log {
+    fn read_changelog(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Vec<ChangelogRecord>, MetadataError> {
+        let t = self
+            .topics
+            .get(topic)
+            .ok_or_else(|| MetadataError::Missing(topic.to_owned()))?;
+        let entries = t
+            .partitions
+            .get(usize::try_from(partition).unwrap_or(usize::MAX))
+            .ok_or_else(|| MetadataError::Failed {
+                topic: topic.to_owned(),
+                message: format!("no partition {partition}"),
+            })?;
+        Ok(entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Record { record, .. } => Some(ChangelogRecord {
+                    key: record.key.clone(),
+                    value: record.value.clone(),
+                }),
+                _ => None,
+            })
+            .collect())
+    }
+}
+
 impl BrokerOffsets for Log {
     fn end_offsets(
         &self,
@@ -192,15 +241,12 @@ impl BrokerOffsets for Log {
 }
 
 /// One task's committed world and its live incarnation.
+/// The driver's view of one task: its partitions, in channel order, and
+/// where its round-robin over them stands.
 struct Slot {
     id: TaskId,
-    task: Option<Task>,
-    protocol: MemStore,
-    fold: FoldStore,
-    committed: BTreeMap<Channel, i64>,
-    position: BTreeMap<Channel, i64>,
+    partitions: Vec<(String, i32)>,
     cursor: usize,
-    aborts: usize,
 }
 
 /// A record that reached a stage's logic, as the driver's delivery log
@@ -427,6 +473,10 @@ pub enum DriverError {
         #[source]
         source: CodecError,
     },
+    /// The host core refused (for example a changelog with the wrong
+    /// partition count).
+    #[error(transparent)]
+    Worker(WorkerError),
     /// The application did not settle within the step budget.
     #[error(
         "the application did not settle within {steps} steps; a cycle whose logic never converges keeps emitting (emit only on change, or count rounds in state)"
@@ -445,6 +495,15 @@ pub struct TestDriverBuilder {
     partitions: BTreeMap<String, i32>,
     wall_clock: i64,
     budget: usize,
+}
+
+impl From<WorkerError> for DriverError {
+    fn from(e: WorkerError) -> Self {
+        match e {
+            WorkerError::Task(t) => DriverError::Task(t),
+            other => DriverError::Worker(other),
+        }
+    }
 }
 
 impl TestDriverBuilder {
@@ -494,9 +553,19 @@ impl TestDriverBuilder {
                 .max()
                 .unwrap_or(1);
             let names = &app.def.names[i];
+            let mut topics: Vec<String> = stage
+                .source_topics()
+                .iter()
+                .map(|t| (*t).to_owned())
+                .collect();
             if let Some(tick_topic) = &names.tick_topic {
                 let n = self.partitions.get(tick_topic).copied().unwrap_or(widest);
                 log.create(tick_topic, n);
+                topics.push(tick_topic.clone());
+            }
+            for changelog in std::iter::once(&names.state_changelog).chain(&names.fold_changelog) {
+                let n = self.partitions.get(changelog).copied().unwrap_or(widest);
+                log.create(changelog, n);
             }
             for p in 0..widest {
                 slots.push(Slot {
@@ -504,13 +573,8 @@ impl TestDriverBuilder {
                         stage: stage.name().to_owned(),
                         partition: p,
                     },
-                    task: None,
-                    protocol: MemStore::new(),
-                    fold: FoldStore::new(),
-                    committed: BTreeMap::new(),
-                    position: BTreeMap::new(),
+                    partitions: topics.iter().map(|t| (t.clone(), p)).collect(),
                     cursor: 0,
-                    aborts: 0,
                 });
             }
         }
@@ -519,19 +583,32 @@ impl TestDriverBuilder {
                 log.create(name, n);
             }
         }
+        let worker = Worker::new(&app, driver_config());
         let mut driver = TestDriver {
             app,
             log,
             wall_clock: self.wall_clock,
+            worker,
             slots,
+            positions: BTreeMap::new(),
+            group_offsets: BTreeMap::new(),
             deliveries: Vec::new(),
             budget: self.budget,
+            aborts: 0,
         };
-        for i in 0..driver.slots.len() {
-            driver.ensure_task(i)?;
-        }
+        driver.start_worker()?;
         driver.run()?;
         Ok(driver)
+    }
+}
+
+/// The driver commits every step as its own transaction and never sweeps on
+/// its own (a test's wall clock jumps by whole minutes at a time).
+fn driver_config() -> WorkerConfig {
+    WorkerConfig {
+        commit_interval: Duration::ZERO,
+        truncation_interval: Duration::from_secs(600),
+        ..WorkerConfig::default()
     }
 }
 
@@ -543,23 +620,29 @@ impl TestDriverBuilder {
 /// gating and hold queues, fold state, hops between stages, and ticks
 /// through each ticking stage's tick topic when the wall clock advances.
 ///
-/// * **The log.** Every topic has in-memory partitions with real offsets.
-///   Each processing step of a task is one transaction: its outputs are
-///   appended, then a commit marker on every partition it wrote, and the
-///   task's protocol state, fold state and consumed positions are
-///   committed. Consumers read `read_committed`: markers occupy offsets and
-///   are never returned, so the protocol's density adaptation (bridging
-///   skipped offsets, position advances past trailing markers) runs in
-///   every test.
+/// * **The host.** The driver is a thin host around the same
+///   [`Worker`](crate::runtime::worker::Worker) every runtime drives: it
+///   moves bytes between the worker and an in-memory log, and the worker
+///   makes every decision (start positions, position capture, commits,
+///   aborts, changelog restore).
+/// * **The log.** Every topic has in-memory partitions with real offsets,
+///   and each stage has its changelog topics. Each processing step is one
+///   transaction: its outputs and changelog records are appended, then a
+///   commit marker on every partition it wrote, and the consumed positions
+///   are committed. Consumers read `read_committed`: markers and aborted
+///   records occupy offsets and are never returned, so the protocol's
+///   density adaptation (bridging skipped offsets, position advances past
+///   trailing markers) runs in every test.
 /// * **Scheduling.** After every pipe or clock advance the driver runs to
 ///   quiescence, one step per task in turn (stages in application order,
 ///   then partitions), each step feeding one record or one position
 ///   advance, rotating over the task's channels. The same calls always
 ///   produce the same run.
 /// * **Failure.** A failing step aborts: nothing of it is committed, the
-///   task is discarded, and the error is returned. The next call (any pipe,
-///   [`run`](Self::run), or clock advance) restarts the task from committed
-///   state and redelivers the same records in the same order.
+///   records it had emitted stay in the log as aborted records (with an
+///   abort marker), every task returns to its committed state, and the
+///   error is returned. The next call (any pipe, [`run`](Self::run), or
+///   clock advance) redelivers the same records in the same order.
 ///
 /// Pipe records with [`pipe`](Self::pipe) / [`pipe_input`](Self::pipe_input)
 /// (optionally with stamps of your own, see [`Input::after`]), read
@@ -570,9 +653,17 @@ pub struct TestDriver {
     app: Parsley,
     log: Log,
     wall_clock: i64,
+    worker: Worker,
+    /// Tasks in scheduling order (stages in application order, then
+    /// partitions).
     slots: Vec<Slot>,
+    /// The consumer's fetch positions.
+    positions: BTreeMap<(String, i32), i64>,
+    /// The group's committed positions.
+    group_offsets: BTreeMap<(String, i32), i64>,
     deliveries: Vec<StageDelivery>,
     budget: usize,
+    aborts: usize,
 }
 
 impl fmt::Debug for TestDriver {
@@ -624,13 +715,29 @@ impl TestDriver {
     pub fn task_stats(&self) -> Vec<(TaskId, TaskStats)> {
         self.slots
             .iter()
-            .filter_map(|s| s.task.as_ref().map(|t| (s.id.clone(), t.stats())))
+            .filter_map(|s| self.worker.task(&s.id).map(|t| (s.id.clone(), t.stats())))
             .collect()
     }
 
     /// How many steps have aborted so far.
     pub fn aborts(&self) -> usize {
-        self.slots.iter().map(|s| s.aborts).sum()
+        self.aborts
+    }
+
+    /// How many aborted records a partition holds (records of transactions
+    /// that aborted: they take offsets and are never read).
+    pub fn aborted_records(&self, topic: &str, partition: i32) -> Result<usize, DriverError> {
+        let t = self.topic_log(topic)?;
+        self.check_partition(topic, t, partition)?;
+        Ok(t.partitions[partition as usize]
+            .iter()
+            .filter(|e| matches!(e, Entry::Aborted(_)))
+            .count())
+    }
+
+    /// The host core the driver runs on (read-only).
+    pub fn worker(&self) -> &Worker {
+        &self.worker
     }
 
     /// The partition count of `topic`.
@@ -810,6 +917,9 @@ impl TestDriver {
                 Entry::Record { record, .. } => {
                     self.log.append(topic, partition, record);
                 }
+                Entry::Aborted(record) => {
+                    self.log.append_aborted(topic, partition, record);
+                }
                 Entry::Marker => self.log.append_marker(topic, partition),
             }
         }
@@ -837,18 +947,11 @@ impl TestDriver {
     pub fn advance_wall_clock(&mut self, by: Duration) -> Result<(), DriverError> {
         let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
         self.wall_clock = self.wall_clock.saturating_add(by);
-        for i in 0..self.slots.len() {
-            self.ensure_task(i)?;
-            let now = self.wall_clock;
-            let r = match self.slots[i].task.as_mut() {
-                Some(task) => task.punctuate(now),
-                None => Ok(()),
-            };
-            if let Err(e) = r {
-                return Err(self.abort(i, e));
-            }
-            self.commit(i)?;
+        let now = self.wall_clock;
+        if let Err(e) = self.worker.punctuate(now, &self.log) {
+            return Err(self.abort(e));
         }
+        self.commit()?;
         self.run()
     }
 
@@ -877,13 +980,11 @@ impl TestDriver {
     /// Discards every task and starts each from its committed state, as a
     /// crash or a redeploy would; then runs to quiescence.
     pub fn restart(&mut self) -> Result<(), DriverError> {
-        for slot in &mut self.slots {
-            slot.task = None;
-            slot.position = slot.committed.clone();
-        }
-        for i in 0..self.slots.len() {
-            self.ensure_task(i)?;
-        }
+        // What survives a crash: the log (changelogs included) and the
+        // group's committed offsets. The new worker restores every task
+        // from its changelogs.
+        self.worker = Worker::new(&self.app, driver_config());
+        self.start_worker()?;
         self.run()
     }
 
@@ -991,8 +1092,8 @@ impl TestDriver {
     pub fn held(&self) -> Vec<HeldRecord> {
         self.slots
             .iter()
-            .filter_map(|s| s.task.as_ref())
-            .flat_map(Task::held)
+            .filter_map(|s| self.worker.task(&s.id))
+            .flat_map(|t| t.held())
             .collect()
     }
 
@@ -1075,7 +1176,10 @@ impl TestDriver {
             if partition.is_some_and(|p| p != s.id.partition) {
                 continue;
             }
-            if let Some(bytes) = s.fold.get(slot) {
+            let Some(task) = self.worker.task(&s.id) else {
+                continue;
+            };
+            if let Some(bytes) = task.stores().fold.get(slot) {
                 return codec
                     .decode(bytes)
                     .map(Some)
@@ -1114,92 +1218,94 @@ impl TestDriver {
         Ok(())
     }
 
-    /// Starts the slot's task from committed state if it has none.
-    fn ensure_task(&mut self, i: usize) -> Result<(), DriverError> {
-        if self.slots[i].task.is_some() {
-            return Ok(());
-        }
-        let slot = &self.slots[i];
-        let init = Task::init(
-            &self.app,
-            &slot.id.stage,
-            slot.id.partition,
-            CommittedState {
-                protocol: &slot.protocol,
-                fold: &slot.fold,
-            },
-            &self.log,
-            &self.log,
-            self.wall_clock,
-        );
-        let task = match init {
-            Ok(t) => t,
-            Err(e) => {
-                self.slots[i].aborts += 1;
-                return Err(e.into());
-            }
-        };
-        let mut task = task;
-        let slot = &mut self.slots[i];
-        let mut position = BTreeMap::new();
-        for input in task.inputs() {
-            let c = input.channel;
-            let p = task
-                .resume_positions()
-                .get(&c)
-                .or_else(|| slot.committed.get(&c))
-                .copied()
-                .unwrap_or(0);
-            position.insert(c, p);
-        }
-        // The starting position is a position like any other (a consumer
-        // reports it at its first poll), and the node does not persist what
-        // it was told: without this, a marker skipped while records were
-        // held before a restart could never be covered again.
-        for (&c, &p) in &position {
-            if let Err(e) = task.position_advance(c, p) {
-                slot.aborts += 1;
-                return Err(e.into());
+    /// Hands the worker every partition of every task (one stream thread
+    /// owns the whole application), with the group's committed offsets,
+    /// then makes the seeks and commits the first transaction.
+    fn start_worker(&mut self) -> Result<(), DriverError> {
+        let mut partitions = Vec::new();
+        for slot in &self.slots {
+            for (topic, p) in &slot.partitions {
+                // A partition that does not exist is the task's to report
+                // (with every topic's count), not the driver's.
+                let end = self
+                    .log
+                    .topics
+                    .get(topic)
+                    .and_then(|t| t.partitions.get(usize::try_from(*p).ok()?))
+                    .map_or(0, |e| e.len() as i64);
+                partitions.push(AssignedPartition {
+                    topic: topic.clone(),
+                    partition: *p,
+                    committed: self.group_offsets.get(&(topic.clone(), *p)).copied(),
+                    log_start: 0,
+                    end,
+                });
             }
         }
-        slot.position = position;
-        slot.task = Some(task);
+        let now = self.wall_clock;
+        if let Err(e) = self.worker.assign(partitions, &self.log, now) {
+            self.aborts += 1;
+            return Err(e.into());
+        }
+        self.seek();
         // Records released at init belong to the first transaction.
-        self.commit(i)
+        self.commit()
+    }
+
+    fn seek(&mut self) {
+        for Seek {
+            topic,
+            partition,
+            offset,
+        } in self.worker.take_seeks()
+        {
+            self.positions.insert((topic, partition), offset);
+        }
     }
 
     /// One step of a task: one record (and the position after it) or one
     /// position advance past markers, then the commit.
     fn step(&mut self, i: usize) -> Result<bool, DriverError> {
-        self.ensure_task(i)?;
-        let Some(task) = self.slots[i].task.as_ref() else {
-            return Ok(false);
-        };
-        let inputs: Vec<Channel> = task.inputs().iter().map(|c| c.channel).collect();
-        if inputs.is_empty() {
+        let n = self.slots[i].partitions.len();
+        if n == 0 || self.worker.task(&self.slots[i].id).is_none() {
             return Ok(false);
         }
-        let start = self.slots[i].cursor % inputs.len();
-        for k in 0..inputs.len() {
-            let c = inputs[(start + k) % inputs.len()];
-            let pos = self.slots[i].position.get(&c).copied().unwrap_or(0);
-            let work = self.log.next(c, pos);
-            let r = match work {
+        let start = self.slots[i].cursor % n;
+        for k in 0..n {
+            let (topic, partition) = self.slots[i].partitions[(start + k) % n].clone();
+            let Ok(t) = self.topic_log(&topic) else {
+                continue;
+            };
+            let c = Channel::new(t.id, partition);
+            let key = (topic.clone(), partition);
+            let pos = self.positions.get(&key).copied().unwrap_or(0);
+            let r = match self.log.next(c, pos) {
                 NextEntry::Nothing => continue,
-                NextEntry::Record(offset) => self.feed(i, c, offset),
-                NextEntry::OnlyMarkers(end) => self.advance(i, c, end),
+                NextEntry::Record(offset) => self.feed(&topic, partition, c, offset),
+                NextEntry::OnlyMarkers(end) => {
+                    self.positions.insert(key, end);
+                    self.worker.on_position(&topic, partition, end, None)
+                }
             };
             if let Err(e) = r {
-                return Err(self.abort(i, e));
+                return Err(self.abort(e));
             }
-            self.slots[i].cursor = (start + k + 1) % inputs.len();
-            self.commit(i)?;
+            self.slots[i].cursor = (start + k + 1) % n;
+            self.commit()?;
             return Ok(true);
         }
         Ok(false)
     }
 
-    fn feed(&mut self, i: usize, c: Channel, offset: i64) -> Result<(), TaskError> {
+    /// Polls one record: hands it to the worker, then the consumer's
+    /// position after it (past any markers that follow).
+    fn feed(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        c: Channel,
+        offset: i64,
+    ) -> Result<(), WorkerError> {
         let Some(Entry::Record { record, .. }) = self
             .log
             .partition(c)
@@ -1209,92 +1315,121 @@ impl TestDriver {
             return Ok(());
         };
         let after = self.log.position_after(c, offset);
-        let slot = &mut self.slots[i];
-        let Some(task) = slot.task.as_mut() else {
-            return Ok(());
-        };
-        task.on_record(FetchedRecord {
-            channel: c,
+        self.positions.insert((topic.to_owned(), partition), after);
+        self.worker.on_record(PolledRecord {
+            topic: topic.to_owned(),
+            partition,
             offset,
             timestamp: record.timestamp,
             key: record.key,
             value: record.value,
             headers: record.headers,
         })?;
-        task.position_advance(c, after)?;
-        slot.position.insert(c, after);
-        Ok(())
+        self.worker
+            .on_position(topic, partition, after, Some(offset))
     }
 
-    fn advance(&mut self, i: usize, c: Channel, to: i64) -> Result<(), TaskError> {
-        let slot = &mut self.slots[i];
-        if let Some(task) = slot.task.as_mut() {
-            task.position_advance(c, to)?;
-        }
-        slot.position.insert(c, to);
-        Ok(())
-    }
-
-    /// Commits the slot's transaction: outputs, then a marker on every
-    /// partition written, then protocol state, fold state and positions.
-    fn commit(&mut self, i: usize) -> Result<(), DriverError> {
-        let taken = match self.slots[i].task.as_mut() {
-            Some(task) => task.take_commit(),
-            None => return Ok(()),
+    /// Commits the open transaction: records, then a commit marker on every
+    /// partition written, then the consumed positions.
+    fn commit(&mut self) -> Result<(), DriverError> {
+        let txn = match self.worker.flush() {
+            Ok(Some(t)) => t,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(self.abort(e)),
         };
-        let commit = match taken {
-            Ok(c) => c,
-            Err(e) => return Err(self.abort(i, e)),
-        };
-        let producer = self.slots[i].id.clone();
+        let Transaction {
+            records,
+            offsets,
+            events,
+            ..
+        } = txn;
         let mut touched = BTreeSet::new();
-        for r in commit.records {
+        let mut unknown = None;
+        for r in records {
+            let producer = self.producer_of(&r);
             touched.insert((r.topic.clone(), r.partition));
-            let stored = StoredRecord {
-                key: r.key,
-                value: r.value,
-                timestamp: r.timestamp,
-                headers: r.headers,
-                producer: Some(producer.clone()),
-            };
-            if self.log.append(&r.topic, r.partition, stored).is_none() {
-                return Err(DriverError::UnknownTopic { topic: r.topic });
+            let (topic, partition) = (r.topic.clone(), r.partition);
+            if self
+                .log
+                .append(&topic, partition, stored(r, producer))
+                .is_none()
+            {
+                unknown = Some(topic);
             }
         }
         for (topic, partition) in touched {
             self.log.append_marker(&topic, partition);
         }
-        let slot = &mut self.slots[i];
-        slot.protocol.apply(&commit.protocol);
-        slot.fold.apply(&commit.fold);
-        slot.committed = slot.position.clone();
-        for DeliveredRecord {
-            coordinate,
-            timestamp,
-            was_held,
-            tick,
-        } in commit.delivered
+        if let Err(e) = self
+            .worker
+            .commit_outcome(CommitOutcome::Committed, &self.log)
         {
-            self.deliveries.push(StageDelivery {
-                task: producer.clone(),
-                coordinate,
-                timestamp,
-                was_held,
-                tick,
-            });
+            return Err(e.into());
+        }
+        if let Some(topic) = unknown {
+            return Err(DriverError::UnknownTopic { topic });
+        }
+        for o in offsets {
+            self.group_offsets.insert((o.topic, o.partition), o.offset);
+        }
+        for e in events {
+            if let TaskEvent::Delivered(d) = e.event {
+                self.deliveries.push(StageDelivery {
+                    task: e.task,
+                    coordinate: d.coordinate,
+                    timestamp: d.timestamp,
+                    was_held: d.was_held,
+                    tick: d.tick,
+                });
+            }
         }
         Ok(())
     }
 
-    /// Aborts the slot's step: discard the task, rewind to committed
-    /// positions.
-    fn abort(&mut self, i: usize, error: TaskError) -> DriverError {
-        let slot = &mut self.slots[i];
-        tracing::debug!(task = %slot.id, %error, "step aborted; the task restarts from committed state");
-        slot.task = None;
-        slot.position = slot.committed.clone();
-        slot.aborts += 1;
-        DriverError::Task(error)
+    /// Which task produced a record: the driver tags records with their
+    /// producing task for tests. Changelog records and emissions carry the
+    /// producing task's partition; the sender header names the task.
+    fn producer_of(&self, r: &OutgoingRecord) -> Option<TaskId> {
+        let sender = causal_headers(&r.headers).ok()?.sender?.sender;
+        self.slots
+            .iter()
+            .find(|s| self.app.sender_id(&s.id.stage, s.id.partition) == sender)
+            .map(|s| s.id.clone())
+    }
+
+    /// Aborts the open transaction: what it had emitted stays in the log as
+    /// aborted records, every task goes back to its committed state, and
+    /// the consumer seeks back.
+    fn abort(&mut self, error: WorkerError) -> DriverError {
+        tracing::debug!(%error, "step aborted; the tasks return to their committed state");
+        self.aborts += 1;
+        let abandoned = match self.worker.abort(&self.log) {
+            Ok(records) => records,
+            Err(e) => return e.into(),
+        };
+        let mut touched = BTreeSet::new();
+        for r in abandoned {
+            let producer = self.producer_of(&r);
+            touched.insert((r.topic.clone(), r.partition));
+            let (topic, partition) = (r.topic.clone(), r.partition);
+            self.log
+                .append_aborted(&topic, partition, stored(r, producer));
+        }
+        for (topic, partition) in touched {
+            self.log.append_marker(&topic, partition);
+        }
+        self.seek();
+        error.into()
+    }
+}
+
+fn stored(r: OutgoingRecord, producer: Option<TaskId>) -> StoredRecord {
+    StoredRecord {
+        key: r.key,
+        value: r.value,
+        timestamp: r.timestamp,
+        headers: r.headers,
+        producer,
     }
 }
 

@@ -1,0 +1,1045 @@
+//! [`Worker`]: the host core. One per stream thread (one consumer and one
+//! transactional producer); it owns the tasks assigned to that thread and
+//! makes every decision a host makes. The thing around it only moves bytes.
+//!
+//! # Calls in, one transaction out
+//!
+//! Like raft-rs's `RawNode`, the worker takes calls and hands back what the
+//! host must do, pulled:
+//!
+//! * [`assign`](Worker::assign) / [`revoke`](Worker::revoke): the group's
+//!   assignment changes. The worker groups partitions into tasks (partition
+//!   `p` of every source of a stage, and of its tick topic, is one task),
+//!   refuses a task whose partitions did not all land here
+//!   ([`WorkerError::SplitTask`]), restores each new task's stores from its
+//!   changelogs, and decides where each channel starts: the protocol's
+//!   resume position for an input that joined its scope, else the committed
+//!   position, else the start policy, never below the log start. The
+//!   consumer seeks go out through [`take_seeks`](Worker::take_seeks).
+//! * [`on_record`](Worker::on_record) and
+//!   [`on_position`](Worker::on_position): what a poll returned. A consumer
+//!   position is passed to the task only once every record the polls
+//!   returned at or below it went through the task (the position-capture
+//!   rule); a position behind what was handed over is refused.
+//! * [`punctuate`](Worker::punctuate): the wall clock. Ticks and hold
+//!   warnings per task, and the log-start truncation sweep on its interval
+//!   (a failed lookup skips the cycle and is counted).
+//! * [`poll_transaction`](Worker::poll_transaction) /
+//!   [`flush`](Worker::flush): one transaction over every task, paced by the
+//!   commit interval: the records to produce (emissions and ticks, then the
+//!   changelog records of both stores, task by task), the consumed
+//!   positions to commit, and what each task did, in order.
+//! * [`commit_outcome`](Worker::commit_outcome): committed, aborted or
+//!   fenced. An abort returns every task to its committed state and seeks
+//!   every channel back to its committed position, so the retry redelivers
+//!   the same records in the same causal order; fencing (a zombie) drops
+//!   every task.
+//!
+//! Any error from a task makes the open transaction unusable: the worker
+//! refuses further work until the host aborts ([`abort`](Worker::abort)).
+//!
+//! # Determinism
+//!
+//! Tasks, channels and writes are kept in ordered maps; the same calls give
+//! the same transactions, byte for byte.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use parsley_protocol::{BrokerOffsets, Channel};
+use tracing::{debug, info, warn};
+
+use crate::app::Parsley;
+use crate::message::Header;
+use crate::runtime::changelog::{self, ChangelogError, ChangelogReader};
+use crate::runtime::task::{
+    FetchedRecord, OutgoingRecord, Task, TaskError, TaskEvent, TaskId, TaskStats, TopicMetadata,
+};
+
+/// Everything the worker may ask of the cluster: topic metadata, broker
+/// offsets, and changelog replay.
+pub trait Cluster: TopicMetadata + BrokerOffsets + ChangelogReader {}
+
+impl<T: TopicMetadata + BrokerOffsets + ChangelogReader> Cluster for T {}
+
+/// Where a channel with no committed position starts.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum StartPolicy {
+    /// The log start (everything retention kept).
+    #[default]
+    Earliest,
+    /// The end (the last stable offset): skips history.
+    Latest,
+}
+
+/// How a worker paces its work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// How long a transaction stays open collecting work before
+    /// [`Worker::poll_transaction`] hands it over.
+    pub commit_interval: Duration,
+    /// How often each task runs the truncation sweep.
+    pub truncation_interval: Duration,
+    /// Where channels with no committed position start.
+    pub start_policy: StartPolicy,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            commit_interval: Duration::from_millis(100),
+            truncation_interval: Duration::from_secs(600),
+            start_policy: StartPolicy::Earliest,
+        }
+    }
+}
+
+/// One partition the group assigned, with the facts the worker needs to
+/// choose its start.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct AssignedPartition {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The group's committed position, if any.
+    pub committed: Option<i64>,
+    /// The partition's log start.
+    pub log_start: i64,
+    /// The partition's end (last stable offset), for [`StartPolicy::Latest`].
+    pub end: i64,
+}
+
+/// A record as a poll returned it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct PolledRecord {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// Its offset.
+    pub offset: i64,
+    /// Its timestamp.
+    pub timestamp: i64,
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes.
+    pub value: Option<Vec<u8>>,
+    /// Every header, in record order.
+    pub headers: Vec<Header>,
+}
+
+/// A consumer seek the host must make.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Seek {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The next offset to fetch.
+    pub offset: i64,
+}
+
+/// What one task did, tagged with the task.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct WorkerEvent {
+    /// The task.
+    pub task: TaskId,
+    /// What it did.
+    pub event: TaskEvent,
+}
+
+/// A consumed position to commit: the next offset to fetch.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ConsumedOffset {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The next offset to fetch.
+    pub offset: i64,
+}
+
+/// One transaction: produce the records, commit the offsets with the
+/// consumer's group metadata, all or nothing.
+#[derive(Debug, Default)]
+pub struct Transaction {
+    /// The transaction's number on this worker (from 1).
+    pub id: u64,
+    /// Records to produce, in order: per task, its emissions and ticks, then
+    /// its changelog records.
+    pub records: Vec<OutgoingRecord>,
+    /// Consumed positions to commit.
+    pub offsets: Vec<ConsumedOffset>,
+    /// What the tasks did, per task in order.
+    pub events: Vec<WorkerEvent>,
+}
+
+/// How a transaction ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum CommitOutcome {
+    /// Committed: records, offsets and state are durable.
+    Committed,
+    /// Aborted (the commit failed, or the host aborted it).
+    Aborted,
+    /// The producer or the group generation was fenced: another owner has
+    /// the tasks now. The worker drops them all.
+    Fenced,
+}
+
+/// What the host must do before handing a revocation to the worker.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum RevokePlan {
+    /// Nothing is open.
+    Nothing,
+    /// Commit the open work first ([`Worker::flush`]).
+    Commit,
+    /// The assignment was lost: abort the open transaction
+    /// ([`Worker::abort`]).
+    Abort,
+}
+
+/// Counters since the worker was created.
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
+pub struct WorkerStats {
+    /// Transactions committed.
+    pub commits: u64,
+    /// Transactions aborted.
+    pub aborts: u64,
+    /// Times the worker was fenced.
+    pub fenced: u64,
+    /// Tasks started (assignment).
+    pub tasks_started: u64,
+    /// Tasks restored with held records.
+    pub restored_with_held: u64,
+    /// Truncation sweeps run (per task).
+    pub sweeps: u64,
+    /// Stamp-side entries the sweeps removed.
+    pub truncated_entries: u64,
+    /// Sweeps skipped because the log-start lookup failed.
+    pub truncation_sweeps_skipped: u64,
+    /// Positions deferred because polled records below them were not yet
+    /// handed over.
+    pub positions_deferred: u64,
+}
+
+/// What the worker refuses.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// A task failed; abort the transaction.
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    /// A changelog could not restore a task.
+    #[error(transparent)]
+    Changelog(#[from] ChangelogError),
+    /// A partition of a topic no stage of the application consumes.
+    #[error(
+        "partition {topic}:{partition} is not consumed by any stage of application {application:?}; subscribe only to the application's source and tick topics"
+    )]
+    UnknownPartition {
+        /// The application.
+        application: String,
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+    },
+    /// A task's partitions did not all land on this worker.
+    #[error(
+        "task {task} needs {} on one stream thread, but this thread was assigned only {}; use the range assignor with identical subscriptions so partition p of every source lands together",
+        .needed.join(", "), .assigned.join(", ")
+    )]
+    SplitTask {
+        /// The task.
+        task: TaskId,
+        /// Every partition the task consumes.
+        needed: Vec<String>,
+        /// The ones this worker holds.
+        assigned: Vec<String>,
+    },
+    /// A record or position for a partition not assigned here.
+    #[error("{topic}:{partition} is not assigned to this worker")]
+    NotAssigned {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+    },
+    /// A consumer position behind the records already handed over.
+    #[error(
+        "position {position} of {topic}:{partition} is behind the records already handed over (next {consumed}); a position must cover what the polls returned"
+    )]
+    PositionBehind {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The reported position.
+        position: i64,
+        /// The next offset after what was handed over.
+        consumed: i64,
+    },
+    /// A record below the next expected offset.
+    #[error(
+        "record {topic}:{partition}@{offset} arrived out of order (next expected {expected}); seek as the worker said"
+    )]
+    OutOfOrder {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The record's offset.
+        offset: i64,
+        /// The next expected offset.
+        expected: i64,
+    },
+    /// A transaction is in flight: report its outcome first.
+    #[error("a transaction is in flight; report its outcome with commit_outcome first")]
+    CommitInFlight,
+    /// The open transaction failed: abort it first.
+    #[error("the open transaction failed ({reason}); abort it before anything else")]
+    AbortRequired {
+        /// The failure that poisoned it.
+        reason: String,
+    },
+    /// Work is open: commit or abort it before revoking.
+    #[error("work is open; commit (flush) or abort it before revoking partitions")]
+    OpenTransaction,
+    /// No transaction is in flight.
+    #[error("no transaction is in flight")]
+    NoTransaction,
+}
+
+#[derive(Debug)]
+enum State {
+    Open,
+    InFlight,
+    MustAbort(String),
+}
+
+struct ChannelSlot {
+    topic: String,
+    partition: i32,
+    channel: Channel,
+    /// Next offset expected from the consumer (after the last record handed
+    /// over, or a position applied).
+    position: i64,
+    /// The committed consumer position.
+    committed: i64,
+    /// A captured position waiting for records at or below `last` to be
+    /// handed over first: (position, last returned offset).
+    pending: Option<(i64, i64)>,
+    /// Facts from the assignment.
+    assigned: AssignedPartition,
+}
+
+struct Slot {
+    task: Option<Task>,
+    channels: Vec<ChannelSlot>,
+    next_sweep_at: i64,
+}
+
+/// The host core for one stream thread. See the [module
+/// documentation](self).
+pub struct Worker {
+    app: Parsley,
+    config: WorkerConfig,
+    assigned: BTreeMap<(String, i32), AssignedPartition>,
+    tasks: BTreeMap<TaskId, Slot>,
+    routes: BTreeMap<(String, i32), (TaskId, usize)>,
+    state: State,
+    open_since: Option<i64>,
+    dirty: bool,
+    seeks: Vec<Seek>,
+    now: i64,
+    next_txn: u64,
+    stats: WorkerStats,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("application_id", &self.app.application_id())
+            .field("tasks", &self.tasks.keys().collect::<Vec<_>>())
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Worker {
+    /// A worker for `app` with nothing assigned.
+    pub fn new(app: &Parsley, config: WorkerConfig) -> Worker {
+        Worker {
+            app: app.clone(),
+            config,
+            assigned: BTreeMap::new(),
+            tasks: BTreeMap::new(),
+            routes: BTreeMap::new(),
+            state: State::Open,
+            open_since: None,
+            dirty: false,
+            seeks: Vec::new(),
+            now: 0,
+            next_txn: 1,
+            stats: WorkerStats::default(),
+        }
+    }
+
+    /// The application.
+    pub fn app(&self) -> &Parsley {
+        &self.app
+    }
+
+    /// Counters since creation.
+    pub fn stats(&self) -> WorkerStats {
+        self.stats
+    }
+
+    /// The tasks running here, in order.
+    pub fn tasks(&self) -> impl Iterator<Item = &TaskId> {
+        self.tasks.keys()
+    }
+
+    /// A running task.
+    pub fn task(&self, id: &TaskId) -> Option<&Task> {
+        self.tasks.get(id).and_then(|s| s.task.as_ref())
+    }
+
+    /// Per task counters.
+    pub fn task_stats(&self) -> Vec<(TaskId, TaskStats)> {
+        self.tasks
+            .iter()
+            .filter_map(|(id, s)| s.task.as_ref().map(|t| (id.clone(), t.stats())))
+            .collect()
+    }
+
+    /// The partitions assigned here.
+    pub fn assignment(&self) -> impl Iterator<Item = &AssignedPartition> {
+        self.assigned.values()
+    }
+
+    /// The next offset the consumer must fetch on a partition.
+    pub fn position(&self, topic: &str, partition: i32) -> Option<i64> {
+        let (id, i) = self.routes.get(&(topic.to_owned(), partition))?;
+        Some(self.tasks.get(id)?.channels[*i].position)
+    }
+
+    /// The committed position of a partition.
+    pub fn committed(&self, topic: &str, partition: i32) -> Option<i64> {
+        let (id, i) = self.routes.get(&(topic.to_owned(), partition))?;
+        Some(self.tasks.get(id)?.channels[*i].committed)
+    }
+
+    /// Whether a transaction is in flight.
+    pub fn in_flight(&self) -> bool {
+        matches!(self.state, State::InFlight)
+    }
+
+    /// Whether there is open work for a transaction.
+    pub fn has_open_work(&self) -> bool {
+        self.dirty
+    }
+
+    /// The seeks the consumer must make, in order (after an assignment or
+    /// an abort).
+    pub fn take_seeks(&mut self) -> Vec<Seek> {
+        std::mem::take(&mut self.seeks)
+    }
+
+    fn ready(&self) -> Result<(), WorkerError> {
+        match &self.state {
+            State::Open => Ok(()),
+            State::InFlight => Err(WorkerError::CommitInFlight),
+            State::MustAbort(reason) => Err(WorkerError::AbortRequired {
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    fn poison<T>(&mut self, e: impl Into<WorkerError>) -> Result<T, WorkerError> {
+        let e = e.into();
+        self.state = State::MustAbort(e.to_string());
+        Err(e)
+    }
+
+    /// The group assigned these partitions (in addition to what this worker
+    /// holds). Starts every task they complete, restoring its stores from
+    /// its changelogs, and queues the consumer seeks.
+    pub fn assign(
+        &mut self,
+        partitions: Vec<AssignedPartition>,
+        cluster: &dyn Cluster,
+        now: i64,
+    ) -> Result<(), WorkerError> {
+        self.ready()?;
+        self.now = self.now.max(now);
+        let mut touched = BTreeSet::new();
+        for p in partitions {
+            let Some(id) = self.task_of(&p.topic, p.partition) else {
+                return Err(WorkerError::UnknownPartition {
+                    application: self.app.application_id().to_owned(),
+                    topic: p.topic,
+                    partition: p.partition,
+                });
+            };
+            touched.insert(id);
+            self.assigned.insert((p.topic.clone(), p.partition), p);
+        }
+        for id in touched {
+            if self.tasks.contains_key(&id) {
+                continue;
+            }
+            let needed = self.needed(&id);
+            let missing = needed.iter().any(|k| !self.assigned.contains_key(k));
+            if missing {
+                let fmt = |v: &[(String, i32)]| v.iter().map(|(t, p)| format!("{t}:{p}")).collect();
+                let held: Vec<(String, i32)> = needed
+                    .iter()
+                    .filter(|k| self.assigned.contains_key(*k))
+                    .cloned()
+                    .collect();
+                return self.poison(WorkerError::SplitTask {
+                    task: id,
+                    needed: fmt(&needed),
+                    assigned: fmt(&held),
+                });
+            }
+            if let Err(e) = self.start_task(&id, cluster) {
+                return self.poison(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// The partitions a task consumes: partition `p` of every source and of
+    /// the tick topic.
+    fn needed(&self, id: &TaskId) -> Vec<(String, i32)> {
+        let mut out = Vec::new();
+        if let Some(stage) = self.app.stage(&id.stage) {
+            for t in stage.source_topics() {
+                out.push((t.to_owned(), id.partition));
+            }
+        }
+        if let Some(t) = self.app.tick_topic(&id.stage) {
+            out.push((t.to_owned(), id.partition));
+        }
+        out
+    }
+
+    fn task_of(&self, topic: &str, partition: i32) -> Option<TaskId> {
+        self.app.stages().iter().find_map(|s| {
+            let consumes =
+                s.source_topics().contains(&topic) || self.app.tick_topic(s.name()) == Some(topic);
+            consumes.then(|| TaskId {
+                stage: s.name().to_owned(),
+                partition,
+            })
+        })
+    }
+
+    fn start_task(&mut self, id: &TaskId, cluster: &dyn Cluster) -> Result<(), WorkerError> {
+        let Some(names) = self.app.owned_names(&id.stage).cloned() else {
+            return Err(WorkerError::UnknownPartition {
+                application: self.app.application_id().to_owned(),
+                topic: id.stage.clone(),
+                partition: id.partition,
+            });
+        };
+        let needed = self.needed(id);
+        let tasks = match needed.first() {
+            Some((t, _)) => {
+                cluster
+                    .describe(t)
+                    .map_err(|source| TaskError::Metadata {
+                        task: id.clone(),
+                        source,
+                    })?
+                    .partitions
+            }
+            None => 0,
+        };
+        let stores = changelog::restore(
+            id,
+            &names.state_changelog,
+            names.fold_changelog.as_deref(),
+            tasks,
+            cluster,
+            cluster,
+        )?;
+        let task = Task::init(
+            &self.app,
+            &id.stage,
+            id.partition,
+            stores,
+            cluster,
+            cluster,
+            self.now,
+        )?;
+        if task.node().held_count() > 0 {
+            self.stats.restored_with_held += 1;
+        }
+        self.stats.tasks_started += 1;
+        let mut channels = Vec::new();
+        for input in task.inputs() {
+            let key = (input.topic.clone(), input.channel.partition);
+            let Some(assigned) = self.assigned.get(&key).cloned() else {
+                return Err(WorkerError::NotAssigned {
+                    topic: key.0,
+                    partition: key.1,
+                });
+            };
+            channels.push(ChannelSlot {
+                topic: input.topic.clone(),
+                partition: input.channel.partition,
+                channel: input.channel,
+                position: 0,
+                committed: assigned.committed.unwrap_or(-1),
+                pending: None,
+                assigned,
+            });
+        }
+        for (i, c) in channels.iter().enumerate() {
+            self.routes
+                .insert((c.topic.clone(), c.partition), (id.clone(), i));
+        }
+        info!(task = %id, channels = channels.len(), "task assigned");
+        let next_sweep_at = self.now.saturating_add(ms(self.config.truncation_interval));
+        self.tasks.insert(
+            id.clone(),
+            Slot {
+                task: Some(task),
+                channels,
+                next_sweep_at,
+            },
+        );
+        self.begin_task(id)
+    }
+
+    /// Chooses each channel's start, queues the seeks, and reports the
+    /// starting positions to the task (the node does not persist what it
+    /// was told about positions).
+    fn begin_task(&mut self, id: &TaskId) -> Result<(), WorkerError> {
+        let policy = self.config.start_policy;
+        let Some(slot) = self.tasks.get_mut(id) else {
+            return Ok(());
+        };
+        let Some(task) = slot.task.as_mut() else {
+            return Ok(());
+        };
+        let resume = task.resume_positions().clone();
+        for c in &mut slot.channels {
+            let a = &c.assigned;
+            let start = match (resume.get(&c.channel), c.committed) {
+                (Some(&r), _) => r,
+                (None, committed) if committed >= 0 => committed,
+                _ => match policy {
+                    StartPolicy::Earliest => a.log_start,
+                    StartPolicy::Latest => a.end,
+                },
+            };
+            // H6: never below the log start.
+            let start = start.max(a.log_start);
+            c.position = start;
+            c.pending = None;
+            self.seeks.push(Seek {
+                topic: c.topic.clone(),
+                partition: c.partition,
+                offset: start,
+            });
+            debug!(task = %id, topic = %c.topic, partition = c.partition, start, "channel starts");
+        }
+        for c in &slot.channels {
+            task.position_advance(c.channel, c.position)?;
+        }
+        self.dirty = true;
+        self.open_since.get_or_insert(self.now);
+        Ok(())
+    }
+
+    /// What the host must do before revoking: commit open work, abort it
+    /// when the assignment was lost, or nothing.
+    pub fn revoke_plan(&self, lost: bool) -> RevokePlan {
+        let failed = matches!(self.state, State::MustAbort(_));
+        if failed || (lost && self.dirty) {
+            RevokePlan::Abort
+        } else if self.dirty {
+            RevokePlan::Commit
+        } else {
+            RevokePlan::Nothing
+        }
+    }
+
+    /// The group took these partitions away. The open work must have been
+    /// committed or aborted first ([`revoke_plan`](Self::revoke_plan)).
+    /// Every task owning one of them is closed; its committed state lives
+    /// on in its changelogs.
+    pub fn revoke(&mut self, partitions: &[(String, i32)]) -> Result<(), WorkerError> {
+        self.ready()?;
+        if self.dirty {
+            return Err(WorkerError::OpenTransaction);
+        }
+        let mut closing = BTreeSet::new();
+        for key in partitions {
+            self.assigned.remove(key);
+            if let Some((id, _)) = self.routes.get(key) {
+                closing.insert(id.clone());
+            }
+        }
+        for id in closing {
+            if let Some(slot) = self.tasks.remove(&id) {
+                for c in &slot.channels {
+                    self.routes.remove(&(c.topic.clone(), c.partition));
+                }
+                let left: Vec<String> = slot
+                    .channels
+                    .iter()
+                    .filter(|c| self.assigned.contains_key(&(c.topic.clone(), c.partition)))
+                    .map(|c| format!("{}:{}", c.topic, c.partition))
+                    .collect();
+                info!(task = %id, "task revoked");
+                if !left.is_empty() {
+                    let needed = slot
+                        .channels
+                        .iter()
+                        .map(|c| format!("{}:{}", c.topic, c.partition))
+                        .collect();
+                    return self.poison(WorkerError::SplitTask {
+                        task: id,
+                        needed,
+                        assigned: left,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn route(&self, topic: &str, partition: i32) -> Result<(TaskId, usize), WorkerError> {
+        self.routes
+            .get(&(topic.to_owned(), partition))
+            .cloned()
+            .ok_or_else(|| WorkerError::NotAssigned {
+                topic: topic.to_owned(),
+                partition,
+            })
+    }
+
+    /// One record a poll returned, handed to its task now.
+    pub fn on_record(&mut self, record: PolledRecord) -> Result<(), WorkerError> {
+        self.ready()?;
+        let (id, i) = self.route(&record.topic, record.partition)?;
+        let Some(slot) = self.tasks.get_mut(&id) else {
+            return Err(WorkerError::NotAssigned {
+                topic: record.topic,
+                partition: record.partition,
+            });
+        };
+        let c = &mut slot.channels[i];
+        if record.offset < c.position {
+            let e = WorkerError::OutOfOrder {
+                topic: record.topic,
+                partition: record.partition,
+                offset: record.offset,
+                expected: c.position,
+            };
+            return self.poison(e);
+        }
+        let channel = c.channel;
+        c.position = record.offset + 1;
+        let offset = record.offset;
+        let Some(task) = slot.task.as_mut() else {
+            return Ok(());
+        };
+        let r = task.on_record(FetchedRecord {
+            channel,
+            offset,
+            timestamp: record.timestamp,
+            key: record.key,
+            value: record.value,
+            headers: record.headers,
+        });
+        if let Err(e) = r {
+            return self.poison(e);
+        }
+        self.dirty = true;
+        self.open_since.get_or_insert(self.now);
+        // A position captured earlier may be covered now.
+        let c = &mut slot.channels[i];
+        if let Some((position, last)) = c.pending
+            && last <= offset
+        {
+            c.pending = None;
+            return self.apply_position(&id, i, position);
+        }
+        Ok(())
+    }
+
+    /// The consumer's position on a partition after a poll, with the
+    /// highest offset the polls have returned there (`None` if none).
+    /// Passed to the task once every returned record up to that offset has
+    /// been handed over; refused if it is behind what was handed over.
+    pub fn on_position(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        position: i64,
+        last_returned: Option<i64>,
+    ) -> Result<(), WorkerError> {
+        self.ready()?;
+        let (id, i) = self.route(topic, partition)?;
+        let Some(slot) = self.tasks.get_mut(&id) else {
+            return Ok(());
+        };
+        let c = &mut slot.channels[i];
+        if position < c.position {
+            let e = WorkerError::PositionBehind {
+                topic: topic.to_owned(),
+                partition,
+                position,
+                consumed: c.position,
+            };
+            return self.poison(e);
+        }
+        if let Some(last) = last_returned
+            && last >= c.position
+        {
+            // Records up to `last` were polled but not handed over yet: the
+            // position would jump the frontier past them.
+            c.pending = Some((position, last));
+            self.stats.positions_deferred += 1;
+            return Ok(());
+        }
+        self.apply_position(&id, i, position)
+    }
+
+    fn apply_position(&mut self, id: &TaskId, i: usize, position: i64) -> Result<(), WorkerError> {
+        let Some(slot) = self.tasks.get_mut(id) else {
+            return Ok(());
+        };
+        let c = &mut slot.channels[i];
+        let advanced = position > c.position;
+        c.position = c.position.max(position);
+        let channel = c.channel;
+        let Some(task) = slot.task.as_mut() else {
+            return Ok(());
+        };
+        if let Err(e) = task.position_advance(channel, position) {
+            return self.poison(e);
+        }
+        if advanced || task.has_work() {
+            self.dirty = true;
+            self.open_since.get_or_insert(self.now);
+        }
+        Ok(())
+    }
+
+    /// The wall clock: ticks and hold warnings in every task, and the
+    /// truncation sweep of every task whose interval has passed.
+    pub fn punctuate(&mut self, now: i64, cluster: &dyn Cluster) -> Result<(), WorkerError> {
+        self.ready()?;
+        self.now = self.now.max(now);
+        let now = self.now;
+        let interval = ms(self.config.truncation_interval);
+        let mut failed = None;
+        for (id, slot) in &mut self.tasks {
+            let Some(task) = slot.task.as_mut() else {
+                continue;
+            };
+            if let Err(e) = task.punctuate(now) {
+                failed = Some(e);
+                break;
+            }
+            if task.has_work() {
+                self.dirty = true;
+                self.open_since.get_or_insert(now);
+            }
+            if now >= slot.next_sweep_at {
+                slot.next_sweep_at = now.saturating_add(interval);
+                match task.sweep(cluster) {
+                    Ok(report) => {
+                        self.stats.sweeps += 1;
+                        self.stats.truncated_entries += report.entries_removed as u64;
+                        if report.entries_removed > 0 {
+                            self.dirty = true;
+                            self.open_since.get_or_insert(now);
+                        }
+                    }
+                    Err(e) => {
+                        self.stats.truncation_sweeps_skipped += 1;
+                        warn!(task = %id, error = %e, "truncation sweep skipped; it runs again next interval");
+                    }
+                }
+            }
+        }
+        match failed {
+            Some(e) => self.poison(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The open transaction, once it has been open for the commit interval
+    /// (and holds anything).
+    pub fn poll_transaction(&mut self, now: i64) -> Result<Option<Transaction>, WorkerError> {
+        self.ready()?;
+        self.now = self.now.max(now);
+        match self.open_since {
+            Some(since) if self.dirty && self.now - since >= ms(self.config.commit_interval) => {
+                self.take_transaction().map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The open transaction now, whatever its age (before a revocation or a
+    /// shutdown); `None` when nothing is open.
+    pub fn flush(&mut self) -> Result<Option<Transaction>, WorkerError> {
+        self.ready()?;
+        if !self.dirty {
+            return Ok(None);
+        }
+        self.take_transaction().map(Some)
+    }
+
+    fn take_transaction(&mut self) -> Result<Transaction, WorkerError> {
+        let id = self.next_txn;
+        let mut txn = Transaction {
+            id,
+            ..Transaction::default()
+        };
+        let mut failed = None;
+        for (task_id, slot) in &mut self.tasks {
+            let Some(task) = slot.task.as_mut() else {
+                continue;
+            };
+            match task.take_commit() {
+                Ok(commit) => {
+                    txn.records.extend(commit.records);
+                    txn.records.extend(commit.changelog);
+                    txn.events
+                        .extend(commit.events.into_iter().map(|event| WorkerEvent {
+                            task: task_id.clone(),
+                            event,
+                        }));
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+            for c in &slot.channels {
+                if c.position != c.committed {
+                    txn.offsets.push(ConsumedOffset {
+                        topic: c.topic.clone(),
+                        partition: c.partition,
+                        offset: c.position,
+                    });
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return self.poison(e);
+        }
+        self.next_txn += 1;
+        self.state = State::InFlight;
+        Ok(txn)
+    }
+
+    /// How the transaction handed over last ended.
+    pub fn commit_outcome(
+        &mut self,
+        outcome: CommitOutcome,
+        cluster: &dyn Cluster,
+    ) -> Result<(), WorkerError> {
+        if !matches!(self.state, State::InFlight) {
+            return Err(WorkerError::NoTransaction);
+        }
+        match outcome {
+            CommitOutcome::Committed => {
+                for slot in self.tasks.values_mut() {
+                    if let Some(task) = slot.task.as_mut() {
+                        task.commit_done();
+                    }
+                    for c in &mut slot.channels {
+                        c.committed = c.position;
+                    }
+                }
+                self.stats.commits += 1;
+                self.state = State::Open;
+                self.dirty = false;
+                self.open_since = None;
+                Ok(())
+            }
+            CommitOutcome::Aborted => {
+                self.state = State::Open;
+                self.rollback(cluster).map(|_| ())
+            }
+            CommitOutcome::Fenced => {
+                self.stats.fenced += 1;
+                warn!("fenced: another owner has these tasks now; dropping them all");
+                self.tasks.clear();
+                self.routes.clear();
+                self.assigned.clear();
+                self.seeks.clear();
+                self.state = State::Open;
+                self.dirty = false;
+                self.open_since = None;
+                Ok(())
+            }
+        }
+    }
+
+    /// The host aborted the open transaction (a task failed, or the
+    /// assignment was lost). Every task returns to its committed state and
+    /// every channel is sought back to its committed position. Returns the
+    /// records the open transaction had produced so far, which a host that
+    /// streams records into the open transaction has seen aborted.
+    pub fn abort(&mut self, cluster: &dyn Cluster) -> Result<Vec<OutgoingRecord>, WorkerError> {
+        if matches!(self.state, State::InFlight) {
+            return Err(WorkerError::CommitInFlight);
+        }
+        self.state = State::Open;
+        self.rollback(cluster)
+    }
+
+    fn rollback(&mut self, cluster: &dyn Cluster) -> Result<Vec<OutgoingRecord>, WorkerError> {
+        self.stats.aborts += 1;
+        self.dirty = false;
+        self.open_since = None;
+        self.seeks.clear();
+        let mut abandoned = Vec::new();
+        let ids: Vec<TaskId> = self.tasks.keys().cloned().collect();
+        for id in &ids {
+            let Some(slot) = self.tasks.get_mut(id) else {
+                continue;
+            };
+            let Some(mut old) = slot.task.take() else {
+                continue;
+            };
+            if let Ok(commit) = old.take_commit() {
+                abandoned.extend(commit.records);
+            }
+            for c in &mut slot.channels {
+                c.position = c.committed;
+                c.pending = None;
+            }
+            match old.reset(cluster, cluster, self.now) {
+                Ok(task) => slot.task = Some(task),
+                Err(e) => return self.poison(e),
+            }
+        }
+        for id in &ids {
+            if let Err(e) = self.begin_task(id) {
+                return self.poison(e);
+            }
+        }
+        debug!(
+            tasks = ids.len(),
+            "transaction aborted; tasks back at their committed state"
+        );
+        Ok(abandoned)
+    }
+}
