@@ -779,3 +779,132 @@ fn sources_with_different_partition_counts_are_refused() {
         other => panic!("expected PartitionCounts, got {other}"),
     }
 }
+
+// ---------------------------------------------------------------- the log holds aborted records
+
+/// A step that emitted and then failed leaves its emission in the log as an
+/// aborted record at a real offset, followed by an abort marker. A
+/// downstream stage never sees it: `read_committed` skips it and the gate
+/// bridges the hole. The retry emits again, committed.
+#[test]
+fn a_failed_step_leaves_aborted_records_that_the_gate_skips() {
+    let (c1, c2, out, out2) = (topic("c1"), topic("c2"), topic("out"), topic("out2"));
+    let fail_once = Arc::new(AtomicBool::new(true));
+    let o = out.clone();
+    let f = fail_once.clone();
+    let first = move |m: &Message<String, String>| -> Result<Vec<Emission>, String> {
+        if value(m) == "effect" && f.swap(false, Ordering::SeqCst) {
+            return Err("transient".into());
+        }
+        Ok(vec![o.send(m.key().cloned(), value(m))])
+    };
+    let a = Stage::named("a")
+        .on(&c1, first.clone())
+        .on(&c2, first)
+        .sink(&out)
+        .build()
+        .unwrap();
+    let o2 = out2.clone();
+    let b = Stage::named("b")
+        .on(&out, move |m: &Message<String, String>| {
+            vec![o2.send(m.key().cloned(), format!("seen {}", value(m)))]
+        })
+        .sink(&out2)
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [a, b]).unwrap();
+    let mut d = TestDriver::new(&app).unwrap();
+    // The effect arrives before its cause and is held; the cause releases
+    // it in one step: the cause's emission is made, then the effect fails.
+    let cause = d.next_coordinate(&c1, "k").unwrap();
+    d.pipe_input(&c2, Input::new("k", "effect").after(&cause))
+        .unwrap();
+    assert_eq!(d.held().len(), 1);
+    let err = d.pipe(&c1, "k", "cause").unwrap_err();
+    assert!(
+        matches!(err, DriverError::Task(TaskError::Logic { .. })),
+        "{err}"
+    );
+    assert_eq!(d.aborted_records("out", 0).unwrap(), 1);
+    // The retry commits both, after the aborted record and its marker.
+    d.run().unwrap();
+    assert_eq!(d.values(&out).unwrap(), vec!["cause", "effect"]);
+    let offsets: Vec<i64> = d
+        .records(&out)
+        .unwrap()
+        .iter()
+        .map(|r| r.coordinate.offset)
+        .collect();
+    assert_eq!(
+        offsets,
+        vec![2, 3],
+        "offsets 0 and 1: the aborted record and its marker"
+    );
+    assert_eq!(d.values(&out2).unwrap(), vec!["seen cause", "seen effect"]);
+    assert_eq!(
+        d.delivered_to("b")
+            .iter()
+            .map(|c| c.offset)
+            .collect::<Vec<_>>(),
+        vec![2, 3]
+    );
+}
+
+/// A changelog whose partition count differs from the stage's task count
+/// is refused when the task starts, naming both counts.
+#[test]
+fn a_changelog_with_the_wrong_partition_count_is_refused() {
+    let c1 = topic("c1");
+    let stage = Stage::named("s")
+        .on(&c1, |_m: &Message<String, String>| Vec::<Emission>::new())
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    let err = TestDriver::builder(&app)
+        .partitions("c1", 2)
+        .partitions("app-s-state-changelog", 3)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, DriverError::Worker(_)), "{err}");
+    assert!(
+        err.to_string()
+            .contains("has 3 partition(s) but the stage has 2"),
+        "{err}"
+    );
+}
+
+/// A restart restores every task from its changelogs, held records
+/// included, and the held record is released when its cause arrives.
+#[test]
+fn a_restart_restores_held_records_from_the_changelog() {
+    let (c1, c2, out) = (topic("c1"), topic("c2"), topic("out"));
+    let o = out.clone();
+    let stage = Stage::named("s")
+        .on(&c1, move |m: &Message<String, String>| {
+            vec![o.send(m.key().cloned(), value(m))]
+        })
+        .on(&c2, {
+            let o = out.clone();
+            move |m: &Message<String, String>| vec![o.send(m.key().cloned(), value(m))]
+        })
+        .sink(&out)
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    let mut d = TestDriver::new(&app).unwrap();
+    let cause = d.next_coordinate(&c1, "k").unwrap();
+    d.pipe_input(&c2, Input::new("k", "effect").after(&cause))
+        .unwrap();
+    assert_eq!(d.held().len(), 1);
+    let changelog = d.raw_records("app-s-state-changelog").unwrap();
+    assert!(
+        changelog
+            .iter()
+            .any(|r| r.key.as_deref().is_some_and(|k| k.starts_with(b"q/"))),
+        "the held record is in the changelog"
+    );
+    d.restart().unwrap();
+    assert_eq!(d.held().len(), 1, "restored from the changelog");
+    d.pipe(&c1, "k", "cause").unwrap();
+    assert_eq!(d.values(&out).unwrap(), vec!["cause", "effect"]);
+}

@@ -798,6 +798,13 @@ impl Task {
         }
     }
 
+    /// The records emitted since the last commit, taken without committing
+    /// anything (an abort: a host that streams records into its open
+    /// transaction has produced them, and they end up aborted).
+    pub fn take_abandoned(&mut self) -> Vec<OutgoingRecord> {
+        std::mem::take(&mut self.outgoing)
+    }
+
     /// The transaction taken last was committed: its writes join the
     /// committed stores.
     pub fn commit_done(&mut self) {

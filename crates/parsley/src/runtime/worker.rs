@@ -1019,9 +1019,7 @@ impl Worker {
             let Some(mut old) = slot.task.take() else {
                 continue;
             };
-            if let Ok(commit) = old.take_commit() {
-                abandoned.extend(commit.records);
-            }
+            abandoned.extend(old.take_abandoned());
             for c in &mut slot.channels {
                 c.position = c.committed;
                 c.pending = None;

@@ -1,0 +1,607 @@
+//! The host core's decisions, one at a time, against a small in-memory
+//! cluster: task grouping, start positions, position capture, pacing,
+//! abort, fencing, changelogs, sweeps and revocation.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use parsley::protocol::{BrokerOffsets, BrokerOffsetsError, TopicId, TopicOffsets};
+use parsley::runtime::changelog::{ChangelogError, ChangelogReader, ChangelogRecord};
+use parsley::runtime::worker::*;
+use parsley::task::{MetadataError, OutgoingRecord, TaskEvent, TopicDescription, TopicMetadata};
+use parsley::*;
+
+type T = Topic<String, String>;
+
+fn topic(name: &str) -> T {
+    Topic::new(name, Codec::utf8(), Codec::utf8())
+}
+
+/// Topics with partition counts, per-partition end offsets and log starts,
+/// and the committed records of every partition (for changelog replay).
+#[derive(Default)]
+struct Cluster {
+    topics: BTreeMap<String, (TopicId, i32)>,
+    logs: RefCell<BTreeMap<(String, i32), Vec<ChangelogRecord>>>,
+    ends: RefCell<BTreeMap<(String, i32), i64>>,
+    starts: RefCell<BTreeMap<(String, i32), i64>>,
+    fail_log_starts: Cell<bool>,
+}
+
+impl Cluster {
+    fn with(topics: &[(&str, i32)]) -> Cluster {
+        let mut c = Cluster::default();
+        for (i, &(name, n)) in topics.iter().enumerate() {
+            c.topics
+                .insert(name.to_owned(), (TopicId::from_u128(0x1000 + i as u128), n));
+        }
+        c
+    }
+
+    /// Appends a committed transaction's records (one marker per partition
+    /// written, as Kafka does).
+    fn commit(&self, records: &[OutgoingRecord]) {
+        let mut touched = BTreeSet::new();
+        for r in records {
+            let key = (r.topic.clone(), r.partition);
+            self.logs
+                .borrow_mut()
+                .entry(key.clone())
+                .or_default()
+                .push(ChangelogRecord {
+                    key: r.key.clone(),
+                    value: r.value.clone(),
+                });
+            *self.ends.borrow_mut().entry(key.clone()).or_default() += 1;
+            touched.insert(key);
+        }
+        for key in touched {
+            *self.ends.borrow_mut().entry(key).or_default() += 1;
+        }
+    }
+
+    fn name_of(&self, id: TopicId) -> Option<(&String, i32)> {
+        self.topics
+            .iter()
+            .find(|(_, (t, _))| *t == id)
+            .map(|(n, (_, p))| (n, *p))
+    }
+
+    fn offsets(
+        &self,
+        topics: &BTreeSet<TopicId>,
+        map: &BTreeMap<(String, i32), i64>,
+    ) -> BTreeMap<TopicId, TopicOffsets> {
+        topics
+            .iter()
+            .map(|&id| {
+                let answer = match self.name_of(id) {
+                    Some((name, n)) => TopicOffsets::Present(
+                        (0..n)
+                            .map(|p| (p, map.get(&(name.clone(), p)).copied().unwrap_or(0)))
+                            .collect(),
+                    ),
+                    None => TopicOffsets::Absent,
+                };
+                (id, answer)
+            })
+            .collect()
+    }
+}
+
+impl TopicMetadata for Cluster {
+    fn describe(&self, topic: &str) -> Result<TopicDescription, MetadataError> {
+        self.topics
+            .get(topic)
+            .map(|&(id, partitions)| TopicDescription { id, partitions })
+            .ok_or_else(|| MetadataError::Missing(topic.to_owned()))
+    }
+}
+
+impl BrokerOffsets for Cluster {
+    fn end_offsets(
+        &self,
+        topics: &BTreeSet<TopicId>,
+    ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        Ok(self.offsets(topics, &self.ends.borrow()))
+    }
+
+    fn log_starts(
+        &self,
+        topics: &BTreeSet<TopicId>,
+    ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        if self.fail_log_starts.get() {
+            return Err(BrokerOffsetsError::new("broker unreachable (test)"));
+        }
+        Ok(self.offsets(topics, &self.starts.borrow()))
+    }
+}
+
+impl ChangelogReader for Cluster {
+    fn read_changelog(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Vec<ChangelogRecord>, MetadataError> {
+        Ok(self
+            .logs
+            .borrow()
+            .get(&(topic.to_owned(), partition))
+            .cloned()
+            .unwrap_or_default())
+    }
+}
+
+/// A stateful stage counting per key over `a` and `b`, emitting the count
+/// to `out`.
+fn counting_app() -> Parsley {
+    let (a, b, out) = (topic("a"), topic("b"), topic("out"));
+    let o1 = out.clone();
+    let o2 = out.clone();
+    let stage = Stage::named("count")
+        .state(Codec::int64(), || 0)
+        .fold(&a, move |n: i64, m: &Message<String, String>| {
+            Step::to(n + 1).emit(o1.send(m.key().cloned(), format!("{}", n + 1)))
+        })
+        .fold(&b, move |n: i64, m: &Message<String, String>| {
+            Step::to(n + 1).emit(o2.send(m.key().cloned(), format!("{}", n + 1)))
+        })
+        .sink(&out)
+        .build()
+        .unwrap();
+    Parsley::named("app", [stage]).unwrap()
+}
+
+fn counting_cluster(partitions: i32) -> Cluster {
+    Cluster::with(&[
+        ("a", partitions),
+        ("b", partitions),
+        ("out", 1),
+        ("app-count-state-changelog", partitions),
+        ("app-count-fold-changelog", partitions),
+    ])
+}
+
+fn part(topic: &str, partition: i32) -> AssignedPartition {
+    AssignedPartition {
+        topic: topic.to_owned(),
+        partition,
+        committed: None,
+        log_start: 0,
+        end: 0,
+    }
+}
+
+fn rec(topic: &str, partition: i32, offset: i64, key: &str) -> PolledRecord {
+    PolledRecord {
+        topic: topic.to_owned(),
+        partition,
+        offset,
+        timestamp: 0,
+        key: Some(key.as_bytes().to_vec()),
+        value: Some(b"v".to_vec()),
+        headers: Vec::new(),
+    }
+}
+
+fn worker(app: &Parsley) -> Worker {
+    Worker::new(
+        app,
+        WorkerConfig {
+            commit_interval: Duration::from_millis(100),
+            ..WorkerConfig::default()
+        },
+    )
+}
+
+/// Assigns every partition of every task and commits the start
+/// transaction.
+fn started(app: &Parsley, cluster: &Cluster) -> Worker {
+    let mut w = worker(app);
+    let n = cluster.topics["a"].1;
+    let parts = (0..n).flat_map(|p| [part("a", p), part("b", p)]).collect();
+    w.assign(parts, cluster, 0).unwrap();
+    let txn = w.flush().unwrap().expect("init writes");
+    cluster.commit(&txn.records);
+    w.commit_outcome(CommitOutcome::Committed, cluster).unwrap();
+    w
+}
+
+fn delivered(txn: &Transaction) -> Vec<String> {
+    txn.events
+        .iter()
+        .filter_map(|e| match &e.event {
+            TaskEvent::Delivered(d) => Some(format!("{}:{}", e.task, d.coordinate)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_task_split_across_workers_is_refused() {
+    let app = counting_app();
+    let cluster = counting_cluster(2);
+    let mut w = worker(&app);
+    let err = w
+        .assign(vec![part("a", 0), part("b", 1)], &cluster, 0)
+        .unwrap_err();
+    match &err {
+        WorkerError::SplitTask {
+            task,
+            needed,
+            assigned,
+        } => {
+            assert_eq!(task.partition, 0);
+            assert_eq!(needed, &vec!["a:0".to_owned(), "b:0".to_owned()]);
+            assert_eq!(assigned, &vec!["a:0".to_owned()]);
+        }
+        other => panic!("expected SplitTask, got {other}"),
+    }
+    assert!(err.to_string().contains("range assignor"), "{err}");
+    // The worker refuses everything until the host aborts.
+    assert!(matches!(
+        w.on_record(rec("a", 0, 0, "k")),
+        Err(WorkerError::AbortRequired { .. })
+    ));
+}
+
+#[test]
+fn a_partition_no_stage_consumes_is_refused() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = worker(&app);
+    let err = w.assign(vec![part("out", 0)], &cluster, 0).unwrap_err();
+    assert!(matches!(err, WorkerError::UnknownPartition { .. }), "{err}");
+}
+
+#[test]
+fn start_positions_follow_resume_committed_policy_and_the_log_start() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = worker(&app);
+    w.assign(
+        vec![
+            AssignedPartition {
+                committed: Some(7),
+                log_start: 2,
+                end: 20,
+                ..part("a", 0)
+            },
+            AssignedPartition {
+                committed: None,
+                log_start: 3,
+                end: 9,
+                ..part("b", 0)
+            },
+        ],
+        &cluster,
+        0,
+    )
+    .unwrap();
+    let seeks: BTreeMap<String, i64> = w
+        .take_seeks()
+        .into_iter()
+        .map(|s| (s.topic, s.offset))
+        .collect();
+    assert_eq!(seeks["a"], 7, "the committed position");
+    assert_eq!(seeks["b"], 3, "earliest: the log start");
+
+    // Latest starts at the end; a committed position below the log start
+    // moves up to it (H6).
+    let mut w = Worker::new(
+        &app,
+        WorkerConfig {
+            start_policy: StartPolicy::Latest,
+            ..WorkerConfig::default()
+        },
+    );
+    w.assign(
+        vec![
+            AssignedPartition {
+                committed: Some(1),
+                log_start: 4,
+                end: 20,
+                ..part("a", 0)
+            },
+            AssignedPartition {
+                end: 9,
+                ..part("b", 0)
+            },
+        ],
+        &cluster,
+        0,
+    )
+    .unwrap();
+    let seeks: BTreeMap<String, i64> = w
+        .take_seeks()
+        .into_iter()
+        .map(|s| (s.topic, s.offset))
+        .collect();
+    assert_eq!(seeks["a"], 4);
+    assert_eq!(seeks["b"], 9);
+}
+
+#[test]
+fn a_position_waits_for_the_records_the_poll_returned_below_it() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = worker(&app);
+    w.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    let a0 = {
+        let t = w.tasks().next().unwrap().clone();
+        w.task(&t).unwrap().inputs()[0].channel
+    };
+    // A poll returned a@0 and a@1 (then a marker): the consumer's position
+    // is 3, but only a@0 has been handed over so far.
+    w.on_record(rec("a", 0, 0, "k")).unwrap();
+    w.on_position("a", 0, 3, Some(1)).unwrap();
+    let task = w.tasks().next().unwrap().clone();
+    let view = |w: &Worker| w.task(&task).unwrap().node().channel_view(a0).unwrap();
+    assert_eq!(view(&w).position, 0, "deferred: a@1 is not handed over yet");
+    assert_eq!(w.stats().positions_deferred, 1);
+    // Handing a@1 over releases the position.
+    w.on_record(rec("a", 0, 1, "k")).unwrap();
+    assert_eq!(view(&w).position, 3);
+    assert_eq!(view(&w).frontier, 2, "the trailing marker is covered");
+    // A position behind what was handed over is refused.
+    let err = w.on_position("a", 0, 2, None).unwrap_err();
+    assert!(matches!(err, WorkerError::PositionBehind { .. }), "{err}");
+}
+
+#[test]
+fn transactions_are_paced_and_span_tasks() {
+    let app = counting_app();
+    let cluster = counting_cluster(2);
+    let mut w = started(&app, &cluster);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    w.on_record(rec("a", 1, 0, "y")).unwrap();
+    assert!(w.poll_transaction(50).unwrap().is_none(), "not due yet");
+    let txn = w.poll_transaction(100).unwrap().expect("due");
+    assert_eq!(
+        delivered(&txn),
+        vec!["count[0]:a:0@0".to_owned(), "count[1]:a:1@0".to_owned()]
+    );
+    // Emissions first, then the changelog records of both stores, per task.
+    let topics: Vec<&str> = txn.records.iter().map(|r| r.topic.as_str()).collect();
+    assert_eq!(topics.iter().filter(|t| **t == "out").count(), 2);
+    assert!(topics.contains(&"app-count-state-changelog"));
+    assert!(topics.contains(&"app-count-fold-changelog"));
+    let fold_partitions: BTreeSet<i32> = txn
+        .records
+        .iter()
+        .filter(|r| r.topic == "app-count-fold-changelog")
+        .map(|r| r.partition)
+        .collect();
+    assert_eq!(fold_partitions, BTreeSet::from([0, 1]), "partition = task");
+    let offsets: BTreeSet<(String, i32, i64)> = txn
+        .offsets
+        .iter()
+        .map(|o| (o.topic.clone(), o.partition, o.offset))
+        .collect();
+    assert!(offsets.contains(&("a".to_owned(), 0, 1)));
+    assert!(offsets.contains(&("a".to_owned(), 1, 1)));
+    // Nothing else is accepted while the transaction is in flight.
+    assert!(matches!(
+        w.on_record(rec("a", 0, 1, "x")),
+        Err(WorkerError::CommitInFlight)
+    ));
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    assert_eq!(w.committed("a", 0), Some(1));
+}
+
+#[test]
+fn an_abort_returns_every_task_to_committed_state_and_seeks_back() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    let first = w.flush().unwrap().unwrap();
+    cluster.commit(&first.records);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    w.take_seeks();
+
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    w.on_record(rec("b", 0, 0, "x")).unwrap();
+    let doomed = w.flush().unwrap().unwrap();
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    assert_eq!(w.stats().aborts, 1);
+    let seeks: BTreeMap<String, i64> = w
+        .take_seeks()
+        .into_iter()
+        .map(|s| (s.topic, s.offset))
+        .collect();
+    assert_eq!(seeks, BTreeMap::from([("a".into(), 1), ("b".into(), 0)]));
+    let task = w.tasks().next().unwrap().clone();
+    let state = w
+        .task(&task)
+        .unwrap()
+        .fold_state(&FoldKey::Key(b"x".to_vec()));
+    assert_eq!(state, Some(&1i64.to_be_bytes()[..]), "the committed count");
+
+    // The retry redelivers the same records in the same order and emits
+    // the same records (the stamps may claim more: the new incarnation's
+    // own-output seed covers what was appended since).
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    w.on_record(rec("b", 0, 0, "x")).unwrap();
+    let retry = w.flush().unwrap().unwrap();
+    type Emitted = (String, i32, Option<Vec<u8>>, Option<Vec<u8>>);
+    let out = |t: &Transaction| -> Vec<Emitted> {
+        t.records
+            .iter()
+            .filter(|r| r.topic == "out")
+            .map(|r| (r.topic.clone(), r.partition, r.key.clone(), r.value.clone()))
+            .collect()
+    };
+    assert_eq!(out(&retry), out(&doomed));
+    assert_eq!(delivered(&retry), delivered(&doomed));
+}
+
+#[test]
+fn a_task_failure_requires_an_abort_and_the_abandoned_records_come_back() {
+    let (a, out) = (topic("a"), topic("out"));
+    let o = out.clone();
+    let stage = Stage::named("s")
+        .on(
+            &a,
+            move |m: &Message<String, String>| -> Result<Vec<Emission>, String> {
+                if m.key().map(String::as_str) == Some("bad") {
+                    return Err("no".into());
+                }
+                Ok(vec![o.send(m.key().cloned(), "ok")])
+            },
+        )
+        .sink(&out)
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    let cluster = Cluster::with(&[("a", 1), ("out", 1), ("app-s-state-changelog", 1)]);
+    let mut w = worker(&app);
+    w.assign(vec![part("a", 0)], &cluster, 0).unwrap();
+    w.on_record(rec("a", 0, 0, "good")).unwrap();
+    let err = w.on_record(rec("a", 0, 1, "bad")).unwrap_err();
+    assert!(matches!(err, WorkerError::Task(_)), "{err}");
+    assert!(matches!(w.flush(), Err(WorkerError::AbortRequired { .. })));
+    assert_eq!(w.revoke_plan(false), RevokePlan::Abort);
+    let abandoned = w.abort(&cluster).unwrap();
+    assert_eq!(
+        abandoned.len(),
+        1,
+        "good's emission was produced and aborted"
+    );
+    assert_eq!(abandoned[0].topic, "out");
+    assert_eq!(w.take_seeks()[0].offset, 0);
+}
+
+#[test]
+fn fencing_drops_every_task() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    w.flush().unwrap().unwrap();
+    w.commit_outcome(CommitOutcome::Fenced, &cluster).unwrap();
+    assert_eq!(w.tasks().count(), 0);
+    assert_eq!(w.assignment().count(), 0);
+    assert_eq!(w.stats().fenced, 1);
+    assert!(matches!(
+        w.on_record(rec("a", 0, 1, "x")),
+        Err(WorkerError::NotAssigned { .. })
+    ));
+}
+
+#[test]
+fn a_new_worker_restores_both_stores_from_the_changelogs() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    let txn = w.flush().unwrap().unwrap();
+    cluster.commit(&txn.records);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+
+    // Another worker (after a rebalance) takes the task over.
+    let mut other = worker(&app);
+    other
+        .assign(
+            vec![
+                AssignedPartition {
+                    committed: w.committed("a", 0),
+                    ..part("a", 0)
+                },
+                part("b", 0),
+            ],
+            &cluster,
+            0,
+        )
+        .unwrap();
+    let task = other.tasks().next().unwrap().clone();
+    let t = other.task(&task).unwrap();
+    assert_eq!(
+        t.fold_state(&FoldKey::Key(b"x".to_vec())),
+        Some(&2i64.to_be_bytes()[..])
+    );
+    assert_eq!(
+        t.stores().protocol.len(),
+        w.task(&task).unwrap().stores().protocol.len()
+    );
+    assert_eq!(other.take_seeks()[0].offset, 2);
+}
+
+#[test]
+fn a_changelog_with_the_wrong_partition_count_is_refused() {
+    let app = counting_app();
+    let cluster = Cluster::with(&[
+        ("a", 2),
+        ("b", 2),
+        ("out", 1),
+        ("app-count-state-changelog", 2),
+        ("app-count-fold-changelog", 1),
+    ]);
+    let mut w = worker(&app);
+    let err = w
+        .assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            WorkerError::Changelog(ChangelogError::Partitions {
+                expected: 2,
+                actual: 1,
+                ..
+            })
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_failed_truncation_sweep_is_skipped_and_counted() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    // Give the node something stamp-side to sweep: a record claiming a
+    // channel it does not consume.
+    let mut r = rec("a", 0, 0, "x");
+    let mut clock = protocol::VectorClock::new();
+    clock.claim_offset(protocol::Channel::new(TopicId::from_u128(0x1002), 0), 0);
+    r.headers.push(Header::new("vc", clock.encode()));
+    w.on_record(r).unwrap();
+    cluster.fail_log_starts.set(true);
+    w.punctuate(600_000, &cluster).unwrap();
+    assert_eq!(w.stats().truncation_sweeps_skipped, 1);
+    assert_eq!(w.stats().sweeps, 0);
+    // The next interval runs it.
+    cluster.fail_log_starts.set(false);
+    cluster.starts.borrow_mut().insert(("out".into(), 0), 1);
+    w.punctuate(1_200_000, &cluster).unwrap();
+    assert_eq!(w.stats().sweeps, 1);
+    assert_eq!(w.stats().truncated_entries, 1);
+}
+
+#[test]
+fn revoking_needs_the_open_work_committed_first() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    assert_eq!(w.revoke_plan(false), RevokePlan::Nothing);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    assert_eq!(w.revoke_plan(false), RevokePlan::Commit);
+    assert_eq!(w.revoke_plan(true), RevokePlan::Abort);
+    let revoked = [("a".to_owned(), 0), ("b".to_owned(), 0)];
+    assert!(matches!(
+        w.revoke(&revoked),
+        Err(WorkerError::OpenTransaction)
+    ));
+    let txn = w.flush().unwrap().unwrap();
+    cluster.commit(&txn.records);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    w.revoke(&revoked).unwrap();
+    assert_eq!(w.tasks().count(), 0);
+}
