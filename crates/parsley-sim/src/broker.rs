@@ -86,6 +86,8 @@ pub struct SimBroker {
     topics: BTreeMap<TopicId, Topic>,
     next_id: u128,
     trace: Trace,
+    /// Log-start lookups still to fail (a transient outage).
+    failing_log_starts: std::cell::Cell<u32>,
 }
 
 /// Mixes one appended record into a digest: where it landed, whether its
@@ -180,6 +182,40 @@ impl SimBroker {
     /// The digest of every append so far (see [`Trace`]).
     pub fn trace(&self) -> u64 {
         self.trace.value()
+    }
+
+    /// The id of a live topic by name.
+    pub fn topic_id(&self, name: &str) -> Option<TopicId> {
+        self.topics
+            .iter()
+            .find(|(_, t)| t.name == name && !t.destroyed())
+            .map(|(&id, _)| id)
+    }
+
+    /// Makes the next `n` log-start lookups fail (a transient outage of
+    /// offset lookups).
+    pub fn fail_log_starts(&self, n: u32) {
+        self.failing_log_starts.set(n);
+    }
+
+    /// Every committed business record of a live partition from its log
+    /// start, in offset order (a `read_committed` replay).
+    pub fn committed_from_start(&self, c: Channel) -> Vec<(i64, &StoredRecord)> {
+        let Some(p) = self.partition(c) else {
+            return Vec::new();
+        };
+        p.entries
+            .iter()
+            .enumerate()
+            .skip(p.log_start.max(0) as usize)
+            .filter_map(|(i, e)| match e {
+                Entry::Record {
+                    record,
+                    committed: true,
+                } => Some((i as i64, record)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// A topic's name.
@@ -366,6 +402,13 @@ impl BrokerOffsets for SimBroker {
         &self,
         topics: &BTreeSet<TopicId>,
     ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        let failing = self.failing_log_starts.get();
+        if failing > 0 {
+            self.failing_log_starts.set(failing - 1);
+            return Err(BrokerOffsetsError::new(
+                "log-start lookup failed (simulated)",
+            ));
+        }
         Ok(self.answer(topics, |p| p.log_start))
     }
 }

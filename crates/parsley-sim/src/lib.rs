@@ -18,6 +18,9 @@
 //!   re-entry of a node's causal past on every delivery; completeness at
 //!   drain, judged for an input added by a redeploy from the host's own
 //!   start position and the oracle's claim envelope.
+//! * [`AppWorld`]: whole applications on production host cores (anything
+//!   behind [`StreamThread`]) under a consumer group with rebalances,
+//!   zombies, fencing, aborts, crashes, changelogs and retention.
 //! * [`EdgeProducer`]: plain producers and observers at the topology's edge.
 //! * [`Behavior`]: forward, fan-out, filter, damped feedback; ticks via
 //!   [`TickSpec`].
@@ -57,6 +60,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod app_world;
 pub mod behavior;
 pub mod broker;
 pub mod eager;
@@ -66,6 +70,10 @@ pub mod oracle;
 pub mod trace;
 pub mod world;
 
+pub use app_world::{
+    AppBudget, AppFailure, AppStats, AppWorld, AppWorldConfig, Assigned, Assignor, BeforeRevoke,
+    Fetched, HostTransaction, Outcome, Produced, StreamThread, TaskAct, TaskSpec, ThreadFactory,
+};
 pub use behavior::{Behavior, Output, Payload, Route};
 pub use broker::{Entry, SimBroker, StoredRecord};
 pub use eager::EagerProtocol;

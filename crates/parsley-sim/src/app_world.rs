@@ -1,0 +1,1221 @@
+//! [`AppWorld`]: real applications on real host cores, under a consumer
+//! group, transactions, fencing, crashes and retention, judged by the
+//! oracle.
+//!
+//! The reference host ([`SimNode`](crate::SimNode)) runs the protocol alone.
+//! An application world instead runs whole stream threads, each behind the
+//! [`StreamThread`] trait: a production host core (the `parsley` crate's
+//! `Worker`, bridged in that crate's tests, so the kit never depends on the
+//! user crate) with its task runner, codecs, folds and ticks. The world is
+//! the rest of a Kafka deployment:
+//!
+//! * **A consumer group.** Members join, crash and rejoin; every change is a
+//!   rebalance with a new generation and a range assignment over the
+//!   members. A member commits or aborts its open work and is told what it
+//!   lost before it is told what it got, as in the eager protocol.
+//! * **Zombies.** A member can miss a rebalance: it keeps its old
+//!   assignment and generation and carries on, while its tasks run
+//!   elsewhere. Its next commit carries the stale generation and is fenced
+//!   (EOS v2): its records are aborted, and it rejoins.
+//! * **Transactions over many tasks.** A commit appends the thread's
+//!   records and commit markers, and commits its consumed offsets with the
+//!   group; an injected abort or a crash during the commit leaves the
+//!   records in the log as aborted records at real offsets.
+//! * **Buffered polls.** A poll returns several records at once, and the
+//!   consumer position after them is reported before they are all handed
+//!   over, so the position-capture rule matters.
+//! * **Changelogs, retention and lookups.** Changelog topics are ordinary
+//!   topics of the broker; retention moves log starts (never past what the
+//!   group committed or a thread holds); log-start lookups fail now and
+//!   then.
+//!
+//! # Judging
+//!
+//! Each task is an oracle actor. When a transaction commits, the world
+//! replays what the thread says its tasks did, in order (deliveries, then
+//! the sends they made), through the oracle: every committed delivery is
+//! checked for causal order, FIFO, duplicates and re-entry, and every sent
+//! record is registered with its sender's real causal past. Nothing of an
+//! aborted or fenced transaction reaches the oracle. At drain, completeness
+//! is checked for every task, and a scenario can compare fold state with
+//! [`committed_deliveries`](AppWorld::committed_deliveries).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+
+use parsley_protocol::{CausalHeaders, Channel, Header};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::broker::{SimBroker, StoredRecord};
+use crate::edge::{EdgeProducer, EdgeSpec};
+use crate::oracle::{ActorId, Oracle, PendingSend};
+
+/// A partition assigned to a member, with what a host needs to start it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Assigned {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The group's committed position.
+    pub committed: Option<i64>,
+    /// The partition's log start.
+    pub log_start: i64,
+    /// The partition's end.
+    pub end: i64,
+}
+
+/// A record a poll returned, with all its headers (the causal ones in wire
+/// form).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Fetched {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// Its offset.
+    pub offset: i64,
+    /// Its timestamp.
+    pub timestamp: i64,
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes.
+    pub value: Option<Vec<u8>>,
+    /// Every header, the causal ones included.
+    pub headers: Vec<Header>,
+}
+
+/// A record a thread produces.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Produced {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes.
+    pub value: Option<Vec<u8>>,
+    /// Timestamp.
+    pub timestamp: i64,
+    /// Every header, the causal ones included.
+    pub headers: Vec<Header>,
+}
+
+/// What a task did inside a transaction, in order.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum TaskAct {
+    /// The task delivered a record to its logic.
+    Delivered {
+        /// The task.
+        task: String,
+        /// The record's topic.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+        /// Its offset.
+        offset: i64,
+    },
+    /// The task sent a record (an emission or a tick): the next record of
+    /// the transaction that is not a changelog record.
+    Sent {
+        /// The task.
+        task: String,
+        /// The destination topic.
+        topic: String,
+        /// The destination partition.
+        partition: i32,
+    },
+}
+
+/// One transaction of a thread.
+#[derive(Clone, Debug, Default)]
+pub struct HostTransaction {
+    /// Records to produce, in order.
+    pub records: Vec<Produced>,
+    /// Consumed positions to commit.
+    pub offsets: Vec<(String, i32, i64)>,
+    /// What the tasks did, in order.
+    pub acts: Vec<TaskAct>,
+}
+
+/// How a transaction ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Outcome {
+    /// Committed.
+    Committed,
+    /// Aborted.
+    Aborted,
+    /// Fenced: another member owns the tasks now.
+    Fenced,
+}
+
+/// What a thread wants done before a revocation.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum BeforeRevoke {
+    /// Nothing open.
+    Nothing,
+    /// Commit the open work.
+    Commit,
+    /// Abort the open work.
+    Abort,
+}
+
+/// One stream thread's host core, as the world drives it. Errors are the
+/// host's refusals; the world reports them as failures (a correct host in a
+/// correct world never refuses).
+pub trait StreamThread {
+    /// Partitions assigned (after a rebalance).
+    fn assign(&mut self, parts: Vec<Assigned>, broker: &SimBroker, now: i64) -> Result<(), String>;
+    /// What to do with open work before partitions are revoked.
+    fn before_revoke(&self) -> BeforeRevoke;
+    /// Partitions revoked.
+    fn revoke(&mut self, parts: &[(String, i32)]) -> Result<(), String>;
+    /// One polled record handed over.
+    fn on_record(&mut self, record: Fetched) -> Result<(), String>;
+    /// The consumer position after a poll, with the highest offset the
+    /// polls returned there.
+    fn on_position(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        position: i64,
+        last_returned: Option<i64>,
+    ) -> Result<(), String>;
+    /// The wall clock.
+    fn punctuate(&mut self, now: i64, broker: &SimBroker) -> Result<(), String>;
+    /// The open transaction if it is due.
+    fn poll_transaction(&mut self, now: i64) -> Result<Option<HostTransaction>, String>;
+    /// The open transaction now, if any.
+    fn flush(&mut self) -> Result<Option<HostTransaction>, String>;
+    /// How the transaction handed over last ended.
+    fn outcome(&mut self, outcome: Outcome, broker: &SimBroker) -> Result<(), String>;
+    /// The host aborted the open (not handed over) work.
+    fn abort(&mut self, broker: &SimBroker) -> Result<(), String>;
+    /// Consumer seeks to make, as (topic, partition, offset).
+    fn take_seeks(&mut self) -> Vec<(String, i32, i64)>;
+    /// Whether there is open work.
+    fn has_open_work(&self) -> bool;
+    /// The offset of every held queue head, as (topic, partition, offset).
+    fn held_heads(&self) -> Vec<(String, i32, i64)>;
+}
+
+/// Makes stream threads: one per member incarnation.
+pub type ThreadFactory = Box<dyn Fn(usize) -> Box<dyn StreamThread>>;
+
+/// A task of the application: an oracle actor consuming some partitions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskSpec {
+    /// The task's name, as the thread reports it in [`TaskAct`].
+    pub name: String,
+    /// The partitions it consumes.
+    pub inputs: Vec<(String, i32)>,
+}
+
+/// What an application world may spend.
+#[derive(Clone, Debug)]
+pub struct AppBudget {
+    /// Steps before an undrained world fails.
+    pub max_steps: u64,
+    /// Edge-producer operations.
+    pub edge_ops: u32,
+    /// Member crashes (idle or during a commit).
+    pub crashes: u32,
+    /// Members joining (scale-out).
+    pub joins: u32,
+    /// Rebalances that one member misses (zombies).
+    pub zombies: u32,
+    /// Commits made to fail (aborted).
+    pub aborts: u32,
+    /// Wall-clock advances (each may tick).
+    pub clock_moves: u32,
+    /// Retention moves.
+    pub retention: u32,
+    /// Outages of log-start lookups.
+    pub lookup_failures: u32,
+}
+
+impl Default for AppBudget {
+    fn default() -> Self {
+        AppBudget {
+            max_steps: 50_000,
+            edge_ops: 0,
+            crashes: 0,
+            joins: 0,
+            zombies: 0,
+            aborts: 0,
+            clock_moves: 0,
+            retention: 0,
+            lookup_failures: 0,
+        }
+    }
+}
+
+/// How the group coordinator spreads partitions over members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Assignor {
+    /// Kafka's range assignor: per topic, contiguous ranges over the sorted
+    /// members, so partition `p` of equally sized topics lands together.
+    #[default]
+    Range,
+    /// Round robin over every partition of every topic: splits tasks (for
+    /// the self-test that a host refuses a split task).
+    RoundRobin,
+}
+
+/// An application world's definition.
+#[derive(Clone, Debug)]
+pub struct AppWorldConfig {
+    /// The assignor.
+    pub assignor: Assignor,
+    /// Every topic with its partition count (sources, sinks, tick topics,
+    /// changelogs).
+    pub topics: Vec<(String, i32)>,
+    /// The topics the group subscribes to (sources and tick topics).
+    pub subscriptions: Vec<String>,
+    /// The application's tasks.
+    pub tasks: Vec<TaskSpec>,
+    /// Plain producers feeding the sources.
+    pub edges: Vec<EdgeSpec>,
+    /// Stream threads at the start.
+    pub members: usize,
+    /// The most stream threads at once.
+    pub max_members: usize,
+    /// The most records one poll returns.
+    pub poll_batch: usize,
+    /// How far one clock move advances the wall clock at most (ms).
+    pub clock_step_ms: i64,
+    /// Feedback hops of edge-produced records.
+    pub hops: u32,
+    /// Budgets.
+    pub budget: AppBudget,
+}
+
+/// What an application world did: the counts its floors are built on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AppStats {
+    /// Scheduler steps.
+    pub steps: u64,
+    /// Committed deliveries checked by the oracle.
+    pub deliveries: u64,
+    /// Records polled.
+    pub polled: u64,
+    /// Transactions committed.
+    pub commits: u64,
+    /// Committed transactions that spanned two or more tasks.
+    pub multi_task_commits: u64,
+    /// Transactions aborted (injected, or a crash during the commit).
+    pub aborts: u64,
+    /// Aborts of transactions whose tasks held records.
+    pub aborts_while_holding: u64,
+    /// Aborted records left in the log.
+    pub aborted_records: u64,
+    /// Commits fenced (zombies).
+    pub fenced: u64,
+    /// Member crashes.
+    pub crashes: u64,
+    /// Rebalances.
+    pub rebalances: u64,
+    /// Tasks that moved to another member.
+    pub migrations: u64,
+    /// Tasks that moved while their old owner held records.
+    pub migrations_while_holding: u64,
+    /// Assignments whose tasks restored held records from changelogs.
+    pub restores_with_held: u64,
+    /// Positions reported while polled records below them were buffered.
+    pub early_positions: u64,
+    /// Wall-clock moves.
+    pub clock_moves: u64,
+    /// Log-start advances.
+    pub retention_moves: u64,
+    /// Log-start lookup outages.
+    pub lookup_failures: u64,
+}
+
+impl AppStats {
+    /// Adds another world's counts.
+    pub fn add(&mut self, o: &AppStats) {
+        self.steps += o.steps;
+        self.deliveries += o.deliveries;
+        self.polled += o.polled;
+        self.commits += o.commits;
+        self.multi_task_commits += o.multi_task_commits;
+        self.aborts += o.aborts;
+        self.aborts_while_holding += o.aborts_while_holding;
+        self.aborted_records += o.aborted_records;
+        self.fenced += o.fenced;
+        self.crashes += o.crashes;
+        self.rebalances += o.rebalances;
+        self.migrations += o.migrations;
+        self.migrations_while_holding += o.migrations_while_holding;
+        self.restores_with_held += o.restores_with_held;
+        self.early_positions += o.early_positions;
+        self.clock_moves += o.clock_moves;
+        self.retention_moves += o.retention_moves;
+        self.lookup_failures += o.lookup_failures;
+    }
+}
+
+/// A world that failed, with the seed and step that reproduce it.
+#[derive(Clone, Debug)]
+pub struct AppFailure {
+    /// The seed.
+    pub seed: u64,
+    /// The step.
+    pub step: u64,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl fmt::Display for AppFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "seed {} failed at step {}: {}",
+            self.seed, self.step, self.message
+        )
+    }
+}
+
+impl std::error::Error for AppFailure {}
+
+struct Member {
+    id: usize,
+    thread: Box<dyn StreamThread>,
+    generation: u64,
+    assignment: Vec<(String, i32)>,
+    positions: BTreeMap<(String, i32), i64>,
+    buffer: VecDeque<Fetched>,
+    zombie: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Action {
+    Edge(usize),
+    Poll(usize, usize),
+    Feed(usize),
+    Clock(usize),
+    Commit(usize),
+    Crash(usize),
+    Join,
+    Zombie(usize),
+    Retain(Channel, i64),
+    LookupOutage,
+}
+
+/// A seeded application world. See the [module documentation](self).
+pub struct AppWorld {
+    seed: u64,
+    rng: ChaCha8Rng,
+    /// The broker.
+    pub broker: SimBroker,
+    /// The oracle.
+    pub oracle: Oracle,
+    factory: ThreadFactory,
+    config: AppWorldConfig,
+    budget: AppBudget,
+    members: Vec<Member>,
+    next_member: usize,
+    generation: u64,
+    group_offsets: BTreeMap<(String, i32), i64>,
+    owners: BTreeMap<String, usize>,
+    task_actor: BTreeMap<String, ActorId>,
+    edges: Vec<EdgeProducer>,
+    committed_deliveries: BTreeMap<String, Vec<(String, i32, i64)>>,
+    now: i64,
+    stats: AppStats,
+}
+
+impl AppWorld {
+    /// Builds the world and starts its first members.
+    pub fn new(
+        config: AppWorldConfig,
+        factory: ThreadFactory,
+        seed: u64,
+    ) -> Result<Self, AppFailure> {
+        let mut broker = SimBroker::new();
+        let mut ids = BTreeMap::new();
+        for (name, n) in &config.topics {
+            ids.insert(name.clone(), broker.create_topic(name, *n));
+        }
+        let names: Vec<String> = config
+            .tasks
+            .iter()
+            .map(|t| t.name.clone())
+            .chain(config.edges.iter().map(|e| e.name.clone()))
+            .collect();
+        let mut oracle = Oracle::new(&names);
+        for (name, &id) in &ids {
+            for p in 0..broker.partitions(id).unwrap_or(0) {
+                oracle.name_channel(Channel::new(id, p), format!("{name}:{p}"));
+            }
+        }
+        let base = config.tasks.len();
+        let resolve = |v: &[(String, i32)]| -> Vec<Channel> {
+            v.iter()
+                .filter_map(|(t, p)| ids.get(t).map(|&id| Channel::new(id, *p)))
+                .collect()
+        };
+        let edges = config
+            .edges
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                EdgeProducer::new(
+                    spec.clone(),
+                    base + i,
+                    resolve(&spec.targets),
+                    resolve(&spec.observes),
+                )
+            })
+            .collect();
+        let task_actor = config
+            .tasks
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        let mut world = AppWorld {
+            seed,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            broker,
+            oracle,
+            factory,
+            budget: config.budget.clone(),
+            config,
+            members: Vec::new(),
+            next_member: 0,
+            generation: 0,
+            group_offsets: BTreeMap::new(),
+            owners: BTreeMap::new(),
+            task_actor,
+            edges,
+            committed_deliveries: BTreeMap::new(),
+            now: 0,
+            stats: AppStats::default(),
+        };
+        for _ in 0..world.config.members {
+            world.add_member();
+        }
+        world.rebalance(None)?;
+        Ok(world)
+    }
+
+    /// Counts so far.
+    pub fn stats(&self) -> AppStats {
+        self.stats
+    }
+
+    /// The world's seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Every committed delivery of a task, in order, as (topic, partition,
+    /// offset).
+    pub fn committed_deliveries(&self, task: &str) -> &[(String, i32, i64)] {
+        self.committed_deliveries
+            .get(task)
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// The stored record at a coordinate (for decoding what was delivered).
+    pub fn record(&self, topic: &str, partition: i32, offset: i64) -> Option<&StoredRecord> {
+        let c = Channel::new(self.broker.topic_id(topic)?, partition);
+        match self.broker.entry(c, offset)? {
+            crate::broker::Entry::Record { record, .. } => Some(record),
+            crate::broker::Entry::Marker { .. } => None,
+        }
+    }
+
+    /// Flushes every live member's open work and commits it (for a final
+    /// check of committed state).
+    pub fn member_count(&self) -> usize {
+        self.members.len()
+    }
+
+    fn fail(&self, message: impl Into<String>) -> AppFailure {
+        AppFailure {
+            seed: self.seed,
+            step: self.stats.steps,
+            message: message.into(),
+        }
+    }
+
+    fn channel(&self, topic: &str, partition: i32) -> Option<Channel> {
+        self.broker
+            .topic_id(topic)
+            .map(|id| Channel::new(id, partition))
+    }
+
+    fn add_member(&mut self) {
+        let id = self.next_member;
+        self.next_member += 1;
+        let thread = (self.factory)(id);
+        self.members.push(Member {
+            id,
+            thread,
+            generation: 0,
+            assignment: Vec::new(),
+            positions: BTreeMap::new(),
+            buffer: VecDeque::new(),
+            zombie: false,
+        });
+    }
+
+    /// The range assignor over the live, non-zombie members (sorted by id):
+    /// per topic, contiguous ranges of partitions, the first members taking
+    /// one more when the count does not divide.
+    fn range_assignment(&self) -> BTreeMap<usize, Vec<(String, i32)>> {
+        let live: Vec<usize> = self
+            .members
+            .iter()
+            .filter(|m| !m.zombie)
+            .map(|m| m.id)
+            .collect();
+        let mut out: BTreeMap<usize, Vec<(String, i32)>> =
+            live.iter().map(|&id| (id, Vec::new())).collect();
+        if live.is_empty() {
+            return out;
+        }
+        let mut topics = self.config.subscriptions.clone();
+        topics.sort();
+        if self.config.assignor == Assignor::RoundRobin {
+            let mut k = 0;
+            for t in &topics {
+                let n = self
+                    .config
+                    .topics
+                    .iter()
+                    .find(|(name, _)| name == t)
+                    .map_or(0, |(_, n)| *n);
+                for p in 0..n {
+                    if let Some(v) = out.get_mut(&live[k % live.len()]) {
+                        v.push((t.clone(), p));
+                    }
+                    k += 1;
+                }
+            }
+            return out;
+        }
+        for t in topics {
+            let n = self
+                .config
+                .topics
+                .iter()
+                .find(|(name, _)| *name == t)
+                .map_or(0, |(_, n)| *n) as usize;
+            let m = live.len();
+            let (per, extra) = (n / m, n % m);
+            let mut p: i32 = 0;
+            for (i, &id) in live.iter().enumerate() {
+                let take = per + usize::from(i < extra);
+                for _ in 0..take {
+                    if let Some(v) = out.get_mut(&id) {
+                        v.push((t.clone(), p));
+                    }
+                    p += 1;
+                }
+            }
+        }
+        out
+    }
+
+    fn task_of(&self, topic: &str, partition: i32) -> Option<&TaskSpec> {
+        self.config.tasks.iter().find(|t| {
+            t.inputs
+                .iter()
+                .any(|(tt, p)| tt == topic && *p == partition)
+        })
+    }
+
+    /// A rebalance: every live member that takes part commits or aborts
+    /// its open work and gives up its partitions; then the new assignment
+    /// goes out. `missing` misses it (it becomes a zombie).
+    fn rebalance(&mut self, missing: Option<usize>) -> Result<(), AppFailure> {
+        self.stats.rebalances += 1;
+        let holding = self.holding_tasks();
+        if let Some(i) = missing {
+            self.members[i].zombie = true;
+        }
+        for i in 0..self.members.len() {
+            if self.members[i].zombie {
+                continue;
+            }
+            match self.members[i].thread.before_revoke() {
+                BeforeRevoke::Nothing => {}
+                BeforeRevoke::Commit => {
+                    let txn = self.members[i]
+                        .thread
+                        .flush()
+                        .map_err(|e| self.fail(format!("member {i}: flush refused: {e}")))?;
+                    if let Some(txn) = txn {
+                        self.commit(i, txn, CommitFate::Commit)?;
+                    }
+                }
+                BeforeRevoke::Abort => {
+                    let broker = &self.broker;
+                    self.members[i]
+                        .thread
+                        .abort(broker)
+                        .map_err(|e| self.fail(format!("member {i}: abort refused: {e}")))?;
+                }
+            }
+            let revoked = std::mem::take(&mut self.members[i].assignment);
+            self.members[i]
+                .thread
+                .revoke(&revoked)
+                .map_err(|e| self.fail(format!("member {i}: revoke refused: {e}")))?;
+            self.members[i].buffer.clear();
+            self.members[i].positions.clear();
+        }
+        // The revocations ran under the old generation; the assignment is
+        // the new one.
+        self.generation += 1;
+        let assignment = self.range_assignment();
+        let mut owners = BTreeMap::new();
+        for i in 0..self.members.len() {
+            if self.members[i].zombie {
+                continue;
+            }
+            let id = self.members[i].id;
+            let parts = assignment.get(&id).cloned().unwrap_or_default();
+            for (t, p) in &parts {
+                if let Some(task) = self.task_of(t, *p) {
+                    owners.insert(task.name.clone(), id);
+                }
+            }
+            let assigned: Vec<Assigned> = parts
+                .iter()
+                .map(|(t, p)| {
+                    let c = self.channel(t, *p);
+                    Assigned {
+                        topic: t.clone(),
+                        partition: *p,
+                        committed: self.group_offsets.get(&(t.clone(), *p)).copied(),
+                        log_start: c.map_or(0, |c| self.broker.log_start(c)),
+                        end: c.map_or(0, |c| self.broker.end_offset(c)),
+                    }
+                })
+                .collect();
+            self.members[i].generation = self.generation;
+            self.members[i].assignment = parts;
+            let now = self.now;
+            let broker = &self.broker;
+            self.members[i]
+                .thread
+                .assign(assigned, broker, now)
+                .map_err(|e| self.fail(format!("member {id}: assignment refused: {e}")))?;
+            if self.members[i].thread.has_open_work()
+                && !self.members[i].thread.held_heads().is_empty()
+            {
+                self.stats.restores_with_held += 1;
+            }
+            self.apply_seeks(i)?;
+        }
+        for (task, &owner) in &owners {
+            if let Some(&old) = self.owners.get(task)
+                && old != owner
+            {
+                self.stats.migrations += 1;
+                if holding.contains(task) {
+                    self.stats.migrations_while_holding += 1;
+                }
+            }
+        }
+        self.owners = owners;
+        Ok(())
+    }
+
+    fn holding_tasks(&self) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for m in &self.members {
+            for (t, p, _) in m.thread.held_heads() {
+                if let Some(task) = self.task_of(&t, p) {
+                    out.insert(task.name.clone());
+                }
+            }
+        }
+        out
+    }
+
+    fn apply_seeks(&mut self, i: usize) -> Result<(), AppFailure> {
+        for (t, p, offset) in self.members[i].thread.take_seeks() {
+            let Some(c) = self.channel(&t, p) else {
+                return Err(self.fail(format!("seek to unknown topic {t}")));
+            };
+            if let Some(task) = self.task_of(&t, p)
+                && let Some(&actor) = self.task_actor.get(&task.name)
+            {
+                self.oracle.consume(actor, c, offset);
+            }
+            self.members[i]
+                .buffer
+                .retain(|f| !(f.topic == t && f.partition == p));
+            self.members[i].positions.insert((t, p), offset);
+        }
+        Ok(())
+    }
+
+    /// Runs until nothing is left to do, then checks completeness.
+    pub fn run(&mut self) -> Result<AppStats, AppFailure> {
+        loop {
+            let actions = self.enabled();
+            if actions.is_empty() {
+                break;
+            }
+            if self.stats.steps >= self.budget.max_steps {
+                return Err(self.fail(format!(
+                    "did not drain within {} steps",
+                    self.budget.max_steps
+                )));
+            }
+            let total: u32 = actions.iter().map(|(w, _)| *w).sum();
+            let mut pick = self.rng.random_range(0..total);
+            let mut chosen = actions[0].1;
+            for (w, a) in &actions {
+                if pick < *w {
+                    chosen = *a;
+                    break;
+                }
+                pick -= w;
+            }
+            self.stats.steps += 1;
+            self.execute(chosen)?;
+        }
+        self.oracle
+            .check_complete(&self.broker)
+            .map_err(|v| self.fail(v.message))?;
+        Ok(self.stats)
+    }
+
+    fn enabled(&self) -> Vec<(u32, Action)> {
+        let mut out = Vec::new();
+        if self.budget.edge_ops > 0 {
+            for e in 0..self.edges.len() {
+                out.push((4, Action::Edge(e)));
+            }
+        }
+        for (i, m) in self.members.iter().enumerate() {
+            for (k, (t, p)) in m.assignment.iter().enumerate() {
+                let Some(c) = self.channel(t, *p) else {
+                    continue;
+                };
+                let pos = m.positions.get(&(t.clone(), *p)).copied().unwrap_or(0);
+                if pos < self.broker.end_offset(c) {
+                    out.push((4, Action::Poll(i, k)));
+                }
+            }
+            if !m.buffer.is_empty() {
+                out.push((6, Action::Feed(i)));
+            }
+            if m.thread.has_open_work() {
+                out.push((2, Action::Commit(i)));
+            }
+            if self.budget.clock_moves > 0 {
+                out.push((1, Action::Clock(i)));
+            }
+            if self.budget.crashes > 0 {
+                out.push((1, Action::Crash(i)));
+            }
+            if self.budget.zombies > 0 && !m.zombie && self.members.len() > 1 {
+                out.push((1, Action::Zombie(i)));
+            }
+        }
+        let live = self.members.iter().filter(|m| !m.zombie).count();
+        if (self.budget.joins > 0 && self.members.len() < self.config.max_members) || live == 0 {
+            out.push((1, Action::Join));
+        }
+        if self.budget.retention > 0 {
+            for c in self.broker.channels() {
+                let bound = self.retention_bound(c);
+                if bound > self.broker.log_start(c) {
+                    out.push((1, Action::Retain(c, bound)));
+                }
+            }
+        }
+        if self.budget.lookup_failures > 0 {
+            out.push((1, Action::LookupOutage));
+        }
+        out
+    }
+
+    /// Retention never passes what the group committed on a consumed
+    /// partition, nor a record a thread holds; changelogs and sinks nobody
+    /// consumes may be trimmed freely up to their end.
+    fn retention_bound(&self, c: Channel) -> i64 {
+        let Some(name) = self.broker.topic_name(c.topic).map(str::to_owned) else {
+            return 0;
+        };
+        if !self.config.subscriptions.contains(&name) {
+            // Changelogs are compacted, not deleted; other topics nobody
+            // here consumes keep their history for the oracle's sake.
+            return self.broker.log_start(c);
+        }
+        let mut bound = self
+            .group_offsets
+            .get(&(name.clone(), c.partition))
+            .copied()
+            .unwrap_or(0);
+        for m in &self.members {
+            if let Some(&p) = m.positions.get(&(name.clone(), c.partition)) {
+                bound = bound.min(p);
+            }
+            for (t, p, offset) in m.thread.held_heads() {
+                if t == name && p == c.partition {
+                    bound = bound.min(offset);
+                }
+            }
+        }
+        bound
+    }
+
+    fn execute(&mut self, action: Action) -> Result<(), AppFailure> {
+        match action {
+            Action::Edge(e) => {
+                self.budget.edge_ops -= 1;
+                let key = self.rng.random_range(0..1_000u64);
+                let hops = self.config.hops;
+                self.edges[e].op(&mut self.broker, &mut self.oracle, key, hops);
+            }
+            Action::Poll(i, k) => self.poll(i, k)?,
+            Action::Feed(i) => {
+                let Some(record) = self.members[i].buffer.pop_front() else {
+                    return Ok(());
+                };
+                self.members[i]
+                    .thread
+                    .on_record(record)
+                    .map_err(|e| self.fail(format!("member {i}: record refused: {e}")))?;
+            }
+            Action::Clock(i) => {
+                self.budget.clock_moves -= 1;
+                self.stats.clock_moves += 1;
+                let step = self.rng.random_range(1..=self.config.clock_step_ms.max(1));
+                self.now += step;
+                let now = self.now;
+                let broker = &self.broker;
+                self.members[i]
+                    .thread
+                    .punctuate(now, broker)
+                    .map_err(|e| self.fail(format!("member {i}: punctuate refused: {e}")))?;
+            }
+            Action::Commit(i) => {
+                let now = self.now + self.config.clock_step_ms;
+                let txn = if self.rng.random_bool(0.5) {
+                    self.members[i].thread.poll_transaction(now)
+                } else {
+                    self.members[i].thread.flush()
+                }
+                .map_err(|e| self.fail(format!("member {i}: transaction refused: {e}")))?;
+                if let Some(txn) = txn {
+                    let fate = if self.budget.aborts > 0 && self.rng.random_bool(0.3) {
+                        self.budget.aborts -= 1;
+                        CommitFate::Abort
+                    } else if self.budget.crashes > 0 && self.rng.random_bool(0.1) {
+                        self.budget.crashes -= 1;
+                        CommitFate::Crash
+                    } else {
+                        CommitFate::Commit
+                    };
+                    self.commit(i, txn, fate)?;
+                }
+            }
+            Action::Crash(i) => {
+                self.budget.crashes -= 1;
+                self.crash(i)?;
+            }
+            Action::Join => {
+                self.budget.joins = self.budget.joins.saturating_sub(1);
+                self.add_member();
+                self.rebalance(None)?;
+            }
+            Action::Zombie(i) => {
+                self.budget.zombies -= 1;
+                self.rebalance(Some(i))?;
+            }
+            Action::Retain(c, bound) => {
+                self.budget.retention -= 1;
+                self.stats.retention_moves += 1;
+                let start = self.broker.log_start(c);
+                let to = self.rng.random_range(start + 1..=bound);
+                self.broker.advance_log_start(c, to);
+            }
+            Action::LookupOutage => {
+                self.budget.lookup_failures -= 1;
+                self.stats.lookup_failures += 1;
+                let n = self.rng.random_range(1..=3);
+                self.broker.fail_log_starts(n);
+            }
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, i: usize, k: usize) -> Result<(), AppFailure> {
+        let Some((t, p)) = self.members[i].assignment.get(k).cloned() else {
+            return Ok(());
+        };
+        let Some(c) = self.channel(&t, p) else {
+            return Ok(());
+        };
+        let batch = self.rng.random_range(1..=self.config.poll_batch.max(1));
+        let mut pos = self.members[i]
+            .positions
+            .get(&(t.clone(), p))
+            .copied()
+            .unwrap_or(0)
+            .max(self.broker.log_start(c));
+        let mut last = None;
+        for _ in 0..batch {
+            let Some((offset, rec)) = self.broker.fetch(c, pos) else {
+                break;
+            };
+            let mut headers = rec.headers.clone();
+            for (name, value) in rec.causal.encode() {
+                headers.push(Header::new(name, value));
+            }
+            self.members[i].buffer.push_back(Fetched {
+                topic: t.clone(),
+                partition: p,
+                offset,
+                timestamp: rec.timestamp,
+                key: rec.key.clone(),
+                value: rec.value.clone(),
+                headers,
+            });
+            self.stats.polled += 1;
+            last = Some(offset);
+            pos = offset + 1;
+        }
+        // The consumer moves past markers and aborted records that follow.
+        let position = match self.broker.fetch(c, pos) {
+            Some((o, _)) => o,
+            None => self.broker.end_offset(c),
+        };
+        self.members[i].positions.insert((t.clone(), p), position);
+        let buffered_before = self.members[i]
+            .buffer
+            .iter()
+            .filter(|f| f.topic == t && f.partition == p)
+            .count();
+        let last_returned = self.members[i]
+            .buffer
+            .iter()
+            .filter(|f| f.topic == t && f.partition == p)
+            .map(|f| f.offset)
+            .max()
+            .or(last);
+        if buffered_before > 0 {
+            self.stats.early_positions += 1;
+        }
+        self.members[i]
+            .thread
+            .on_position(&t, p, position, last_returned)
+            .map_err(|e| self.fail(format!("member {i}: position refused: {e}")))
+    }
+
+    fn crash(&mut self, i: usize) -> Result<(), AppFailure> {
+        self.stats.crashes += 1;
+        let gone = self.members.remove(i);
+        let _ = gone;
+        let live = self.members.iter().filter(|m| !m.zombie).count();
+        if live == 0 {
+            self.add_member();
+        }
+        self.rebalance(None)
+    }
+
+    /// Commits (or aborts, or crashes during) a transaction of member `i`,
+    /// judging it through the oracle when it commits.
+    fn commit(
+        &mut self,
+        i: usize,
+        txn: HostTransaction,
+        fate: CommitFate,
+    ) -> Result<(), AppFailure> {
+        let stale = self.members[i].generation != self.generation || self.members[i].zombie;
+        let holding = !self.members[i].thread.held_heads().is_empty();
+        let touched: BTreeSet<(String, i32)> = txn
+            .records
+            .iter()
+            .map(|r| (r.topic.clone(), r.partition))
+            .collect();
+        if stale || fate != CommitFate::Commit {
+            for r in &txn.records {
+                let Some(c) = self.channel(&r.topic, r.partition) else {
+                    return Err(self.fail(format!("produce to unknown topic {}", r.topic)));
+                };
+                let record = self.stored(r, usize::MAX)?;
+                self.broker.append(c, record, false);
+                self.stats.aborted_records += 1;
+            }
+            for (t, p) in &touched {
+                if let Some(c) = self.channel(t, *p) {
+                    self.broker.append_marker(c, false);
+                }
+            }
+            let broker = &self.broker;
+            if stale {
+                self.stats.fenced += 1;
+                self.members[i]
+                    .thread
+                    .outcome(Outcome::Fenced, broker)
+                    .map_err(|e| self.fail(format!("member {i}: fencing refused: {e}")))?;
+                // The zombie learns it was fenced and rejoins as a new
+                // member.
+                self.members.remove(i);
+                self.add_member();
+                return self.rebalance(None);
+            }
+            self.stats.aborts += 1;
+            if holding {
+                self.stats.aborts_while_holding += 1;
+            }
+            if fate == CommitFate::Crash {
+                self.stats.crashes += 1;
+                return self.crash(i);
+            }
+            self.members[i]
+                .thread
+                .outcome(Outcome::Aborted, broker)
+                .map_err(|e| self.fail(format!("member {i}: abort refused: {e}")))?;
+            return self.apply_seeks(i);
+        }
+        // Judge, then append and commit.
+        let mut staged: BTreeSet<ActorId> = BTreeSet::new();
+        let mut pending: VecDeque<(ActorId, PendingSend, String, i32)> = VecDeque::new();
+        let mut delivered: Vec<(String, (String, i32, i64))> = Vec::new();
+        let mut result = Ok(());
+        for act in &txn.acts {
+            let task = match act {
+                TaskAct::Delivered { task, .. } | TaskAct::Sent { task, .. } => task,
+            };
+            let Some(&actor) = self.task_actor.get(task) else {
+                result = Err(format!("unknown task {task}"));
+                break;
+            };
+            if staged.insert(actor) {
+                self.oracle.begin(actor);
+            }
+            match act {
+                TaskAct::Delivered {
+                    task,
+                    topic,
+                    partition,
+                    offset,
+                } => {
+                    let Some(c) = self.channel(topic, *partition) else {
+                        result = Err(format!("delivery on unknown topic {topic}"));
+                        break;
+                    };
+                    let Some(id) = self.oracle.record_at(c, *offset) else {
+                        result = Err(format!(
+                            "task {task} delivered {topic}:{partition}@{offset}, which is not a committed record"
+                        ));
+                        break;
+                    };
+                    if let Err(v) = self.oracle.deliver(actor, id) {
+                        result = Err(v.message);
+                        break;
+                    }
+                    delivered.push((task.clone(), (topic.clone(), *partition, *offset)));
+                }
+                TaskAct::Sent {
+                    topic, partition, ..
+                } => {
+                    let p = self.oracle.emit(actor);
+                    pending.push_back((actor, p, topic.clone(), *partition));
+                }
+            }
+        }
+        if let Err(message) = result {
+            for a in staged {
+                self.oracle.rollback(a);
+            }
+            return Err(self.fail(message));
+        }
+        let changelog = |t: &str| t.ends_with("-changelog");
+        for r in &txn.records {
+            let Some(c) = self.channel(&r.topic, r.partition) else {
+                return Err(self.fail(format!("produce to unknown topic {}", r.topic)));
+            };
+            let mut oracle_id = usize::MAX;
+            if !changelog(&r.topic) {
+                let Some((_, p, t, part)) = pending.pop_front() else {
+                    return Err(self.fail(format!(
+                        "a record to {}:{} with no task send behind it",
+                        r.topic, r.partition
+                    )));
+                };
+                if t != r.topic || part != r.partition {
+                    return Err(self.fail(format!(
+                        "send order mismatch: the task sent to {t}:{part}, the transaction holds {}:{}",
+                        r.topic, r.partition
+                    )));
+                }
+                let offset = self.broker.end_offset(c);
+                oracle_id = self.oracle.register(p, c, offset);
+            }
+            let record = self.stored(r, oracle_id)?;
+            self.broker.append(c, record, true);
+        }
+        if !pending.is_empty() {
+            return Err(self.fail("a task send with no record in the transaction"));
+        }
+        for (t, p) in &touched {
+            if let Some(c) = self.channel(t, *p) {
+                self.broker.append_marker(c, true);
+            }
+        }
+        for (t, p, o) in &txn.offsets {
+            self.group_offsets.insert((t.clone(), *p), *o);
+        }
+        let tasks: BTreeSet<&String> = delivered.iter().map(|(t, _)| t).collect();
+        if tasks.len() > 1 {
+            self.stats.multi_task_commits += 1;
+        }
+        for (task, d) in delivered {
+            self.committed_deliveries.entry(task).or_default().push(d);
+            self.stats.deliveries += 1;
+        }
+        for a in staged {
+            self.oracle.commit(a);
+        }
+        self.stats.commits += 1;
+        let broker = &self.broker;
+        self.members[i]
+            .thread
+            .outcome(Outcome::Committed, broker)
+            .map_err(|e| self.fail(format!("member {i}: commit refused: {e}")))
+    }
+
+    fn stored(&self, r: &Produced, oracle_id: usize) -> Result<StoredRecord, AppFailure> {
+        let causal = CausalHeaders::decode(
+            r.headers
+                .iter()
+                .map(|h| (h.name.as_str(), h.value.as_deref())),
+        )
+        .map_err(|e| self.fail(format!("a produced record has corrupt causal headers: {e}")))?;
+        Ok(StoredRecord {
+            key: r.key.clone(),
+            value: r.value.clone(),
+            timestamp: r.timestamp,
+            headers: r
+                .headers
+                .iter()
+                .filter(|h| !parsley_protocol::headers::is_causal_header(&h.name))
+                .cloned()
+                .collect(),
+            causal,
+            oracle_id,
+        })
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum CommitFate {
+    Commit,
+    Abort,
+    Crash,
+}

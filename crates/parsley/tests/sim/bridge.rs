@@ -1,0 +1,399 @@
+//! The bridge between the conformance kit's application worlds and the
+//! production host core: a [`StreamThread`] around a real [`Worker`], and
+//! the broker views the worker reads through. It only translates; a
+//! [`HostFault`] switches one host duty off for the self-test.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::rc::Rc;
+
+use parsley::Parsley;
+use parsley::protocol::{BrokerOffsets, BrokerOffsetsError, Channel, TopicId, TopicOffsets};
+use parsley::runtime::changelog::{ChangelogReader, ChangelogRecord};
+use parsley::runtime::worker::*;
+use parsley::task::{MetadataError, TaskEvent, TopicDescription, TopicMetadata};
+use parsley_sim::{
+    Assigned, BeforeRevoke, Fetched, HostTransaction, Outcome, Produced, SimBroker, StreamThread,
+    TaskAct, TaskSpec,
+};
+
+/// The simulated broker as the worker sees a cluster.
+pub struct View<'a>(pub &'a SimBroker);
+
+impl TopicMetadata for View<'_> {
+    fn describe(&self, topic: &str) -> Result<TopicDescription, MetadataError> {
+        let id = self
+            .0
+            .topic_id(topic)
+            .ok_or_else(|| MetadataError::Missing(topic.to_owned()))?;
+        let partitions = self
+            .0
+            .partitions(id)
+            .ok_or_else(|| MetadataError::Missing(topic.to_owned()))?;
+        Ok(TopicDescription { id, partitions })
+    }
+}
+
+impl BrokerOffsets for View<'_> {
+    fn end_offsets(
+        &self,
+        topics: &BTreeSet<TopicId>,
+    ) -> Result<std::collections::BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        self.0.end_offsets(topics)
+    }
+
+    fn log_starts(
+        &self,
+        topics: &BTreeSet<TopicId>,
+    ) -> Result<std::collections::BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        self.0.log_starts(topics)
+    }
+}
+
+impl ChangelogReader for View<'_> {
+    fn read_changelog(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Vec<ChangelogRecord>, MetadataError> {
+        let id = self
+            .0
+            .topic_id(topic)
+            .ok_or_else(|| MetadataError::Missing(topic.to_owned()))?;
+        Ok(self
+            .0
+            .committed_from_start(Channel::new(id, partition))
+            .into_iter()
+            .map(|(_, r)| ChangelogRecord {
+                key: r.key.clone(),
+                value: r.value.clone(),
+            })
+            .collect())
+    }
+}
+
+/// A host duty the bridge can switch off, so the kit proves it notices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostFault {
+    /// Positions go to the worker as if every polled record had been
+    /// handed over already (the buffered-poll hazard).
+    EarlyPositionReport,
+    /// Changelog records are dropped from every transaction.
+    SkipChangelogWrites,
+    /// The consumer does not seek back after an abort.
+    NoSeekAfterAbort,
+    /// A split assignment is completed with partitions this thread does
+    /// not own, instead of being refused.
+    AcceptSplitTask,
+}
+
+/// Counters the bridge keeps across every thread of a world.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BridgeStats {
+    /// Truncation sweeps that removed entries.
+    pub sweeps_that_removed: u64,
+    /// Sweeps skipped for a failed lookup.
+    pub sweeps_skipped: u64,
+    /// Positions the worker deferred.
+    pub positions_deferred: u64,
+    /// Tasks started with held records restored from a changelog.
+    pub restored_with_held: u64,
+}
+
+/// One stream thread: a worker and its fault, if any.
+pub struct Thread {
+    worker: Worker,
+    fault: Option<HostFault>,
+    app: Parsley,
+    stats: Rc<RefCell<BridgeStats>>,
+    seen: WorkerStats,
+    just_aborted: bool,
+}
+
+impl Thread {
+    pub fn new(
+        app: &Parsley,
+        config: WorkerConfig,
+        fault: Option<HostFault>,
+        stats: Rc<RefCell<BridgeStats>>,
+    ) -> Thread {
+        Thread {
+            worker: Worker::new(app, config),
+            fault,
+            app: app.clone(),
+            stats,
+            seen: WorkerStats::default(),
+            just_aborted: false,
+        }
+    }
+
+    fn account(&mut self) {
+        let now = self.worker.stats();
+        let mut s = self.stats.borrow_mut();
+        if now.truncated_entries > self.seen.truncated_entries {
+            s.sweeps_that_removed += 1;
+        }
+        s.sweeps_skipped += now.truncation_sweeps_skipped - self.seen.truncation_sweeps_skipped;
+        s.positions_deferred += now.positions_deferred - self.seen.positions_deferred;
+        s.restored_with_held += now.restored_with_held - self.seen.restored_with_held;
+        self.seen = now;
+    }
+
+    fn convert(&self, txn: Transaction) -> HostTransaction {
+        let skip = self.fault == Some(HostFault::SkipChangelogWrites);
+        HostTransaction {
+            records: txn
+                .records
+                .into_iter()
+                .filter(|r| !(skip && r.topic.ends_with("-changelog")))
+                .map(|r| Produced {
+                    topic: r.topic,
+                    partition: r.partition,
+                    key: r.key,
+                    value: r.value,
+                    timestamp: r.timestamp,
+                    headers: r.headers,
+                })
+                .collect(),
+            offsets: txn
+                .offsets
+                .into_iter()
+                .map(|o| (o.topic, o.partition, o.offset))
+                .collect(),
+            acts: txn
+                .events
+                .into_iter()
+                .filter_map(|e| match e.event {
+                    TaskEvent::Delivered(d) => Some(TaskAct::Delivered {
+                        task: e.task.to_string(),
+                        topic: d.coordinate.topic,
+                        partition: d.coordinate.partition,
+                        offset: d.coordinate.offset,
+                    }),
+                    TaskEvent::Sent {
+                        topic, partition, ..
+                    } => Some(TaskAct::Sent {
+                        task: e.task.to_string(),
+                        topic,
+                        partition,
+                    }),
+                    TaskEvent::Held { .. } => None,
+                })
+                .collect(),
+        }
+    }
+
+    /// The partitions of every task the assignment touches.
+    fn complete(&self, parts: &mut Vec<Assigned>, broker: &SimBroker) {
+        let have: BTreeSet<(String, i32)> = parts
+            .iter()
+            .map(|a| (a.topic.clone(), a.partition))
+            .collect();
+        let mut extra = Vec::new();
+        for (topic, p) in &have {
+            for stage in self.app.stages() {
+                let mut topics: Vec<String> = stage
+                    .source_topics()
+                    .iter()
+                    .map(|t| (*t).to_owned())
+                    .collect();
+                if let Some(t) = self.app.tick_topic(stage.name()) {
+                    topics.push(t.to_owned());
+                }
+                if !topics.contains(topic) {
+                    continue;
+                }
+                for t in topics {
+                    if !have.contains(&(t.clone(), *p))
+                        && !extra
+                            .iter()
+                            .any(|a: &Assigned| a.topic == t && a.partition == *p)
+                    {
+                        let c = broker.topic_id(&t).map(|id| Channel::new(id, *p));
+                        extra.push(Assigned {
+                            topic: t,
+                            partition: *p,
+                            committed: None,
+                            log_start: c.map_or(0, |c| broker.log_start(c)),
+                            end: c.map_or(0, |c| broker.end_offset(c)),
+                        });
+                    }
+                }
+            }
+        }
+        parts.extend(extra);
+    }
+}
+
+fn err(e: WorkerError) -> String {
+    e.to_string()
+}
+
+impl StreamThread for Thread {
+    fn assign(
+        &mut self,
+        mut parts: Vec<Assigned>,
+        broker: &SimBroker,
+        now: i64,
+    ) -> Result<(), String> {
+        if self.fault == Some(HostFault::AcceptSplitTask) {
+            self.complete(&mut parts, broker);
+        }
+        let parts = parts
+            .into_iter()
+            .map(|a| AssignedPartition {
+                topic: a.topic,
+                partition: a.partition,
+                committed: a.committed,
+                log_start: a.log_start,
+                end: a.end,
+            })
+            .collect();
+        let r = self.worker.assign(parts, &View(broker), now).map_err(err);
+        self.account();
+        r
+    }
+
+    fn before_revoke(&self) -> BeforeRevoke {
+        match self.worker.revoke_plan(false) {
+            RevokePlan::Nothing => BeforeRevoke::Nothing,
+            RevokePlan::Commit => BeforeRevoke::Commit,
+            RevokePlan::Abort => BeforeRevoke::Abort,
+        }
+    }
+
+    fn revoke(&mut self, parts: &[(String, i32)]) -> Result<(), String> {
+        // Partitions the fault added are this thread's too.
+        let mut all: Vec<(String, i32)> = parts.to_vec();
+        if self.fault == Some(HostFault::AcceptSplitTask) {
+            all.extend(
+                self.worker
+                    .assignment()
+                    .map(|a| (a.topic.clone(), a.partition)),
+            );
+        }
+        self.worker.revoke(&all).map_err(err)
+    }
+
+    fn on_record(&mut self, r: Fetched) -> Result<(), String> {
+        self.worker
+            .on_record(PolledRecord {
+                topic: r.topic,
+                partition: r.partition,
+                offset: r.offset,
+                timestamp: r.timestamp,
+                key: r.key,
+                value: r.value,
+                headers: r.headers,
+            })
+            .map_err(err)
+    }
+
+    fn on_position(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        position: i64,
+        last_returned: Option<i64>,
+    ) -> Result<(), String> {
+        let last = if self.fault == Some(HostFault::EarlyPositionReport) {
+            None
+        } else {
+            last_returned
+        };
+        let r = self
+            .worker
+            .on_position(topic, partition, position, last)
+            .map_err(err);
+        self.account();
+        r
+    }
+
+    fn punctuate(&mut self, now: i64, broker: &SimBroker) -> Result<(), String> {
+        let r = self.worker.punctuate(now, &View(broker)).map_err(err);
+        self.account();
+        r
+    }
+
+    fn poll_transaction(&mut self, now: i64) -> Result<Option<HostTransaction>, String> {
+        let t = self.worker.poll_transaction(now).map_err(err)?;
+        Ok(t.map(|t| self.convert(t)))
+    }
+
+    fn flush(&mut self) -> Result<Option<HostTransaction>, String> {
+        let t = self.worker.flush().map_err(err)?;
+        Ok(t.map(|t| self.convert(t)))
+    }
+
+    fn outcome(&mut self, outcome: Outcome, broker: &SimBroker) -> Result<(), String> {
+        let o = match outcome {
+            Outcome::Committed => CommitOutcome::Committed,
+            Outcome::Aborted => CommitOutcome::Aborted,
+            Outcome::Fenced => CommitOutcome::Fenced,
+        };
+        self.just_aborted = o == CommitOutcome::Aborted;
+        let r = self.worker.commit_outcome(o, &View(broker)).map_err(err);
+        self.account();
+        r
+    }
+
+    fn abort(&mut self, broker: &SimBroker) -> Result<(), String> {
+        self.just_aborted = true;
+        self.worker.abort(&View(broker)).map(|_| ()).map_err(err)
+    }
+
+    fn take_seeks(&mut self) -> Vec<(String, i32, i64)> {
+        let seeks = self.worker.take_seeks();
+        if std::mem::take(&mut self.just_aborted) && self.fault == Some(HostFault::NoSeekAfterAbort)
+        {
+            return Vec::new();
+        }
+        seeks
+            .into_iter()
+            .map(|s| (s.topic, s.partition, s.offset))
+            .collect()
+    }
+
+    fn has_open_work(&self) -> bool {
+        self.worker.has_open_work()
+    }
+
+    fn held_heads(&self) -> Vec<(String, i32, i64)> {
+        let mut out = Vec::new();
+        for id in self.worker.tasks() {
+            let Some(task) = self.worker.task(id) else {
+                continue;
+            };
+            for (channel, offset) in task.node().head_offsets() {
+                if let Some(input) = task.inputs().iter().find(|i| i.channel == channel) {
+                    out.push((input.topic.clone(), channel.partition, offset));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The tasks of an application as oracle actors: `stage[p]`, consuming
+/// partition `p` of every source and of the tick topic.
+pub fn tasks(app: &Parsley, partitions: impl Fn(&str) -> i32) -> Vec<TaskSpec> {
+    let mut out = Vec::new();
+    for stage in app.stages() {
+        let mut topics: Vec<String> = stage
+            .source_topics()
+            .iter()
+            .map(|t| (*t).to_owned())
+            .collect();
+        if let Some(t) = app.tick_topic(stage.name()) {
+            topics.push(t.to_owned());
+        }
+        let n = topics.first().map_or(0, |t| partitions(t));
+        for p in 0..n {
+            out.push(TaskSpec {
+                name: format!("{}[{p}]", stage.name()),
+                inputs: topics.iter().map(|t| (t.clone(), p)).collect(),
+            });
+        }
+    }
+    out
+}
