@@ -615,7 +615,7 @@ fn driver_config() -> WorkerConfig {
 /// A synchronous, deterministic, in-memory host for one application: this
 /// project's `TopologyTestDriver`.
 ///
-/// It runs the real [`Task`] runner and [`CausalNode`](parsley_protocol::CausalNode)
+/// It runs the real [`Task`](crate::task::Task) runner and [`CausalNode`](parsley_protocol::CausalNode)
 /// of every stage task: real stamps (`vc`, `vc-sender`, `vc-seq`), real
 /// gating and hold queues, fold state, hops between stages, and ticks
 /// through each ticking stage's tick topic when the wall clock advances.
