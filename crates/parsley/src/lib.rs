@@ -178,10 +178,14 @@
 //! * [`Stage`], [`StageBuilder`], [`Parsley`]: wiring and composition.
 //! * [`TestDriver`]: the broker-less host; [`HeldRecord`]: hold diagnostics.
 //! * [`probe`]: test-time contract probes.
-//! * [`task`]: the host-independent task runner every host drives (the
-//!   driver here, the Kafka runtime later); [`partition`]: Kafka's default
-//!   partitioner; [`identity`]: sender identities; [`fold`]: the fold-state
-//!   store layout.
+//! * [`runtime`]: what every host drives. [`runtime::worker::Worker`] is
+//!   the host core (one per stream thread: task grouping, start positions,
+//!   position capture, transactions over many tasks, abort and fencing,
+//!   changelog restore, ticks and sweeps); [`task`] is one task's runner;
+//!   [`runtime::changelog`] the changelog layout; [`partition`]: Kafka's
+//!   default partitioner; [`identity`]: sender identities; [`fold`]: the
+//!   fold-state store layout. The TestDriver, the simulator's application
+//!   worlds and the Kafka runtime all drive the same worker.
 //! * [`protocol`]: the causal protocol core, re-exported.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -195,18 +199,14 @@
 
 // What users write: topics, codecs, messages, logic, fold state, stages,
 // the application.
-mod app;
-pub mod codec;
-pub mod fold;
-mod logic;
-mod message;
-mod stage;
-mod topic;
+mod api;
 // The runner and host core every host drives.
 pub mod runtime;
 // The broker-less test host and contract probes.
 mod testing;
 
+use api::{app, logic, message, stage, topic};
+pub use api::{codec, fold};
 pub use runtime::{holds, identity, partition, task};
 use testing::driver;
 pub use testing::probes;
