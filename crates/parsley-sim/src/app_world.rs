@@ -771,16 +771,7 @@ impl AppWorld {
                     self.budget.max_steps
                 )));
             }
-            let total: u32 = actions.iter().map(|(w, _)| *w).sum();
-            let mut pick = self.rng.random_range(0..total);
-            let mut chosen = actions[0].1;
-            for (w, a) in &actions {
-                if pick < *w {
-                    chosen = *a;
-                    break;
-                }
-                pick -= w;
-            }
+            let chosen = crate::world::pick_weighted(&mut self.rng, &actions);
             self.stats.steps += 1;
             self.execute(chosen)?;
         }

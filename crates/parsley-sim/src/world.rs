@@ -574,16 +574,7 @@ impl<P: DeliveryProtocol> SimWorld<P> {
                     held.join(", ")
                 )));
             }
-            let total: u32 = actions.iter().map(|(w, _)| *w).sum();
-            let mut pick = self.rng.random_range(0..total);
-            let mut chosen = actions[0].1;
-            for (w, a) in &actions {
-                if pick < *w {
-                    chosen = *a;
-                    break;
-                }
-                pick -= w;
-            }
+            let chosen = crate::world::pick_weighted(&mut self.rng, &actions);
             self.stats.steps += 1;
             self.execute(chosen)?;
         }
@@ -862,6 +853,22 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         self.node(node)
             .position(Channel::new(self.topic(topic), partition))
     }
+}
+
+/// Draws one action, each with probability proportional to its weight.
+/// `actions` must not be empty.
+pub(crate) fn pick_weighted<A: Copy>(rng: &mut ChaCha8Rng, actions: &[(u32, A)]) -> A {
+    let total: u32 = actions.iter().map(|(w, _)| *w).sum();
+    let mut pick = rng.random_range(0..total);
+    let mut chosen = actions[0].1;
+    for (w, a) in actions {
+        if pick < *w {
+            chosen = *a;
+            break;
+        }
+        pick -= w;
+    }
+    chosen
 }
 
 /// The offset of the first held record on a channel in a committed protocol
