@@ -199,6 +199,12 @@ pub trait StreamThread {
     fn has_open_work(&self) -> bool;
     /// The offset of every held queue head, as (topic, partition, offset).
     fn held_heads(&self) -> Vec<(String, i32, i64)>;
+    /// Whether the thread has work to retry at its next punctuation (a task
+    /// whose start failed on a lookup). A real poll loop punctuates on every
+    /// turn; the world offers a punctuation without moving the clock.
+    fn needs_punctuation(&self) -> bool {
+        false
+    }
 }
 
 /// Makes stream threads: one per member incarnation.
@@ -259,8 +265,9 @@ pub enum Assignor {
     /// members, so partition `p` of equally sized topics lands together.
     #[default]
     Range,
-    /// Round robin over every partition of every topic: splits tasks (for
-    /// the self-test that a host refuses a split task).
+    /// Partitions dealt over the members, the first topic forwards and the
+    /// others backwards: splits tasks (for the self-test that a host refuses
+    /// a split task).
     RoundRobin,
 }
 
@@ -396,6 +403,7 @@ enum Action {
     Poll(usize, usize),
     Feed(usize),
     Clock(usize),
+    Retry(usize),
     Commit(usize),
     Crash(usize),
     Join,
@@ -582,8 +590,10 @@ impl AppWorld {
         let mut topics = self.config.subscriptions.clone();
         topics.sort();
         if self.config.assignor == Assignor::RoundRobin {
-            let mut k = 0;
-            for t in &topics {
+            // Dealt by partition, the first topic in member order and every
+            // other topic in reverse: with two or more members, partition p
+            // of the first topic and of any other land on different members.
+            for (ti, t) in topics.iter().enumerate() {
                 let n = self
                     .config
                     .topics
@@ -591,10 +601,12 @@ impl AppWorld {
                     .find(|(name, _)| name == t)
                     .map_or(0, |(_, n)| *n);
                 for p in 0..n {
-                    if let Some(v) = out.get_mut(&live[k % live.len()]) {
+                    let m = live.len();
+                    let k = p as usize % m;
+                    let member = live[if ti == 0 { k } else { m - 1 - k }];
+                    if let Some(v) = out.get_mut(&member) {
                         v.push((t.clone(), p));
                     }
-                    k += 1;
                 }
             }
             return out;
@@ -774,6 +786,10 @@ impl AppWorld {
             let chosen = crate::world::pick_weighted(&mut self.rng, &actions);
             self.stats.steps += 1;
             self.execute(chosen)?;
+            // A host makes the seeks its core asks for as soon as it asks.
+            for i in 0..self.members.len() {
+                self.apply_seeks(i)?;
+            }
         }
         self.oracle
             .check_complete(&self.broker)
@@ -806,6 +822,9 @@ impl AppWorld {
             }
             if self.budget.clock_moves > 0 {
                 out.push((1, Action::Clock(i)));
+            }
+            if m.thread.needs_punctuation() {
+                out.push((2, Action::Retry(i)));
             }
             if self.budget.crashes > 0 {
                 out.push((1, Action::Crash(i)));
@@ -892,6 +911,14 @@ impl AppWorld {
                     .punctuate(now, broker)
                     .map_err(|e| self.fail(format!("member {i}: punctuate refused: {e}")))?;
             }
+            Action::Retry(i) => {
+                let now = self.now;
+                let broker = &self.broker;
+                self.members[i]
+                    .thread
+                    .punctuate(now, broker)
+                    .map_err(|e| self.fail(format!("member {i}: punctuate refused: {e}")))?;
+            }
             Action::Commit(i) => {
                 let now = self.now + self.config.clock_step_ms;
                 let txn = if self.rng.random_bool(0.5) {
@@ -937,7 +964,11 @@ impl AppWorld {
                 self.budget.lookup_failures -= 1;
                 self.stats.lookup_failures += 1;
                 let n = self.rng.random_range(1..=3);
-                self.broker.fail_log_starts(n);
+                if self.rng.random_bool(0.5) {
+                    self.broker.fail_log_starts(n);
+                } else {
+                    self.broker.fail_lookups(n);
+                }
             }
         }
         Ok(())
@@ -979,10 +1010,15 @@ impl AppWorld {
             last = Some(offset);
             pos = offset + 1;
         }
-        // The consumer moves past markers and aborted records that follow.
-        let position = match self.broker.fetch(c, pos) {
-            Some((o, _)) => o,
-            None => self.broker.end_offset(c),
+        // The consumer moves past markers and aborted records that follow;
+        // or, as librdkafka's application position may, stops right after
+        // the last record it returned (a later poll moves it on).
+        let position = match (last, self.rng.random_bool(0.5)) {
+            (Some(l), true) => l + 1,
+            _ => match self.broker.fetch(c, pos) {
+                Some((o, _)) => o,
+                None => self.broker.end_offset(c),
+            },
         };
         self.members[i].positions.insert((t.clone(), p), position);
         let buffered_before = self.members[i]
@@ -1025,7 +1061,18 @@ impl AppWorld {
         txn: HostTransaction,
         fate: CommitFate,
     ) -> Result<(), AppFailure> {
-        let stale = self.members[i].generation != self.generation || self.members[i].zombie;
+        // EOS v2 fences a zombie through the offset commit, which carries
+        // the member's group generation: a transaction without offsets is
+        // not fenced (a host must never send one).
+        let stale = (self.members[i].generation != self.generation || self.members[i].zombie)
+            && !txn.offsets.is_empty();
+        if fate == CommitFate::Crash && !stale && self.rng.random_bool(0.5) {
+            // The coordinator recorded the commit before the crash: it
+            // commits, and the member is gone.
+            self.commit(i, txn, CommitFate::Commit)?;
+            self.stats.crashes += 1;
+            return self.crash(i);
+        }
         let holding = !self.members[i].thread.held_heads().is_empty();
         let touched: BTreeSet<(String, i32)> = txn
             .records

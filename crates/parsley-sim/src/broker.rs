@@ -88,6 +88,9 @@ pub struct SimBroker {
     trace: Trace,
     /// Log-start lookups still to fail (a transient outage).
     failing_log_starts: std::cell::Cell<u32>,
+    /// Other lookups (end offsets, and whatever a host routes through
+    /// [`SimBroker::lookup_outage`]) still to fail.
+    failing_lookups: std::cell::Cell<u32>,
 }
 
 /// Mixes one appended record into a digest: where it landed, whether its
@@ -196,6 +199,22 @@ impl SimBroker {
     /// offset lookups).
     pub fn fail_log_starts(&self, n: u32) {
         self.failing_log_starts.set(n);
+    }
+
+    /// Makes the next `n` other lookups fail: end offsets, and what a host
+    /// bridge checks with [`lookup_outage`](Self::lookup_outage) (topic
+    /// metadata, changelog reads).
+    pub fn fail_lookups(&self, n: u32) {
+        self.failing_lookups.set(n);
+    }
+
+    /// Whether this lookup fails (consumes one failure of an outage).
+    pub fn lookup_outage(&self) -> bool {
+        let n = self.failing_lookups.get();
+        if n > 0 {
+            self.failing_lookups.set(n - 1);
+        }
+        n > 0
     }
 
     /// Every committed business record of a live partition from its log
@@ -395,6 +414,11 @@ impl BrokerOffsets for SimBroker {
         &self,
         topics: &BTreeSet<TopicId>,
     ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        if self.lookup_outage() {
+            return Err(BrokerOffsetsError::new(
+                "end-offset lookup failed (simulated)",
+            ));
+        }
         Ok(self.answer(topics, |p| p.entries.len() as i64))
     }
 

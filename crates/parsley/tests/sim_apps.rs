@@ -322,6 +322,9 @@ fn world(
 /// changelog, equals the fold of its committed deliveries, in order.
 /// Returns how many slots were checked and how many ticks they folded.
 fn check_folds(a: &App, w: &AppWorld) -> Result<(usize, usize), String> {
+    // The check reads the changelogs; any outage of the run is over.
+    w.broker.fail_lookups(0);
+    w.broker.fail_log_starts(0);
     let mut keys = 0;
     let mut ticks_folded = 0;
     for (stage, sources, ticks) in &a.folds {
@@ -489,6 +492,12 @@ fn settlement_pipeline() {
         "sweeps skipped for a failed lookup",
         |r| r.bridge.sweeps_skipped > 0,
     );
+    floor(
+        "settlement",
+        &runs,
+        "task starts retried after a failed lookup",
+        |r| r.bridge.start_retries > 0,
+    );
 }
 
 #[test]
@@ -541,7 +550,10 @@ fn outcomes(
         .collect()
 }
 
-fn caught(what: &str, results: &[Result<(), String>]) -> usize {
+/// Counts the seeds where the kit caught the fault, and checks that every
+/// catch is of the expected kind (so a worker that failed at random would
+/// not pass): `kinds` are substrings of which one must appear.
+fn caught(what: &str, results: &[Result<(), String>], kinds: &[&str]) -> usize {
     let failures: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     eprintln!(
         "{what}: caught in {}/{} seeds; first: {}",
@@ -549,8 +561,24 @@ fn caught(what: &str, results: &[Result<(), String>]) -> usize {
         results.len(),
         failures.first().map_or("-", |s| s.as_str())
     );
+    for f in &failures {
+        assert!(
+            kinds.iter().any(|k| f.contains(k)),
+            "{what}: caught, but not as expected: {f}"
+        );
+    }
     failures.len()
 }
+
+/// What the oracle and the fold check say when they catch something.
+const ORACLE: &[&str] = &[
+    "causal order violated",
+    "FIFO violated",
+    "duplicate delivery",
+    "incomplete at drain",
+    "committed fold state differs",
+    "not a committed record",
+];
 
 #[test]
 fn the_kit_catches_an_early_position_report() {
@@ -560,7 +588,8 @@ fn the_kit_catches_an_early_position_report() {
         HostFault::EarlyPositionReport,
         Assignor::Range,
     );
-    assert!(caught("early position report", &r) >= r.len() / 5);
+    // The worker refuses the record the early position jumped past.
+    assert!(caught("early position report", &r, &["arrived out of order"]) >= r.len() / 5);
 }
 
 #[test]
@@ -571,13 +600,13 @@ fn the_kit_catches_a_skipped_changelog_write() {
         HostFault::SkipChangelogWrites,
         Assignor::Range,
     );
-    assert!(caught("skipped changelog writes", &r) >= r.len() / 5);
+    assert!(caught("skipped changelog writes", &r, ORACLE) >= r.len() / 5);
 }
 
 #[test]
 fn the_kit_catches_a_missing_seek_after_abort() {
     let r = outcomes(settlement, 0, HostFault::NoSeekAfterAbort, Assignor::Range);
-    assert!(caught("no seek after abort", &r) >= r.len() / 5);
+    assert!(caught("no seek after abort", &r, ORACLE) >= r.len() / 5);
 }
 
 #[test]
@@ -588,7 +617,15 @@ fn the_kit_catches_a_split_task_accepted() {
         HostFault::AcceptSplitTask,
         Assignor::RoundRobin,
     );
-    assert!(caught("split task accepted", &r) >= r.len() / 5);
+    // The oracle, or the protocol's own guard when one of two owners of a
+    // channel hands it a record the other already moved past, or the
+    // restore guard when both wrote one changelog.
+    let kinds: Vec<&str> = ORACLE
+        .iter()
+        .copied()
+        .chain(["is out of order", "corrupt state", "lost held records"])
+        .collect();
+    assert!(caught("split task accepted", &r, &kinds) >= r.len() / 5);
 }
 
 /// The correct worker refuses a split assignment outright.
@@ -628,4 +665,16 @@ fn a_seed_determines_an_application_world() {
     };
     assert_eq!(run(7), run(7));
     assert_ne!(run(7).0, run(8).0);
+}
+
+#[test]
+#[ignore = "debugging aid: PARSLEY_TRACE=1 PARSLEY_SEED=N cargo test -- --ignored trace_one"]
+fn trace_one() {
+    let seed: u64 = std::env::var("PARSLEY_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let a = cycle();
+    let (mut w, _) = world(&a, full_budget(), 3, None, seed).unwrap();
+    w.run().unwrap();
 }

@@ -27,6 +27,10 @@ struct Cluster {
     ends: RefCell<BTreeMap<(String, i32), i64>>,
     starts: RefCell<BTreeMap<(String, i32), i64>>,
     fail_log_starts: Cell<bool>,
+    /// Changelog reads still to fail.
+    fail_reads: Cell<u32>,
+    /// End-offset lookups still to fail.
+    fail_ends: Cell<u32>,
 }
 
 impl Cluster {
@@ -104,6 +108,10 @@ impl BrokerOffsets for Cluster {
         &self,
         topics: &BTreeSet<TopicId>,
     ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        if self.fail_ends.get() > 0 {
+            self.fail_ends.set(self.fail_ends.get() - 1);
+            return Err(BrokerOffsetsError::new("unreachable (test)"));
+        }
         Ok(self.offsets(topics, &self.ends.borrow()))
     }
 
@@ -124,6 +132,13 @@ impl ChangelogReader for Cluster {
         topic: &str,
         partition: i32,
     ) -> Result<Vec<ChangelogRecord>, MetadataError> {
+        if self.fail_reads.get() > 0 {
+            self.fail_reads.set(self.fail_reads.get() - 1);
+            return Err(MetadataError::Failed {
+                topic: topic.to_owned(),
+                message: "unreachable (test)".to_owned(),
+            });
+        }
         Ok(self
             .logs
             .borrow()
@@ -185,6 +200,17 @@ fn rec(topic: &str, partition: i32, offset: i64, key: &str) -> PolledRecord {
     }
 }
 
+/// Makes every seek the worker asks for (confirming each) and returns them
+/// by topic and partition.
+fn seek(w: &mut Worker) -> BTreeMap<(String, i32), i64> {
+    let mut out = BTreeMap::new();
+    for s in w.take_seeks() {
+        w.seek_applied(&s.topic, s.partition, s.offset).unwrap();
+        out.insert((s.topic, s.partition), s.offset);
+    }
+    out
+}
+
 fn worker(app: &Parsley) -> Worker {
     Worker::new(
         app,
@@ -202,6 +228,7 @@ fn started(app: &Parsley, cluster: &Cluster) -> Worker {
     let n = cluster.topics["a"].1;
     let parts = (0..n).flat_map(|p| [part("a", p), part("b", p)]).collect();
     w.assign(parts, cluster, 0).unwrap();
+    seek(&mut w);
     let txn = w.flush().unwrap().expect("init writes");
     cluster.commit(&txn.records);
     w.commit_outcome(CommitOutcome::Committed, cluster).unwrap();
@@ -239,10 +266,11 @@ fn a_task_split_across_workers_is_refused() {
         other => panic!("expected SplitTask, got {other}"),
     }
     assert!(err.to_string().contains("range assignor"), "{err}");
-    // The worker refuses everything until the host aborts.
+    // The whole assignment was refused before anything changed.
+    assert_eq!(w.assignment().count(), 0);
     assert!(matches!(
         w.on_record(rec("a", 0, 0, "k")),
-        Err(WorkerError::AbortRequired { .. })
+        Err(WorkerError::NotAssigned { .. })
     ));
 }
 
@@ -329,6 +357,7 @@ fn a_position_waits_for_the_records_the_poll_returned_below_it() {
     let mut w = worker(&app);
     w.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
         .unwrap();
+    seek(&mut w);
     let a0 = {
         let t = w.tasks().next().unwrap().clone();
         w.task(&t).unwrap().inputs()[0].channel
@@ -409,12 +438,11 @@ fn an_abort_returns_every_task_to_committed_state_and_seeks_back() {
     let doomed = w.flush().unwrap().unwrap();
     w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
     assert_eq!(w.stats().aborts, 1);
-    let seeks: BTreeMap<String, i64> = w
-        .take_seeks()
-        .into_iter()
-        .map(|s| (s.topic, s.offset))
-        .collect();
-    assert_eq!(seeks, BTreeMap::from([("a".into(), 1), ("b".into(), 0)]));
+    let seeks = seek(&mut w);
+    assert_eq!(
+        seeks,
+        BTreeMap::from([(("a".into(), 0), 1), (("b".into(), 0), 0)])
+    );
     let task = w.tasks().next().unwrap().clone();
     let state = w
         .task(&task)
@@ -461,6 +489,7 @@ fn a_task_failure_requires_an_abort_and_the_abandoned_records_come_back() {
     let cluster = Cluster::with(&[("a", 1), ("out", 1), ("app-s-state-changelog", 1)]);
     let mut w = worker(&app);
     w.assign(vec![part("a", 0)], &cluster, 0).unwrap();
+    seek(&mut w);
     w.on_record(rec("a", 0, 0, "good")).unwrap();
     let err = w.on_record(rec("a", 0, 1, "bad")).unwrap_err();
     assert!(matches!(err, WorkerError::Task(_)), "{err}");
@@ -473,7 +502,7 @@ fn a_task_failure_requires_an_abort_and_the_abandoned_records_come_back() {
         "good's emission was produced and aborted"
     );
     assert_eq!(abandoned[0].topic, "out");
-    assert_eq!(w.take_seeks()[0].offset, 0);
+    assert_eq!(seek(&mut w)[&("a".to_owned(), 0)], 0);
 }
 
 #[test]
@@ -530,7 +559,7 @@ fn a_new_worker_restores_both_stores_from_the_changelogs() {
         t.stores().protocol.len(),
         w.task(&task).unwrap().stores().protocol.len()
     );
-    assert_eq!(other.take_seeks()[0].offset, 2);
+    assert_eq!(seek(&mut other)[&("a".to_owned(), 0)], 2);
 }
 
 #[test]
@@ -604,4 +633,122 @@ fn revoking_needs_the_open_work_committed_first() {
         .unwrap();
     w.revoke(&revoked).unwrap();
     assert_eq!(w.tasks().count(), 0);
+}
+
+#[test]
+fn records_are_refused_until_the_host_confirms_its_seek() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = worker(&app);
+    w.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    let seeks = w.take_seeks();
+    assert_eq!(seeks.len(), 2);
+    let err = w.on_record(rec("a", 0, 0, "k")).unwrap_err();
+    assert!(
+        matches!(err, WorkerError::SeekNotApplied { offset: 0, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_lost_assignment_aborts_and_revokes_without_looping() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    assert_eq!(w.revoke_plan(true), RevokePlan::Abort);
+    w.abort(&cluster).unwrap();
+    // The abort reset the tasks; nothing is open any more, so the
+    // revocation goes through.
+    assert_eq!(w.revoke_plan(true), RevokePlan::Nothing);
+    w.revoke(&[("a".to_owned(), 0), ("b".to_owned(), 0)])
+        .unwrap();
+    assert_eq!(w.tasks().count(), 0);
+}
+
+#[test]
+fn a_task_whose_start_fails_on_a_lookup_waits_and_retries() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    cluster.fail_reads.set(1);
+    let mut w = worker(&app);
+    w.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    assert_eq!(w.tasks().count(), 0);
+    assert_eq!(w.waiting_tasks().count(), 1);
+    assert_eq!(w.stats().task_start_retries, 1);
+    assert!(w.take_seeks().is_empty());
+    // Records of a waiting task are dropped (fetched again after its seek).
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    assert_eq!(w.stats().dropped_while_waiting, 1);
+    // The next punctuation starts it.
+    w.punctuate(10, &cluster).unwrap();
+    assert_eq!(w.tasks().count(), 1);
+    assert_eq!(seek(&mut w)[&("a".to_owned(), 0)], 0);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+}
+
+#[test]
+fn every_transaction_carries_every_channel_offset() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    let txn = w.flush().unwrap().unwrap();
+    let offsets: BTreeMap<(String, i32), i64> = txn
+        .offsets
+        .iter()
+        .map(|o| ((o.topic.clone(), o.partition), o.offset))
+        .collect();
+    // b:0 did not move, and is committed all the same: the offset commit
+    // is what carries the group generation that fences a zombie.
+    assert_eq!(
+        offsets,
+        BTreeMap::from([(("a".into(), 0), 1), (("b".into(), 0), 0)])
+    );
+}
+
+#[test]
+fn an_unknown_commit_outcome_drops_every_task() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    w.flush().unwrap().unwrap();
+    w.commit_outcome(CommitOutcome::Unknown, &cluster).unwrap();
+    assert_eq!(w.tasks().count(), 0);
+    assert_eq!(w.assignment().count(), 0);
+    // Fencing outside a commit does the same.
+    let mut w = started(&app, &cluster);
+    w.fenced();
+    assert_eq!(w.tasks().count(), 0);
+    assert!(!w.has_open_work());
+}
+
+/// Found by the simulator: a task whose reset after an abort fails on a
+/// lookup restarts later from its changelog, and must start from the
+/// group's latest committed position, not the one its assignment carried.
+#[test]
+fn a_task_restarted_after_a_failed_reset_starts_from_the_latest_commit() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    let txn = w.flush().unwrap().unwrap();
+    cluster.commit(&txn.records);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    w.flush().unwrap().unwrap();
+    cluster.fail_ends.set(1);
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    assert_eq!(w.tasks().count(), 0, "the reset failed");
+    assert_eq!(w.waiting_tasks().count(), 1);
+    w.punctuate(10, &cluster).unwrap();
+    assert_eq!(
+        seek(&mut w)[&("a".to_owned(), 0)],
+        1,
+        "after a@0, committed"
+    );
 }

@@ -185,6 +185,12 @@ pub enum CommitOutcome {
     /// The producer or the group generation was fenced: another owner has
     /// the tasks now. The worker drops them all.
     Fenced,
+    /// The commit's fate is unknown (it timed out: it may have committed).
+    /// The worker drops every task as for fencing; the host rejoins the
+    /// group, and the tasks restart from their changelogs and the group's
+    /// committed offsets (read with `require_stable`), whichever way the
+    /// commit went.
+    Unknown,
 }
 
 /// What the host must do before handing a revocation to the worker.
@@ -221,6 +227,11 @@ pub struct WorkerStats {
     /// Positions deferred because polled records below them were not yet
     /// handed over.
     pub positions_deferred: u64,
+    /// Task starts that failed on a transient lookup and were retried.
+    pub task_start_retries: u64,
+    /// Records dropped because their task was waiting to start (they are
+    /// fetched again from the task's start position).
+    pub dropped_while_waiting: u64,
 }
 
 /// What the worker refuses.
@@ -293,6 +304,19 @@ pub enum WorkerError {
         /// The next expected offset.
         expected: i64,
     },
+    /// A record or position for a partition whose seek the host has not
+    /// confirmed.
+    #[error(
+        "{topic}:{partition} was told to seek to {offset} and the seek was not confirmed; seek, then call seek_applied"
+    )]
+    SeekNotApplied {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// Where the seek goes.
+        offset: i64,
+    },
     /// A transaction is in flight: report its outcome first.
     #[error("a transaction is in flight; report its outcome with commit_outcome first")]
     CommitInFlight,
@@ -329,6 +353,8 @@ struct ChannelSlot {
     /// A captured position waiting for records at or below `last` to be
     /// handed over first: (position, last returned offset).
     pending: Option<(i64, i64)>,
+    /// A seek handed out and not yet confirmed by the host.
+    awaiting_seek: Option<i64>,
     /// Facts from the assignment.
     assigned: AssignedPartition,
 }
@@ -346,6 +372,9 @@ pub struct Worker {
     config: WorkerConfig,
     assigned: BTreeMap<(String, i32), AssignedPartition>,
     tasks: BTreeMap<TaskId, Slot>,
+    /// Tasks whose start failed on a transient lookup, retried at each
+    /// punctuation.
+    waiting: BTreeSet<TaskId>,
     routes: BTreeMap<(String, i32), (TaskId, usize)>,
     state: State,
     open_since: Option<i64>,
@@ -378,6 +407,7 @@ impl Worker {
             config,
             assigned: BTreeMap::new(),
             tasks: BTreeMap::new(),
+            waiting: BTreeSet::new(),
             routes: BTreeMap::new(),
             state: State::Open,
             open_since: None,
@@ -477,42 +507,72 @@ impl Worker {
     ) -> Result<(), WorkerError> {
         self.ready()?;
         self.now = self.now.max(now);
+        // Validate the whole assignment before changing anything.
         let mut touched = BTreeSet::new();
-        for p in partitions {
+        let mut incoming = BTreeSet::new();
+        for p in &partitions {
             let Some(id) = self.task_of(&p.topic, p.partition) else {
                 return Err(WorkerError::UnknownPartition {
                     application: self.app.application_id().to_owned(),
-                    topic: p.topic,
+                    topic: p.topic.clone(),
                     partition: p.partition,
                 });
             };
             touched.insert(id);
-            self.assigned.insert((p.topic.clone(), p.partition), p);
+            incoming.insert((p.topic.clone(), p.partition));
         }
-        for id in touched {
-            if self.tasks.contains_key(&id) {
+        for id in &touched {
+            if self.tasks.contains_key(id) || self.waiting.contains(id) {
                 continue;
             }
-            let needed = self.needed(&id);
-            let missing = needed.iter().any(|k| !self.assigned.contains_key(k));
-            if missing {
-                let fmt = |v: &[(String, i32)]| v.iter().map(|(t, p)| format!("{t}:{p}")).collect();
-                let held: Vec<(String, i32)> = needed
-                    .iter()
-                    .filter(|k| self.assigned.contains_key(*k))
-                    .cloned()
-                    .collect();
-                return self.poison(WorkerError::SplitTask {
-                    task: id,
-                    needed: fmt(&needed),
+            let needed = self.needed(id);
+            let here = |k: &(String, i32)| self.assigned.contains_key(k) || incoming.contains(k);
+            if !needed.iter().all(here) {
+                let fmt =
+                    |v: &[&(String, i32)]| v.iter().map(|(t, p)| format!("{t}:{p}")).collect();
+                let held: Vec<&(String, i32)> = needed.iter().filter(|k| here(k)).collect();
+                return Err(WorkerError::SplitTask {
+                    task: id.clone(),
+                    needed: fmt(&needed.iter().collect::<Vec<_>>()),
                     assigned: fmt(&held),
                 });
             }
-            if let Err(e) = self.start_task(&id, cluster) {
-                return self.poison(e);
+        }
+        for p in partitions {
+            self.assigned.insert((p.topic.clone(), p.partition), p);
+        }
+        for id in touched {
+            if self.tasks.contains_key(&id) || self.waiting.contains(&id) {
+                continue;
             }
+            self.try_start(id, cluster)?;
         }
         Ok(())
+    }
+
+    /// Starts a task; a transient lookup failure leaves it waiting (its
+    /// partitions' records are dropped, to be fetched again from its start
+    /// position once it runs), to be retried at the next punctuation. Any
+    /// other failure is final.
+    fn try_start(&mut self, id: TaskId, cluster: &dyn Cluster) -> Result<(), WorkerError> {
+        match self.start_task(&id, cluster) {
+            Ok(()) => {
+                self.waiting.remove(&id);
+                Ok(())
+            }
+            Err(e) if transient(&e) => {
+                warn!(task = %id, error = %e, "task start failed on a lookup; retrying at the next punctuation");
+                self.stats.task_start_retries += 1;
+                self.waiting.insert(id);
+                Ok(())
+            }
+            Err(e) => self.poison(e),
+        }
+    }
+
+    /// Tasks still waiting to start.
+    pub fn waiting_tasks(&self) -> impl Iterator<Item = &TaskId> {
+        self.waiting.iter()
     }
 
     /// The partitions a task consumes: partition `p` of every source and of
@@ -599,6 +659,7 @@ impl Worker {
                 position: 0,
                 committed: assigned.committed.unwrap_or(-1),
                 pending: None,
+                awaiting_seek: None,
                 assigned,
             });
         }
@@ -606,7 +667,7 @@ impl Worker {
             self.routes
                 .insert((c.topic.clone(), c.partition), (id.clone(), i));
         }
-        info!(task = %id, channels = channels.len(), "task assigned");
+        info!(task = %id, channels = channels.len(), "task started");
         let next_sweep_at = self.now.saturating_add(ms(self.config.truncation_interval));
         self.tasks.insert(
             id.clone(),
@@ -616,13 +677,16 @@ impl Worker {
                 next_sweep_at,
             },
         );
-        self.begin_task(id)
+        // A new task's init writes (its scope, at least) go into the next
+        // transaction.
+        self.begin_task(id, true)
     }
 
     /// Chooses each channel's start, queues the seeks, and reports the
     /// starting positions to the task (the node does not persist what it
-    /// was told about positions).
-    fn begin_task(&mut self, id: &TaskId) -> Result<(), WorkerError> {
+    /// was told about positions). Records are refused on each channel until
+    /// the host confirms its seek.
+    fn begin_task(&mut self, id: &TaskId, new_work: bool) -> Result<(), WorkerError> {
         let policy = self.config.start_policy;
         let Some(slot) = self.tasks.get_mut(id) else {
             return Ok(());
@@ -645,6 +709,7 @@ impl Worker {
             let start = start.max(a.log_start);
             c.position = start;
             c.pending = None;
+            c.awaiting_seek = Some(start);
             self.seeks.push(Seek {
                 topic: c.topic.clone(),
                 partition: c.partition,
@@ -655,8 +720,31 @@ impl Worker {
         for c in &slot.channels {
             task.position_advance(c.channel, c.position)?;
         }
-        self.dirty = true;
-        self.open_since.get_or_insert(self.now);
+        if new_work || task.has_work() {
+            self.dirty = true;
+            self.open_since.get_or_insert(self.now);
+        }
+        Ok(())
+    }
+
+    /// The host made a seek the worker asked for: records of the partition
+    /// are accepted again. Until then they are refused, so a host that
+    /// forgot a seek fails at once instead of skipping records.
+    pub fn seek_applied(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Result<(), WorkerError> {
+        let Some((id, i)) = self.routes.get(&(topic.to_owned(), partition)).cloned() else {
+            return Ok(());
+        };
+        if let Some(slot) = self.tasks.get_mut(&id) {
+            let c = &mut slot.channels[i];
+            if c.awaiting_seek == Some(offset) {
+                c.awaiting_seek = None;
+            }
+        }
         Ok(())
     }
 
@@ -688,6 +776,9 @@ impl Worker {
             if let Some((id, _)) = self.routes.get(key) {
                 closing.insert(id.clone());
             }
+            if let Some(id) = self.task_of(&key.0, key.1) {
+                self.waiting.remove(&id);
+            }
         }
         for id in closing {
             if let Some(slot) = self.tasks.remove(&id) {
@@ -718,20 +809,29 @@ impl Worker {
         Ok(())
     }
 
-    fn route(&self, topic: &str, partition: i32) -> Result<(TaskId, usize), WorkerError> {
-        self.routes
-            .get(&(topic.to_owned(), partition))
-            .cloned()
-            .ok_or_else(|| WorkerError::NotAssigned {
-                topic: topic.to_owned(),
-                partition,
-            })
+    /// The task and channel of a partition; `None` for a partition assigned
+    /// here whose task is waiting to start.
+    fn route(&self, topic: &str, partition: i32) -> Result<Option<(TaskId, usize)>, WorkerError> {
+        let key = (topic.to_owned(), partition);
+        if let Some(r) = self.routes.get(&key) {
+            return Ok(Some(r.clone()));
+        }
+        if self.assigned.contains_key(&key) {
+            return Ok(None);
+        }
+        Err(WorkerError::NotAssigned {
+            topic: topic.to_owned(),
+            partition,
+        })
     }
 
     /// One record a poll returned, handed to its task now.
     pub fn on_record(&mut self, record: PolledRecord) -> Result<(), WorkerError> {
         self.ready()?;
-        let (id, i) = self.route(&record.topic, record.partition)?;
+        let Some((id, i)) = self.route(&record.topic, record.partition)? else {
+            self.stats.dropped_while_waiting += 1;
+            return Ok(());
+        };
         let Some(slot) = self.tasks.get_mut(&id) else {
             return Err(WorkerError::NotAssigned {
                 topic: record.topic,
@@ -739,6 +839,14 @@ impl Worker {
             });
         };
         let c = &mut slot.channels[i];
+        if let Some(offset) = c.awaiting_seek {
+            let e = WorkerError::SeekNotApplied {
+                topic: record.topic,
+                partition: record.partition,
+                offset,
+            };
+            return self.poison(e);
+        }
         if record.offset < c.position {
             let e = WorkerError::OutOfOrder {
                 topic: record.topic,
@@ -790,11 +898,21 @@ impl Worker {
         last_returned: Option<i64>,
     ) -> Result<(), WorkerError> {
         self.ready()?;
-        let (id, i) = self.route(topic, partition)?;
+        let Some((id, i)) = self.route(topic, partition)? else {
+            return Ok(());
+        };
         let Some(slot) = self.tasks.get_mut(&id) else {
             return Ok(());
         };
         let c = &mut slot.channels[i];
+        if let Some(offset) = c.awaiting_seek {
+            let e = WorkerError::SeekNotApplied {
+                topic: topic.to_owned(),
+                partition,
+                offset,
+            };
+            return self.poison(e);
+        }
         if position < c.position {
             let e = WorkerError::PositionBehind {
                 topic: topic.to_owned(),
@@ -843,6 +961,9 @@ impl Worker {
         self.ready()?;
         self.now = self.now.max(now);
         let now = self.now;
+        for id in std::mem::take(&mut self.waiting) {
+            self.try_start(id, cluster)?;
+        }
         let interval = ms(self.config.truncation_interval);
         let mut failed = None;
         for (id, slot) in &mut self.tasks {
@@ -930,8 +1051,11 @@ impl Worker {
                     break;
                 }
             }
+            // Every channel's position, moved or not: the offset commit is
+            // what carries the group generation, so it is what fences a
+            // zombie (EOS v2), even for a transaction of ticks alone.
             for c in &slot.channels {
-                if c.position != c.committed {
+                {
                     txn.offsets.push(ConsumedOffset {
                         topic: c.topic.clone(),
                         partition: c.partition,
@@ -965,6 +1089,11 @@ impl Worker {
                     }
                     for c in &mut slot.channels {
                         c.committed = c.position;
+                        // A task that restarts later (after a failed reset)
+                        // starts from here, not from the assignment's offset.
+                        if let Some(a) = self.assigned.get_mut(&(c.topic.clone(), c.partition)) {
+                            a.committed = Some(c.position);
+                        }
                     }
                 }
                 self.stats.commits += 1;
@@ -977,19 +1106,27 @@ impl Worker {
                 self.state = State::Open;
                 self.rollback(cluster).map(|_| ())
             }
-            CommitOutcome::Fenced => {
-                self.stats.fenced += 1;
-                warn!("fenced: another owner has these tasks now; dropping them all");
-                self.tasks.clear();
-                self.routes.clear();
-                self.assigned.clear();
-                self.seeks.clear();
-                self.state = State::Open;
-                self.dirty = false;
-                self.open_since = None;
+            CommitOutcome::Fenced | CommitOutcome::Unknown => {
+                self.fenced();
                 Ok(())
             }
         }
+    }
+
+    /// Drops every task and the whole assignment: the producer or the group
+    /// membership was fenced (also outside a commit), or a commit's fate is
+    /// unknown. The host rejoins the group; nothing here is committed.
+    pub fn fenced(&mut self) {
+        self.stats.fenced += 1;
+        warn!("fenced or commit fate unknown: dropping every task; rejoin the group");
+        self.tasks.clear();
+        self.waiting.clear();
+        self.routes.clear();
+        self.assigned.clear();
+        self.seeks.clear();
+        self.state = State::Open;
+        self.dirty = false;
+        self.open_since = None;
     }
 
     /// The host aborted the open transaction (a task failed, or the
@@ -1012,6 +1149,7 @@ impl Worker {
         self.seeks.clear();
         let mut abandoned = Vec::new();
         let ids: Vec<TaskId> = self.tasks.keys().cloned().collect();
+        let mut failed = None;
         for id in &ids {
             let Some(slot) = self.tasks.get_mut(id) else {
                 continue;
@@ -1026,13 +1164,36 @@ impl Worker {
             }
             match old.reset(cluster, cluster, self.now) {
                 Ok(task) => slot.task = Some(task),
-                Err(e) => return self.poison(e),
+                Err(e) => {
+                    // The committed state is in the changelogs: the task
+                    // restarts from there, now or at the next punctuation.
+                    warn!(task = %id, error = %e, "task reset failed; it restarts from its changelogs");
+                    if let Some(slot) = self.tasks.remove(id) {
+                        for c in &slot.channels {
+                            self.routes.remove(&(c.topic.clone(), c.partition));
+                        }
+                    }
+                    if transient_task(&e) {
+                        self.waiting.insert(id.clone());
+                    } else {
+                        failed.get_or_insert(e);
+                    }
+                }
             }
         }
         for id in &ids {
-            if let Err(e) = self.begin_task(id) {
-                return self.poison(e);
+            if !self.tasks.contains_key(id) {
+                continue;
             }
+            if let Err(e) = self.begin_task(id, false) {
+                failed.get_or_insert(match e {
+                    WorkerError::Task(t) => t,
+                    other => return self.poison(other),
+                });
+            }
+        }
+        if let Some(e) = failed {
+            return self.poison(e);
         }
         debug!(
             tasks = ids.len(),
@@ -1040,4 +1201,34 @@ impl Worker {
         );
         Ok(abandoned)
     }
+}
+
+/// Whether a failure is a lookup that may succeed on a retry (a broker
+/// offset query, or a metadata or changelog read that failed rather than
+/// found the topic missing).
+fn transient(e: &WorkerError) -> bool {
+    use crate::runtime::task::MetadataError;
+    match e {
+        WorkerError::Task(t) => transient_task(t),
+        WorkerError::Changelog(ChangelogError::Unavailable {
+            source: MetadataError::Failed { .. },
+            ..
+        }) => true,
+        _ => false,
+    }
+}
+
+fn transient_task(e: &TaskError) -> bool {
+    use crate::runtime::task::MetadataError;
+    use parsley_protocol::ProtocolError;
+    matches!(
+        e,
+        TaskError::Metadata {
+            source: MetadataError::Failed { .. },
+            ..
+        } | TaskError::Protocol {
+            source: ProtocolError::BrokerOffsets(_),
+            ..
+        }
+    )
 }

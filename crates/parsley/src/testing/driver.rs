@@ -1259,6 +1259,8 @@ impl TestDriver {
             offset,
         } in self.worker.take_seeks()
         {
+            // The driver's consumer is a map entry: the seek cannot fail.
+            let _ = self.worker.seek_applied(&topic, partition, offset);
             self.positions.insert((topic, partition), offset);
         }
     }
@@ -1343,19 +1345,26 @@ impl TestDriver {
             events,
             ..
         } = txn;
+        // All or nothing: a record for a partition the log lacks aborts the
+        // whole transaction.
+        if let Some(r) = records
+            .iter()
+            .find(|r| self.log.partition_mut(&r.topic, r.partition).is_none())
+        {
+            let topic = r.topic.clone();
+            self.aborts += 1;
+            self.worker
+                .commit_outcome(CommitOutcome::Aborted, &self.log)
+                .map_err(DriverError::from)?;
+            self.seek();
+            return Err(DriverError::UnknownTopic { topic });
+        }
         let mut touched = BTreeSet::new();
-        let mut unknown = None;
         for r in records {
             let producer = self.producer_of(&r);
             touched.insert((r.topic.clone(), r.partition));
             let (topic, partition) = (r.topic.clone(), r.partition);
-            if self
-                .log
-                .append(&topic, partition, stored(r, producer))
-                .is_none()
-            {
-                unknown = Some(topic);
-            }
+            self.log.append(&topic, partition, stored(r, producer));
         }
         for (topic, partition) in touched {
             self.log.append_marker(&topic, partition);
@@ -1365,9 +1374,6 @@ impl TestDriver {
             .commit_outcome(CommitOutcome::Committed, &self.log)
         {
             return Err(e.into());
-        }
-        if let Some(topic) = unknown {
-            return Err(DriverError::UnknownTopic { topic });
         }
         for o in offsets {
             self.group_offsets.insert((o.topic, o.partition), o.offset);

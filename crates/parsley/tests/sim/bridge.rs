@@ -22,6 +22,12 @@ pub struct View<'a>(pub &'a SimBroker);
 
 impl TopicMetadata for View<'_> {
     fn describe(&self, topic: &str) -> Result<TopicDescription, MetadataError> {
+        if self.0.lookup_outage() {
+            return Err(MetadataError::Failed {
+                topic: topic.to_owned(),
+                message: "metadata lookup failed (simulated)".to_owned(),
+            });
+        }
         let id = self
             .0
             .topic_id(topic)
@@ -56,6 +62,12 @@ impl ChangelogReader for View<'_> {
         topic: &str,
         partition: i32,
     ) -> Result<Vec<ChangelogRecord>, MetadataError> {
+        if self.0.lookup_outage() {
+            return Err(MetadataError::Failed {
+                topic: topic.to_owned(),
+                message: "changelog read failed (simulated)".to_owned(),
+            });
+        }
         let id = self
             .0
             .topic_id(topic)
@@ -98,6 +110,8 @@ pub struct BridgeStats {
     pub positions_deferred: u64,
     /// Tasks started with held records restored from a changelog.
     pub restored_with_held: u64,
+    /// Task starts retried after a failed lookup.
+    pub start_retries: u64,
 }
 
 /// One stream thread: a worker and its fault, if any.
@@ -136,6 +150,7 @@ impl Thread {
         s.sweeps_skipped += now.truncation_sweeps_skipped - self.seen.truncation_sweeps_skipped;
         s.positions_deferred += now.positions_deferred - self.seen.positions_deferred;
         s.restored_with_held += now.restored_with_held - self.seen.restored_with_held;
+        s.start_retries += now.task_start_retries - self.seen.task_start_retries;
         self.seen = now;
     }
 
@@ -276,6 +291,12 @@ impl StreamThread for Thread {
     }
 
     fn on_record(&mut self, r: Fetched) -> Result<(), String> {
+        if std::env::var_os("PARSLEY_TRACE").is_some() {
+            eprintln!(
+                "  {:p} record {}:{}@{}",
+                self, r.topic, r.partition, r.offset
+            );
+        }
         self.worker
             .on_record(PolledRecord {
                 topic: r.topic,
@@ -296,6 +317,12 @@ impl StreamThread for Thread {
         position: i64,
         last_returned: Option<i64>,
     ) -> Result<(), String> {
+        if std::env::var_os("PARSLEY_TRACE").is_some() {
+            eprintln!(
+                "  {:p} position {topic}:{partition} {position} last {last_returned:?}",
+                self
+            );
+        }
         let last = if self.fault == Some(HostFault::EarlyPositionReport) {
             None
         } else {
@@ -326,6 +353,9 @@ impl StreamThread for Thread {
     }
 
     fn outcome(&mut self, outcome: Outcome, broker: &SimBroker) -> Result<(), String> {
+        if std::env::var_os("PARSLEY_TRACE").is_some() {
+            eprintln!("  {:p} outcome {outcome:?}", self);
+        }
         let o = match outcome {
             Outcome::Committed => CommitOutcome::Committed,
             Outcome::Aborted => CommitOutcome::Aborted,
@@ -344,8 +374,16 @@ impl StreamThread for Thread {
 
     fn take_seeks(&mut self) -> Vec<(String, i32, i64)> {
         let seeks = self.worker.take_seeks();
+        if std::env::var_os("PARSLEY_TRACE").is_some() && !seeks.is_empty() {
+            eprintln!("  {:p} seeks {seeks:?}", self);
+        }
+        for s in &seeks {
+            // The world's consumer applies what it is handed; confirm each.
+            let _ = self.worker.seek_applied(&s.topic, s.partition, s.offset);
+        }
         if std::mem::take(&mut self.just_aborted) && self.fault == Some(HostFault::NoSeekAfterAbort)
         {
+            // The fault: confirmed to the worker, never made.
             return Vec::new();
         }
         seeks
@@ -356,6 +394,10 @@ impl StreamThread for Thread {
 
     fn has_open_work(&self) -> bool {
         self.worker.has_open_work()
+    }
+
+    fn needs_punctuation(&self) -> bool {
+        self.worker.waiting_tasks().next().is_some()
     }
 
     fn held_heads(&self) -> Vec<(String, i32, i64)> {
