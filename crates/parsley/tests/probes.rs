@@ -157,3 +157,27 @@ fn every_violation_is_reported_at_once() {
         "{text}"
     );
 }
+
+/// A sink codec that panics while encoding is reported as a finding of the
+/// sample that reached it, not a panic out of `probe`.
+#[test]
+fn a_panicking_sink_codec_is_a_finding() {
+    let c1 = topic("c1");
+    let panicky = Codec::new(
+        |_: &String| -> Vec<u8> { panic!("encoder exploded") },
+        |b: &[u8]| String::from_utf8(b.to_vec()),
+    );
+    let out: T = Topic::new("out", Codec::utf8(), panicky);
+    let o = out.clone();
+    let stage = Stage::named("s")
+        .on(&c1, move |m: &Message<String, String>| {
+            vec![o.send(m.key().cloned(), "x")]
+        })
+        .sink(&out)
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    let report = probe(&app, &Samples::new().on(&c1, "k", "v"));
+    assert!(!report.findings.is_empty(), "{report}");
+    assert!(report.to_string().contains("encoder exploded"), "{report}");
+}

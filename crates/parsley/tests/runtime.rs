@@ -908,3 +908,113 @@ fn a_restart_restores_held_records_from_the_changelog() {
     d.pipe(&c1, "k", "cause").unwrap();
     assert_eq!(d.values(&out).unwrap(), vec!["cause", "effect"]);
 }
+
+// ---------------------------------------------------------------- the stamping site
+
+/// A codec that panics while encoding an emission fails the step like any
+/// other failure of user code: nothing of the step commits (the emission
+/// made before the panic ends up aborted), and the retry fails the same way.
+#[test]
+fn a_panicking_emission_encoder_fails_the_whole_step() {
+    let c1 = topic("c1");
+    let panicky = Codec::new(
+        |s: &String| {
+            assert!(s != "boom", "encoder exploded");
+            s.as_bytes().to_vec()
+        },
+        |b: &[u8]| String::from_utf8(b.to_vec()),
+    );
+    let out: T = Topic::new("out", Codec::utf8(), panicky);
+    let o = out.clone();
+    let stage = Stage::named("s")
+        .on(&c1, move |m: &Message<String, String>| {
+            vec![
+                o.send(m.key().cloned(), "fine"),
+                o.send(m.key().cloned(), "boom"),
+            ]
+        })
+        .sink(&out)
+        .build()
+        .unwrap();
+    let mut d = TestDriver::new(&Parsley::named("app", [stage]).unwrap()).unwrap();
+    let err = d.pipe(&c1, "k", "v").unwrap_err();
+    assert!(
+        matches!(&err, DriverError::Task(TaskError::Panic { message, .. }) if message.contains("encoder exploded")),
+        "{err}"
+    );
+    assert!(
+        d.records(&out).unwrap().is_empty(),
+        "nothing half-committed"
+    );
+    assert_eq!(
+        d.aborted_records("out", 0).unwrap(),
+        1,
+        "'fine' was aborted"
+    );
+    assert!(d.run().is_err(), "the retry fails the same way");
+    assert!(d.records(&out).unwrap().is_empty());
+}
+
+/// The sink check is on the declared sink, not its name: an emission
+/// minted by another `Topic` value of the same name but other types is
+/// refused, and one with the same types but other codecs is encoded with
+/// the declared sink's codecs (what every reader of the topic decodes with).
+#[test]
+fn emissions_are_encoded_with_the_declared_sink() {
+    let (c1, out) = (topic("c1"), topic("out"));
+    let wrong_types: Topic<String, i64> = Topic::new("out", Codec::utf8(), Codec::int64());
+    let stage = Stage::named("s")
+        .on(&c1, move |m: &Message<String, String>| {
+            vec![wrong_types.send(m.key().cloned(), 7)]
+        })
+        .sink(&out)
+        .build()
+        .unwrap();
+    let mut d = TestDriver::new(&Parsley::named("app", [stage]).unwrap()).unwrap();
+    let err = d.pipe(&c1, "k", "v").unwrap_err();
+    assert!(
+        matches!(err, DriverError::Task(TaskError::SinkTypes { .. })),
+        "{err}"
+    );
+
+    let shouting = Codec::new(
+        |s: &String| s.to_uppercase().into_bytes(),
+        |b: &[u8]| String::from_utf8(b.to_vec()),
+    );
+    let other_codecs: T = Topic::new("out", Codec::utf8(), shouting);
+    let out2 = topic("out");
+    let stage = Stage::named("s")
+        .on(&c1, move |m: &Message<String, String>| {
+            vec![other_codecs.send(m.key().cloned(), "quiet")]
+        })
+        .sink(&out2)
+        .build()
+        .unwrap();
+    let mut d = TestDriver::new(&Parsley::named("app", [stage]).unwrap()).unwrap();
+    d.pipe(&c1, "k", "v").unwrap();
+    assert_eq!(d.values(&out2).unwrap(), vec!["quiet"]);
+}
+
+/// Kafka refuses negative timestamps at send time; the stamping site
+/// refuses them first, with the coordinate being handled.
+#[test]
+fn a_negative_emission_timestamp_is_refused() {
+    let (c1, out) = (topic("c1"), topic("out"));
+    let o = out.clone();
+    let stage = Stage::named("s")
+        .on(&c1, move |m: &Message<String, String>| {
+            vec![o.send(m.key().cloned(), "v").at(-5)]
+        })
+        .sink(&out)
+        .build()
+        .unwrap();
+    let mut d = TestDriver::new(&Parsley::named("app", [stage]).unwrap()).unwrap();
+    let err = d.pipe(&c1, "k", "v").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DriverError::Task(TaskError::NegativeTimestamp { timestamp: -5, .. })
+        ),
+        "{err}"
+    );
+}

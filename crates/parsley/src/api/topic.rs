@@ -185,7 +185,6 @@ trait EmissionBody: Send + Sync {
     fn topic_name(&self) -> &str;
     fn timestamp(&self) -> Option<i64>;
     fn set_timestamp(&mut self, ts: i64);
-    fn encode(&self) -> Result<EncodedEmission, (Part, CodecError)>;
     fn as_any(&self) -> &dyn Any;
     fn eq_body(&self, other: &dyn EmissionBody) -> bool;
     fn fmt_body(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
@@ -213,32 +212,6 @@ impl<K: Payload, V: Payload> EmissionBody for TypedEmission<K, V> {
 
     fn set_timestamp(&mut self, ts: i64) {
         self.timestamp = Some(ts);
-    }
-
-    fn encode(&self) -> Result<EncodedEmission, (Part, CodecError)> {
-        let key = match &self.key {
-            Some(k) => Some(
-                self.topic
-                    .key_codec()
-                    .encode(k)
-                    .map_err(|e| (Part::Key, e))?,
-            ),
-            None => None,
-        };
-        let value = match &self.value {
-            Some(v) => Some(
-                self.topic
-                    .value_codec()
-                    .encode(v)
-                    .map_err(|e| (Part::Value, e))?,
-            ),
-            None => None,
-        };
-        Ok(EncodedEmission {
-            key,
-            value,
-            timestamp: self.timestamp,
-        })
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -334,10 +307,6 @@ impl Emission {
         }
         Some(self.body.value_any().and_then(|v| v.downcast_ref::<V>()))
     }
-
-    pub(crate) fn encode(&self) -> Result<EncodedEmission, (Part, CodecError)> {
-        self.body.encode()
-    }
 }
 
 impl PartialEq for Emission {
@@ -365,6 +334,13 @@ pub(crate) trait ErasedTopic: Send + Sync {
     ) -> Result<(), (Part, CodecError)>;
     /// Decodes a key and encodes it again.
     fn reencode_key(&self, key: &[u8]) -> Result<Vec<u8>, CodecError>;
+    /// Encodes an emission's key and value with this topic's codecs (the
+    /// declared sink's, whatever `Topic` value minted the emission); `None`
+    /// when the emission's types are not this topic's.
+    fn encode_emission(
+        &self,
+        emission: &Emission,
+    ) -> Option<Result<EncodedEmission, (Part, CodecError)>>;
 }
 
 impl<K: Payload, V: Payload> ErasedTopic for Topic<K, V> {
@@ -397,6 +373,30 @@ impl<K: Payload, V: Payload> ErasedTopic for Topic<K, V> {
     fn reencode_key(&self, key: &[u8]) -> Result<Vec<u8>, CodecError> {
         let k = self.key_codec().decode(key)?;
         self.key_codec().encode(&k)
+    }
+
+    fn encode_emission(
+        &self,
+        emission: &Emission,
+    ) -> Option<Result<EncodedEmission, (Part, CodecError)>> {
+        let key = emission.key::<K>()?;
+        let value = emission.value::<V>()?;
+        let encode = || {
+            let key = match key {
+                Some(k) => Some(self.key_codec().encode(k).map_err(|e| (Part::Key, e))?),
+                None => None,
+            };
+            let value = match value {
+                Some(v) => Some(self.value_codec().encode(v).map_err(|e| (Part::Value, e))?),
+                None => None,
+            };
+            Ok(EncodedEmission {
+                key,
+                value,
+                timestamp: emission.timestamp(),
+            })
+        };
+        Some(encode())
     }
 }
 
@@ -450,12 +450,14 @@ mod tests {
                 |_: &[u8]| Err::<i64, _>("no"),
             ),
         );
-        let enc = failing.send(None, None).encode().unwrap();
+        let sink = erase(&failing);
+        let encode = |e: Emission| sink.encode_emission(&e).expect("same types");
+        let enc = encode(failing.send(None, None)).unwrap();
         assert_eq!(enc.key, None);
         assert_eq!(enc.value, None);
-        let (part, _) = failing.send("k", None).encode().unwrap_err();
+        let (part, _) = encode(failing.send("k", None)).unwrap_err();
         assert_eq!(part, Part::Key);
-        let (part, _) = failing.send(None, 1).encode().unwrap_err();
+        let (part, _) = encode(failing.send(None, 1)).unwrap_err();
         assert_eq!(part, Part::Value);
     }
 }

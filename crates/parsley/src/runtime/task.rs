@@ -61,7 +61,7 @@ use crate::logic::LogicError;
 use crate::message::{Coordinate, Tick};
 use crate::partition::partition_for;
 use crate::stage::{Failure, Outcome, RawInput, Stage, StateWrite};
-use crate::topic::{Emission, Part};
+use crate::topic::{AnyTopic, Emission, Part};
 
 /// A topic as the cluster (or the test driver) describes it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -368,6 +368,35 @@ pub enum TaskError {
         /// Each source (and the tick topic) with its partition count.
         counts: Vec<(String, i32)>,
     },
+    /// An emission to a declared sink's name, minted by a `Topic` of other
+    /// key or value types than the declared sink.
+    #[error(
+        "task {task}: while handling {coordinate}, logic emitted to {topic:?} with key or value types other than the declared sink's {declared}; emit through the topic declared with .sink(..)"
+    )]
+    SinkTypes {
+        /// The task.
+        task: TaskId,
+        /// The record being handled.
+        coordinate: Coordinate,
+        /// The topic.
+        topic: String,
+        /// The declared sink's types.
+        declared: String,
+    },
+    /// An emission with a timestamp below zero, which Kafka refuses.
+    #[error(
+        "task {task}: while handling {coordinate}, an emission to {topic:?} has timestamp {timestamp}; Kafka accepts only timestamps of 0 or more"
+    )]
+    NegativeTimestamp {
+        /// The task.
+        task: TaskId,
+        /// The record being handled.
+        coordinate: Coordinate,
+        /// The topic.
+        topic: String,
+        /// The timestamp.
+        timestamp: i64,
+    },
     /// A commit was taken while an earlier one was still in flight.
     #[error("task {task}: a transaction is already in flight; report its outcome first")]
     InFlight {
@@ -397,6 +426,8 @@ impl TaskError {
             | TaskError::Panic { task, .. }
             | TaskError::UndeclaredSink { task, .. }
             | TaskError::PartitionCounts { task, .. }
+            | TaskError::SinkTypes { task, .. }
+            | TaskError::NegativeTimestamp { task, .. }
             | TaskError::InFlight { task }
             | TaskError::Poisoned { task } => task,
         }
@@ -409,10 +440,12 @@ enum SourceSlot {
     Ticks,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone)]
 struct SinkInfo {
     id: TopicId,
     partitions: i32,
+    /// The declared sink: its types and codecs are the ones that encode.
+    topic: AnyTopic,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -551,6 +584,7 @@ impl Task {
                 SinkInfo {
                     id: d.id,
                     partitions: d.partitions,
+                    topic: sink.clone(),
                 },
             );
         }
@@ -1115,7 +1149,7 @@ impl Task {
         // `sinks` holds exactly the stage's declared sinks (the tick topic
         // is routed separately).
         let sink = match self.sinks.get(topic) {
-            Some(s) => *s,
+            Some(s) => s.clone(),
             None => {
                 return Err(TaskError::UndeclaredSink {
                     task: self.id.clone(),
@@ -1124,15 +1158,46 @@ impl Task {
                 });
             }
         };
-        let encoded = emission
-            .encode()
-            .map_err(|(part, source)| TaskError::Encode {
+        // Encoded with the declared sink's codecs, under the panic guard
+        // like every other call into user code.
+        let encoded = match catch_unwind(AssertUnwindSafe(|| sink.topic.encode_emission(emission)))
+        {
+            Err(payload) => {
+                return Err(TaskError::Panic {
+                    task: self.id.clone(),
+                    coordinate: coordinate.clone(),
+                    message: format!(
+                        "while encoding an emission to {topic:?}: {}",
+                        panic_message(payload)
+                    ),
+                });
+            }
+            Ok(None) => {
+                let (key, value) = (sink.topic.key_type().1, sink.topic.value_type().1);
+                return Err(TaskError::SinkTypes {
+                    task: self.id.clone(),
+                    coordinate: coordinate.clone(),
+                    topic: topic.to_owned(),
+                    declared: format!("Topic<{key}, {value}>"),
+                });
+            }
+            Ok(Some(r)) => r.map_err(|(part, source)| TaskError::Encode {
                 task: self.id.clone(),
                 coordinate: coordinate.clone(),
                 topic: topic.to_owned(),
                 part,
                 source,
-            })?;
+            })?,
+        };
+        let timestamp = encoded.timestamp.unwrap_or(default_timestamp);
+        if timestamp < 0 {
+            return Err(TaskError::NegativeTimestamp {
+                task: self.id.clone(),
+                coordinate: coordinate.clone(),
+                topic: topic.to_owned(),
+                timestamp,
+            });
+        }
         let partition = partition_for(encoded.key.as_deref(), self.id.partition, sink.partitions);
         let stamp = self
             .node
@@ -1149,7 +1214,7 @@ impl Task {
             partition,
             key: encoded.key,
             value: encoded.value,
-            timestamp: encoded.timestamp.unwrap_or(default_timestamp),
+            timestamp,
             headers: stamp_headers(&stamp),
         });
         Ok(())
