@@ -1,0 +1,180 @@
+//! [`KafkaCluster`]: what the host core asks of a cluster, answered by a
+//! real one: topic ids and partition counts (DescribeTopics), end offsets
+//! and log starts (watermarks).
+//!
+//! The protocol names topics by id, so a topic deleted and recreated under
+//! the same name is a different channel. An id the cluster no longer
+//! serves is answered as definitively absent, never as the name's new
+//! incarnation.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use parsley::task::{MetadataError, TopicDescription, TopicMetadata};
+use parsley_protocol::{BrokerOffsets, BrokerOffsetsError, TopicId, TopicOffsets};
+use rdkafka::ClientConfig;
+use rdkafka::admin::AdminClient;
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::KafkaError;
+
+use crate::topic_ids::{self, Described};
+
+/// Cluster access for the host core: topic metadata and broker offsets.
+pub struct KafkaCluster {
+    admin: AdminClient<DefaultClientContext>,
+    timeout: Duration,
+    /// Topic names by id, as last described.
+    names: Mutex<BTreeMap<TopicId, String>>,
+}
+
+impl std::fmt::Debug for KafkaCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaCluster")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaCluster {
+    /// Connects with `config` (bootstrap servers and security settings pass
+    /// through as given); each lookup waits at most `timeout`.
+    pub fn new(config: &ClientConfig, timeout: Duration) -> Result<KafkaCluster, KafkaError> {
+        Ok(KafkaCluster {
+            admin: config.create()?,
+            timeout,
+            names: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The admin client (for tests and tools that create or delete topics).
+    pub fn admin(&self) -> &AdminClient<DefaultClientContext> {
+        &self.admin
+    }
+
+    /// Describes topics by name.
+    pub fn describe_topics(&self, names: &[&str]) -> Result<BTreeMap<String, Described>, String> {
+        let answer = topic_ids::describe(self.admin.inner(), names, self.timeout)
+            .map_err(|e| e.to_string())?;
+        let mut cache = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        for (name, d) in &answer {
+            if let Described::Present { id, .. } = d {
+                if id.to_u128() == 0 {
+                    return Err(format!(
+                        "topic {name:?} has no topic id; Parsley needs brokers that serve topic ids"
+                    ));
+                }
+                cache.insert(*id, name.clone());
+            }
+        }
+        Ok(answer)
+    }
+
+    /// Every topic name in the cluster.
+    fn all_names(&self) -> Result<Vec<String>, String> {
+        let md = self
+            .admin
+            .inner()
+            .fetch_metadata(None, self.timeout)
+            .map_err(|e| e.to_string())?;
+        Ok(md.topics().iter().map(|t| t.name().to_owned()).collect())
+    }
+
+    /// The current description of each id: present (with its name and
+    /// partition count) only if its name still carries that id.
+    fn resolve(
+        &self,
+        ids: &BTreeSet<TopicId>,
+    ) -> Result<BTreeMap<TopicId, Option<(String, i32)>>, String> {
+        let known = |ids: &BTreeSet<TopicId>| -> BTreeMap<TopicId, String> {
+            let cache = self.names.lock().unwrap_or_else(|p| p.into_inner());
+            ids.iter()
+                .filter_map(|id| cache.get(id).map(|n| (*id, n.clone())))
+                .collect()
+        };
+        let mut names = known(ids);
+        if names.len() < ids.len() {
+            // Unknown ids: learn every topic's id once.
+            let all = self.all_names()?;
+            let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+            self.describe_topics(&refs)?;
+            names = known(ids);
+        }
+        let wanted: BTreeSet<&str> = names.values().map(String::as_str).collect();
+        let wanted: Vec<&str> = wanted.into_iter().collect();
+        let current = self.describe_topics(&wanted)?;
+        Ok(ids
+            .iter()
+            .map(|id| {
+                let answer = names.get(id).and_then(|name| match current.get(name) {
+                    Some(Described::Present {
+                        id: now,
+                        partitions,
+                    }) if now == id => Some((name.clone(), *partitions)),
+                    _ => None,
+                });
+                (*id, answer)
+            })
+            .collect())
+    }
+
+    fn offsets(
+        &self,
+        topics: &BTreeSet<TopicId>,
+        end: bool,
+    ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        let resolved = self.resolve(topics).map_err(BrokerOffsetsError::new)?;
+        let mut out = BTreeMap::new();
+        for (id, answer) in resolved {
+            let Some((name, partitions)) = answer else {
+                out.insert(id, TopicOffsets::Absent);
+                continue;
+            };
+            let mut per = BTreeMap::new();
+            for p in 0..partitions {
+                let (low, high) = self
+                    .admin
+                    .inner()
+                    .fetch_watermarks(&name, p, self.timeout)
+                    .map_err(|e| BrokerOffsetsError::new(format!("{name}:{p}: {e}")))?;
+                per.insert(p, if end { high } else { low });
+            }
+            out.insert(id, TopicOffsets::Present(per));
+        }
+        Ok(out)
+    }
+}
+
+impl TopicMetadata for KafkaCluster {
+    fn describe(&self, topic: &str) -> Result<TopicDescription, MetadataError> {
+        let answer = self
+            .describe_topics(&[topic])
+            .map_err(|message| MetadataError::Failed {
+                topic: topic.to_owned(),
+                message,
+            })?;
+        match answer.get(topic) {
+            Some(Described::Present { id, partitions }) => Ok(TopicDescription {
+                id: *id,
+                partitions: *partitions,
+            }),
+            _ => Err(MetadataError::Missing(topic.to_owned())),
+        }
+    }
+}
+
+impl BrokerOffsets for KafkaCluster {
+    fn end_offsets(
+        &self,
+        topics: &BTreeSet<TopicId>,
+    ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        self.offsets(topics, true)
+    }
+
+    fn log_starts(
+        &self,
+        topics: &BTreeSet<TopicId>,
+    ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        self.offsets(topics, false)
+    }
+}

@@ -1,0 +1,172 @@
+//! The broker side of the cluster seam, on a real Kafka-protocol broker:
+//! topic ids, partition counts, end offsets with empty partitions, log
+//! starts moved by DeleteRecords, and definitive absence of an id whose
+//! topic was recreated under the same name.
+//!
+//! These tests need a broker: they run when `PARSLEY_BOOTSTRAP` names one
+//! (the README's test command starts Apache Kafka and runs them with
+//! `--include-ignored`); a plain `cargo test` skips them.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_executor::block_on;
+use parsley::task::{MetadataError, TopicMetadata};
+use parsley_kafka::KafkaCluster;
+use parsley_protocol::{BrokerOffsets, TopicOffsets};
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+fn bootstrap() -> String {
+    std::env::var("PARSLEY_BOOTSTRAP")
+        .expect("set PARSLEY_BOOTSTRAP to a broker address (the test command does)")
+}
+
+fn config() -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap());
+    c
+}
+
+/// A topic name no earlier run used.
+fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("parsley-test-{prefix}-{nanos}")
+}
+
+fn cluster() -> KafkaCluster {
+    KafkaCluster::new(&config(), Duration::from_secs(20)).expect("admin client")
+}
+
+fn create(cluster: &KafkaCluster, name: &str, partitions: i32) {
+    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let results = block_on(cluster.admin().create_topics(
+        [&topic],
+        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))),
+    ))
+    .expect("create topics");
+    for r in results {
+        r.expect("topic created");
+    }
+    wait_until(|| cluster.describe(name).is_ok());
+}
+
+fn delete(cluster: &KafkaCluster, name: &str) {
+    let results = block_on(cluster.admin().delete_topics(
+        &[name],
+        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))),
+    ))
+    .expect("delete topics");
+    for r in results {
+        r.expect("topic deleted");
+    }
+    wait_until(|| matches!(cluster.describe(name), Err(MetadataError::Missing(_))));
+}
+
+/// Topic creation and deletion settle asynchronously on the broker.
+fn wait_until(mut ready: impl FnMut() -> bool) {
+    for _ in 0..100 {
+        if ready() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the broker did not settle within 10 s");
+}
+
+fn produce(name: &str, partition: i32, n: usize) {
+    let producer: BaseProducer = config().create().expect("producer");
+    for i in 0..n {
+        let key = format!("k{i}");
+        producer
+            .send(
+                BaseRecord::to(name)
+                    .partition(partition)
+                    .key(&key)
+                    .payload("v"),
+            )
+            .expect("send");
+    }
+    producer.flush(Duration::from_secs(20)).expect("flush");
+}
+
+fn ends(cluster: &KafkaCluster, id: parsley_protocol::TopicId, start: bool) -> TopicOffsets {
+    let ids = BTreeSet::from([id]);
+    let mut answer = if start {
+        cluster.log_starts(&ids)
+    } else {
+        cluster.end_offsets(&ids)
+    }
+    .expect("offsets");
+    answer.remove(&id).expect("an answer for the id")
+}
+
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn describes_topic_ids_and_partition_counts() {
+    let c = cluster();
+    let name = unique("describe");
+    create(&c, &name, 3);
+    let d = c.describe(&name).unwrap();
+    assert_eq!(d.partitions, 3);
+    assert_ne!(d.id.to_u128(), 0, "brokers serve topic ids");
+    assert_eq!(c.describe(&name).unwrap().id, d.id, "stable");
+    assert!(matches!(
+        c.describe(&unique("missing")),
+        Err(MetadataError::Missing(_))
+    ));
+    delete(&c, &name);
+}
+
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn end_offsets_include_empty_partitions_and_log_starts_follow_delete_records() {
+    let c = cluster();
+    let name = unique("offsets");
+    create(&c, &name, 3);
+    let id = c.describe(&name).unwrap().id;
+    produce(&name, 0, 4);
+    let TopicOffsets::Present(end) = ends(&c, id, false) else {
+        panic!("present")
+    };
+    assert_eq!(end.len(), 3, "every partition, the empty ones too: {end:?}");
+    assert_eq!(end[&0], 4);
+    assert_eq!(end[&1], 0);
+    assert_eq!(end[&2], 0);
+    let TopicOffsets::Present(start) = ends(&c, id, true) else {
+        panic!("present")
+    };
+    assert_eq!(start[&0], 0);
+
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&name, 0, Offset::Offset(3))
+        .expect("partition offset");
+    block_on(c.admin().delete_records(&tpl, &AdminOptions::new())).expect("delete records");
+    let TopicOffsets::Present(start) = ends(&c, id, true) else {
+        panic!("present")
+    };
+    assert_eq!(start[&0], 3, "DeleteRecords moved the log start");
+    delete(&c, &name);
+}
+
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_recreated_topic_is_another_channel() {
+    let c = cluster();
+    let name = unique("recreate");
+    create(&c, &name, 1);
+    let old = c.describe(&name).unwrap().id;
+    delete(&c, &name);
+    assert_eq!(ends(&c, old, false), TopicOffsets::Absent);
+    create(&c, &name, 2);
+    let new = c.describe(&name).unwrap().id;
+    assert_ne!(old, new);
+    // The old id stays absent, even though its name exists again.
+    assert_eq!(ends(&c, old, false), TopicOffsets::Absent);
+    assert_eq!(ends(&c, old, true), TopicOffsets::Absent);
+    assert!(matches!(ends(&c, new, false), TopicOffsets::Present(p) if p.len() == 2));
+    delete(&c, &name);
+}
