@@ -1,6 +1,13 @@
 //! [`KafkaCluster`]: what the host core asks of a cluster, answered by a
 //! real one: topic ids and partition counts (DescribeTopics), end offsets
-//! and log starts (watermarks).
+//! and log starts (watermarks), and changelog replay.
+//!
+//! End offsets are the high watermark, not the last stable offset: the
+//! own-output seed must claim every send a previous incarnation committed,
+//! and committed sends can sit above the last stable offset while another
+//! producer's transaction is open below them. Claiming offsets of an open
+//! transaction is harmless: they commit (and are delivered) or abort (and
+//! are skipped), so the claim resolves either way.
 //!
 //! The protocol names topics by id, so a topic deleted and recreated under
 //! the same name is a different channel. An id the cluster no longer
@@ -11,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use parsley::runtime::changelog::{ChangelogReader, ChangelogRecord};
 use parsley::task::{MetadataError, TopicDescription, TopicMetadata};
 use parsley_protocol::{BrokerOffsets, BrokerOffsetsError, TopicId, TopicOffsets};
 use rdkafka::ClientConfig;
@@ -22,6 +30,7 @@ use crate::topic_ids::{self, Described};
 
 /// Cluster access for the host core: topic metadata and broker offsets.
 pub struct KafkaCluster {
+    config: ClientConfig,
     admin: AdminClient<DefaultClientContext>,
     timeout: Duration,
     /// Topic names by id, as last described.
@@ -41,6 +50,7 @@ impl KafkaCluster {
     /// through as given); each lookup waits at most `timeout`.
     pub fn new(config: &ClientConfig, timeout: Duration) -> Result<KafkaCluster, KafkaError> {
         Ok(KafkaCluster {
+            config: config.clone(),
             admin: config.create()?,
             timeout,
             names: Mutex::new(BTreeMap::new()),
@@ -142,6 +152,21 @@ impl KafkaCluster {
             out.insert(id, TopicOffsets::Present(per));
         }
         Ok(out)
+    }
+}
+
+impl ChangelogReader for KafkaCluster {
+    fn read_changelog(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Vec<ChangelogRecord>, MetadataError> {
+        crate::changelog::replay(
+            &self.config,
+            topic,
+            partition,
+            self.timeout.saturating_mul(3),
+        )
     }
 }
 

@@ -20,7 +20,10 @@
 //! delete them afterwards.
 #![deny(unsafe_code)]
 
+mod changelog;
 mod cluster;
+mod streams;
 pub mod topic_ids;
 
 pub use cluster::KafkaCluster;
+pub use streams::{CausalStreams, StreamsError, StreamsOptions, StreamsState};

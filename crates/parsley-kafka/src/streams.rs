@@ -1,0 +1,789 @@
+//! [`CausalStreams`]: a Parsley application running on a Kafka cluster.
+//!
+//! Each stream thread is one OS thread with one consumer in the
+//! application's group and one transactional producer (exactly-once v2: the
+//! consumed offsets go into the producer's transaction with the consumer's
+//! group metadata). The thread only moves bytes between rdkafka and its
+//! [`Worker`]: every decision (task grouping, start positions, position
+//! capture, what a transaction holds, what an abort rolls back, ticks and
+//! sweeps) is the worker's, so the simulator has judged it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_executor::block_on;
+use parsley::Parsley;
+use parsley::runtime::worker::{
+    AssignedPartition, CommitOutcome, PolledRecord, RevokePlan, StartPolicy, Transaction, Worker,
+    WorkerConfig, WorkerError,
+};
+use parsley::task::{MetadataError, TopicMetadata};
+use parsley_protocol::Header;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::topic_partition_list::TopicPartitionListElem;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tracing::{debug, info, warn};
+
+use crate::KafkaCluster;
+
+/// Settings the runtime owns; a client configuration that sets one of them
+/// to something else is refused.
+const OWNED: &[(&str, &str)] = &[
+    ("isolation.level", "read_committed"),
+    ("enable.auto.commit", "false"),
+    ("enable.auto.offset.store", "false"),
+    ("partition.assignment.strategy", "range"),
+];
+
+/// How the runtime runs an application.
+#[derive(Clone, Debug)]
+pub struct StreamsOptions {
+    /// Stream threads (consumers and transactional producers) in this
+    /// instance.
+    pub threads: usize,
+    /// How long a transaction collects work before it commits.
+    pub commit_interval: Duration,
+    /// How often each task runs the truncation sweep.
+    pub truncation_interval: Duration,
+    /// Where a channel with no committed position starts.
+    pub start_policy: StartPolicy,
+    /// How long one cluster lookup may take.
+    pub request_timeout: Duration,
+}
+
+impl Default for StreamsOptions {
+    fn default() -> Self {
+        StreamsOptions {
+            threads: 1,
+            commit_interval: Duration::from_millis(100),
+            truncation_interval: Duration::from_secs(600),
+            start_policy: StartPolicy::Earliest,
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Where a running application is.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum StreamsState {
+    /// Built, not started.
+    Created,
+    /// Threads are running.
+    Running,
+    /// Closing.
+    Stopping,
+    /// Closed cleanly.
+    Stopped,
+    /// A thread failed; the message says why.
+    Failed(String),
+}
+
+/// What the runtime refuses or reports.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamsError {
+    /// A client setting contradicts what the runtime needs.
+    #[error("client setting {setting:?} = {value:?} is not allowed: {reason}")]
+    Config {
+        /// The setting.
+        setting: String,
+        /// The value given.
+        value: String,
+        /// Why the runtime refuses it.
+        reason: String,
+    },
+    /// A topic the application declares does not exist.
+    #[error("topic {topic:?} does not exist; create it before starting the application")]
+    MissingTopic {
+        /// The topic.
+        topic: String,
+    },
+    /// The Kafka client failed.
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    /// The host core refused.
+    #[error(transparent)]
+    Worker(Box<WorkerError>),
+    /// A lookup failed.
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    /// The application is not in a state for this call.
+    #[error("the application is {0:?}")]
+    State(StreamsState),
+    /// A stream thread failed.
+    #[error("stream thread {thread} failed: {message}")]
+    Thread {
+        /// The thread index.
+        thread: usize,
+        /// Why.
+        message: String,
+    },
+}
+
+impl From<WorkerError> for StreamsError {
+    fn from(e: WorkerError) -> Self {
+        StreamsError::Worker(Box::new(e))
+    }
+}
+
+/// A Parsley application on a Kafka cluster.
+pub struct CausalStreams {
+    app: Parsley,
+    config: ClientConfig,
+    options: StreamsOptions,
+    instance: String,
+    stop: Arc<AtomicBool>,
+    state: Arc<Mutex<StreamsState>>,
+    threads: Vec<JoinHandle<Result<(), StreamsError>>>,
+}
+
+impl std::fmt::Debug for CausalStreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CausalStreams")
+            .field("application_id", &self.app.application_id())
+            .field("instance", &self.instance)
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl CausalStreams {
+    /// Prepares `app` to run with `config` (bootstrap servers and security
+    /// settings pass through untouched). The runtime sets `read_committed`,
+    /// manual offsets, the range assignor, the group id (the application
+    /// id) and the transactional ids; a setting that contradicts them is a
+    /// typed error naming it.
+    pub fn new(app: &Parsley, config: ClientConfig) -> Result<CausalStreams, StreamsError> {
+        for (setting, required) in OWNED {
+            if let Some(v) = config.get(setting)
+                && v != *required
+            {
+                return Err(StreamsError::Config {
+                    setting: (*setting).to_owned(),
+                    value: v.to_owned(),
+                    reason: format!("exactly-once causal delivery needs {required:?}"),
+                });
+            }
+        }
+        for setting in ["group.id", "application.id"] {
+            if let Some(v) = config.get(setting)
+                && v != app.application_id()
+            {
+                return Err(StreamsError::Config {
+                    setting: setting.to_owned(),
+                    value: v.to_owned(),
+                    reason: format!(
+                        "the application's id is {:?}; leave it unset",
+                        app.application_id()
+                    ),
+                });
+            }
+        }
+        if let Some(v) = config.get("transactional.id") {
+            return Err(StreamsError::Config {
+                setting: "transactional.id".to_owned(),
+                value: v.to_owned(),
+                reason: "the runtime gives each stream thread its own; leave it unset".to_owned(),
+            });
+        }
+        let instance = format!("{:x}", now_ms() ^ (std::process::id() as i64) << 20);
+        Ok(CausalStreams {
+            app: app.clone(),
+            config,
+            options: StreamsOptions::default(),
+            instance,
+            stop: Arc::new(AtomicBool::new(false)),
+            state: Arc::new(Mutex::new(StreamsState::Created)),
+            threads: Vec::new(),
+        })
+    }
+
+    /// The same runtime with other options.
+    pub fn with_options(mut self, options: StreamsOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Where the application is.
+    pub fn state(&self) -> StreamsState {
+        lock(&self.state).clone()
+    }
+
+    /// Checks the application's topics, creates its changelog topics if
+    /// missing (compacted, one partition per task), and starts the stream
+    /// threads.
+    pub fn start(&mut self) -> Result<(), StreamsError> {
+        if self.state() != StreamsState::Created {
+            return Err(StreamsError::State(self.state()));
+        }
+        let cluster = KafkaCluster::new(&self.config, self.options.request_timeout)?;
+        self.prepare_topics(&cluster)?;
+        *lock(&self.state) = StreamsState::Running;
+        for index in 0..self.options.threads.max(1) {
+            let thread = StreamThread {
+                app: self.app.clone(),
+                index,
+                config: self.config.clone(),
+                options: self.options.clone(),
+                transactional_id: format!(
+                    "{}-{}-{index}",
+                    self.app.application_id(),
+                    self.instance
+                ),
+                stop: self.stop.clone(),
+            };
+            let state = self.state.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("parsley-{}-{index}", self.app.application_id()))
+                .spawn(move || {
+                    let r = thread.run();
+                    if let Err(e) = &r {
+                        warn!(thread = index, error = %e, "stream thread failed");
+                        *lock(&state) = StreamsState::Failed(e.to_string());
+                    }
+                    r
+                })
+                .map_err(|e| StreamsError::Thread {
+                    thread: index,
+                    message: e.to_string(),
+                })?;
+            self.threads.push(handle);
+        }
+        Ok(())
+    }
+
+    fn prepare_topics(&self, cluster: &KafkaCluster) -> Result<(), StreamsError> {
+        let mut creates = Vec::new();
+        for stage in self.app.stages() {
+            let mut tasks = None;
+            let mut topics: Vec<&str> = stage.source_topics();
+            topics.extend(stage.sink_topics());
+            if let Some(t) = self.app.tick_topic(stage.name()) {
+                topics.push(t);
+            }
+            for t in topics {
+                match cluster.describe(t) {
+                    Ok(d) => {
+                        if stage.source_topics().contains(&t) {
+                            tasks.get_or_insert(d.partitions);
+                        }
+                    }
+                    Err(MetadataError::Missing(_)) => {
+                        return Err(StreamsError::MissingTopic {
+                            topic: t.to_owned(),
+                        });
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            let Some(names) = self.app.owned_names(stage.name()) else {
+                continue;
+            };
+            let tasks = tasks.unwrap_or(1);
+            for changelog in std::iter::once(&names.state_changelog).chain(&names.fold_changelog) {
+                match cluster.describe(changelog) {
+                    Ok(_) => {}
+                    Err(MetadataError::Missing(_)) => creates.push((changelog.clone(), tasks)),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        if creates.is_empty() {
+            return Ok(());
+        }
+        let topics: Vec<NewTopic<'_>> = creates
+            .iter()
+            .map(|(name, n)| {
+                NewTopic::new(name, *n, TopicReplication::Fixed(-1))
+                    .set("cleanup.policy", "compact")
+            })
+            .collect();
+        let opts = AdminOptions::new().operation_timeout(Some(self.options.request_timeout));
+        for result in block_on(cluster.admin().create_topics(&topics, &opts))? {
+            match result {
+                Ok(name) => info!(topic = %name, "changelog topic created"),
+                Err((name, code)) => {
+                    if code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists {
+                        return Err(StreamsError::Kafka(KafkaError::AdminOp(code))).inspect_err(
+                            |_| {
+                                warn!(topic = %name, "changelog topic could not be created");
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        // Creation settles asynchronously.
+        for (name, _) in &creates {
+            let deadline = Instant::now() + self.options.request_timeout;
+            while cluster.describe(name).is_err() {
+                if Instant::now() > deadline {
+                    return Err(StreamsError::MissingTopic {
+                        topic: name.clone(),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the application runs (or fails).
+    pub fn wait_until_running(&self, timeout: Duration) -> Result<(), StreamsError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.state() {
+                StreamsState::Running => return Ok(()),
+                StreamsState::Failed(m) => {
+                    return Err(StreamsError::State(StreamsState::Failed(m)));
+                }
+                s if Instant::now() > deadline => return Err(StreamsError::State(s)),
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    /// Stops gracefully: each thread commits (or aborts) its open
+    /// transaction and leaves the group. Returns the first thread failure.
+    pub fn close(&mut self, timeout: Duration) -> Result<(), StreamsError> {
+        if matches!(self.state(), StreamsState::Running) {
+            *lock(&self.state) = StreamsState::Stopping;
+        }
+        self.stop.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + timeout;
+        let mut first = None;
+        for (i, h) in self.threads.drain(..).enumerate() {
+            while !h.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if !h.is_finished() {
+                first.get_or_insert(StreamsError::Thread {
+                    thread: i,
+                    message: format!("did not stop within {timeout:?}"),
+                });
+                continue;
+            }
+            match h.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    first.get_or_insert(e);
+                }
+                Err(_) => {
+                    first.get_or_insert(StreamsError::Thread {
+                        thread: i,
+                        message: "panicked".to_owned(),
+                    });
+                }
+            }
+        }
+        match first {
+            None => {
+                *lock(&self.state) = StreamsState::Stopped;
+                Ok(())
+            }
+            Some(e) => {
+                *lock(&self.state) = StreamsState::Failed(e.to_string());
+                Err(e)
+            }
+        }
+    }
+}
+
+/// What a stream thread shares with its consumer's rebalance callback (the
+/// callback runs inside `poll`, on the same thread).
+struct Shared {
+    worker: Worker,
+    producer: BaseProducer,
+    cluster: KafkaCluster,
+    timeout: Duration,
+    /// The highest offset handed to the worker per partition since the last
+    /// position report.
+    last_fed: BTreeMap<(String, i32), i64>,
+    error: Option<StreamsError>,
+}
+
+struct ThreadContext {
+    shared: Mutex<Shared>,
+}
+
+impl ClientContext for ThreadContext {}
+
+impl ConsumerContext for ThreadContext {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: rdkafka_sys::rd_kafka_resp_err_t,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let mut shared = lock(&self.shared);
+        if shared.error.is_some() {
+            let _ = consumer.unassign();
+            return;
+        }
+        let r = match err {
+            rdkafka_sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                shared.on_assign(consumer, tpl)
+            }
+            _ => shared.on_revoke(consumer, tpl),
+        };
+        if let Err(e) = r {
+            warn!(error = %e, "rebalance failed; the stream thread stops");
+            let _ = consumer.unassign();
+            shared.error = Some(e);
+        }
+    }
+
+    // The default post-rebalance hook would log only.
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, _: &Rebalance<'_>) {}
+}
+
+fn partitions(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
+    tpl.elements()
+        .iter()
+        .map(|e: &TopicPartitionListElem<'_>| (e.topic().to_owned(), e.partition()))
+        .collect()
+}
+
+impl Shared {
+    fn on_assign(
+        &mut self,
+        consumer: &BaseConsumer<ThreadContext>,
+        tpl: &TopicPartitionList,
+    ) -> Result<(), StreamsError> {
+        let committed = consumer.committed_offsets(tpl.clone(), self.timeout)?;
+        let mut parts = Vec::new();
+        for (topic, p) in partitions(tpl) {
+            let committed = match committed.find_partition(&topic, p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => Some(o),
+                _ => None,
+            };
+            let (low, high) =
+                self.cluster
+                    .admin()
+                    .inner()
+                    .fetch_watermarks(&topic, p, self.timeout)?;
+            parts.push(AssignedPartition {
+                topic,
+                partition: p,
+                committed,
+                log_start: low,
+                end: high,
+            });
+        }
+        self.worker.assign(parts, &self.cluster, now_ms())?;
+        // Assign with the worker's starts instead of seeking afterwards.
+        let mut starts = TopicPartitionList::new();
+        let seeks = self.worker.take_seeks();
+        for (topic, p) in partitions(tpl) {
+            let offset = seeks
+                .iter()
+                .find(|s| s.topic == topic && s.partition == p)
+                .map_or(Offset::Stored, |s| Offset::Offset(s.offset));
+            starts.add_partition_offset(&topic, p, offset)?;
+        }
+        consumer.assign(&starts)?;
+        for s in seeks {
+            self.worker.seek_applied(&s.topic, s.partition, s.offset)?;
+        }
+        info!(partitions = tpl.count(), "partitions assigned");
+        Ok(())
+    }
+
+    fn on_revoke(
+        &mut self,
+        consumer: &BaseConsumer<ThreadContext>,
+        tpl: &TopicPartitionList,
+    ) -> Result<(), StreamsError> {
+        match self.worker.revoke_plan(consumer.assignment_lost()) {
+            RevokePlan::Nothing => {}
+            RevokePlan::Commit => {
+                if let Some(txn) = self.worker.flush()? {
+                    self.commit(consumer, txn)?;
+                }
+            }
+            RevokePlan::Abort => {
+                self.worker.abort(&self.cluster)?;
+                self.worker.take_seeks();
+            }
+        }
+        self.worker.revoke(&partitions(tpl))?;
+        self.last_fed.clear();
+        consumer.unassign()?;
+        info!(partitions = tpl.count(), "partitions revoked");
+        Ok(())
+    }
+
+    fn on_message(&mut self, m: &BorrowedMessage<'_>) -> Result<(), StreamsError> {
+        let headers = m
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| Header {
+                        name: h.key.to_owned(),
+                        value: h.value.map(<[u8]>::to_vec),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let topic = m.topic().to_owned();
+        let (partition, offset) = (m.partition(), m.offset());
+        self.worker.on_record(PolledRecord {
+            topic: topic.clone(),
+            partition,
+            offset,
+            timestamp: m.timestamp().to_millis().unwrap_or(0),
+            key: m.key().map(<[u8]>::to_vec),
+            value: m.payload().map(<[u8]>::to_vec),
+            headers,
+        })?;
+        self.last_fed.insert((topic, partition), offset);
+        Ok(())
+    }
+
+    /// Reports the consumer's positions. Every record a poll returned was
+    /// handed to the worker before the next poll, so the polls' highest
+    /// returned offsets are the ones fed.
+    fn report_positions(
+        &mut self,
+        consumer: &BaseConsumer<ThreadContext>,
+    ) -> Result<(), StreamsError> {
+        let positions = consumer.position()?;
+        for e in positions.elements() {
+            if let Offset::Offset(p) = e.offset() {
+                let key = (e.topic().to_owned(), e.partition());
+                let last = self.last_fed.get(&key).copied();
+                self.worker.on_position(&key.0, key.1, p, last)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_seeks(&mut self, consumer: &BaseConsumer<ThreadContext>) -> Result<(), StreamsError> {
+        for s in self.worker.take_seeks() {
+            consumer.seek(
+                &s.topic,
+                s.partition,
+                Offset::Offset(s.offset),
+                self.timeout,
+            )?;
+            self.worker.seek_applied(&s.topic, s.partition, s.offset)?;
+            self.last_fed.remove(&(s.topic, s.partition));
+        }
+        Ok(())
+    }
+
+    /// Produces the transaction's records, sends its offsets with the
+    /// consumer's group metadata, and commits. An abortable failure aborts
+    /// (the worker rolls back and asks for seeks); anything else is fatal
+    /// for the thread.
+    fn commit(
+        &mut self,
+        consumer: &BaseConsumer<ThreadContext>,
+        txn: Transaction,
+    ) -> Result<(), StreamsError> {
+        let r = self.try_commit(consumer, &txn);
+        match r {
+            Ok(()) => {
+                self.worker
+                    .commit_outcome(CommitOutcome::Committed, &self.cluster)?;
+                debug!(
+                    txn = txn.id,
+                    records = txn.records.len(),
+                    "transaction committed"
+                );
+                Ok(())
+            }
+            Err(KafkaError::Transaction(e)) if e.txn_requires_abort() => {
+                warn!(txn = txn.id, error = %e, "transaction aborted; the tasks roll back");
+                self.producer.abort_transaction(self.timeout)?;
+                self.worker
+                    .commit_outcome(CommitOutcome::Aborted, &self.cluster)?;
+                Ok(())
+            }
+            Err(e) => {
+                // Fenced, fatal, or a commit whose fate is unknown: drop every
+                // task; the thread stops and reports.
+                self.worker
+                    .commit_outcome(CommitOutcome::Unknown, &self.cluster)?;
+                Err(StreamsError::Kafka(e))
+            }
+        }
+    }
+
+    fn try_commit(
+        &mut self,
+        consumer: &BaseConsumer<ThreadContext>,
+        txn: &Transaction,
+    ) -> Result<(), KafkaError> {
+        self.producer.begin_transaction()?;
+        for r in &txn.records {
+            let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
+            for h in &r.headers {
+                headers = headers.insert(rdkafka::message::Header {
+                    key: &h.name,
+                    value: h.value.as_deref(),
+                });
+            }
+            let mut record = BaseRecord::<[u8], [u8]>::to(&r.topic)
+                .partition(r.partition)
+                .timestamp(r.timestamp)
+                .headers(headers);
+            if let Some(k) = &r.key {
+                record = record.key(k.as_slice());
+            }
+            if let Some(v) = &r.value {
+                record = record.payload(v.as_slice());
+            }
+            loop {
+                match self.producer.send(record) {
+                    Ok(()) => break,
+                    Err((
+                        KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                        back,
+                    )) => {
+                        self.producer.poll(Duration::from_millis(10));
+                        record = back;
+                    }
+                    Err((e, _)) => return Err(e),
+                }
+            }
+        }
+        let mut offsets = TopicPartitionList::new();
+        for o in &txn.offsets {
+            offsets.add_partition_offset(&o.topic, o.partition, Offset::Offset(o.offset))?;
+        }
+        let metadata = consumer.group_metadata().ok_or_else(|| {
+            KafkaError::Subscription("the consumer has no group metadata".to_owned())
+        })?;
+        self.producer
+            .send_offsets_to_transaction(&offsets, &metadata, self.timeout)?;
+        self.producer.commit_transaction(self.timeout)
+    }
+}
+
+struct StreamThread {
+    app: Parsley,
+    index: usize,
+    config: ClientConfig,
+    options: StreamsOptions,
+    transactional_id: String,
+    stop: Arc<AtomicBool>,
+}
+
+impl StreamThread {
+    fn run(self) -> Result<(), StreamsError> {
+        let timeout = self.options.request_timeout;
+        let cluster = KafkaCluster::new(&self.config, timeout)?;
+        let mut producer_config = self.config.clone();
+        producer_config.set("transactional.id", &self.transactional_id);
+        let producer: BaseProducer = producer_config.create()?;
+        producer.init_transactions(timeout)?;
+        let worker = Worker::new(
+            &self.app,
+            WorkerConfig {
+                commit_interval: self.options.commit_interval,
+                truncation_interval: self.options.truncation_interval,
+                start_policy: self.options.start_policy,
+            },
+        );
+        let context = ThreadContext {
+            shared: Mutex::new(Shared {
+                worker,
+                producer,
+                cluster,
+                timeout,
+                last_fed: BTreeMap::new(),
+                error: None,
+            }),
+        };
+        let mut consumer_config = self.config.clone();
+        for (k, v) in OWNED {
+            consumer_config.set(*k, *v);
+        }
+        consumer_config
+            .set("group.id", self.app.application_id())
+            .set("auto.offset.reset", "earliest");
+        let consumer: BaseConsumer<ThreadContext> = consumer_config.create_with_context(context)?;
+        let mut topics: Vec<&str> = Vec::new();
+        for stage in self.app.stages() {
+            topics.extend(stage.source_topics());
+            if let Some(t) = self.app.tick_topic(stage.name()) {
+                topics.push(t);
+            }
+        }
+        consumer.subscribe(&topics)?;
+        info!(thread = self.index, transactional_id = %self.transactional_id, "stream thread started");
+        let mut last_report = Instant::now();
+        while !self.stop.load(Ordering::SeqCst) {
+            let polled = consumer.poll(Duration::from_millis(20));
+            let mut shared = lock(&consumer.context().shared);
+            if let Some(e) = shared.error.take() {
+                return Err(e);
+            }
+            let idle = match polled {
+                None => true,
+                Some(Ok(m)) => {
+                    shared.on_message(&m)?;
+                    false
+                }
+                Some(Err(e)) => {
+                    warn!(error = %e, "consumer error");
+                    true
+                }
+            };
+            if idle || last_report.elapsed() > Duration::from_millis(50) {
+                shared.report_positions(&consumer)?;
+                last_report = Instant::now();
+            }
+            {
+                let Shared {
+                    worker, cluster, ..
+                } = &mut *shared;
+                worker.punctuate(now_ms(), cluster)?;
+            }
+            shared.apply_seeks(&consumer)?;
+            if let Some(txn) = shared.worker.poll_transaction(now_ms())? {
+                shared.commit(&consumer, txn)?;
+                shared.apply_seeks(&consumer)?;
+            }
+        }
+        // Graceful close: commit what is open, then leave the group.
+        {
+            let mut shared = lock(&consumer.context().shared);
+            shared.report_positions(&consumer)?;
+            if let Some(txn) = shared.worker.flush()? {
+                shared.commit(&consumer, txn)?;
+            }
+        }
+        consumer.unsubscribe();
+        // Serve the revocation the unsubscribe triggers.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline
+            && consumer
+                .assignment()
+                .map(|a| a.count() > 0)
+                .unwrap_or(false)
+        {
+            let _ = consumer.poll(Duration::from_millis(50));
+        }
+        info!(thread = self.index, "stream thread stopped");
+        Ok(())
+    }
+}

@@ -1,0 +1,244 @@
+//! A Parsley application on a real broker, under exactly-once: a payment
+//! produced before the order it depends on is held until the order arrives;
+//! outputs carry parseable causal headers; a restart resumes with its fold
+//! state and processes every record exactly once.
+//!
+//! These tests need a broker: they run when `PARSLEY_BOOTSTRAP` names one
+//! (the README's test command starts Apache Kafka and runs them); a plain
+//! `cargo test` skips them.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_executor::block_on;
+use parsley::protocol::headers::{CLOCK_HEADER, CausalHeaders};
+use parsley::protocol::{Channel, VectorClock};
+use parsley::task::TopicMetadata;
+use parsley::*;
+use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message as _, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+fn bootstrap() -> String {
+    std::env::var("PARSLEY_BOOTSTRAP")
+        .expect("set PARSLEY_BOOTSTRAP to a broker address (the test command does)")
+}
+
+fn config() -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap());
+    c
+}
+
+fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("pt-{prefix}-{nanos}")
+}
+
+fn create_topics(names: &[(&str, i32)]) {
+    let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
+    let topics: Vec<NewTopic<'_>> = names
+        .iter()
+        .map(|(n, p)| NewTopic::new(n, *p, TopicReplication::Fixed(1)))
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    for r in block_on(cluster.admin().create_topics(&topics, &opts)).unwrap() {
+        r.unwrap();
+    }
+    for (n, _) in names {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cluster.describe(n).is_err() {
+            assert!(Instant::now() < deadline, "topic {n} did not appear");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn produce(topic: &str, partition: i32, key: &str, value: &str, clock: Option<&VectorClock>) {
+    let producer: BaseProducer = config().create().unwrap();
+    let mut record = BaseRecord::to(topic)
+        .partition(partition)
+        .key(key)
+        .payload(value);
+    if let Some(c) = clock {
+        record = record.headers(OwnedHeaders::new().insert(rdkafka::message::Header {
+            key: CLOCK_HEADER,
+            value: Some(&c.encode()),
+        }));
+    }
+    producer.send(record).map_err(|(e, _)| e).unwrap();
+    producer.flush(Duration::from_secs(20)).unwrap();
+}
+
+/// Every committed record of `topic` (all partitions), read until `n`
+/// arrived or the deadline passed: (key, value, causal headers).
+fn read(
+    topic: &str,
+    partitions: i32,
+    n: usize,
+    within: Duration,
+) -> Vec<(String, String, CausalHeaders)> {
+    let mut c = config();
+    c.set("isolation.level", "read_committed")
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false");
+    let consumer: BaseConsumer = c.create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let deadline = Instant::now() + within;
+    let mut out = Vec::new();
+    while out.len() < n && Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            let headers: Vec<(String, Option<Vec<u8>>)> = m
+                .headers()
+                .map(|hs| {
+                    hs.iter()
+                        .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let causal =
+                CausalHeaders::decode(headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())))
+                    .expect("parseable causal headers");
+            out.push((
+                String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+                causal,
+            ));
+        }
+    }
+    out
+}
+
+type T = Topic<String, String>;
+
+fn topic(name: &str) -> T {
+    Topic::new(name, Codec::utf8(), Codec::utf8())
+}
+
+/// The ledger: remembers each order's amount; a payment settles only
+/// against a known order. Also counts what it saw per key.
+fn ledger(app_id: &str, orders: &T, payments: &T, settled: &T) -> Parsley {
+    let s1 = settled.clone();
+    let s2 = settled.clone();
+    let stage = Stage::named("ledger")
+        .state(Codec::utf8(), String::new)
+        .fold(orders, move |_seen: String, m: &Message<String, String>| {
+            Step::to(m.value().cloned().unwrap_or_default()).emit(s1.send(
+                m.key().cloned(),
+                format!("order {}", m.value().cloned().unwrap_or_default()),
+            ))
+        })
+        .fold(
+            payments,
+            move |order: String, m: &Message<String, String>| {
+                let verdict = if order.is_empty() {
+                    "rejected"
+                } else {
+                    "settled"
+                };
+                Step::to(order.clone())
+                    .emit(s2.send(m.key().cloned(), format!("{verdict} {order}")))
+            },
+        )
+        .sink(settled)
+        .build()
+        .unwrap();
+    Parsley::named(app_id, [stage]).unwrap()
+}
+
+fn start(app: &Parsley) -> CausalStreams {
+    let mut s = CausalStreams::new(app, config())
+        .unwrap()
+        .with_options(StreamsOptions {
+            commit_interval: Duration::from_millis(50),
+            ..StreamsOptions::default()
+        });
+    s.start().unwrap();
+    s.wait_until_running(Duration::from_secs(30)).unwrap();
+    s
+}
+
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_payment_before_its_order_is_held_and_settles_after_it() {
+    let (o, p, s) = (unique("orders"), unique("payments"), unique("settled"));
+    create_topics(&[(&o, 1), (&p, 1), (&s, 1)]);
+    let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
+    let app = ledger(&unique("app"), &orders, &payments, &settled);
+    let mut streams = start(&app);
+
+    // The payment claims orders:0@0, where the order will land.
+    let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
+    let orders_id = cluster.describe(&o).unwrap().id;
+    let mut clock = VectorClock::new();
+    clock.claim_offset(Channel::new(orders_id, 0), 0);
+    produce(&p, 0, "o-1", "pay 5", Some(&clock));
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        read(&s, 1, 1, Duration::from_millis(500)).is_empty(),
+        "held, not settled"
+    );
+    produce(&o, 0, "o-1", "5", None);
+
+    let out = read(&s, 1, 2, Duration::from_secs(30));
+    let values: Vec<&str> = out.iter().map(|(_, v, _)| v.as_str()).collect();
+    assert_eq!(values, vec!["order 5", "settled 5"]);
+    for (_, _, causal) in &out {
+        assert!(causal.sender.is_some(), "vc-sender and vc-seq are present");
+    }
+    // The settlement claims the order it was caused by.
+    assert!(
+        out[1]
+            .2
+            .clock
+            .offset(Channel::new(orders_id, 0))
+            .is_some_and(|o| o >= 0)
+    );
+    streams.close(Duration::from_secs(30)).unwrap();
+}
+
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_restart_resumes_with_its_fold_state_exactly_once() {
+    let (o, p, s) = (unique("orders"), unique("payments"), unique("settled"));
+    create_topics(&[(&o, 2), (&p, 2), (&s, 1)]);
+    let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
+    let app = ledger(&unique("app"), &orders, &payments, &settled);
+    let mut first = start(&app);
+    for i in 0..10 {
+        produce(&o, i % 2, &format!("k{i}"), &format!("{i}"), None);
+    }
+    assert_eq!(read(&s, 1, 10, Duration::from_secs(30)).len(), 10);
+    first.close(Duration::from_secs(30)).unwrap();
+
+    // Payments arrive while the application is down; it resumes from its
+    // committed positions with the orders it folded before.
+    for i in 0..10 {
+        produce(&p, i % 2, &format!("k{i}"), "pay", None);
+    }
+    let mut second = start(&app);
+    let out = read(&s, 1, 20, Duration::from_secs(60));
+    second.close(Duration::from_secs(30)).unwrap();
+    assert_eq!(out.len(), 20, "every input exactly once");
+    let settled: Vec<&String> = out
+        .iter()
+        .filter(|(_, v, _)| v.starts_with("settled"))
+        .map(|(_, v, _)| v)
+        .collect();
+    assert_eq!(
+        settled.len(),
+        10,
+        "every payment found its order after the restart: {out:?}"
+    );
+    // Nothing more arrives: no duplicates.
+    assert_eq!(read(&s, 1, 21, Duration::from_secs(2)).len(), 20);
+}
