@@ -787,3 +787,44 @@ impl StreamThread {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn app() -> Parsley {
+        let t: parsley::Topic<String, String> =
+            parsley::Topic::new("in", parsley::Codec::utf8(), parsley::Codec::utf8());
+        let stage = parsley::Stage::named("s")
+            .on(&t, |_m: &parsley::Message<String, String>| {
+                Vec::<parsley::Emission>::new()
+            })
+            .build()
+            .unwrap();
+        Parsley::named("app", [stage]).unwrap()
+    }
+
+    #[test]
+    fn settings_that_contradict_exactly_once_are_refused_by_name() {
+        for (setting, value) in [
+            ("isolation.level", "read_uncommitted"),
+            ("enable.auto.commit", "true"),
+            ("partition.assignment.strategy", "roundrobin"),
+            ("group.id", "someone-else"),
+            ("transactional.id", "mine"),
+        ] {
+            let mut c = ClientConfig::new();
+            c.set("bootstrap.servers", "127.0.0.1:1")
+                .set(setting, value);
+            match CausalStreams::new(&app(), c) {
+                Err(StreamsError::Config { setting: s, .. }) => assert_eq!(s, setting),
+                other => panic!("{setting}: expected a Config error, got {other:?}"),
+            }
+        }
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", "127.0.0.1:1")
+            .set("isolation.level", "read_committed")
+            .set("group.id", "app");
+        assert!(CausalStreams::new(&app(), c).is_ok());
+    }
+}
