@@ -57,6 +57,14 @@ pub struct StreamsOptions {
     pub start_policy: StartPolicy,
     /// How long one cluster lookup may take.
     pub request_timeout: Duration,
+    /// This instance's identity within the application: it names the
+    /// stream threads' transactional ids (`<app>-<instance>-<thread>`), so
+    /// it must be the same when an instance restarts (its new producers
+    /// then fence the dead one's open transactions at once, instead of
+    /// leaving them to time out and hold back readers) and different for
+    /// instances that run at the same time (they would fence each other).
+    /// `None` takes the host name.
+    pub instance_id: Option<String>,
 }
 
 impl Default for StreamsOptions {
@@ -67,6 +75,7 @@ impl Default for StreamsOptions {
             truncation_interval: Duration::from_secs(600),
             start_policy: StartPolicy::Earliest,
             request_timeout: Duration::from_secs(30),
+            instance_id: None,
         }
     }
 }
@@ -158,6 +167,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The host name, for the default instance id.
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "instance".to_owned())
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -203,7 +222,7 @@ impl CausalStreams {
                 reason: "the runtime gives each stream thread its own; leave it unset".to_owned(),
             });
         }
-        let instance = format!("{:x}", now_ms() ^ (std::process::id() as i64) << 20);
+        let instance = host_name();
         Ok(CausalStreams {
             app: app.clone(),
             config,
@@ -217,6 +236,9 @@ impl CausalStreams {
 
     /// The same runtime with other options.
     pub fn with_options(mut self, options: StreamsOptions) -> Self {
+        if let Some(id) = &options.instance_id {
+            self.instance = id.clone();
+        }
         self.options = options;
         self
     }

@@ -156,10 +156,17 @@ fn ledger(app_id: &str, orders: &T, payments: &T, settled: &T) -> Parsley {
 }
 
 fn start(app: &Parsley) -> CausalStreams {
+    start_as(app, "a")
+}
+
+/// Starts an instance with its own instance id (two instances running at
+/// once need distinct ones).
+fn start_as(app: &Parsley, instance: &str) -> CausalStreams {
     let mut s = CausalStreams::new(app, config())
         .unwrap()
         .with_options(StreamsOptions {
             commit_interval: Duration::from_millis(50),
+            instance_id: Some(instance.to_owned()),
             ..StreamsOptions::default()
         });
     s.start().unwrap();
@@ -307,7 +314,7 @@ fn tasks_migrate_between_instances_exactly_once() {
         produce(&o, i % 2, &format!("a{i}"), &format!("{i}"), None);
     }
     assert_eq!(read(&s, 1, 6, Duration::from_secs(30)).len(), 6);
-    let mut b = start(&app);
+    let mut b = start_as(&app, "b");
     std::thread::sleep(Duration::from_secs(3));
     for i in 6..12 {
         produce(&o, i % 2, &format!("b{i}"), &format!("{i}"), None);
