@@ -3,7 +3,7 @@
 //! (or is rejected when its order is unknown).
 //!
 //! ```text
-//! cargo run -p parsley-kafka --example ledger -- BOOTSTRAP APP_ID ORDERS PAYMENTS SETTLED
+//! cargo run -p parsley-kafka --example ledger -- BOOTSTRAP APP_ID ORDERS PAYMENTS SETTLED [INSTANCE_ID]
 //! ```
 //!
 //! It prints `running` once its stream thread is up, and closes gracefully
@@ -20,9 +20,13 @@ use rdkafka::ClientConfig;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [bootstrap, app_id, orders, payments, settled] = args.as_slice() else {
-        eprintln!("usage: ledger BOOTSTRAP APP_ID ORDERS PAYMENTS SETTLED");
-        std::process::exit(2);
+    let (bootstrap, app_id, orders, payments, settled, instance) = match args.as_slice() {
+        [b, a, o, p, s] => (b, a, o, p, s, None),
+        [b, a, o, p, s, i] => (b, a, o, p, s, Some(i.clone())),
+        _ => {
+            eprintln!("usage: ledger BOOTSTRAP APP_ID ORDERS PAYMENTS SETTLED [INSTANCE_ID]");
+            std::process::exit(2);
+        }
     };
     let topic = |name: &str| Topic::new(name, Codec::utf8(), Codec::utf8());
     let (orders, payments, settled): (Topic<String, String>, _, _) =
@@ -58,6 +62,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .set("heartbeat.interval.ms", "1000");
     let mut streams = CausalStreams::new(&app, config)?.with_options(StreamsOptions {
         commit_interval: Duration::from_millis(50),
+        instance_id: instance,
         ..StreamsOptions::default()
     });
     streams.start()?;

@@ -489,7 +489,20 @@ impl Shared {
         consumer: &BaseConsumer<ThreadContext>,
         tpl: &TopicPartitionList,
     ) -> Result<(), StreamsError> {
-        let committed = consumer.committed_offsets(tpl.clone(), self.timeout)?;
+        // The group's committed offsets are unstable while a transaction
+        // that sent offsets is still open (a frozen or dead member's):
+        // the broker answers once it commits or aborts, which the
+        // transaction timeout bounds. Keep asking until then.
+        let deadline = Instant::now() + self.timeout.saturating_mul(4);
+        let committed = loop {
+            match consumer.committed_offsets(tpl.clone(), self.timeout) {
+                Ok(c) => break c,
+                Err(e) if Instant::now() < deadline => {
+                    warn!(error = %e, "committed offsets not available yet; retrying");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
         let mut parts = Vec::new();
         for (topic, p) in partitions(tpl) {
             let committed = match committed.find_partition(&topic, p).map(|e| e.offset()) {
@@ -634,6 +647,9 @@ impl Shared {
             }
             Err(KafkaError::Transaction(e)) if e.txn_requires_abort() => {
                 warn!(txn = txn.id, error = %e, "transaction aborted; the tasks roll back");
+                // librdkafka aborts only once the delivery reports of the
+                // records already sent have been served.
+                let _ = self.producer.flush(self.timeout);
                 self.producer.abort_transaction(self.timeout)?;
                 self.worker
                     .commit_outcome(CommitOutcome::Aborted, &self.cluster)?;
@@ -715,6 +731,12 @@ impl StreamThread {
         let cluster = KafkaCluster::new(&self.config, timeout)?;
         let mut producer_config = self.config.clone();
         producer_config.set("transactional.id", &self.transactional_id);
+        // A transaction left open by a frozen or dead instance holds back
+        // every read_committed reader (a restoring task among them) until
+        // it times out: keep that short unless the user chose otherwise.
+        if producer_config.get("transaction.timeout.ms").is_none() {
+            producer_config.set("transaction.timeout.ms", "10000");
+        }
         let producer: BaseProducer = producer_config.create()?;
         producer.init_transactions(timeout)?;
         let worker = Worker::new(

@@ -180,3 +180,88 @@ fn a_killed_instance_loses_and_duplicates_nothing() {
     );
     assert!(closed.success(), "the second instance closed cleanly");
 }
+
+/// A zombie is fenced: an instance frozen with SIGSTOP mid-stream loses its
+/// task to another instance; when it wakes, its commit is refused, nothing
+/// it wrote becomes visible, and it gives the task up (the other instance
+/// finishes the stream exactly once).
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_frozen_instance_is_fenced_when_it_wakes() {
+    let (o, p, s, app) = (
+        unique("orders"),
+        unique("payments"),
+        unique("settled"),
+        unique("app"),
+    );
+    create_topics(&[(&o, 1), (&p, 1), (&s, 1)]);
+    let bootstrap = bootstrap();
+    let args = |instance: &'static str| {
+        vec![
+            bootstrap.clone(),
+            app.clone(),
+            o.clone(),
+            p.clone(),
+            s.clone(),
+            instance.to_owned(),
+        ]
+    };
+    const N: usize = 300;
+    let producer: BaseProducer = config().create().unwrap();
+    for i in 0..N {
+        let key = format!("k{i:04}");
+        producer
+            .send(
+                BaseRecord::to(&o)
+                    .partition(0)
+                    .key(&key)
+                    .payload(&format!("{i}")),
+            )
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(20)).unwrap();
+    let a_args = args("a");
+    let mut a = spawn(&a_args.iter().map(String::as_str).collect::<Vec<_>>());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while read(&s, 30, Duration::from_secs(3)).len() < 30 {
+        assert!(
+            Instant::now() < deadline,
+            "the first instance made no progress"
+        );
+    }
+    let signal = |sig: &str, child: &Child| {
+        let ok = Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} failed");
+    };
+    signal("-STOP", &a);
+    let frozen_at = read(&s, N, Duration::from_secs(2)).len();
+    let b_args = args("b");
+    let mut b = spawn(&b_args.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = read(&s, N, Duration::from_secs(120));
+    signal("-CONT", &a);
+    std::thread::sleep(Duration::from_secs(5));
+    drop(a.stdin.take());
+    drop(b.stdin.take());
+    let a_exit = a.wait().unwrap();
+    let b_exit = b.wait().unwrap();
+    eprintln!(
+        "{frozen_at} of {N} committed when frozen; {} in the end; the zombie exited with {a_exit}",
+        out.len()
+    );
+    assert!(frozen_at < N, "frozen mid-stream");
+    let expected: Vec<(String, String)> = (0..N)
+        .map(|i| (format!("k{i:04}"), format!("order {i}")))
+        .collect();
+    assert_eq!(out, expected, "exactly once, in order");
+    assert_eq!(
+        read(&s, N + 1, Duration::from_secs(3)).len(),
+        N,
+        "nothing the zombie wrote is visible"
+    );
+    assert!(b_exit.success(), "the live instance closed cleanly");
+}
