@@ -56,6 +56,29 @@ fn create_topics(names: &[(&str, i32)]) {
     }
 }
 
+/// Produces `n` orders to `topic`, one every 10 ms, on its own thread, so a
+/// kill lands while records still arrive.
+fn produce_paced(topic: &str, n: usize) -> std::thread::JoinHandle<()> {
+    let topic = topic.to_owned();
+    std::thread::spawn(move || {
+        let producer: BaseProducer = config().create().unwrap();
+        for i in 0..n {
+            let key = format!("k{i:04}");
+            producer
+                .send(
+                    BaseRecord::to(&topic)
+                        .partition(0)
+                        .key(&key)
+                        .payload(&format!("{i}")),
+                )
+                .map_err(|(e, _)| e)
+                .unwrap();
+            producer.flush(Duration::from_secs(20)).unwrap();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })
+}
+
 /// The ledger example, built by `cargo test` next to this test binary.
 fn ledger_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -127,20 +150,7 @@ fn a_killed_instance_loses_and_duplicates_nothing() {
         s.as_str(),
     ];
     const N: usize = 400;
-    let producer: BaseProducer = config().create().unwrap();
-    for i in 0..N {
-        let key = format!("k{i:04}");
-        producer
-            .send(
-                BaseRecord::to(&o)
-                    .partition(0)
-                    .key(&key)
-                    .payload(&format!("{i}")),
-            )
-            .map_err(|(e, _)| e)
-            .unwrap();
-    }
-    producer.flush(Duration::from_secs(20)).unwrap();
+    let feeding = produce_paced(&o, N);
 
     let mut first = spawn(&args);
     // Let it commit part of the stream, then kill it without warning.
@@ -156,6 +166,7 @@ fn a_killed_instance_loses_and_duplicates_nothing() {
     let at_kill = read(&s, N, Duration::from_secs(2)).len();
 
     let mut second = spawn(&args);
+    feeding.join().unwrap();
     let out = read(&s, N, Duration::from_secs(90));
     drop(second.stdin.take());
     let closed = second.wait().unwrap();
@@ -207,20 +218,7 @@ fn a_frozen_instance_is_fenced_when_it_wakes() {
         ]
     };
     const N: usize = 300;
-    let producer: BaseProducer = config().create().unwrap();
-    for i in 0..N {
-        let key = format!("k{i:04}");
-        producer
-            .send(
-                BaseRecord::to(&o)
-                    .partition(0)
-                    .key(&key)
-                    .payload(&format!("{i}")),
-            )
-            .map_err(|(e, _)| e)
-            .unwrap();
-    }
-    producer.flush(Duration::from_secs(20)).unwrap();
+    let feeding = produce_paced(&o, N);
     let a_args = args("a");
     let mut a = spawn(&a_args.iter().map(String::as_str).collect::<Vec<_>>());
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -242,6 +240,7 @@ fn a_frozen_instance_is_fenced_when_it_wakes() {
     let frozen_at = read(&s, N, Duration::from_secs(2)).len();
     let b_args = args("b");
     let mut b = spawn(&b_args.iter().map(String::as_str).collect::<Vec<_>>());
+    feeding.join().unwrap();
     let out = read(&s, N, Duration::from_secs(120));
     signal("-CONT", &a);
     std::thread::sleep(Duration::from_secs(5));

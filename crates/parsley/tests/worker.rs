@@ -386,8 +386,10 @@ fn transactions_are_paced_and_span_tasks() {
     let mut w = started(&app, &cluster);
     w.on_record(rec("a", 0, 0, "x")).unwrap();
     w.on_record(rec("a", 1, 0, "y")).unwrap();
+    // The interval starts at the first call with a clock that finds work.
     assert!(w.poll_transaction(50).unwrap().is_none(), "not due yet");
-    let txn = w.poll_transaction(100).unwrap().expect("due");
+    assert!(w.poll_transaction(120).unwrap().is_none(), "not due yet");
+    let txn = w.poll_transaction(150).unwrap().expect("due");
     assert_eq!(
         delivered(&txn),
         vec!["count[0]:a:0@0".to_owned(), "count[1]:a:1@0".to_owned()]

@@ -722,7 +722,6 @@ impl Worker {
         }
         if new_work || task.has_work() {
             self.dirty = true;
-            self.open_since.get_or_insert(self.now);
         }
         Ok(())
     }
@@ -874,7 +873,6 @@ impl Worker {
             return self.poison(e);
         }
         self.dirty = true;
-        self.open_since.get_or_insert(self.now);
         // A position captured earlier may be covered now.
         let c = &mut slot.channels[i];
         if let Some((position, last)) = c.pending
@@ -950,7 +948,6 @@ impl Worker {
         }
         if advanced || task.has_work() {
             self.dirty = true;
-            self.open_since.get_or_insert(self.now);
         }
         Ok(())
     }
@@ -1007,11 +1004,18 @@ impl Worker {
     pub fn poll_transaction(&mut self, now: i64) -> Result<Option<Transaction>, WorkerError> {
         self.ready()?;
         self.now = self.now.max(now);
-        match self.open_since {
-            Some(since) if self.dirty && self.now - since >= ms(self.config.commit_interval) => {
-                self.take_transaction().map(Some)
-            }
-            _ => Ok(None),
+        if !self.dirty {
+            return Ok(None);
+        }
+        // The interval runs from the first call carrying the clock that
+        // finds work open: records and positions come without a clock, and
+        // dating them from an older call would commit a transaction per
+        // record.
+        let since = *self.open_since.get_or_insert(self.now);
+        if self.now - since >= ms(self.config.commit_interval) {
+            self.take_transaction().map(Some)
+        } else {
+            Ok(None)
         }
     }
 
