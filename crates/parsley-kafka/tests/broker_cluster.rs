@@ -7,8 +7,12 @@
 //! (the README's test command starts Apache Kafka and runs them with
 //! `--include-ignored`); a plain `cargo test` skips them.
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use common::{config, unique};
 
 use futures_executor::block_on;
 use parsley::task::{MetadataError, TopicMetadata};
@@ -16,26 +20,7 @@ use parsley_kafka::KafkaCluster;
 use parsley_protocol::{BrokerOffsets, TopicOffsets};
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-
-fn bootstrap() -> String {
-    std::env::var("PARSLEY_BOOTSTRAP")
-        .expect("set PARSLEY_BOOTSTRAP to a broker address (the test command does)")
-}
-
-fn config() -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", bootstrap());
-    c
-}
-
-/// A topic name no earlier run used.
-fn unique(prefix: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("parsley-test-{prefix}-{nanos}")
-}
+use rdkafka::{Offset, TopicPartitionList};
 
 fn cluster() -> KafkaCluster {
     KafkaCluster::new(&config(), Duration::from_secs(20)).expect("admin client")

@@ -5,56 +5,16 @@
 //!
 //! Needs a broker (`PARSLEY_BOOTSTRAP`); a plain `cargo test` skips it.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use futures_executor::block_on;
-use parsley::task::TopicMetadata;
-use parsley_kafka::KafkaCluster;
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
+use common::{bootstrap, config, create_topics, unique};
+
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-
-fn bootstrap() -> String {
-    std::env::var("PARSLEY_BOOTSTRAP")
-        .expect("set PARSLEY_BOOTSTRAP to a broker address (the test command does)")
-}
-
-fn config() -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", bootstrap());
-    c
-}
-
-fn unique(prefix: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("pt-{prefix}-{nanos}")
-}
-
-fn create_topics(names: &[(&str, i32)]) {
-    let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
-    let topics: Vec<NewTopic<'_>> = names
-        .iter()
-        .map(|(n, p)| NewTopic::new(n, *p, TopicReplication::Fixed(1)))
-        .collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
-    for r in block_on(cluster.admin().create_topics(&topics, &opts)).unwrap() {
-        r.unwrap();
-    }
-    for (n, _) in names {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while cluster.describe(n).is_err() {
-            assert!(Instant::now() < deadline, "topic {n} did not appear");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
 
 /// Produces `n` orders to `topic`, one every 10 ms, on its own thread, so a
 /// kill lands while records still arrive.
@@ -107,28 +67,13 @@ fn spawn(args: &[&str]) -> Child {
     child
 }
 
-/// Committed values of `topic`, read until `n` arrived or `within` passed.
+/// Committed (key, value) pairs of `topic`, read until `n` arrived or
+/// `within` passed.
 fn read(topic: &str, n: usize, within: Duration) -> Vec<(String, String)> {
-    let mut c = config();
-    c.set("isolation.level", "read_committed")
-        .set("group.id", unique("reader"))
-        .set("enable.auto.commit", "false");
-    let consumer: BaseConsumer = c.create().unwrap();
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, Offset::Beginning)
-        .unwrap();
-    consumer.assign(&tpl).unwrap();
-    let deadline = Instant::now() + within;
-    let mut out = Vec::new();
-    while out.len() < n && Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            out.push((
-                String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
-                String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
-            ));
-        }
-    }
-    out
+    common::read_committed(topic, 1, n, within)
+        .into_iter()
+        .map(|r| (r.key, r.value))
+        .collect()
 }
 
 #[test]

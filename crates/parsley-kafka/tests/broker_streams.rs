@@ -7,56 +7,19 @@
 //! (the README's test command starts Apache Kafka and runs them); a plain
 //! `cargo test` skips them.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+mod common;
 
-use futures_executor::block_on;
+use std::time::{Duration, Instant};
+
+use common::{config, create_topics, unique};
+
 use parsley::protocol::headers::{CLOCK_HEADER, CausalHeaders};
 use parsley::protocol::{Channel, VectorClock};
 use parsley::task::TopicMetadata;
 use parsley::*;
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message as _, OwnedHeaders};
+use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-
-fn bootstrap() -> String {
-    std::env::var("PARSLEY_BOOTSTRAP")
-        .expect("set PARSLEY_BOOTSTRAP to a broker address (the test command does)")
-}
-
-fn config() -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", bootstrap());
-    c
-}
-
-fn unique(prefix: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("pt-{prefix}-{nanos}")
-}
-
-fn create_topics(names: &[(&str, i32)]) {
-    let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
-    let topics: Vec<NewTopic<'_>> = names
-        .iter()
-        .map(|(n, p)| NewTopic::new(n, *p, TopicReplication::Fixed(1)))
-        .collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
-    for r in block_on(cluster.admin().create_topics(&topics, &opts)).unwrap() {
-        r.unwrap();
-    }
-    for (n, _) in names {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while cluster.describe(n).is_err() {
-            assert!(Instant::now() < deadline, "topic {n} did not appear");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
 
 fn produce(topic: &str, partition: i32, key: &str, value: &str, clock: Option<&VectorClock>) {
     let producer: BaseProducer = config().create().unwrap();
@@ -74,48 +37,22 @@ fn produce(topic: &str, partition: i32, key: &str, value: &str, clock: Option<&V
     producer.flush(Duration::from_secs(20)).unwrap();
 }
 
-/// Every committed record of `topic` (all partitions), read until `n`
-/// arrived or the deadline passed: (key, value, causal headers).
+/// Every committed record of `topic`, with its causal headers parsed.
 fn read(
     topic: &str,
     partitions: i32,
     n: usize,
     within: Duration,
 ) -> Vec<(String, String, CausalHeaders)> {
-    let mut c = config();
-    c.set("isolation.level", "read_committed")
-        .set("group.id", unique("reader"))
-        .set("enable.auto.commit", "false");
-    let consumer: BaseConsumer = c.create().unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    let deadline = Instant::now() + within;
-    let mut out = Vec::new();
-    while out.len() < n && Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            let headers: Vec<(String, Option<Vec<u8>>)> = m
-                .headers()
-                .map(|hs| {
-                    hs.iter()
-                        .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                        .collect()
-                })
-                .unwrap_or_default();
+    common::read_committed(topic, partitions, n, within)
+        .into_iter()
+        .map(|r| {
             let causal =
-                CausalHeaders::decode(headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())))
+                CausalHeaders::decode(r.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())))
                     .expect("parseable causal headers");
-            out.push((
-                String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
-                String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
-                causal,
-            ));
-        }
-    }
-    out
+            (r.key, r.value, causal)
+        })
+        .collect()
 }
 
 type T = Topic<String, String>;

@@ -1,0 +1,96 @@
+//! What the broker suites share: the broker address, unique names, topic
+//! creation, and a `read_committed` reader.
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_executor::block_on;
+use parsley::task::TopicMetadata;
+use parsley_kafka::KafkaCluster;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+/// The broker under test: `PARSLEY_BOOTSTRAP`.
+pub fn bootstrap() -> String {
+    std::env::var("PARSLEY_BOOTSTRAP")
+        .expect("set PARSLEY_BOOTSTRAP to a broker address (the test command does)")
+}
+
+/// A client configuration for the broker under test.
+pub fn config() -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap());
+    c
+}
+
+/// A name no earlier run used.
+pub fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("pt-{prefix}-{nanos}")
+}
+
+/// Creates topics and waits until the broker describes them.
+pub fn create_topics(names: &[(&str, i32)]) {
+    let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
+    let topics: Vec<NewTopic<'_>> = names
+        .iter()
+        .map(|(n, p)| NewTopic::new(n, *p, TopicReplication::Fixed(1)))
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    for r in block_on(cluster.admin().create_topics(&topics, &opts)).unwrap() {
+        r.unwrap();
+    }
+    for (n, _) in names {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cluster.describe(n).is_err() {
+            assert!(Instant::now() < deadline, "topic {n} did not appear");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// One committed record as read back.
+pub struct Read {
+    pub key: String,
+    pub value: String,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+/// Every committed record of `topic` (partitions `0..partitions`), read
+/// from the beginning until `n` arrived or `within` passed.
+pub fn read_committed(topic: &str, partitions: i32, n: usize, within: Duration) -> Vec<Read> {
+    let mut c = config();
+    c.set("isolation.level", "read_committed")
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false");
+    let consumer: BaseConsumer = c.create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let deadline = Instant::now() + within;
+    let mut out = Vec::new();
+    while out.len() < n && Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            out.push(Read {
+                key: String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                value: String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+                headers: m
+                    .headers()
+                    .map(|hs| {
+                        hs.iter()
+                            .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            });
+        }
+    }
+    out
+}
