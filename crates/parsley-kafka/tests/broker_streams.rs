@@ -20,6 +20,7 @@ use parsley::*;
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
 
 fn produce(topic: &str, partition: i32, key: &str, value: &str, clock: Option<&VectorClock>) {
     let producer: BaseProducer = config().create().unwrap();
@@ -337,4 +338,67 @@ fn fails_closed_on_a_missing_topic_and_a_corrupt_header() {
         1,
         "nothing past the corrupt record was committed"
     );
+}
+
+/// Log-start truncation on the wire: a payment carries a claim on a topic
+/// the ledger does not consume, so the ledger's stamps carry it on. Once
+/// DeleteRecords moves that topic's log start past the claim, the
+/// truncation sweep retires it: later stamps no longer claim it.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn the_truncation_sweep_retires_claims_below_the_log_start() {
+    let (o, p, s, x) = (
+        unique("orders"),
+        unique("payments"),
+        unique("settled"),
+        unique("elsewhere"),
+    );
+    create_topics(&[(&o, 1), (&p, 1), (&s, 1), (&x, 1)]);
+    for i in 0..3 {
+        produce(&x, 0, "k", &format!("{i}"), None);
+    }
+    let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
+    let app = ledger(&unique("app"), &orders, &payments, &settled);
+    let mut streams = CausalStreams::new(&app, config())
+        .unwrap()
+        .with_options(StreamsOptions {
+            commit_interval: Duration::from_millis(50),
+            truncation_interval: Duration::from_millis(500),
+            instance_id: Some("a".to_owned()),
+            ..StreamsOptions::default()
+        });
+    streams.start().unwrap();
+    streams.wait_until_running(Duration::from_secs(30)).unwrap();
+    let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
+    let x0 = Channel::new(cluster.describe(&x).unwrap().id, 0);
+    let mut clock = VectorClock::new();
+    clock.claim_offset(x0, 2);
+    produce(&p, 0, "k", "pay", Some(&clock));
+    let first = read(&s, 1, 1, Duration::from_secs(30));
+    assert_eq!(
+        first[0].2.clock.offset(x0),
+        Some(2),
+        "the claim is carried on"
+    );
+
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&x, 0, Offset::Offset(3)).unwrap();
+    futures_executor::block_on(
+        cluster
+            .admin()
+            .delete_records(&tpl, &rdkafka::admin::AdminOptions::new()),
+    )
+    .unwrap();
+    // Several sweep intervals pass; the next output no longer claims x.
+    std::thread::sleep(Duration::from_secs(2));
+    produce(&p, 0, "k", "pay again", None);
+    let out = read(&s, 1, 2, Duration::from_secs(30));
+    assert_eq!(out.len(), 2);
+    assert_eq!(
+        out[1].2.clock.offset(x0),
+        None,
+        "retired by the sweep: {:?}",
+        out[1].2.clock
+    );
+    streams.close(Duration::from_secs(30)).unwrap();
 }
