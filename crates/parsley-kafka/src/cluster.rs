@@ -49,9 +49,15 @@ impl KafkaCluster {
     /// Connects with `config` (bootstrap servers and security settings pass
     /// through as given); each lookup waits at most `timeout`.
     pub fn new(config: &ClientConfig, timeout: Duration) -> Result<KafkaCluster, KafkaError> {
+        // Watermark lookups follow the client's isolation level, and
+        // librdkafka's default is read_committed, which would answer the
+        // last stable offset: the end offsets here must be the high
+        // watermark.
+        let mut admin = config.clone();
+        admin.set("isolation.level", "read_uncommitted");
         Ok(KafkaCluster {
             config: config.clone(),
-            admin: config.create()?,
+            admin: admin.create()?,
             timeout,
             names: Mutex::new(BTreeMap::new()),
         })

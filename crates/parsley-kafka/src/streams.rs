@@ -432,6 +432,7 @@ impl CausalStreams {
 /// callback runs inside `poll`, on the same thread).
 struct Shared {
     worker: Worker,
+    start_policy: StartPolicy,
     producer: BaseProducer,
     cluster: KafkaCluster,
     timeout: Duration,
@@ -503,23 +504,53 @@ impl Shared {
                 Err(e) => return Err(e.into()),
             }
         };
+        // A late joiner starts at the last stable offset, never the high
+        // watermark: records of a transaction still open at the join sit
+        // between the two, and they (and the claims on them) must be
+        // delivered once it commits. The consumer is read_committed, so its
+        // "latest" offset lookup answers the last stable offset.
+        let mut stable = BTreeMap::new();
+        if self.start_policy == StartPolicy::Latest {
+            let mut latest = TopicPartitionList::new();
+            for (topic, p) in partitions(tpl) {
+                latest.add_partition_offset(&topic, p, Offset::End)?;
+            }
+            for e in consumer.offsets_for_times(latest, self.timeout)?.elements() {
+                if let Offset::Offset(o) = e.offset() {
+                    stable.insert((e.topic().to_owned(), e.partition()), o);
+                }
+            }
+        }
         let mut parts = Vec::new();
         for (topic, p) in partitions(tpl) {
             let committed = match committed.find_partition(&topic, p).map(|e| e.offset()) {
                 Some(Offset::Offset(o)) => Some(o),
                 _ => None,
             };
-            let (low, high) =
-                self.cluster
+            // A partition may have no leader for a moment (just created,
+            // or a leader moving): ask again within the same bound.
+            let (low, high) = loop {
+                match self
+                    .cluster
                     .admin()
                     .inner()
-                    .fetch_watermarks(&topic, p, self.timeout)?;
+                    .fetch_watermarks(&topic, p, self.timeout)
+                {
+                    Ok(w) => break w,
+                    Err(e) if Instant::now() < deadline => {
+                        warn!(%topic, partition = p, error = %e, "watermarks not available yet; retrying");
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            let end = stable.get(&(topic.clone(), p)).copied().unwrap_or(high);
             parts.push(AssignedPartition {
                 topic,
                 partition: p,
                 committed,
                 log_start: low,
-                end: high,
+                end,
             });
         }
         self.worker.assign(parts, &self.cluster, now_ms())?;
@@ -750,6 +781,7 @@ impl StreamThread {
         let context = ThreadContext {
             shared: Mutex::new(Shared {
                 worker,
+                start_policy: self.options.start_policy,
                 producer,
                 cluster,
                 timeout,

@@ -402,3 +402,51 @@ fn the_truncation_sweep_retires_claims_below_the_log_start() {
     );
     streams.close(Duration::from_secs(30)).unwrap();
 }
+
+/// A late joiner (start policy "latest") starts at the last stable offset:
+/// a transaction open when it joins commits later, and its records are
+/// delivered. Starting at the high watermark would skip them.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_late_joiner_starts_at_the_last_stable_offset() {
+    let (o, p, s) = (unique("orders"), unique("payments"), unique("settled"));
+    create_topics(&[(&o, 1), (&p, 1), (&s, 1)]);
+    produce(&o, 0, "old", "0", None);
+    let mut c = config();
+    c.set("transactional.id", unique("upstream"));
+    let upstream: BaseProducer = c.create().unwrap();
+    upstream.init_transactions(Duration::from_secs(20)).unwrap();
+    upstream.begin_transaction().unwrap();
+    upstream
+        .send(BaseRecord::to(&o).partition(0).key("open").payload("1"))
+        .map_err(|(e, _)| e)
+        .unwrap();
+    upstream.flush(Duration::from_secs(20)).unwrap();
+
+    let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
+    let app = ledger(&unique("app"), &orders, &payments, &settled);
+    let mut streams = CausalStreams::new(&app, config())
+        .unwrap()
+        .with_options(StreamsOptions {
+            commit_interval: Duration::from_millis(50),
+            start_policy: parsley::runtime::worker::StartPolicy::Latest,
+            instance_id: Some("a".to_owned()),
+            ..StreamsOptions::default()
+        });
+    streams.start().unwrap();
+    streams.wait_until_running(Duration::from_secs(30)).unwrap();
+    // Let the assignment happen while the transaction is open.
+    std::thread::sleep(Duration::from_secs(3));
+    upstream
+        .commit_transaction(Duration::from_secs(20))
+        .unwrap();
+    assert_eq!(read(&s, 1, 1, Duration::from_secs(30)).len(), 1);
+    let out = read(&s, 1, 2, Duration::from_secs(3));
+    streams.close(Duration::from_secs(30)).unwrap();
+    let values: Vec<&str> = out.iter().map(|(_, v, _)| v.as_str()).collect();
+    assert_eq!(
+        values,
+        vec!["order 1"],
+        "the open transaction's record, not the history before it"
+    );
+}
