@@ -6,94 +6,19 @@
 //! payment stamped as caused by an order that has not arrived yet waits at
 //! the gate until the order is delivered.
 
-use parsley::{Codec, Input, Message, Parsley, Stage, Step, TestDriver, Topic};
+#[path = "shared/settlement_app.rs"]
+mod settlement_app;
 
-/// An order: its id and total, in cents.
-#[derive(Clone, Debug, PartialEq)]
-struct Order {
-    id: String,
-    total: i64,
-}
-
-/// A payment, in cents.
-#[derive(Clone, Debug, PartialEq)]
-struct Payment {
-    amount: i64,
-}
-
-/// What a settled order leaves behind.
-#[derive(Clone, Debug, PartialEq)]
-struct Settled {
-    order: String,
-    balance: i64,
-}
-
-/// `total` (8 bytes, big-endian) followed by the id in UTF-8.
-fn order_codec() -> Codec<Order> {
-    Codec::new(
-        |o: &Order| [o.total.to_be_bytes().as_slice(), o.id.as_bytes()].concat(),
-        |b: &[u8]| -> Result<Order, String> {
-            let (total, id) = b.split_at_checked(8).ok_or("order shorter than 8 bytes")?;
-            Ok(Order {
-                id: String::from_utf8(id.to_vec()).map_err(|e| e.to_string())?,
-                total: Codec::int64().decode(total).map_err(|e| e.to_string())?,
-            })
-        },
-    )
-    .named("order")
-}
-
-fn payment_codec() -> Codec<Payment> {
-    let long = Codec::int64();
-    Codec::new(
-        |p: &Payment| p.amount.to_be_bytes().to_vec(),
-        move |b: &[u8]| long.decode(b).map(|amount| Payment { amount }),
-    )
-    .named("payment")
-}
-
-fn settled_codec() -> Codec<Settled> {
-    Codec::new(
-        |s: &Settled| [s.balance.to_be_bytes().as_slice(), s.order.as_bytes()].concat(),
-        |b: &[u8]| -> Result<Settled, String> {
-            let (balance, order) = b
-                .split_at_checked(8)
-                .ok_or("settlement shorter than 8 bytes")?;
-            Ok(Settled {
-                order: String::from_utf8(order.to_vec()).map_err(|e| e.to_string())?,
-                balance: Codec::int64().decode(balance).map_err(|e| e.to_string())?,
-            })
-        },
-    )
-    .named("settled")
-}
+use parsley::{Codec, Input, TestDriver};
+use settlement_app::{Order, Payment, Settlement, settlement_app};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let orders: Topic<String, Order> = Topic::new("orders", Codec::utf8(), order_codec());
-    let payments: Topic<String, Payment> = Topic::new("payments", Codec::utf8(), payment_codec());
-    let settlements: Topic<String, Settled> =
-        Topic::new("settlements", Codec::utf8(), settled_codec());
-
-    let out = settlements.clone();
-    let settlement = Stage::named("settlement")
-        .state(Codec::int64(), || 0)
-        .fold(&orders, move |balance: i64, m: &Message<String, Order>| {
-            let Some(order) = m.value() else {
-                return Step::keep();
-            };
-            let next = balance - order.total;
-            let settled = Settled {
-                order: order.id.clone(),
-                balance: next,
-            };
-            Step::to(next).emit(out.send(m.key().cloned(), settled))
-        })
-        .fold(&payments, |balance: i64, m: &Message<String, Payment>| {
-            Step::to(balance + m.value().map_or(0, |p| p.amount))
-        })
-        .sink(&settlements)
-        .build()?;
-    let app = Parsley::named("settlements-app", [settlement])?;
+    let Settlement {
+        app,
+        orders,
+        payments,
+        settlements,
+    } = settlement_app("settlements-app", "")?;
 
     let mut driver = TestDriver::new(&app)?;
     driver.pipe(&payments, "acct-1", Payment { amount: 10_000 })?;

@@ -1,0 +1,182 @@
+//! The settlement application on a Kafka cluster: the same application the
+//! TestDriver example runs (`cargo run -p parsley --example settlement`),
+//! through the exactly-once runtime.
+//!
+//! ```text
+//! cargo run -p parsley-kafka --example settlement -- --bootstrap HOST:PORT
+//! ```
+//!
+//! It creates three fresh topics (named after the run), starts the
+//! application, produces a payment, an order, a payment its producer
+//! stamped as caused by an order not yet written, and then that order, and
+//! prints the settlements: the stamped payment waits for its order, so the
+//! balances come out as in the TestDriver run.
+
+#[path = "../../parsley/examples/shared/settlement_app.rs"]
+mod settlement_app;
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_executor::block_on;
+use parsley::protocol::headers::CLOCK_HEADER;
+use parsley::protocol::{BrokerOffsets, Channel, TopicOffsets, VectorClock};
+use parsley::task::TopicMetadata;
+use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Message as _, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use settlement_app::{
+    Order, Payment, Settlement, order_codec, payment_codec, settled_codec, settlement_app,
+};
+
+type Error = Box<dyn std::error::Error>;
+
+/// The end offset of a channel (where the next record lands).
+fn end_of(cluster: &KafkaCluster, c: Channel) -> Result<i64, Error> {
+    match cluster.end_offsets(&[c.topic].into())?.get(&c.topic) {
+        Some(TopicOffsets::Present(p)) => Ok(p.get(&c.partition).copied().unwrap_or(0)),
+        _ => Err(format!("no end offset for {c}").into()),
+    }
+}
+
+fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let bootstrap = match args.as_slice() {
+        [flag, b] if flag == "--bootstrap" => b.clone(),
+        _ => {
+            eprintln!("usage: settlement --bootstrap HOST:PORT");
+            std::process::exit(2);
+        }
+    };
+    let run = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();
+    let Settlement {
+        app,
+        orders,
+        payments,
+        settlements,
+    } = settlement_app(&format!("settlements-app-{run}"), &format!("run-{run}-"))?;
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", &bootstrap);
+    let cluster = KafkaCluster::new(&config, Duration::from_secs(30))?;
+    let topics: Vec<NewTopic<'_>> = [orders.name(), payments.name(), settlements.name()]
+        .into_iter()
+        .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
+        .collect();
+    for r in block_on(cluster.admin().create_topics(&topics, &AdminOptions::new()))? {
+        r.map_err(|(t, e)| format!("creating {t}: {e}"))?;
+    }
+    for t in [orders.name(), payments.name(), settlements.name()] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cluster.describe(t).is_err() {
+            if Instant::now() > deadline {
+                return Err(format!("topic {t} did not appear").into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    let mut streams = CausalStreams::new(&app, config.clone())?.with_options(StreamsOptions {
+        commit_interval: Duration::from_millis(50),
+        ..StreamsOptions::default()
+    });
+    streams.start()?;
+    streams.wait_until_running(Duration::from_secs(30))?;
+
+    // A plain producer that stamps its sends: each one claims every send it
+    // made before (as a causal clock on a plain client does), so the
+    // application sees them in the order they were made.
+    let producer: BaseProducer = config.create()?;
+    let mut clock = VectorClock::new();
+    // `refund_for`: sent by another service (the refunds), stamped only as
+    // caused by the next record of that channel, not yet written.
+    let mut send =
+        |topic: &str, value: Vec<u8>, refund_for: Option<Channel>| -> Result<(), Error> {
+            let stamp = match refund_for {
+                None => clock.clone(),
+                Some(c) => {
+                    let mut s = VectorClock::new();
+                    s.claim_offset(c, end_of(&cluster, c)?);
+                    s
+                }
+            };
+            let record = BaseRecord::to(topic)
+                .partition(0)
+                .key("acct-1")
+                .payload(&value)
+                .headers(OwnedHeaders::new().insert(rdkafka::message::Header {
+                    key: CLOCK_HEADER,
+                    value: Some(&stamp.encode()),
+                }));
+            producer.send(record).map_err(|(e, _)| e)?;
+            producer.flush(Duration::from_secs(20))?;
+            if refund_for.is_none() {
+                let written = Channel::new(cluster.describe(topic)?.id, 0);
+                clock.claim_offset(written, end_of(&cluster, written)? - 1);
+            }
+            Ok(())
+        };
+    send(
+        payments.name(),
+        payment_codec().encode(&Payment { amount: 10_000 })?,
+        None,
+    )?;
+    send(
+        orders.name(),
+        order_codec().encode(&Order {
+            id: "o-1".into(),
+            total: 2_500,
+        })?,
+        None,
+    )?;
+    // A refund-like payment stamped as caused by the next order, which is
+    // not written yet: it waits at the gate until that order is delivered.
+    let orders0 = Channel::new(cluster.describe(orders.name())?.id, 0);
+    send(
+        payments.name(),
+        payment_codec().encode(&Payment { amount: 4_000 })?,
+        Some(orders0),
+    )?;
+    std::thread::sleep(Duration::from_secs(2));
+    send(
+        orders.name(),
+        order_codec().encode(&Order {
+            id: "o-2".into(),
+            total: 4_000,
+        })?,
+        None,
+    )?;
+
+    let mut reader_config = config.clone();
+    reader_config
+        .set("isolation.level", "read_committed")
+        .set("group.id", format!("settlement-reader-{run}"));
+    let reader: BaseConsumer = reader_config.create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(settlements.name(), 0, Offset::Beginning)?;
+    reader.assign(&tpl)?;
+    let mut balances = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while balances.len() < 2 && Instant::now() < deadline {
+        if let Some(m) = reader.poll(Duration::from_millis(100)) {
+            let m = m?;
+            let settled = settled_codec().decode(m.payload().unwrap_or_default())?;
+            println!(
+                "{}:{}@{} {:?}",
+                m.topic(),
+                m.partition(),
+                m.offset(),
+                settled
+            );
+            balances.push(settled.balance);
+        }
+    }
+    streams.close(Duration::from_secs(30))?;
+    // o-2 settles before the held payment is applied: 10000 - 2500 - 4000.
+    if balances != vec![7_500, 3_500] {
+        return Err(format!("unexpected balances {balances:?}").into());
+    }
+    println!("balances as in the TestDriver run: {balances:?}");
+    Ok(())
+}
