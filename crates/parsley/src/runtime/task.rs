@@ -197,14 +197,6 @@ impl TaskCommit {
     pub fn is_empty(&self) -> bool {
         self.records.is_empty() && self.changelog.is_empty() && self.events.is_empty()
     }
-
-    /// The records delivered to logic, in delivery order.
-    pub fn delivered(&self) -> impl Iterator<Item = &DeliveredRecord> {
-        self.events.iter().filter_map(|e| match e {
-            TaskEvent::Delivered(d) => Some(d),
-            _ => None,
-        })
-    }
 }
 
 /// A task's committed stores: what it starts from, and what it keeps
@@ -1001,16 +993,15 @@ impl Task {
             headers,
             causal,
         };
-        let coordinate = Coordinate::new(
-            self.topic_name(inbound.channel.topic),
-            inbound.channel.partition,
-            inbound.offset,
-        );
+        let (channel, offset) = (inbound.channel, inbound.offset);
         let held_before = self.node.held_count();
         let deliveries = self.node.on_record(inbound).map_err(|e| self.protocol(e))?;
         let released = deliveries.iter().filter(|d| d.was_held).count();
         if self.node.held_count() + released > held_before {
-            // Only the arriving record can join a queue in one call.
+            // Only the arriving record can join a queue in one call; its
+            // coordinate is named only then, off the common path.
+            let coordinate =
+                Coordinate::new(self.topic_name(channel.topic), channel.partition, offset);
             self.events.push(TaskEvent::Held { coordinate });
         }
         for d in deliveries {

@@ -584,6 +584,10 @@ impl TestDriverBuilder {
             }
         }
         let worker = Worker::new(&app, driver_config());
+        let senders = slots
+            .iter()
+            .map(|s: &Slot| (app.sender_id(&s.id.stage, s.id.partition), s.id.clone()))
+            .collect();
         let mut driver = TestDriver {
             app,
             log,
@@ -595,6 +599,7 @@ impl TestDriverBuilder {
             deliveries: Vec::new(),
             budget: self.budget,
             aborts: 0,
+            senders,
         };
         driver.start_worker()?;
         driver.run()?;
@@ -664,6 +669,8 @@ pub struct TestDriver {
     deliveries: Vec<StageDelivery>,
     budget: usize,
     aborts: usize,
+    /// Each task by its sender identity, to tag the records it produces.
+    senders: BTreeMap<SenderId, TaskId>,
 }
 
 impl fmt::Debug for TestDriver {
@@ -1397,10 +1404,7 @@ impl TestDriver {
     /// producing task's partition; the sender header names the task.
     fn producer_of(&self, r: &OutgoingRecord) -> Option<TaskId> {
         let sender = causal_headers(&r.headers).ok()?.sender?.sender;
-        self.slots
-            .iter()
-            .find(|s| self.app.sender_id(&s.id.stage, s.id.partition) == sender)
-            .map(|s| s.id.clone())
+        self.senders.get(&sender).cloned()
     }
 
     /// Aborts the open transaction: what it had emitted stays in the log as
