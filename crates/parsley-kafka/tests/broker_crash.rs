@@ -39,6 +39,27 @@ fn produce_paced(topic: &str, n: usize) -> std::thread::JoinHandle<()> {
     })
 }
 
+/// Waits until `n` outputs are committed (the instance made progress).
+fn wait_for_progress(topic: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while read(topic, n, Duration::from_secs(3)).len() < n {
+        assert!(Instant::now() < deadline, "the instance made no progress");
+    }
+}
+
+/// Every order settled once, in order, and nothing more committed.
+fn assert_exactly_once(topic: &str, out: &[(String, String)], n: usize) {
+    let expected: Vec<(String, String)> = (0..n)
+        .map(|i| (format!("k{i:04}"), format!("order {i}")))
+        .collect();
+    assert_eq!(out, expected.as_slice(), "exactly once, in order");
+    assert_eq!(
+        read(topic, n + 1, Duration::from_secs(3)).len(),
+        n,
+        "no duplicates: nothing else was committed"
+    );
+}
+
 /// The ledger example, built by `cargo test` next to this test binary.
 fn ledger_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -99,13 +120,7 @@ fn a_killed_instance_loses_and_duplicates_nothing() {
 
     let mut first = spawn(&args);
     // Let it commit part of the stream, then kill it without warning.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while read(&s, 50, Duration::from_secs(3)).len() < 50 {
-        assert!(
-            Instant::now() < deadline,
-            "the first instance made no progress"
-        );
-    }
+    wait_for_progress(&s, 50);
     first.kill().unwrap();
     first.wait().unwrap();
     let at_kill = read(&s, N, Duration::from_secs(2)).len();
@@ -125,15 +140,7 @@ fn a_killed_instance_loses_and_duplicates_nothing() {
         out.len()
     );
     assert_eq!(out.len(), N, "nothing lost");
-    let expected: Vec<(String, String)> = (0..N)
-        .map(|i| (format!("k{i:04}"), format!("order {i}")))
-        .collect();
-    assert_eq!(out, expected, "exactly once, in order");
-    assert_eq!(
-        read(&s, N + 1, Duration::from_secs(2)).len(),
-        N,
-        "no duplicates"
-    );
+    assert_exactly_once(&s, &out, N);
     assert!(closed.success(), "the second instance closed cleanly");
 }
 
@@ -166,13 +173,7 @@ fn a_frozen_instance_is_fenced_when_it_wakes() {
     let feeding = produce_paced(&o, N);
     let a_args = args("a");
     let mut a = spawn(&a_args.iter().map(String::as_str).collect::<Vec<_>>());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while read(&s, 30, Duration::from_secs(3)).len() < 30 {
-        assert!(
-            Instant::now() < deadline,
-            "the first instance made no progress"
-        );
-    }
+    wait_for_progress(&s, 30);
     let signal = |sig: &str, child: &Child| {
         let ok = Command::new("kill")
             .args([sig, &child.id().to_string()])
@@ -198,14 +199,6 @@ fn a_frozen_instance_is_fenced_when_it_wakes() {
         out.len()
     );
     assert!(frozen_at < N, "frozen mid-stream");
-    let expected: Vec<(String, String)> = (0..N)
-        .map(|i| (format!("k{i:04}"), format!("order {i}")))
-        .collect();
-    assert_eq!(out, expected, "exactly once, in order");
-    assert_eq!(
-        read(&s, N + 1, Duration::from_secs(3)).len(),
-        N,
-        "nothing the zombie wrote is visible"
-    );
+    assert_exactly_once(&s, &out, N);
     assert!(b_exit.success(), "the live instance closed cleanly");
 }

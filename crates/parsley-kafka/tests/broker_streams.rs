@@ -100,13 +100,22 @@ fn start(app: &Parsley) -> CausalStreams {
 /// Starts an instance with its own instance id (two instances running at
 /// once need distinct ones).
 fn start_as(app: &Parsley, instance: &str) -> CausalStreams {
+    start_with(app, options(instance))
+}
+
+/// The tests' options: short commit interval, the given instance id.
+fn options(instance: &str) -> StreamsOptions {
+    StreamsOptions {
+        commit_interval: Duration::from_millis(50),
+        instance_id: Some(instance.to_owned()),
+        ..StreamsOptions::default()
+    }
+}
+
+fn start_with(app: &Parsley, options: StreamsOptions) -> CausalStreams {
     let mut s = CausalStreams::new(app, config())
         .unwrap()
-        .with_options(StreamsOptions {
-            commit_interval: Duration::from_millis(50),
-            instance_id: Some(instance.to_owned()),
-            ..StreamsOptions::default()
-        });
+        .with_options(options);
     s.start().unwrap();
     s.wait_until_running(Duration::from_secs(30)).unwrap();
     s
@@ -359,16 +368,13 @@ fn the_truncation_sweep_retires_claims_below_the_log_start() {
     }
     let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
     let app = ledger(&unique("app"), &orders, &payments, &settled);
-    let mut streams = CausalStreams::new(&app, config())
-        .unwrap()
-        .with_options(StreamsOptions {
-            commit_interval: Duration::from_millis(50),
+    let mut streams = start_with(
+        &app,
+        StreamsOptions {
             truncation_interval: Duration::from_millis(500),
-            instance_id: Some("a".to_owned()),
-            ..StreamsOptions::default()
-        });
-    streams.start().unwrap();
-    streams.wait_until_running(Duration::from_secs(30)).unwrap();
+            ..options("a")
+        },
+    );
     let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
     let x0 = Channel::new(cluster.describe(&x).unwrap().id, 0);
     let mut clock = VectorClock::new();
@@ -425,16 +431,13 @@ fn a_late_joiner_starts_at_the_last_stable_offset() {
 
     let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
     let app = ledger(&unique("app"), &orders, &payments, &settled);
-    let mut streams = CausalStreams::new(&app, config())
-        .unwrap()
-        .with_options(StreamsOptions {
-            commit_interval: Duration::from_millis(50),
+    let mut streams = start_with(
+        &app,
+        StreamsOptions {
             start_policy: parsley::runtime::worker::StartPolicy::Latest,
-            instance_id: Some("a".to_owned()),
-            ..StreamsOptions::default()
-        });
-    streams.start().unwrap();
-    streams.wait_until_running(Duration::from_secs(30)).unwrap();
+            ..options("a")
+        },
+    );
     // Let the assignment happen while the transaction is open.
     std::thread::sleep(Duration::from_secs(3));
     upstream

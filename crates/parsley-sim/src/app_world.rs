@@ -328,8 +328,6 @@ pub struct AppStats {
     pub migrations: u64,
     /// Tasks that moved while their old owner held records.
     pub migrations_while_holding: u64,
-    /// Assignments whose tasks restored held records from changelogs.
-    pub restores_with_held: u64,
     /// Positions reported while polled records below them were buffered.
     pub early_positions: u64,
     /// Wall-clock moves.
@@ -356,7 +354,6 @@ impl AppStats {
         self.rebalances += o.rebalances;
         self.migrations += o.migrations;
         self.migrations_while_holding += o.migrations_while_holding;
-        self.restores_with_held += o.restores_with_held;
         self.early_positions += o.early_positions;
         self.clock_moves += o.clock_moves;
         self.retention_moves += o.retention_moves;
@@ -537,12 +534,6 @@ impl AppWorld {
         }
     }
 
-    /// Flushes every live member's open work and commits it (for a final
-    /// check of committed state).
-    pub fn member_count(&self) -> usize {
-        self.members.len()
-    }
-
     fn fail(&self, message: impl Into<String>) -> AppFailure {
         AppFailure {
             seed: self.seed,
@@ -719,11 +710,6 @@ impl AppWorld {
                 .thread
                 .assign(assigned, broker, now)
                 .map_err(|e| self.fail(format!("member {id}: assignment refused: {e}")))?;
-            if self.members[i].thread.has_open_work()
-                && !self.members[i].thread.held_heads().is_empty()
-            {
-                self.stats.restores_with_held += 1;
-            }
             self.apply_seeks(i)?;
         }
         for (task, &owner) in &owners {
@@ -1044,8 +1030,7 @@ impl AppWorld {
 
     fn crash(&mut self, i: usize) -> Result<(), AppFailure> {
         self.stats.crashes += 1;
-        let gone = self.members.remove(i);
-        let _ = gone;
+        self.members.remove(i);
         let live = self.members.iter().filter(|m| !m.zombie).count();
         if live == 0 {
             self.add_member();

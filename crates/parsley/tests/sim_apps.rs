@@ -666,15 +666,3 @@ fn a_seed_determines_an_application_world() {
     assert_eq!(run(7), run(7));
     assert_ne!(run(7).0, run(8).0);
 }
-
-#[test]
-#[ignore = "debugging aid: PARSLEY_TRACE=1 PARSLEY_SEED=N cargo test -- --ignored trace_one"]
-fn trace_one() {
-    let seed: u64 = std::env::var("PARSLEY_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let a = cycle();
-    let (mut w, _) = world(&a, full_budget(), 3, None, seed).unwrap();
-    w.run().unwrap();
-}

@@ -307,11 +307,7 @@ fn start_positions_follow_resume_committed_policy_and_the_log_start() {
         0,
     )
     .unwrap();
-    let seeks: BTreeMap<String, i64> = w
-        .take_seeks()
-        .into_iter()
-        .map(|s| (s.topic, s.offset))
-        .collect();
+    let seeks: BTreeMap<String, i64> = seek(&mut w).into_iter().map(|((t, _), o)| (t, o)).collect();
     assert_eq!(seeks["a"], 7, "the committed position");
     assert_eq!(seeks["b"], 3, "earliest: the log start");
 
@@ -341,11 +337,7 @@ fn start_positions_follow_resume_committed_policy_and_the_log_start() {
         0,
     )
     .unwrap();
-    let seeks: BTreeMap<String, i64> = w
-        .take_seeks()
-        .into_iter()
-        .map(|s| (s.topic, s.offset))
-        .collect();
+    let seeks: BTreeMap<String, i64> = seek(&mut w).into_iter().map(|((t, _), o)| (t, o)).collect();
     assert_eq!(seeks["a"], 4);
     assert_eq!(seeks["b"], 9);
 }
@@ -753,4 +745,55 @@ fn a_task_restarted_after_a_failed_reset_starts_from_the_latest_commit() {
         1,
         "after a@0, committed"
     );
+}
+
+/// A fetched record that waits at the gate is reported, in order, as held.
+#[test]
+fn a_held_record_is_an_event_of_the_transaction() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    // a@0 claims b@0, which has not arrived.
+    let mut r = rec("a", 0, 0, "x");
+    let mut clock = protocol::VectorClock::new();
+    clock.claim_offset(protocol::Channel::new(TopicId::from_u128(0x1001), 0), 0);
+    r.headers.push(Header::new("vc", clock.encode()));
+    w.on_record(r).unwrap();
+    let txn = w.flush().unwrap().unwrap();
+    let held: Vec<String> = txn
+        .events
+        .iter()
+        .filter_map(|e| match &e.event {
+            TaskEvent::Held { coordinate } => Some(coordinate.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(held, vec!["a:0@0".to_owned()]);
+    assert!(delivered(&txn).is_empty());
+}
+
+/// A task hands over one transaction at a time: a second take before the
+/// first's outcome is refused (the worker never asks, but a host driving
+/// tasks itself must not either).
+#[test]
+fn a_task_refuses_a_second_commit_in_flight() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut task = parsley::task::Task::init(
+        &app,
+        "count",
+        0,
+        parsley::task::TaskStores::default(),
+        &cluster,
+        &cluster,
+        0,
+    )
+    .unwrap();
+    task.take_commit().unwrap();
+    assert!(matches!(
+        task.take_commit(),
+        Err(TaskError::InFlight { .. })
+    ));
+    task.commit_done();
+    assert!(task.take_commit().is_ok());
 }

@@ -291,12 +291,6 @@ impl StreamThread for Thread {
     }
 
     fn on_record(&mut self, r: Fetched) -> Result<(), String> {
-        if std::env::var_os("PARSLEY_TRACE").is_some() {
-            eprintln!(
-                "  {:p} record {}:{}@{}",
-                self, r.topic, r.partition, r.offset
-            );
-        }
         self.worker
             .on_record(PolledRecord {
                 topic: r.topic,
@@ -317,12 +311,6 @@ impl StreamThread for Thread {
         position: i64,
         last_returned: Option<i64>,
     ) -> Result<(), String> {
-        if std::env::var_os("PARSLEY_TRACE").is_some() {
-            eprintln!(
-                "  {:p} position {topic}:{partition} {position} last {last_returned:?}",
-                self
-            );
-        }
         let last = if self.fault == Some(HostFault::EarlyPositionReport) {
             None
         } else {
@@ -353,9 +341,6 @@ impl StreamThread for Thread {
     }
 
     fn outcome(&mut self, outcome: Outcome, broker: &SimBroker) -> Result<(), String> {
-        if std::env::var_os("PARSLEY_TRACE").is_some() {
-            eprintln!("  {:p} outcome {outcome:?}", self);
-        }
         let o = match outcome {
             Outcome::Committed => CommitOutcome::Committed,
             Outcome::Aborted => CommitOutcome::Aborted,
@@ -374,9 +359,6 @@ impl StreamThread for Thread {
 
     fn take_seeks(&mut self) -> Vec<(String, i32, i64)> {
         let seeks = self.worker.take_seeks();
-        if std::env::var_os("PARSLEY_TRACE").is_some() && !seeks.is_empty() {
-            eprintln!("  {:p} seeks {seeks:?}", self);
-        }
         for s in &seeks {
             // The world's consumer applies what it is handed; confirm each.
             let _ = self.worker.seek_applied(&s.topic, s.partition, s.offset);
