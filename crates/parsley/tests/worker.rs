@@ -797,3 +797,31 @@ fn a_task_refuses_a_second_commit_in_flight() {
     task.commit_done();
     assert!(task.take_commit().is_ok());
 }
+
+/// A changelog record no store writes (a fold key naming no slot, a
+/// protocol key that is not UTF-8) fails the restore with a typed error.
+#[test]
+fn a_changelog_record_no_store_writes_is_refused() {
+    let app = counting_app();
+    for (topic, key) in [
+        ("app-count-fold-changelog", vec![0x07u8]),
+        ("app-count-state-changelog", vec![0xffu8, 0xfe]),
+    ] {
+        let cluster = counting_cluster(1);
+        cluster.logs.borrow_mut().insert(
+            (topic.to_owned(), 0),
+            vec![ChangelogRecord {
+                key: Some(key),
+                value: Some(vec![1]),
+            }],
+        );
+        let mut w = worker(&app);
+        let err = w
+            .assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+            .unwrap_err();
+        assert!(
+            matches!(err, WorkerError::Changelog(ChangelogError::Corrupt { .. })),
+            "{topic}: {err}"
+        );
+    }
+}
