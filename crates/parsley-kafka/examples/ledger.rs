@@ -71,6 +71,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut sink = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut sink);
     streams.close(Duration::from_secs(60))?;
-    println!("closed");
+    println!("closed after {} rejoin(s)", streams.rejoins());
     Ok(())
 }

@@ -9,7 +9,7 @@
 //! sweeps) is the worker's, so the simulator has judged it.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -22,7 +22,7 @@ use parsley::runtime::worker::{
 };
 use parsley::task::{MetadataError, TopicMetadata};
 use parsley_protocol::Header;
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
@@ -114,6 +114,26 @@ pub enum StreamsError {
         /// The topic.
         topic: String,
     },
+    /// A stage's source topics (and its tick topic) disagree on partition
+    /// count, so related keys would not meet in one task.
+    #[error(
+        "stage {stage:?}: its topics must all have the same partition count, but {}; recreate them with equal counts",
+        counts.iter().map(|(t, n)| format!("{t:?} has {n}")).collect::<Vec<_>>().join(", ")
+    )]
+    PartitionCounts {
+        /// The stage.
+        stage: String,
+        /// Each source (and the tick topic) with its partition count.
+        counts: Vec<(String, i32)>,
+    },
+    /// An existing changelog topic cannot hold the application's state.
+    #[error("changelog topic {topic:?} cannot be used: {reason}")]
+    Changelog {
+        /// The topic.
+        topic: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The Kafka client failed.
     #[error(transparent)]
     Kafka(#[from] KafkaError),
@@ -142,6 +162,43 @@ impl From<WorkerError> for StreamsError {
     }
 }
 
+type StateListener = Box<dyn Fn(&StreamsState, &StreamsState) + Send + Sync>;
+
+/// The application's state and who listens to its changes.
+struct StateCell {
+    state: Mutex<StreamsState>,
+    listener: Mutex<Option<StateListener>>,
+}
+
+impl Default for StateCell {
+    fn default() -> Self {
+        StateCell {
+            state: Mutex::new(StreamsState::Created),
+            listener: Mutex::new(None),
+        }
+    }
+}
+
+impl StateCell {
+    /// Moves to `new`; a failure is final (a later stop keeps it).
+    fn set(&self, new: StreamsState) {
+        let old = {
+            let mut state = lock(&self.state);
+            if matches!(*state, StreamsState::Failed(_))
+                && matches!(new, StreamsState::Stopping | StreamsState::Stopped)
+            {
+                return;
+            }
+            std::mem::replace(&mut *state, new.clone())
+        };
+        if std::mem::discriminant(&old) != std::mem::discriminant(&new)
+            && let Some(listener) = lock(&self.listener).as_ref()
+        {
+            listener(&old, &new);
+        }
+    }
+}
+
 /// A Parsley application on a Kafka cluster.
 pub struct CausalStreams {
     app: Parsley,
@@ -149,7 +206,8 @@ pub struct CausalStreams {
     options: StreamsOptions,
     instance: String,
     stop: Arc<AtomicBool>,
-    state: Arc<Mutex<StreamsState>>,
+    rejoins: Arc<AtomicU64>,
+    state: Arc<StateCell>,
     threads: Vec<JoinHandle<Result<(), StreamsError>>>,
 }
 
@@ -229,7 +287,8 @@ impl CausalStreams {
             options: StreamsOptions::default(),
             instance,
             stop: Arc::new(AtomicBool::new(false)),
-            state: Arc::new(Mutex::new(StreamsState::Created)),
+            rejoins: Arc::new(AtomicU64::new(0)),
+            state: Arc::new(StateCell::default()),
             threads: Vec::new(),
         })
     }
@@ -243,9 +302,25 @@ impl CausalStreams {
         self
     }
 
+    /// How many times a stream thread of this instance was fenced (or lost
+    /// a commit of unknown fate) and joined the group again as a new member.
+    pub fn rejoins(&self) -> u64 {
+        self.rejoins.load(Ordering::SeqCst)
+    }
+
+    /// Calls `listener(old, new)` on every change of state from now on, on
+    /// the thread that makes the change (a stream thread, for a failure):
+    /// keep it short and do not call back into this instance from it.
+    pub fn set_state_listener(
+        &mut self,
+        listener: impl Fn(&StreamsState, &StreamsState) + Send + Sync + 'static,
+    ) {
+        *lock(&self.state.listener) = Some(Box::new(listener));
+    }
+
     /// Where the application is.
     pub fn state(&self) -> StreamsState {
-        lock(&self.state).clone()
+        lock(&self.state.state).clone()
     }
 
     /// Checks the application's topics, creates its changelog topics if
@@ -257,7 +332,7 @@ impl CausalStreams {
         }
         let cluster = KafkaCluster::new(&self.config, self.options.request_timeout)?;
         self.prepare_topics(&cluster)?;
-        *lock(&self.state) = StreamsState::Running;
+        self.state.set(StreamsState::Running);
         for index in 0..self.options.threads.max(1) {
             let thread = StreamThread {
                 app: self.app.clone(),
@@ -270,6 +345,7 @@ impl CausalStreams {
                     self.instance
                 ),
                 stop: self.stop.clone(),
+                rejoins: self.rejoins.clone(),
             };
             let state = self.state.clone();
             let handle = std::thread::Builder::new()
@@ -278,7 +354,7 @@ impl CausalStreams {
                     let r = thread.run();
                     if let Err(e) = &r {
                         warn!(thread = index, error = %e, "stream thread failed");
-                        *lock(&state) = StreamsState::Failed(e.to_string());
+                        state.set(StreamsState::Failed(e.to_string()));
                     }
                     r
                 })
@@ -294,17 +370,18 @@ impl CausalStreams {
     fn prepare_topics(&self, cluster: &KafkaCluster) -> Result<(), StreamsError> {
         let mut creates = Vec::new();
         for stage in self.app.stages() {
-            let mut tasks = None;
+            // Partition p of every source (and of the tick topic) meets in
+            // task p: they must agree on the count.
+            let mut counts: Vec<(String, i32)> = Vec::new();
+            let tick = self.app.tick_topic(stage.name());
             let mut topics: Vec<&str> = stage.source_topics();
             topics.extend(stage.sink_topics());
-            if let Some(t) = self.app.tick_topic(stage.name()) {
-                topics.push(t);
-            }
+            topics.extend(tick);
             for t in topics {
                 match cluster.describe(t) {
                     Ok(d) => {
-                        if stage.source_topics().contains(&t) {
-                            tasks.get_or_insert(d.partitions);
+                        if stage.source_topics().contains(&t) || tick == Some(t) {
+                            counts.push((t.to_owned(), d.partitions));
                         }
                     }
                     Err(MetadataError::Missing(_)) => {
@@ -315,13 +392,19 @@ impl CausalStreams {
                     Err(e) => return Err(e.into()),
                 }
             }
+            let tasks = counts.first().map_or(1, |(_, n)| *n);
+            if counts.iter().any(|(_, n)| *n != tasks) {
+                return Err(StreamsError::PartitionCounts {
+                    stage: stage.name().to_owned(),
+                    counts,
+                });
+            }
             let Some(names) = self.app.owned_names(stage.name()) else {
                 continue;
             };
-            let tasks = tasks.unwrap_or(1);
             for changelog in std::iter::once(&names.state_changelog).chain(&names.fold_changelog) {
                 match cluster.describe(changelog) {
-                    Ok(_) => {}
+                    Ok(d) => self.check_changelog(cluster, changelog, d.partitions, tasks)?,
                     Err(MetadataError::Missing(_)) => creates.push((changelog.clone(), tasks)),
                     Err(e) => return Err(e.into()),
                 }
@@ -367,6 +450,52 @@ impl CausalStreams {
         Ok(())
     }
 
+    /// An existing changelog must have one partition per task (task `p`
+    /// writes partition `p`) and be compacted only: a `delete` policy (also
+    /// `compact,delete`) lets retention remove a held record or a fold
+    /// entry that a restore needs, which would lose it silently.
+    fn check_changelog(
+        &self,
+        cluster: &KafkaCluster,
+        topic: &str,
+        partitions: i32,
+        tasks: i32,
+    ) -> Result<(), StreamsError> {
+        if partitions != tasks {
+            return Err(StreamsError::Changelog {
+                topic: topic.to_owned(),
+                reason: format!(
+                    "it has {partitions} partition(s) but the stage runs {tasks} task(s); a changelog needs one partition per task"
+                ),
+            });
+        }
+        let opts = AdminOptions::new().request_timeout(Some(self.options.request_timeout));
+        let resources = block_on(
+            cluster
+                .admin()
+                .describe_configs([&ResourceSpecifier::Topic(topic)], &opts),
+        )?;
+        let policy = resources
+            .into_iter()
+            .next()
+            .and_then(Result::ok)
+            .and_then(|r| r.get("cleanup.policy").and_then(|e| e.value.clone()))
+            .ok_or_else(|| StreamsError::Changelog {
+                topic: topic.to_owned(),
+                reason: "its cleanup.policy could not be read".to_owned(),
+            })?;
+        let parts: Vec<&str> = policy.split(',').map(str::trim).collect();
+        if parts != ["compact"] {
+            return Err(StreamsError::Changelog {
+                topic: topic.to_owned(),
+                reason: format!(
+                    "its cleanup.policy is {policy:?}; it must be \"compact\", or retention could delete state a restore needs"
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Waits until the application runs (or fails).
     pub fn wait_until_running(&self, timeout: Duration) -> Result<(), StreamsError> {
         let deadline = Instant::now() + timeout;
@@ -386,7 +515,7 @@ impl CausalStreams {
     /// transaction and leaves the group. Returns the first thread failure.
     pub fn close(&mut self, timeout: Duration) -> Result<(), StreamsError> {
         if matches!(self.state(), StreamsState::Running) {
-            *lock(&self.state) = StreamsState::Stopping;
+            self.state.set(StreamsState::Stopping);
         }
         self.stop.store(true, Ordering::SeqCst);
         let deadline = Instant::now() + timeout;
@@ -417,11 +546,11 @@ impl CausalStreams {
         }
         match first {
             None => {
-                *lock(&self.state) = StreamsState::Stopped;
+                self.state.set(StreamsState::Stopped);
                 Ok(())
             }
             Some(e) => {
-                *lock(&self.state) = StreamsState::Failed(e.to_string());
+                self.state.set(StreamsState::Failed(e.to_string()));
                 Err(e)
             }
         }
@@ -440,6 +569,10 @@ struct Shared {
     /// position report.
     last_fed: BTreeMap<(String, i32), i64>,
     error: Option<StreamsError>,
+    /// The worker was fenced (or a commit's fate is unknown) and dropped
+    /// every task: the thread leaves the group and joins again as a new
+    /// member, with a new producer, as the simulator's members do.
+    rejoin: Option<KafkaError>,
 }
 
 struct ThreadContext {
@@ -456,7 +589,7 @@ impl ConsumerContext for ThreadContext {
         tpl: &mut TopicPartitionList,
     ) {
         let mut shared = lock(&self.shared);
-        if shared.error.is_some() {
+        if shared.error.is_some() || shared.rejoin.is_some() {
             let _ = consumer.unassign();
             return;
         }
@@ -657,8 +790,9 @@ impl Shared {
 
     /// Produces the transaction's records, sends its offsets with the
     /// consumer's group metadata, and commits. An abortable failure aborts
-    /// (the worker rolls back and asks for seeks); anything else is fatal
-    /// for the thread.
+    /// (the worker rolls back and asks for seeks). Fencing, a fatal producer
+    /// error or a commit whose fate is unknown drops every task in the
+    /// worker and marks the thread for a rejoin.
     fn commit(
         &mut self,
         consumer: &BaseConsumer<ThreadContext>,
@@ -687,11 +821,16 @@ impl Shared {
                 Ok(())
             }
             Err(e) => {
-                // Fenced, fatal, or a commit whose fate is unknown: drop every
-                // task; the thread stops and reports.
-                self.worker
-                    .commit_outcome(CommitOutcome::Unknown, &self.cluster)?;
-                Err(StreamsError::Kafka(e))
+                // Fenced, fatal, or a commit whose fate is unknown: the worker
+                // drops every task; the thread rejoins as a new member.
+                let outcome = match &e {
+                    KafkaError::Transaction(t) if t.is_retriable() => CommitOutcome::Unknown,
+                    _ => CommitOutcome::Fenced,
+                };
+                warn!(txn = txn.id, error = %e, ?outcome, "transaction lost; the stream thread rejoins the group");
+                self.worker.commit_outcome(outcome, &self.cluster)?;
+                self.rejoin = Some(e);
+                Ok(())
             }
         }
     }
@@ -754,10 +893,35 @@ struct StreamThread {
     options: StreamsOptions,
     transactional_id: String,
     stop: Arc<AtomicBool>,
+    rejoins: Arc<AtomicU64>,
+}
+
+/// How one membership of a stream thread ended.
+enum Session {
+    /// The application is closing; the thread left the group.
+    Closed,
+    /// Fenced: join again as a new member.
+    Rejoin,
 }
 
 impl StreamThread {
+    /// Runs memberships until the application closes: a fenced member
+    /// (a zombie that woke after the group moved on, or a commit whose fate
+    /// is unknown) has already dropped its tasks, and joins again with a new
+    /// producer and consumer. Any other failure stops the thread.
     fn run(self) -> Result<(), StreamsError> {
+        loop {
+            match self.session()? {
+                Session::Closed => return Ok(()),
+                Session::Rejoin => {
+                    self.rejoins.fetch_add(1, Ordering::SeqCst);
+                    info!(thread = self.index, "stream thread rejoins the group");
+                }
+            }
+        }
+    }
+
+    fn session(&self) -> Result<Session, StreamsError> {
         let timeout = self.options.request_timeout;
         let cluster = KafkaCluster::new(&self.config, timeout)?;
         let mut producer_config = self.config.clone();
@@ -769,6 +933,8 @@ impl StreamThread {
             producer_config.set("transaction.timeout.ms", "10000");
         }
         let producer: BaseProducer = producer_config.create()?;
+        // Fences any earlier producer of this thread's id (this thread's own
+        // previous membership among them) and aborts what it left open.
         producer.init_transactions(timeout)?;
         let worker = Worker::new(
             &self.app,
@@ -787,6 +953,7 @@ impl StreamThread {
                 timeout,
                 last_fed: BTreeMap::new(),
                 error: None,
+                rejoin: None,
             }),
         };
         let mut consumer_config = self.config.clone();
@@ -812,6 +979,11 @@ impl StreamThread {
             let mut shared = lock(&consumer.context().shared);
             if let Some(e) = shared.error.take() {
                 return Err(e);
+            }
+            if let Some(e) = shared.rejoin.take() {
+                warn!(thread = self.index, error = %e, "fenced; leaving the group to join again");
+                drop(shared);
+                return Ok(Session::Rejoin);
             }
             let idle = match polled {
                 None => true,
@@ -860,7 +1032,7 @@ impl StreamThread {
             let _ = consumer.poll(Duration::from_millis(50));
         }
         info!(thread = self.index, "stream thread stopped");
-        Ok(())
+        Ok(Session::Closed)
     }
 }
 

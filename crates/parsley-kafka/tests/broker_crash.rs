@@ -16,13 +16,13 @@ use common::{bootstrap, config, create_topics, unique};
 
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
-/// Produces `n` orders to `topic`, one every 10 ms, on its own thread, so a
-/// kill lands while records still arrive.
-fn produce_paced(topic: &str, n: usize) -> std::thread::JoinHandle<()> {
+/// Produces orders `from..to` to `topic`, one every 10 ms, on its own
+/// thread, so a kill lands while records still arrive.
+fn produce_paced(topic: &str, from: usize, to: usize) -> std::thread::JoinHandle<()> {
     let topic = topic.to_owned();
     std::thread::spawn(move || {
         let producer: BaseProducer = config().create().unwrap();
-        for i in 0..n {
+        for i in from..to {
             let key = format!("k{i:04}");
             producer
                 .send(
@@ -83,8 +83,14 @@ fn spawn(args: &[&str]) -> Child {
     let mut line = String::new();
     reader.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "running", "the instance did not start");
-    // Keep reading, so the instance can print until it exits.
-    std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
+    // Keep reading, so the instance can print until it exits; its last
+    // line (its rejoin count) shows in the test's output.
+    let name = args.last().map_or_else(String::new, |s| (*s).to_owned());
+    std::thread::spawn(move || {
+        for line in reader.lines().map_while(Result::ok) {
+            eprintln!("instance {name}: {line}");
+        }
+    });
     child
 }
 
@@ -116,7 +122,7 @@ fn a_killed_instance_loses_and_duplicates_nothing() {
         s.as_str(),
     ];
     const N: usize = 400;
-    let feeding = produce_paced(&o, N);
+    let feeding = produce_paced(&o, 0, N);
 
     let mut first = spawn(&args);
     // Let it commit part of the stream, then kill it without warning.
@@ -147,7 +153,9 @@ fn a_killed_instance_loses_and_duplicates_nothing() {
 /// A zombie is fenced: an instance frozen with SIGSTOP mid-stream loses its
 /// task to another instance; when it wakes, its commit is refused, nothing
 /// it wrote becomes visible, and it gives the task up (the other instance
-/// finishes the stream exactly once).
+/// finishes the stream exactly once). Then it joins the group again as a
+/// healthy member: once the other instance leaves, the woken one takes the
+/// task over and settles the next orders, exactly once.
 #[test]
 #[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
 fn a_frozen_instance_is_fenced_when_it_wakes() {
@@ -170,7 +178,8 @@ fn a_frozen_instance_is_fenced_when_it_wakes() {
         ]
     };
     const N: usize = 300;
-    let feeding = produce_paced(&o, N);
+    const M: usize = 100;
+    let feeding = produce_paced(&o, 0, N);
     let a_args = args("a");
     let mut a = spawn(&a_args.iter().map(String::as_str).collect::<Vec<_>>());
     wait_for_progress(&s, 30);
@@ -188,17 +197,26 @@ fn a_frozen_instance_is_fenced_when_it_wakes() {
     let mut b = spawn(&b_args.iter().map(String::as_str).collect::<Vec<_>>());
     feeding.join().unwrap();
     let out = read(&s, N, Duration::from_secs(120));
-    signal("-CONT", &a);
-    std::thread::sleep(Duration::from_secs(5));
-    drop(a.stdin.take());
-    drop(b.stdin.take());
-    let a_exit = a.wait().unwrap();
-    let b_exit = b.wait().unwrap();
-    eprintln!(
-        "{frozen_at} of {N} committed when frozen; {} in the end; the zombie exited with {a_exit}",
-        out.len()
-    );
     assert!(frozen_at < N, "frozen mid-stream");
     assert_exactly_once(&s, &out, N);
+    signal("-CONT", &a);
+    std::thread::sleep(Duration::from_secs(5));
+    // The live instance leaves; the woken one must take the task over.
+    drop(b.stdin.take());
+    let b_exit = b.wait().unwrap();
     assert!(b_exit.success(), "the live instance closed cleanly");
+    produce_paced(&o, N, N + M).join().unwrap();
+    let out = read(&s, N + M, Duration::from_secs(120));
+    drop(a.stdin.take());
+    let a_exit = a.wait().unwrap();
+    eprintln!(
+        "{frozen_at} of {N} committed when frozen; {} of {} in the end; the woken instance exited with {a_exit}",
+        out.len(),
+        N + M
+    );
+    assert_exactly_once(&s, &out, N + M);
+    assert!(
+        a_exit.success(),
+        "the woken instance rejoined and closed cleanly"
+    );
 }

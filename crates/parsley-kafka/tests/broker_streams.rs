@@ -13,11 +13,13 @@ use std::time::{Duration, Instant};
 
 use common::{config, create_topics, unique};
 
+use futures_executor::block_on;
 use parsley::protocol::headers::{CLOCK_HEADER, CausalHeaders};
 use parsley::protocol::{Channel, VectorClock};
 use parsley::task::TopicMetadata;
 use parsley::*;
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
+use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
@@ -302,7 +304,7 @@ fn tasks_migrate_between_instances_exactly_once() {
 }
 
 /// Fail closed on a live cluster: a missing declared topic fails start,
-/// naming it; a record with a corrupt `vc` header stops the task with the
+/// naming it, and so do sources with different partition counts; a record with a corrupt `vc` header stops the task with the
 /// typed error, and nothing past it is committed.
 #[test]
 #[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
@@ -316,7 +318,33 @@ fn fails_closed_on_a_missing_topic_and_a_corrupt_header() {
     assert!(err.to_string().contains(&s), "{err}");
 
     create_topics(&[(&s, 1)]);
-    let mut streams = start(&app);
+    // Sources with different partition counts: refused at start, naming
+    // each.
+    let p2 = unique("payments");
+    create_topics(&[(&p2, 2)]);
+    let wide = ledger(&unique("app"), &orders, &topic(&p2), &settled);
+    let err = CausalStreams::new(&wide, config())
+        .unwrap()
+        .start()
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(&format!("{o:?} has 1, {p2:?} has 2")),
+        "{err}"
+    );
+    let mut streams = CausalStreams::new(&app, config())
+        .unwrap()
+        .with_options(options("a"));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    streams.set_state_listener(move |old, new| {
+        log.lock().unwrap().push(format!(
+            "{old:?} -> {}",
+            format!("{new:?}").split('(').next().unwrap()
+        ));
+    });
+    streams.start().unwrap();
+    streams.wait_until_running(Duration::from_secs(30)).unwrap();
     produce(&o, 0, "k", "1", None);
     assert_eq!(read(&s, 1, 1, Duration::from_secs(30)).len(), 1);
     let producer: BaseProducer = config().create().unwrap();
@@ -342,6 +370,11 @@ fn fails_closed_on_a_missing_topic_and_a_corrupt_header() {
     }
     let err = streams.close(Duration::from_secs(30)).unwrap_err();
     assert!(err.to_string().contains("corrupt causal headers"), "{err}");
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec!["Created -> Running", "Running -> Failed"],
+        "the state listener saw each change once; a failure stays final"
+    );
     assert_eq!(
         read(&s, 1, 2, Duration::from_secs(2)).len(),
         1,
@@ -452,4 +485,187 @@ fn a_late_joiner_starts_at_the_last_stable_offset() {
         vec!["order 1"],
         "the open transaction's record, not the history before it"
     );
+}
+
+/// A stream thread whose producer is fenced (here: another producer takes
+/// its transactional id, as a restarted copy of the instance would) loses
+/// the transaction it was committing, drops its tasks and joins the group
+/// again with a new producer. It goes on from the committed state: every
+/// order settles exactly once, in order, across the fence.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_fenced_stream_thread_rejoins_and_goes_on_exactly_once() {
+    let (o, p, s) = (unique("orders"), unique("payments"), unique("settled"));
+    create_topics(&[(&o, 1), (&p, 1), (&s, 1)]);
+    let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
+    let app_id = unique("app");
+    let app = ledger(&app_id, &orders, &payments, &settled);
+    let mut streams = start_as(&app, "fenced");
+    const N: usize = 40;
+    for i in 0..N / 2 {
+        produce(&o, 0, &format!("k{i:03}"), &format!("{i}"), None);
+    }
+    assert_eq!(read(&s, 1, N / 2, Duration::from_secs(30)).len(), N / 2);
+    assert_eq!(streams.rejoins(), 0);
+
+    // Another producer initialises the thread's transactional id: the
+    // thread's producer is fenced at its next transaction.
+    let mut c = config();
+    c.set("transactional.id", format!("{app_id}-fenced-0"));
+    let usurper: BaseProducer = c.create().unwrap();
+    usurper.init_transactions(Duration::from_secs(20)).unwrap();
+    for i in N / 2..N {
+        produce(&o, 0, &format!("k{i:03}"), &format!("{i}"), None);
+    }
+    let out = read(&s, 1, N, Duration::from_secs(60));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while streams.rejoins() == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let rejoins = streams.rejoins();
+    streams.close(Duration::from_secs(30)).unwrap();
+    assert!(rejoins >= 1, "the fenced thread rejoined ({rejoins})");
+    let values: Vec<String> = out.iter().map(|(_, v, _)| v.clone()).collect();
+    let expected: Vec<String> = (0..N).map(|i| format!("order {i}")).collect();
+    assert_eq!(values, expected, "exactly once, in order, across the fence");
+    assert_eq!(
+        read(&s, 1, N + 1, Duration::from_secs(2)).len(),
+        N,
+        "nothing duplicated"
+    );
+}
+
+/// Density on the wire: an upstream producer commits one record per
+/// transaction, so every record is followed by a commit marker and the
+/// records sit at every other offset. Everything is delivered, in order,
+/// and a record claiming the trailing marker's offset (the partition's
+/// last offset) is released: the captured consumer position bridges it.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn commit_markers_between_records_are_bridged() {
+    let (o, p, s) = (unique("orders"), unique("payments"), unique("settled"));
+    create_topics(&[(&o, 1), (&p, 1), (&s, 1)]);
+    let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
+    let app = ledger(&unique("app"), &orders, &payments, &settled);
+    let mut streams = start(&app);
+    let mut c = config();
+    c.set("transactional.id", unique("upstream"));
+    let producer: BaseProducer = c.create().unwrap();
+    producer.init_transactions(Duration::from_secs(20)).unwrap();
+    const K: usize = 20;
+    for i in 0..K {
+        producer.begin_transaction().unwrap();
+        producer
+            .send(
+                BaseRecord::to(&o)
+                    .partition(0)
+                    .key("k")
+                    .payload(&format!("{i}")),
+            )
+            .map_err(|(e, _)| e)
+            .unwrap();
+        producer
+            .commit_transaction(Duration::from_secs(20))
+            .unwrap();
+    }
+    let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
+    let id = cluster.describe(&o).unwrap().id;
+    let (_, high) = cluster
+        .admin()
+        .inner()
+        .fetch_watermarks(&o, 0, Duration::from_secs(20))
+        .unwrap();
+    assert_eq!(high, 2 * K as i64, "one marker after every record");
+    let out = read(&s, 1, K, Duration::from_secs(30));
+    let values: Vec<String> = out.iter().map(|(_, v, _)| v.clone()).collect();
+    let expected: Vec<String> = (0..K).map(|i| format!("order {i}")).collect();
+    assert_eq!(values, expected);
+    // The payment claims the trailing marker at offset 2K - 1.
+    let mut clock = VectorClock::new();
+    clock.claim_offset(Channel::new(id, 0), 2 * K as i64 - 1);
+    produce(&p, 0, "k", "pay", Some(&clock));
+    let out = read(&s, 1, K + 1, Duration::from_secs(30));
+    assert_eq!(out.len(), K + 1, "the payment was released: {out:?}");
+    assert_eq!(out[K].1, format!("settled {}", K - 1));
+    streams.close(Duration::from_secs(30)).unwrap();
+}
+
+/// An existing changelog topic that could lose state fails start, naming
+/// the topic: one with a `delete` cleanup policy (retention would remove
+/// held records and fold entries a restore needs), and one whose partition
+/// count is not the stage's task count. Changelogs the runtime creates are
+/// compacted, one partition per task.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn an_unusable_changelog_fails_start_and_created_ones_are_compacted() {
+    let (o, p, s) = (unique("orders"), unique("payments"), unique("settled"));
+    create_topics(&[(&o, 2), (&p, 2), (&s, 1)]);
+    let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
+    let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+
+    // A delete policy.
+    let app = ledger(&unique("app"), &orders, &payments, &settled);
+    let names = app.owned_names("ledger").unwrap().clone();
+    let fold = names.fold_changelog.clone().unwrap();
+    let topic_with = |name: &str, partitions: i32, policy: &str| {
+        let t = NewTopic::new(name, partitions, TopicReplication::Fixed(1))
+            .set("cleanup.policy", policy);
+        for r in block_on(cluster.admin().create_topics([&t], &opts)).unwrap() {
+            r.unwrap();
+        }
+    };
+    topic_with(&fold, 2, "delete");
+    let err = CausalStreams::new(&app, config())
+        .unwrap()
+        .start()
+        .unwrap_err();
+    assert!(
+        matches!(&err, parsley_kafka::StreamsError::Changelog { topic, .. } if *topic == fold),
+        "{err}"
+    );
+    assert!(err.to_string().contains("cleanup.policy"), "{err}");
+
+    // A partition count other than the task count.
+    let app = ledger(&unique("app"), &orders, &payments, &settled);
+    let state = app.owned_names("ledger").unwrap().state_changelog.clone();
+    topic_with(&state, 3, "compact");
+    let err = CausalStreams::new(&app, config())
+        .unwrap()
+        .start()
+        .unwrap_err();
+    assert!(
+        matches!(&err, parsley_kafka::StreamsError::Changelog { topic, .. } if *topic == state),
+        "{err}"
+    );
+    assert!(err.to_string().contains("3 partition(s)"), "{err}");
+
+    // What the runtime creates passes its own check: a second start finds
+    // them and runs.
+    let app = ledger(&unique("app"), &orders, &payments, &settled);
+    let mut first = start(&app);
+    first.close(Duration::from_secs(30)).unwrap();
+    let names = app.owned_names("ledger").unwrap().clone();
+    for changelog in [
+        &names.state_changelog,
+        names.fold_changelog.as_ref().unwrap(),
+    ] {
+        assert_eq!(cluster.describe(changelog).unwrap().partitions, 2);
+        let r = block_on(
+            cluster
+                .admin()
+                .describe_configs([&ResourceSpecifier::Topic(changelog)], &AdminOptions::new()),
+        )
+        .unwrap();
+        let policy = r[0]
+            .as_ref()
+            .unwrap()
+            .get("cleanup.policy")
+            .unwrap()
+            .value
+            .clone();
+        assert_eq!(policy.as_deref(), Some("compact"), "{changelog}");
+    }
+    let mut second = start(&app);
+    second.close(Duration::from_secs(30)).unwrap();
 }
