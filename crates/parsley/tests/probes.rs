@@ -181,3 +181,45 @@ fn a_panicking_sink_codec_is_a_finding() {
     assert!(!report.findings.is_empty(), "{report}");
     assert!(report.to_string().contains("encoder exploded"), "{report}");
 }
+
+/// The co-partitioning probe: with the cluster's partition counts given,
+/// a stage whose sources disagree is reported, naming each count.
+#[test]
+fn sources_with_different_partition_counts_are_a_finding() {
+    let (customers, orders) = (topic("customers"), topic("orders"));
+    let stage = Stage::named("join")
+        .state(Codec::int64(), || 0)
+        .fold(&customers, |n: i64, _m: &Message<String, String>| {
+            Step::to(n + 1)
+        })
+        .fold(&orders, |n: i64, _m: &Message<String, String>| {
+            Step::to(n + 1)
+        })
+        .build()
+        .unwrap();
+    let app = Parsley::named("shop", [stage]).unwrap();
+    let samples = || Samples::new().on(&orders, "c-1", "o");
+    let report = probe(
+        &app,
+        &samples().partitions("customers", 4).partitions("orders", 2),
+    );
+    let found = report.findings_of(Probe::CoPartitioning);
+    assert_eq!(found.len(), 1, "{report}");
+    assert!(
+        found[0]
+            .observed
+            .contains(r#""customers" has 4, "orders" has 2"#),
+        "{report}"
+    );
+    let report = probe(&app, &samples().partitions("orders", 0));
+    assert_eq!(
+        report.findings_of(Probe::CoPartitioning).len(),
+        1,
+        "{report}"
+    );
+    probe(
+        &app,
+        &samples().partitions("customers", 4).partitions("orders", 4),
+    )
+    .assert_ok();
+}

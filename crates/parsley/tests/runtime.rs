@@ -780,6 +780,59 @@ fn sources_with_different_partition_counts_are_refused() {
     }
 }
 
+/// A partition count below one is an error naming the topic, not a
+/// silent single partition.
+#[test]
+fn partition_counts_below_one_are_refused() {
+    let c1 = topic("c1");
+    let stage = Stage::named("s")
+        .on(&c1, |_m: &Message<String, String>| Vec::<Emission>::new())
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    for n in [0, -3] {
+        let err = TestDriver::builder(&app)
+            .partitions("c1", n)
+            .build()
+            .unwrap_err();
+        match &err {
+            DriverError::PartitionCount { topic, partitions } => {
+                assert_eq!((topic.as_str(), *partitions), ("c1", n));
+            }
+            other => panic!("expected PartitionCount, got {other}"),
+        }
+        assert!(err.to_string().contains("\"c1\""), "{err}");
+    }
+}
+
+/// A stage with ticks and no sources runs one task per partition of its
+/// tick topic: each task ticks on its own partition.
+#[test]
+fn a_tick_only_stage_runs_a_task_per_tick_partition() {
+    let out = topic("out");
+    let o = out.clone();
+    let stage = Stage::named("beat")
+        .ticks(Duration::from_secs(1), move |t: &Tick| {
+            vec![o.send(None, format!("{}", t.timestamp()))]
+        })
+        .sink(&out)
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    let mut d = TestDriver::builder(&app)
+        .partitions("app-beat-ticks", 3)
+        .build()
+        .unwrap();
+    d.advance_wall_clock(Duration::from_millis(1500)).unwrap();
+    let senders: std::collections::BTreeSet<_> = d
+        .raw_records("out")
+        .unwrap()
+        .iter()
+        .filter_map(|r| r.producer.clone())
+        .collect();
+    assert_eq!(senders.len(), 3, "three tasks ticked: {senders:?}");
+}
+
 // ---------------------------------------------------------------- the log holds aborted records
 
 /// A step that emitted and then failed leaves its emission in the log as an

@@ -416,6 +416,14 @@ pub enum DriverError {
         /// The topic.
         topic: String,
     },
+    /// A topic was given a partition count below one.
+    #[error("topic {topic:?} was given {partitions} partition(s); a topic needs at least one")]
+    PartitionCount {
+        /// The topic.
+        topic: String,
+        /// The count given.
+        partitions: i32,
+    },
     /// No such stage in the application.
     #[error("the application has no stage {stage:?}")]
     UnknownStage {
@@ -509,10 +517,13 @@ impl From<WorkerError> for DriverError {
 impl TestDriverBuilder {
     /// Creates `topic` with `partitions` partitions (default 1). Works for
     /// any name: a topic of the application, a tick topic (whose default is
-    /// the stage's widest source), or an extra topic.
+    /// the stage's source count), or an extra topic. A count below one
+    /// fails [`build`](Self::build) with [`DriverError::PartitionCount`];
+    /// sources of one stage with different counts fail it with
+    /// [`TaskError::PartitionCounts`], as a cluster start does.
     pub fn partitions(mut self, topic: impl AsRef<str>, partitions: i32) -> Self {
         self.partitions
-            .insert(topic.as_ref().to_owned(), partitions.max(1));
+            .insert(topic.as_ref().to_owned(), partitions);
         self
     }
 
@@ -532,6 +543,12 @@ impl TestDriverBuilder {
     /// Creates the topics, starts every task, and runs to quiescence.
     pub fn build(self) -> Result<TestDriver, DriverError> {
         let app = self.app;
+        if let Some((topic, &partitions)) = self.partitions.iter().find(|(_, n)| **n < 1) {
+            return Err(DriverError::PartitionCount {
+                topic: topic.clone(),
+                partitions,
+            });
+        }
         let mut log = Log::default();
         let count = |name: &str| self.partitions.get(name).copied().unwrap_or(1);
         for name in app.topics() {
@@ -546,13 +563,20 @@ impl TestDriverBuilder {
         }
         let mut slots = Vec::new();
         for (i, stage) in app.stages().iter().enumerate() {
+            let names = &app.def.names[i];
+            // A tick-only stage runs one task per tick topic partition.
             let widest = stage
                 .source_topics()
                 .iter()
                 .map(|t| count(t))
                 .max()
+                .or_else(|| {
+                    names
+                        .tick_topic
+                        .as_ref()
+                        .and_then(|t| self.partitions.get(t).copied())
+                })
                 .unwrap_or(1);
-            let names = &app.def.names[i];
             let mut topics: Vec<String> = stage
                 .source_topics()
                 .iter()

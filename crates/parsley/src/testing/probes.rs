@@ -55,6 +55,9 @@ pub enum Probe {
     Logic,
     /// Every sample names a topic some stage consumes.
     Samples,
+    /// The topics of each stage share one partition count (given with
+    /// [`Samples::partitions`]).
+    CoPartitioning,
 }
 
 impl Probe {
@@ -67,6 +70,7 @@ impl Probe {
             Probe::DeclaredSinks => "declared-sinks",
             Probe::Logic => "logic",
             Probe::Samples => "samples",
+            Probe::CoPartitioning => "co-partitioning",
         }
     }
 
@@ -91,6 +95,9 @@ impl Probe {
             }
             Probe::Samples => {
                 "each sample names a topic a stage of the application consumes, so the probe run exercises something (parsley::probe)"
+            }
+            Probe::CoPartitioning => {
+                "a stage's source topics (and its tick topic) have the same partition count, so partition p of each meets in one task (parsley::TestDriverBuilder::partitions)"
             }
         }
     }
@@ -239,6 +246,7 @@ struct Sample {
 #[derive(Default)]
 pub struct Samples {
     samples: Vec<Sample>,
+    partitions: Vec<(String, i32)>,
 }
 
 impl fmt::Debug for Samples {
@@ -253,6 +261,15 @@ impl Samples {
     /// No samples.
     pub fn new() -> Self {
         Samples::default()
+    }
+
+    /// Runs the probes with `topic` at `partitions` partitions (default 1),
+    /// as on the cluster: the co-partitioning probe then checks each
+    /// stage's topics agree.
+    pub fn partitions(mut self, topic: impl AsRef<str>, partitions: i32) -> Self {
+        self.partitions
+            .push((topic.as_ref().to_owned(), partitions));
+        self
     }
 
     /// Adds a sample record for `topic` (`None` for a null key or value).
@@ -289,11 +306,22 @@ impl Samples {
     }
 }
 
+impl Samples {
+    fn driver(&self, app: &Parsley) -> Result<TestDriver, DriverError> {
+        let mut builder = TestDriver::builder(app);
+        for (topic, n) in &self.partitions {
+            builder = builder.partitions(topic, *n);
+        }
+        builder.build()
+    }
+}
+
 fn probe_of(error: &TaskError) -> Probe {
     match error {
         TaskError::UndeclaredSink { .. } => Probe::DeclaredSinks,
         TaskError::Decode { .. } | TaskError::Encode { .. } => Probe::SinkDecode,
         TaskError::CorruptHeaders { .. } => Probe::Stamps,
+        TaskError::PartitionCounts { .. } => Probe::CoPartitioning,
         _ => Probe::Logic,
     }
 }
@@ -307,6 +335,12 @@ pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
     let widest_tick = app.stages().iter().filter_map(|s| s.tick_interval()).max();
     let mut sampled = BTreeSet::new();
     let mut reached = BTreeSet::new();
+    // The topology itself first: a stage whose topics disagree on partition
+    // count fails here, samples or not.
+    if let Err(e) = samples.driver(app) {
+        record_error(&mut report, &e);
+        return report;
+    }
 
     for s in &samples.samples {
         let topic = s.topic.name();
@@ -352,7 +386,7 @@ pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
             }
             _ => continue,
         };
-        let mut driver = match TestDriver::new(app) {
+        let mut driver = match samples.driver(app) {
             Ok(d) => d,
             Err(e) => {
                 record_error(&mut report, &e);
@@ -428,6 +462,7 @@ pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
 fn record_error(report: &mut ProbeReport, error: &DriverError) {
     match error {
         DriverError::Task(e) => report.fail(probe_of(e), e.to_string()),
+        DriverError::PartitionCount { .. } => report.fail(Probe::CoPartitioning, error.to_string()),
         other => report.fail(Probe::Logic, other.to_string()),
     }
 }
