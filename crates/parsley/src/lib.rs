@@ -189,6 +189,7 @@
 //! * [`protocol`]: the causal protocol core, re-exported.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
@@ -217,16 +218,20 @@ pub use driver::{
     DEFAULT_STEP_BUDGET, DriverError, Input, KeyValue, OutputRecord, RawRecord, StageDelivery,
     TestDriver, TestDriverBuilder,
 };
-pub use fold::{FoldKey, FoldStore, FoldWrites};
+pub use fold::{FoldKey, FoldStore, FoldWrites, StateView};
 pub use holds::{Diagnosis, HeldRecord, WaitingOn};
 pub use logic::{FoldOutput, HandlerOutput, LogicError, Next, Step, recovering, recovering_fold};
 pub use message::{Coordinate, Header, Message, Tick};
 pub use probes::{Finding, Note, NoteKind, Probe, ProbeFailure, ProbeReport, Samples, probe};
 pub use stage::{
-    DEFAULT_HOLD_WARNING_AFTER, Stage, StageBuilder, StageError, StateMode, Stateful, Stateless,
+    DEFAULT_HOLD_WARNING_AFTER, Stage, StageBuilder, StageError, StateDeclaredFirst, StateMode,
+    Stateful, Stateless,
 };
 pub use task::{TaskError, TaskId};
-pub use topic::{Emission, IntoNullable, Part, Payload, Topic};
+pub use topic::{
+    DEAD_LETTER_ERROR, DEAD_LETTER_OFFSET, DEAD_LETTER_PARTITION, DEAD_LETTER_TOPIC, Emission,
+    IntoNullable, Part, Payload, Sink, Topic,
+};
 
 /// The protocol core this crate runs on, re-exported for building raw
 /// clocks in tests and for hosts.

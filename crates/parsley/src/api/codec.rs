@@ -227,10 +227,8 @@ impl Codec<Vec<u8>> {
 }
 
 #[cfg(feature = "json")]
-impl<T> Codec<T>
-where
-    T: serde::Serialize + serde::de::DeserializeOwned + 'static,
-{
+#[cfg_attr(docsrs, doc(cfg(feature = "json")))]
+impl Codec<()> {
     /// JSON through serde (feature `json`). Fine for values; keep it off
     /// keys unless your serializer's output is canonical (field order and
     /// spacing fixed forever), because key bytes are identity.
@@ -243,9 +241,15 @@ where
     /// let c: Codec<Order> = Codec::json();
     /// let o = Order { id: "o-1".into(), total: 12 };
     /// assert_eq!(c.decode(&c.encode(&o).unwrap()).unwrap(), o);
+    /// // The serde habit works too.
+    /// let same = Codec::json::<Order>();
+    /// assert_eq!(same.encode(&o).unwrap(), c.encode(&o).unwrap());
     /// # }
     /// ```
-    pub fn json() -> Self {
+    pub fn json<T>() -> Codec<T>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned + 'static,
+    {
         Codec::try_new(
             |v: &T| serde_json::to_vec(v),
             |b: &[u8]| serde_json::from_slice(b),

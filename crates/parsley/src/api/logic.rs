@@ -112,6 +112,11 @@ pub struct LogicError(#[source] pub BoxError);
 /// What a handler may return: `Vec<Emission>`, or
 /// `Result<Vec<Emission>, E>` for any error convertible to a boxed error
 /// (`String`, `&str`, every `std::error::Error`).
+#[diagnostic::on_unimplemented(
+    message = "a handler returns `Vec<Emission>` or `Result<Vec<Emission>, E>`, not `{Self}`",
+    label = "this handler's return type",
+    note = "emissions come from `sink.send(key, value)`; build several with `vec![..]`, or name the collection: `.collect::<Vec<_>>()`"
+)]
 pub trait HandlerOutput {
     /// The emissions, or the logic's error.
     fn into_emissions(self) -> Result<Vec<Emission>, LogicError>;
@@ -130,6 +135,11 @@ impl<E: Into<BoxError>> HandlerOutput for Result<Vec<Emission>, E> {
 }
 
 /// What a fold may return: `Step<S>`, or `Result<Step<S>, E>`.
+#[diagnostic::on_unimplemented(
+    message = "a fold returns `Step<S>` or `Result<Step<S>, E>` for the stage's state type, not `{Self}`",
+    label = "this fold's return type",
+    note = "return `Step::to(next_state)`, `Step::keep()` or `Step::delete()`, with `.emit(..)` for emissions"
+)]
 pub trait FoldOutput<S> {
     /// The step, or the logic's error.
     fn into_step(self) -> Result<Step<S>, LogicError>;

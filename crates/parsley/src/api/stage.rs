@@ -1,15 +1,17 @@
 //! Stages: logic wired to topics.
 
 use std::any::Any;
+use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::codec::{Codec, CodecError};
+use crate::fold::{StateSource, StateView};
 use crate::logic::{FoldOutput, HandlerOutput, LogicError, Next, Step};
 use crate::message::{Header, Message, Tick};
-use crate::topic::{AnyTopic, Emission, Part, Payload, Topic, erase};
+use crate::topic::{AnyTopic, Emission, Part, Payload, Sink, Topic, erase};
 
 /// The default hold-warning threshold: 30 seconds.
 pub const DEFAULT_HOLD_WARNING_AFTER: Duration = Duration::from_secs(30);
@@ -79,7 +81,8 @@ pub(crate) enum Failure {
 
 type SourceLogic =
     Arc<dyn Fn(&RawInput<'_>, Option<&[u8]>) -> Result<Outcome, Failure> + Send + Sync>;
-type TickLogic = Arc<dyn Fn(&Tick, Option<&[u8]>) -> Result<Outcome, Failure> + Send + Sync>;
+type TickLogic =
+    Arc<dyn Fn(&Tick, Option<&[u8]>, &dyn StateSource) -> Result<Outcome, Failure> + Send + Sync>;
 
 pub(crate) struct SourceDecl {
     pub(crate) topic: AnyTopic,
@@ -320,8 +323,11 @@ impl<S: 'static> StateMode for Stateful<S> {
 /// * [`on`](StageBuilder::on) adds a source with a handler;
 /// * [`fold`](StageBuilder::fold) adds a source with a fold (stateful only);
 /// * [`ticks`](StageBuilder::ticks) / [`tick_fold`](StageBuilder::tick_fold)
-///   declare ticks;
-/// * [`sink`](StageBuilder::sink) declares each topic the logic may emit to;
+///   / [`tick_fold_over`](StageBuilder::tick_fold_over) declare ticks (the
+///   last one reads every key's state);
+/// * [`add_sink`](StageBuilder::add_sink) declares a topic the logic emits
+///   to and returns its [`Sink`] handle ([`sink`](StageBuilder::sink)
+///   declares one for [`Topic::send`]);
 /// * [`build`](StageBuilder::build) validates and freezes the stage.
 pub struct StageBuilder<M = Stateless> {
     name: String,
@@ -420,6 +426,42 @@ impl<M: StateMode> StageBuilder<M> {
         self
     }
 
+    /// [`on`](Self::on) with a fallible handler whose `Err` becomes the
+    /// emissions `recover` returns for it (see [`recovering`]): the closures'
+    /// argument types come from `topic`, so they need no annotations.
+    ///
+    /// ```
+    /// use parsley::{Codec, Stage, Topic};
+    /// let orders: Topic<String, i64> = Topic::new("orders", Codec::utf8(), Codec::int64());
+    /// let shipments: Topic<String, i64> = Topic::new("shipments", Codec::utf8(), Codec::int64());
+    /// let rejects: Topic<String, String> = Topic::new("rejects", Codec::utf8(), Codec::utf8());
+    /// let mut builder = Stage::named("ship");
+    /// let (ship, reject) = (builder.add_sink(&shipments), builder.add_sink(&rejects));
+    /// let stage = builder
+    ///     .on_recovering(
+    ///         &orders,
+    ///         move |m| match m.value() {
+    ///             Some(&qty) if qty > 0 => Ok(vec![ship.send(m.key().cloned(), qty)]),
+    ///             _ => Err("quantity must be positive".to_string()),
+    ///         },
+    ///         move |m, e| vec![reject.send(m.key().cloned(), e.clone()).dead_letter(m, e)],
+    ///     )
+    ///     .build()?;
+    /// # Ok::<(), parsley::StageError>(())
+    /// ```
+    ///
+    /// [`recovering`]: crate::recovering
+    pub fn on_recovering<K, V, E, F, R>(self, topic: &Topic<K, V>, handler: F, recover: R) -> Self
+    where
+        K: Payload,
+        V: Payload,
+        E: 'static,
+        F: Fn(&Message<K, V>) -> Result<Vec<Emission>, E> + Send + Sync + 'static,
+        R: Fn(&Message<K, V>, &E) -> Vec<Emission> + Send + Sync + 'static,
+    {
+        self.on(topic, crate::logic::recovering(handler, recover))
+    }
+
     /// Declares ticks with a tick handler: every `interval` of wall-clock
     /// time, each task of the stage emits a tick to the stage's tick topic,
     /// consumes it back through the gate, and calls `handler` with it.
@@ -428,7 +470,7 @@ impl<M: StateMode> StageBuilder<M> {
         F: Fn(&Tick) -> R + Send + Sync + 'static,
         R: HandlerOutput,
     {
-        let logic: TickLogic = Arc::new(move |tick, _state| {
+        let logic: TickLogic = Arc::new(move |tick, _state, _keyed| {
             let emissions = handler(tick).into_emissions().map_err(Failure::Logic)?;
             Ok(Outcome {
                 write: StateWrite::Keep,
@@ -443,9 +485,39 @@ impl<M: StateMode> StageBuilder<M> {
         self
     }
 
-    /// Declares `topic` as a sink the stage's logic may emit to. An emission
-    /// to any other topic fails the task at the stamping site.
+    /// Declares `topic` as a sink and returns the [`Sink`] handle the
+    /// stage's logic emits through: the handle exists only for a declared
+    /// sink, and it is `Copy`, so every `move` closure takes its own.
+    ///
+    /// ```
+    /// use parsley::{Codec, Message, Stage, Step, Topic};
+    /// let payments: Topic<String, i64> = Topic::new("payments", Codec::utf8(), Codec::int64());
+    /// let balances: Topic<String, i64> = Topic::new("balances", Codec::utf8(), Codec::int64());
+    /// let mut builder = Stage::named("balances").state(Codec::int64(), || 0);
+    /// let out = builder.add_sink(&balances);
+    /// let stage = builder
+    ///     .fold(&payments, move |balance, m| {
+    ///         let next = balance + m.value().copied().unwrap_or(0);
+    ///         Step::to(next).emit(out.send(m.key().cloned(), next))
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), parsley::StageError>(())
+    /// ```
+    pub fn add_sink<K: Payload, V: Payload>(&mut self, topic: &Topic<K, V>) -> Sink<K, V> {
+        self.declare_sink(topic);
+        Sink::of(topic)
+    }
+
+    /// Declares `topic` as a sink the stage's logic may emit to with
+    /// [`Topic::send`]. An emission to any other topic fails the task at
+    /// the stamping site. Prefer [`add_sink`](Self::add_sink), whose handle
+    /// cannot name an undeclared sink.
     pub fn sink<K: Payload, V: Payload>(mut self, topic: &Topic<K, V>) -> Self {
+        self.declare_sink(topic);
+        self
+    }
+
+    fn declare_sink<K: Payload, V: Payload>(&mut self, topic: &Topic<K, V>) {
         let t = erase(topic);
         match self.sinks.iter().find(|s| s.name() == t.name()) {
             Some(existing) => {
@@ -460,7 +532,6 @@ impl<M: StateMode> StageBuilder<M> {
             }
             None => self.sinks.push(t),
         }
-        self
     }
 
     /// How long a record may gate its channel before the stage logs a
@@ -540,7 +611,59 @@ impl<M: StateMode> StageBuilder<M> {
     }
 }
 
+/// Implemented by nothing: the bound that makes `.fold(..)` and
+/// `.tick_fold(..)` on a builder without state fail to compile with a message
+/// that says what to do ("`.fold(..)` and `.tick_fold(..)` need per-key
+/// state: call `.state(codec, initial)` before them").
+///
+/// ```compile_fail,E0277
+/// use parsley::{Codec, Stage, Step, Topic};
+/// let t: Topic<String, i64> = Topic::new("t", Codec::utf8(), Codec::int64());
+/// let s = Stage::named("s").fold(&t, |n: i64, _m| Step::to(n + 1));
+/// ```
+///
+/// With the state declared first, it compiles:
+///
+/// ```
+/// use parsley::{Codec, Stage, Step, Topic};
+/// let t: Topic<String, i64> = Topic::new("t", Codec::utf8(), Codec::int64());
+/// let s = Stage::named("s").state(Codec::int64(), || 0).fold(&t, |n, _m| Step::to(n + 1));
+/// ```
+///
+/// A handler returning anything but emissions is refused with a message
+/// naming what it may return:
+///
+/// ```compile_fail,E0277
+/// use parsley::{Codec, Stage, Topic};
+/// let t: Topic<String, i64> = Topic::new("t", Codec::utf8(), Codec::int64());
+/// let s = Stage::named("s").on(&t, |m| m.value().copied());
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`.fold(..)` and `.tick_fold(..)` need per-key state: call `.state(codec, initial)` before them",
+    label = "this fold is given to a stage builder that has no state yet",
+    note = "for example: Stage::named(\"counts\").state(Codec::int64(), || 0).fold(&topic, |n, _m| Step::to(n + 1))"
+)]
+pub trait StateDeclaredFirst {}
+
 impl StageBuilder<Stateless> {
+    #[doc(hidden)]
+    /// Not callable: see [`StateDeclaredFirst`].
+    pub fn fold<K, V, F>(self, _topic: &Topic<K, V>, _fold: F) -> Self
+    where
+        F: StateDeclaredFirst,
+    {
+        self
+    }
+
+    #[doc(hidden)]
+    /// Not callable: see [`StateDeclaredFirst`].
+    pub fn tick_fold<F>(self, _interval: Duration, _fold: F) -> Self
+    where
+        F: StateDeclaredFirst,
+    {
+        self
+    }
+
     /// Declares per-key state: its codec and the initial value an unseen key
     /// starts from. State is keyed by the message key's encoded bytes and
     /// scoped to the stage; a reserved slot beside the keys holds the tick
@@ -589,6 +712,42 @@ impl<S: 'static> StageBuilder<Stateful<S>> {
         self
     }
 
+    /// [`fold`](Self::fold) with a fallible fold whose `Err` keeps the key's
+    /// state and carries the emissions `recover` returns (see
+    /// [`recovering_fold`]); the closures' argument types come from the
+    /// state and `topic`, so they need no annotations.
+    ///
+    /// ```
+    /// use parsley::{Codec, Stage, Step, Topic};
+    /// let payments: Topic<String, i64> = Topic::new("payments", Codec::utf8(), Codec::int64());
+    /// let rejects: Topic<String, String> = Topic::new("rejects", Codec::utf8(), Codec::utf8());
+    /// let mut builder = Stage::named("accounts").state(Codec::int64(), || 0);
+    /// let reject = builder.add_sink(&rejects);
+    /// let stage = builder
+    ///     .fold_recovering(
+    ///         &payments,
+    ///         |balance, m| {
+    ///             let next = balance + m.value().copied().unwrap_or(0);
+    ///             if next < 0 { Err(format!("overdraft by {}", -next)) } else { Ok(Step::to(next)) }
+    ///         },
+    ///         move |m, e| vec![reject.send(m.key().cloned(), e.clone())],
+    ///     )
+    ///     .build()?;
+    /// # Ok::<(), parsley::StageError>(())
+    /// ```
+    ///
+    /// [`recovering_fold`]: crate::recovering_fold
+    pub fn fold_recovering<K, V, E, F, R>(self, topic: &Topic<K, V>, fold: F, recover: R) -> Self
+    where
+        K: Payload,
+        V: Payload,
+        E: 'static,
+        F: Fn(S, &Message<K, V>) -> Result<Step<S>, E> + Send + Sync + 'static,
+        R: Fn(&Message<K, V>, &E) -> Vec<Emission> + Send + Sync + 'static,
+    {
+        self.fold(topic, crate::logic::recovering_fold(fold, recover))
+    }
+
     /// Declares ticks with a tick fold over the stage's tick-state slot: one
     /// reserved slot per task, distinct from every key's (the null key's
     /// included), starting from the initial value.
@@ -599,10 +758,69 @@ impl<S: 'static> StageBuilder<Stateful<S>> {
     {
         let codec = self.mode.codec.clone();
         let init = self.mode.init.clone();
-        let logic: TickLogic = Arc::new(move |tick, state| {
+        let logic: TickLogic = Arc::new(move |tick, state, _keyed| {
             let s = resolve_state(&codec, init.as_ref(), state)?;
             let step = fold(s, tick).into_step().map_err(Failure::Logic)?;
             step_outcome(&codec, step)
+        });
+        self.ticks.push(TickDecl {
+            interval,
+            logic,
+            uses_state: true,
+        });
+        self
+    }
+
+    /// Declares ticks with a tick fold that also reads the per-key state
+    /// of the task, the way a Kafka Streams punctuator iterates a store:
+    /// `fold` gets the tick-state slot, the tick, and a [`StateView`] of
+    /// every key's state (keys decoded with `keys`), in encoded-key order.
+    /// The view is read-only; the step writes the tick slot and its
+    /// emissions commit in the same transaction as any other step.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use parsley::{Codec, Parsley, Stage, Step, TestDriver, Topic};
+    /// let orders: Topic<String, i64> = Topic::new("orders", Codec::utf8(), Codec::int64());
+    /// let summaries: Topic<String, String> = Topic::new("summaries", Codec::utf8(), Codec::utf8());
+    /// let mut builder = Stage::named("counts").state(Codec::int64(), || 0);
+    /// let summary = builder.add_sink(&summaries);
+    /// let stage = builder
+    ///     .fold(&orders, |n, _m| Step::to(n + 1))
+    ///     .tick_fold_over(Duration::from_secs(60), Codec::utf8(), move |ticks, _tick, counts| {
+    ///         let line: Vec<String> = counts
+    ///             .iter()
+    ///             .map(|(customer, n)| format!("{}={n}", customer.unwrap_or_default()))
+    ///             .collect();
+    ///         Step::to(ticks + 1).emit(summary.send(None, line.join(" ")))
+    ///     })
+    ///     .build()?;
+    /// let app = Parsley::named("shop", [stage])?;
+    /// let mut driver = TestDriver::new(&app)?;
+    /// driver.pipe(&orders, "bob", 5)?;
+    /// driver.pipe(&orders, "ann", 7)?;
+    /// driver.pipe(&orders, "bob", 1)?;
+    /// driver.advance_wall_clock(Duration::from_secs(60))?;
+    /// assert_eq!(driver.values(&summaries)?, vec!["ann=1 bob=2".to_string()]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn tick_fold_over<K, F, R>(mut self, interval: Duration, keys: Codec<K>, fold: F) -> Self
+    where
+        K: 'static,
+        F: Fn(S, &Tick, &StateView<'_, K, S>) -> R + Send + Sync + 'static,
+        R: FoldOutput<S>,
+    {
+        let codec = self.mode.codec.clone();
+        let init = self.mode.init.clone();
+        let logic: TickLogic = Arc::new(move |tick, state, keyed| {
+            let s = resolve_state(&codec, init.as_ref(), state)?;
+            let error = RefCell::new(None);
+            let view = StateView::new(keyed, &keys, &codec, &error);
+            let out = fold(s, tick, &view).into_step();
+            if let Some(e) = error.into_inner() {
+                return Err(Failure::StateDecode(e));
+            }
+            step_outcome(&codec, out.map_err(Failure::Logic)?)
         });
         self.ticks.push(TickDecl {
             interval,

@@ -1,10 +1,13 @@
 //! Typed topics and the emissions they mint.
 
 use std::any::{Any, TypeId};
+use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::Arc;
+use std::marker::PhantomData;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use crate::codec::{Codec, CodecError};
+use crate::message::{Header, Message};
 
 /// What a key or value type must be to travel in an [`Emission`]: comparable
 /// and printable (so emissions are testable with `assert_eq!`), and safe to
@@ -52,7 +55,7 @@ impl IntoNullable<Vec<u8>> for &[u8] {
 }
 
 struct TopicInner<K, V> {
-    name: String,
+    name: Arc<str>,
     key: Codec<K>,
     value: Codec<V>,
 }
@@ -100,7 +103,7 @@ impl<K: Payload, V: Payload> Topic<K, V> {
     pub fn new(name: impl Into<String>, key: Codec<K>, value: Codec<V>) -> Self {
         Topic {
             inner: Arc::new(TopicInner {
-                name: name.into(),
+                name: Arc::from(name.into()),
                 key,
                 value,
             }),
@@ -136,10 +139,11 @@ impl<K: Payload, V: Payload> Topic<K, V> {
     /// ```
     pub fn send(&self, key: impl IntoNullable<K>, value: impl IntoNullable<V>) -> Emission {
         Emission::new(TypedEmission {
-            topic: self.clone(),
+            topic: EmissionTarget::Shared(self.inner.name.clone()),
             key: key.into_nullable(),
             value: value.into_nullable(),
             timestamp: None,
+            headers: Vec::new(),
         })
     }
 
@@ -156,6 +160,106 @@ impl<K: Payload, V: Payload> Topic<K, V> {
 }
 
 /// The bytes of an encoded emission, ready to partition and stamp.
+/// Header naming why a dead-lettered record failed (see
+/// [`Emission::dead_letter`]).
+pub const DEAD_LETTER_ERROR: &str = "parsley.dlq.error";
+/// Header naming a dead-lettered record's source topic.
+pub const DEAD_LETTER_TOPIC: &str = "parsley.dlq.topic";
+/// Header naming a dead-lettered record's source partition (decimal).
+pub const DEAD_LETTER_PARTITION: &str = "parsley.dlq.partition";
+/// Header naming a dead-lettered record's source offset (decimal).
+pub const DEAD_LETTER_OFFSET: &str = "parsley.dlq.offset";
+
+/// What a stage emits to one of its declared sinks: returned by
+/// [`StageBuilder::add_sink`](crate::StageBuilder::add_sink), so holding one
+/// means the sink is declared. It is `Copy`: a `move` closure takes its own
+/// copy, with no clone per closure.
+///
+/// ```
+/// use parsley::{Codec, Message, Stage, Topic};
+/// let orders: Topic<String, i64> = Topic::new("orders", Codec::utf8(), Codec::int64());
+/// let doubled: Topic<String, i64> = Topic::new("doubled", Codec::utf8(), Codec::int64());
+/// let mut builder = Stage::named("double");
+/// let out = builder.add_sink(&doubled);
+/// let stage = builder
+///     .on(&orders, move |m: &Message<String, i64>| {
+///         vec![out.send(m.key().cloned(), m.value().map(|v| v * 2))]
+///     })
+///     .build()?;
+/// assert_eq!(stage.sink_topics(), vec!["doubled"]);
+/// // The same emission a `Topic` mints.
+/// assert_eq!(out.send("k", 2), doubled.send("k", 2));
+/// # Ok::<(), parsley::StageError>(())
+/// ```
+pub struct Sink<K, V> {
+    name: &'static str,
+    types: PhantomData<fn() -> (K, V)>,
+}
+
+impl<K, V> Clone for Sink<K, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K, V> Copy for Sink<K, V> {}
+
+impl<K, V> fmt::Debug for Sink<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Sink({})", self.name)
+    }
+}
+
+impl<K: Payload, V: Payload> Sink<K, V> {
+    pub(crate) fn of(topic: &Topic<K, V>) -> Self {
+        Sink {
+            name: intern(topic.name()),
+            types: PhantomData,
+        }
+    }
+
+    /// The sink topic's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// An emission of `key` and `value` to this sink, encoded with the
+    /// declared topic's codecs when it is sent.
+    pub fn send(&self, key: impl IntoNullable<K>, value: impl IntoNullable<V>) -> Emission {
+        Emission::new(TypedEmission {
+            topic: EmissionTarget::Interned(self.name),
+            key: key.into_nullable(),
+            value: value.into_nullable(),
+            timestamp: None,
+            headers: Vec::new(),
+        })
+    }
+
+    /// [`send`](Self::send) with a timestamp of its own.
+    pub fn send_at(
+        &self,
+        key: impl IntoNullable<K>,
+        value: impl IntoNullable<V>,
+        timestamp: i64,
+    ) -> Emission {
+        self.send(key, value).at(timestamp)
+    }
+}
+
+/// One `'static` copy per distinct topic name, so sink handles can be
+/// `Copy`. Topic names are few and long-lived; each is kept once.
+fn intern(name: &str) -> &'static str {
+    static NAMES: LazyLock<Mutex<BTreeSet<&'static str>>> =
+        LazyLock::new(|| Mutex::new(BTreeSet::new()));
+    let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(n) = names.get(name) {
+        return n;
+    }
+    let n: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.insert(n);
+    n
+}
+
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub(crate) struct EncodedEmission {
     pub(crate) key: Option<Vec<u8>>,
@@ -183,6 +287,8 @@ impl fmt::Display for Part {
 
 trait EmissionBody: Send + Sync {
     fn topic_name(&self) -> &str;
+    fn headers(&self) -> &[Header];
+    fn add_header(&mut self, header: Header);
     fn timestamp(&self) -> Option<i64>;
     fn set_timestamp(&mut self, ts: i64);
     fn as_any(&self) -> &dyn Any;
@@ -195,15 +301,40 @@ trait EmissionBody: Send + Sync {
 }
 
 struct TypedEmission<K, V> {
-    topic: Topic<K, V>,
+    /// The destination's name: a topic's shared name, or a sink handle's
+    /// interned one.
+    topic: EmissionTarget,
     key: Option<K>,
     value: Option<V>,
     timestamp: Option<i64>,
+    headers: Vec<Header>,
+}
+
+enum EmissionTarget {
+    Shared(Arc<str>),
+    Interned(&'static str),
+}
+
+impl EmissionTarget {
+    fn name(&self) -> &str {
+        match self {
+            EmissionTarget::Shared(n) => n,
+            EmissionTarget::Interned(n) => n,
+        }
+    }
 }
 
 impl<K: Payload, V: Payload> EmissionBody for TypedEmission<K, V> {
     fn topic_name(&self) -> &str {
         self.topic.name()
+    }
+
+    fn headers(&self) -> &[Header] {
+        &self.headers
+    }
+
+    fn add_header(&mut self, header: Header) {
+        self.headers.push(header);
     }
 
     fn timestamp(&self) -> Option<i64> {
@@ -225,18 +356,22 @@ impl<K: Payload, V: Payload> EmissionBody for TypedEmission<K, V> {
                     && self.key == o.key
                     && self.value == o.value
                     && self.timestamp == o.timestamp
+                    && self.headers == o.headers
             }
             None => false,
         }
     }
 
     fn fmt_body(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Emission")
-            .field("topic", &self.topic.name())
+        let mut d = f.debug_struct("Emission");
+        d.field("topic", &self.topic.name())
             .field("key", &self.key)
             .field("value", &self.value)
-            .field("timestamp", &self.timestamp)
-            .finish()
+            .field("timestamp", &self.timestamp);
+        if !self.headers.is_empty() {
+            d.field("headers", &self.headers);
+        }
+        d.finish()
     }
 
     fn key_any(&self) -> Option<&dyn Any> {
@@ -288,6 +423,60 @@ impl Emission {
     pub fn at(mut self, timestamp: i64) -> Self {
         self.body.set_timestamp(timestamp);
         self
+    }
+
+    /// The same emission with one more header (Kafka allows repeated
+    /// names). The causal headers `vc`, `vc-sender` and `vc-seq` are the
+    /// runtime's: an emission that sets one fails the task with
+    /// [`TaskError::ReservedHeader`](crate::TaskError::ReservedHeader).
+    ///
+    /// ```
+    /// use parsley::{Codec, Topic};
+    /// let audit: Topic<String, String> = Topic::new("audit", Codec::utf8(), Codec::utf8());
+    /// let e = audit.send("k", "v").with_header("origin", "billing");
+    /// assert_eq!(e.header("origin"), Some(&b"billing"[..]));
+    /// ```
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        self.body.add_header(Header::new(name, value));
+        self
+    }
+
+    /// The same emission carrying the dead-letter headers for a record that
+    /// could not be processed: the error and the source record's
+    /// coordinate ([`DEAD_LETTER_ERROR`], [`DEAD_LETTER_TOPIC`],
+    /// [`DEAD_LETTER_PARTITION`], [`DEAD_LETTER_OFFSET`]), so whoever reads
+    /// the dead-letter topic can find the original and the reason.
+    ///
+    /// ```
+    /// use parsley::{Codec, Message, Topic, DEAD_LETTER_ERROR, DEAD_LETTER_OFFSET};
+    /// let orders: Topic<String, String> = Topic::new("orders", Codec::utf8(), Codec::utf8());
+    /// let dead: Topic<String, String> = Topic::new("orders-dlq", Codec::utf8(), Codec::utf8());
+    /// let m = Message::new(&orders, "o-1", "{not json").with_position(0, 41);
+    /// let e = dead
+    ///     .send(m.key().cloned(), m.value().cloned())
+    ///     .dead_letter(&m, "expected value at line 1 column 2");
+    /// assert_eq!(e.header(DEAD_LETTER_OFFSET), Some(&b"41"[..]));
+    /// assert_eq!(e.header(DEAD_LETTER_ERROR), Some(&b"expected value at line 1 column 2"[..]));
+    /// ```
+    pub fn dead_letter<K, V>(self, source: &Message<K, V>, error: impl fmt::Display) -> Self {
+        self.with_header(DEAD_LETTER_ERROR, error.to_string())
+            .with_header(DEAD_LETTER_TOPIC, source.topic())
+            .with_header(DEAD_LETTER_PARTITION, source.partition().to_string())
+            .with_header(DEAD_LETTER_OFFSET, source.offset().to_string())
+    }
+
+    /// The emission's headers, in the order they were added.
+    pub fn headers(&self) -> &[Header] {
+        self.body.headers()
+    }
+
+    /// The value of the first header named `name` (`None` when absent or
+    /// null).
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers()
+            .iter()
+            .find(|h| h.name == name)
+            .and_then(|h| h.value.as_deref())
     }
 
     /// The key, if the emission's key type is `K`: `Some(None)` for a null

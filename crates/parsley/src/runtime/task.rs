@@ -55,7 +55,7 @@ use tracing::{debug, info, warn};
 
 use crate::app::Parsley;
 use crate::codec::CodecError;
-use crate::fold::{FoldKey, FoldStore, FoldWrites};
+use crate::fold::{FoldKey, FoldStore, FoldWrites, StateSource};
 use crate::holds::{HeldRecord, WaitingOn};
 use crate::logic::LogicError;
 use crate::message::{Coordinate, Tick};
@@ -389,6 +389,21 @@ pub enum TaskError {
         /// The timestamp.
         timestamp: i64,
     },
+    /// An emission sets one of the causal headers, which only the runtime
+    /// writes.
+    #[error(
+        "task {task}: while handling {coordinate}, an emission to {topic:?} sets header {header:?}, which is reserved for the causal stamp; use another name"
+    )]
+    ReservedHeader {
+        /// The task.
+        task: TaskId,
+        /// The record being handled.
+        coordinate: Coordinate,
+        /// The topic.
+        topic: String,
+        /// The reserved header.
+        header: String,
+    },
     /// A commit was taken while an earlier one was still in flight.
     #[error("task {task}: a transaction is already in flight; report its outcome first")]
     InFlight {
@@ -420,6 +435,7 @@ impl TaskError {
             | TaskError::PartitionCounts { task, .. }
             | TaskError::SinkTypes { task, .. }
             | TaskError::NegativeTimestamp { task, .. }
+            | TaskError::ReservedHeader { task, .. }
             | TaskError::InFlight { task }
             | TaskError::Poisoned { task } => task,
         }
@@ -1041,7 +1057,12 @@ impl Task {
                 } else {
                     None
                 };
-                let r = catch_unwind(AssertUnwindSafe(|| (decl.logic)(&tick, state)));
+                let keyed = TaskState {
+                    pending: &self.pending_fold,
+                    in_flight: self.in_flight.as_ref().map(|f| &f.fold),
+                    committed: &self.stores.fold,
+                };
+                let r = catch_unwind(AssertUnwindSafe(|| (decl.logic)(&tick, state, &keyed)));
                 (r, decl.uses_state.then_some(key))
             }
             SourceSlot::User(i) => {
@@ -1180,6 +1201,18 @@ impl Task {
                 source,
             })?,
         };
+        if let Some(h) = emission
+            .headers()
+            .iter()
+            .find(|h| is_causal_header(&h.name))
+        {
+            return Err(TaskError::ReservedHeader {
+                task: self.id.clone(),
+                coordinate: coordinate.clone(),
+                topic: topic.to_owned(),
+                header: h.name.clone(),
+            });
+        }
         let timestamp = encoded.timestamp.unwrap_or(default_timestamp);
         if timestamp < 0 {
             return Err(TaskError::NegativeTimestamp {
@@ -1206,7 +1239,11 @@ impl Task {
             key: encoded.key,
             value: encoded.value,
             timestamp,
-            headers: stamp_headers(&stamp),
+            headers: {
+                let mut headers = stamp_headers(&stamp);
+                headers.extend(emission.headers().iter().cloned());
+                headers
+            },
         });
         Ok(())
     }
@@ -1269,6 +1306,42 @@ pub(crate) fn causal_headers(headers: &[Header]) -> Result<CausalHeaders, Corrup
 }
 
 /// The stamp as record headers, in the order `vc`, `vc-sender`, `vc-seq`.
+/// A task's fold state as its tick logic reads it: committed, then the
+/// transaction in flight, then this transaction's writes.
+struct TaskState<'a> {
+    pending: &'a FoldWrites,
+    in_flight: Option<&'a FoldWrites>,
+    committed: &'a FoldStore,
+}
+
+impl StateSource for TaskState<'_> {
+    fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        if let Some(v) = self.pending.get(key) {
+            return v;
+        }
+        if let Some(v) = self.in_flight.and_then(|f| f.get(key)) {
+            return v;
+        }
+        self.committed.get_bytes(key)
+    }
+
+    fn entries(&self) -> Vec<(&[u8], &[u8])> {
+        let mut merged: BTreeMap<&[u8], Option<&[u8]>> =
+            self.committed.iter().map(|(k, v)| (k, Some(v))).collect();
+        for layer in self.in_flight.into_iter().chain([self.pending]) {
+            for (k, v) in layer.iter() {
+                merged.insert(k, v);
+            }
+        }
+        let ticks = FoldKey::Ticks.to_bytes();
+        merged
+            .into_iter()
+            .filter(|(k, _)| *k != ticks.as_slice())
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect()
+    }
+}
+
 fn stamp_headers(stamp: &CausalHeaders) -> Vec<Header> {
     stamp
         .encode()
