@@ -225,7 +225,7 @@ pub use message::{Coordinate, Header, Message, Tick};
 pub use probes::{Finding, Note, NoteKind, Probe, ProbeFailure, ProbeReport, Samples, probe};
 pub use stage::{
     DEFAULT_HOLD_WARNING_AFTER, Stage, StageBuilder, StageError, StateDeclaredFirst, StateMode,
-    Stateful, Stateless,
+    StateStore, Stateful, Stateless,
 };
 pub use task::{TaskError, TaskId};
 pub use topic::{

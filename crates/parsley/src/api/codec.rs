@@ -31,12 +31,26 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// A codec could not encode or decode a value. Returned by user codecs; the
 /// runtime fails the task with it.
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
+///
+/// Its message is the underlying cause's own message (when it has one), so
+/// [`source`](std::error::Error::source) skips that cause and goes on with
+/// the cause's source: a report that walks the chain says each thing once.
+#[derive(Debug)]
 pub struct CodecError {
     message: String,
-    #[source]
-    source: Option<BoxError>,
+    cause: Option<BoxError>,
+}
+
+impl fmt::Display for CodecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for CodecError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause.as_ref().and_then(|c| c.source())
+    }
 }
 
 impl CodecError {
@@ -44,7 +58,7 @@ impl CodecError {
     pub fn new(message: impl Into<String>) -> Self {
         CodecError {
             message: message.into(),
-            source: None,
+            cause: None,
         }
     }
 
@@ -53,7 +67,7 @@ impl CodecError {
         let source = source.into();
         CodecError {
             message: source.to_string(),
-            source: Some(source),
+            cause: Some(source),
         }
     }
 

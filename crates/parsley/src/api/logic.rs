@@ -104,10 +104,23 @@ impl<S> Step<S> {
     }
 }
 
-/// An `Err` returned by user logic, as the runtime reports it.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct LogicError(#[source] pub BoxError);
+/// An `Err` returned by user logic, as the runtime reports it. It shows
+/// the error's message, and its [`source`](std::error::Error::source) is
+/// that error's own source, so a chain says each thing once.
+#[derive(Debug)]
+pub struct LogicError(pub BoxError);
+
+impl std::fmt::Display for LogicError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for LogicError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
 
 /// What a handler may return: `Vec<Emission>`, or
 /// `Result<Vec<Emission>, E>` for any error convertible to a boxed error

@@ -4,6 +4,7 @@ use std::any::Any;
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -688,7 +689,76 @@ impl StageBuilder<Stateless> {
     }
 }
 
+/// A typed handle on a stateful stage's per-key state, for reading it back
+/// in tests ([`TestDriver::state`](crate::TestDriver::state)) without
+/// repeating the stage name, the key codec or the state type. Get one from
+/// [`StageBuilder::store`].
+pub struct StateStore<K, S> {
+    stage: String,
+    keys: Codec<K>,
+    state: PhantomData<fn() -> S>,
+}
+
+impl<K, S> Clone for StateStore<K, S> {
+    fn clone(&self) -> Self {
+        StateStore {
+            stage: self.stage.clone(),
+            keys: self.keys.clone(),
+            state: PhantomData,
+        }
+    }
+}
+
+impl<K, S> fmt::Debug for StateStore<K, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "StateStore({}: {:?} -> {})",
+            self.stage,
+            self.keys,
+            std::any::type_name::<S>()
+        )
+    }
+}
+
+impl<K, S> StateStore<K, S> {
+    /// The stage the state belongs to.
+    pub fn stage(&self) -> &str {
+        &self.stage
+    }
+
+    /// The codec its keys are encoded with.
+    pub fn key_codec(&self) -> &Codec<K> {
+        &self.keys
+    }
+}
+
 impl<S: 'static> StageBuilder<Stateful<S>> {
+    /// A typed handle on this stage's per-key state, keyed by values that
+    /// `keys` encodes (the key codec of the sources that fold into it).
+    ///
+    /// ```
+    /// use parsley::{Codec, Parsley, Stage, Step, TestDriver, Topic};
+    /// let payments: Topic<String, i64> = Topic::new("payments", Codec::utf8(), Codec::int64());
+    /// let builder = Stage::named("balances").state(Codec::int64(), || 0);
+    /// let balances = builder.store(Codec::utf8());
+    /// let stage = builder
+    ///     .fold(&payments, |b, m| Step::to(b + m.value().copied().unwrap_or(0)))
+    ///     .build()?;
+    /// let mut driver = TestDriver::new(&Parsley::named("bank", [stage])?)?;
+    /// driver.pipe(&payments, "acct-1", 40)?;
+    /// assert_eq!(driver.state(&balances, "acct-1")?, Some(40));
+    /// assert_eq!(driver.state(&balances, "acct-2")?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn store<K: 'static>(&self, keys: Codec<K>) -> StateStore<K, S> {
+        StateStore {
+            stage: self.name.clone(),
+            keys,
+            state: PhantomData,
+        }
+    }
+
     /// Adds `topic` as a source folded over the key's state: `fold` gets the
     /// current state (the initial value for an unseen key) and the message,
     /// and returns a [`Step`] (or `Result<Step<S>, E>`).

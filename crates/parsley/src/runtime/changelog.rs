@@ -39,15 +39,14 @@ pub trait ChangelogReader {
 #[derive(Debug, thiserror::Error)]
 pub enum ChangelogError {
     /// The changelog topic is missing or could not be described or read.
-    #[error("task {task}: changelog {topic:?}: {source}")]
+    #[error("task {task}: changelog {topic:?}: {cause}")]
     Unavailable {
         /// The task being restored.
         task: TaskId,
         /// The changelog topic.
         topic: String,
         /// What the lookup said.
-        #[source]
-        source: MetadataError,
+        cause: MetadataError,
     },
     /// The changelog's partition count differs from the stage's task count.
     #[error(
@@ -106,7 +105,7 @@ fn read(
     let unavailable = |source| ChangelogError::Unavailable {
         task: task.clone(),
         topic: topic.to_owned(),
-        source,
+        cause: source,
     };
     let d = metadata.describe(topic).map_err(unavailable)?;
     if d.partitions != tasks {

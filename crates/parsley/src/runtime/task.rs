@@ -234,22 +234,20 @@ pub struct InputChannel {
 pub enum TaskError {
     /// The protocol refused (a guard of the delivery gate, the stamp or
     /// restore).
-    #[error("task {task}: {source}")]
+    #[error("task {task}: {cause}")]
     Protocol {
         /// The task.
         task: TaskId,
         /// The protocol's error.
-        #[source]
-        source: ProtocolError,
+        cause: ProtocolError,
     },
     /// A topic could not be described.
-    #[error("task {task}: {source}")]
+    #[error("task {task}: {cause}")]
     Metadata {
         /// The task.
         task: TaskId,
         /// The lookup error.
-        #[source]
-        source: MetadataError,
+        cause: MetadataError,
     },
     /// The task cannot be built as asked.
     #[error("task {task}: {message}")]
@@ -260,19 +258,18 @@ pub enum TaskError {
         message: String,
     },
     /// A record's `vc`, `vc-sender` or `vc-seq` header is corrupt.
-    #[error("task {task}: record {coordinate} has corrupt causal headers: {source}")]
+    #[error("task {task}: record {coordinate} has corrupt causal headers: {cause}")]
     CorruptHeaders {
         /// The task.
         task: TaskId,
         /// The record.
         coordinate: Coordinate,
         /// What is wrong.
-        #[source]
-        source: CorruptHeader,
+        cause: CorruptHeader,
     },
     /// A delivered record did not decode with its topic's codecs.
     #[error(
-        "task {task}: the {part} of record {coordinate} does not decode with the topic's codec: {source}"
+        "task {task}: the {part} of record {coordinate} does not decode with the topic's codec: {cause}"
     )]
     Decode {
         /// The task.
@@ -282,12 +279,11 @@ pub enum TaskError {
         /// Key or value.
         part: Part,
         /// The codec's error.
-        #[source]
-        source: CodecError,
+        cause: CodecError,
     },
     /// An emission did not encode with its topic's codecs.
     #[error(
-        "task {task}: while handling {coordinate}, the {part} of an emission to {topic:?} does not encode: {source}"
+        "task {task}: while handling {coordinate}, the {part} of an emission to {topic:?} does not encode: {cause}"
     )]
     Encode {
         /// The task.
@@ -299,30 +295,27 @@ pub enum TaskError {
         /// Key or value.
         part: Part,
         /// The codec's error.
-        #[source]
-        source: CodecError,
+        cause: CodecError,
     },
     /// Stored fold state did not decode, or new state did not encode.
-    #[error("task {task}: while handling {coordinate}, the state codec failed: {source}")]
+    #[error("task {task}: while handling {coordinate}, the state codec failed: {cause}")]
     StateCodec {
         /// The task.
         task: TaskId,
         /// The record being handled.
         coordinate: Coordinate,
         /// The codec's error.
-        #[source]
-        source: CodecError,
+        cause: CodecError,
     },
     /// A handler or fold returned an error it did not recover from.
-    #[error("task {task}: logic failed on {coordinate}: {source}")]
+    #[error("task {task}: logic failed on {coordinate}: {cause}")]
     Logic {
         /// The task.
         task: TaskId,
         /// The record being handled.
         coordinate: Coordinate,
         /// The logic's error.
-        #[source]
-        source: LogicError,
+        cause: LogicError,
     },
     /// A handler or fold panicked.
     #[error("task {task}: logic panicked on {coordinate}: {message}")]
@@ -564,7 +557,7 @@ impl Task {
                 .describe(topic)
                 .map_err(|source| TaskError::Metadata {
                     task: id.clone(),
-                    source,
+                    cause: source,
                 })
         };
         let mut inputs = Vec::new();
@@ -635,7 +628,7 @@ impl Task {
         let init = CausalNode::init(config, &stores.protocol, broker).map_err(|source| {
             TaskError::Protocol {
                 task: id.clone(),
-                source,
+                cause: source,
             }
         })?;
         info!(
@@ -973,7 +966,7 @@ impl Task {
     fn protocol(&self, source: ProtocolError) -> TaskError {
         TaskError::Protocol {
             task: self.id.clone(),
-            source,
+            cause: source,
         }
     }
 
@@ -993,7 +986,7 @@ impl Task {
                     record.channel.partition,
                     record.offset,
                 ),
-                source,
+                cause: source,
             })?;
         let headers = record
             .headers
@@ -1115,17 +1108,17 @@ impl Task {
                 task,
                 coordinate,
                 part,
-                source,
+                cause: source,
             },
             Failure::StateDecode(source) | Failure::StateEncode(source) => TaskError::StateCodec {
                 task,
                 coordinate,
-                source,
+                cause: source,
             },
             Failure::Logic(source) => TaskError::Logic {
                 task,
                 coordinate,
-                source,
+                cause: source,
             },
         }
     }
@@ -1198,7 +1191,7 @@ impl Task {
                 coordinate: coordinate.clone(),
                 topic: topic.to_owned(),
                 part,
-                source,
+                cause: source,
             })?,
         };
         if let Some(h) = emission

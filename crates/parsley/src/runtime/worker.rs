@@ -616,7 +616,7 @@ impl Worker {
                     .describe(t)
                     .map_err(|source| TaskError::Metadata {
                         task: id.clone(),
-                        source,
+                        cause: source,
                     })?
                     .partitions
             }
@@ -1215,7 +1215,7 @@ fn transient(e: &WorkerError) -> bool {
     match e {
         WorkerError::Task(t) => transient_task(t),
         WorkerError::Changelog(ChangelogError::Unavailable {
-            source: MetadataError::Failed { .. },
+            cause: MetadataError::Failed { .. },
             ..
         }) => true,
         _ => false,
@@ -1228,10 +1228,10 @@ fn transient_task(e: &TaskError) -> bool {
     matches!(
         e,
         TaskError::Metadata {
-            source: MetadataError::Failed { .. },
+            cause: MetadataError::Failed { .. },
             ..
         } | TaskError::Protocol {
-            source: ProtocolError::BrokerOffsets(_),
+            cause: ProtocolError::BrokerOffsets(_),
             ..
         }
     )

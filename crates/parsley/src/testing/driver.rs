@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use parsley_protocol::{
     BrokerOffsets, BrokerOffsetsError, CausalHeaders, Channel, CorruptHeader, Header, SenderId,
-    TopicId, TopicOffsets, VectorClock, headers::CLOCK_HEADER,
+    TopicId, TopicOffsets, VectorClock,
+    headers::{CLOCK_HEADER, is_causal_header},
 };
 
 use crate::app::Parsley;
@@ -21,6 +22,7 @@ use crate::runtime::worker::{
     AssignedPartition, CommitOutcome, PolledRecord, Seek, Transaction, Worker, WorkerConfig,
     WorkerError,
 };
+use crate::stage::StateStore;
 use crate::task::{
     MetadataError, OutgoingRecord, TaskError, TaskEvent, TaskId, TaskStats, TopicDescription,
     TopicMetadata, causal_headers,
@@ -266,8 +268,9 @@ pub struct StageDelivery {
 }
 
 /// A committed record read back from a topic, decoded with the topic's
-/// codecs.
-#[derive(Clone, PartialEq, Debug)]
+/// codecs. Its `{:?}` shows the dependency clock with topic names (and the
+/// producing task of each sender the driver knows) instead of ids.
+#[derive(Clone, PartialEq)]
 pub struct OutputRecord<K, V> {
     /// The key; `None` for a null key.
     pub key: Option<K>,
@@ -281,9 +284,40 @@ pub struct OutputRecord<K, V> {
     pub headers: Vec<Header>,
     /// The task that produced it; `None` for a piped record.
     pub producer: Option<TaskId>,
+    /// The clock, described with names (see [`describe_clock`](Self::describe_clock)).
+    clock_text: String,
+}
+
+impl<K: fmt::Debug, V: fmt::Debug> fmt::Debug for OutputRecord<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutputRecord")
+            .field("key", &self.key)
+            .field("value", &self.value)
+            .field("coordinate", &format_args!("{}", self.coordinate))
+            .field("timestamp", &self.timestamp)
+            .field("clock", &format_args!("{}", self.clock_text))
+            .field(
+                "headers",
+                &self
+                    .headers
+                    .iter()
+                    .filter(|h| !is_causal_header(&h.name))
+                    .collect::<Vec<_>>(),
+            )
+            .field("producer", &self.producer)
+            .finish()
+    }
 }
 
 impl<K, V> OutputRecord<K, V> {
+    /// The dependency clock with topic names instead of topic ids, and each
+    /// sender as the task the driver knows it by: for example
+    /// `{orders:0 <= 3, settled:0 seq(settlement/0) <= 2}`; `unstamped` or
+    /// `corrupt: ...` when there is no clock to show.
+    pub fn describe_clock(&self) -> &str {
+        &self.clock_text
+    }
+
     /// The record's causal headers, parsed strictly.
     pub fn causal(&self) -> Result<CausalHeaders, CorruptHeader> {
         causal_headers(&self.headers)
@@ -441,26 +475,24 @@ pub enum DriverError {
         partitions: i32,
     },
     /// A piped key or value did not encode.
-    #[error("the {part} piped to {topic:?} does not encode: {source}")]
+    #[error("the {part} piped to {topic:?} does not encode: {cause}")]
     Encode {
         /// The topic.
         topic: String,
         /// Key or value.
         part: Part,
         /// The codec's error.
-        #[source]
-        source: CodecError,
+        cause: CodecError,
     },
     /// A committed record did not decode with the topic's codecs.
-    #[error("the {part} of {coordinate} does not decode: {source}")]
+    #[error("the {part} of {coordinate} does not decode: {cause}")]
     Decode {
         /// The record.
         coordinate: Coordinate,
         /// Key or value.
         part: Part,
         /// The codec's error.
-        #[source]
-        source: CodecError,
+        cause: CodecError,
     },
     /// The stage has no state, or state of another type.
     #[error("stage {stage:?} has {found}, not state of type {expected}")]
@@ -473,13 +505,12 @@ pub enum DriverError {
         found: String,
     },
     /// Stored state did not decode.
-    #[error("state of stage {stage:?} does not decode: {source}")]
+    #[error("state of stage {stage:?} does not decode: {cause}")]
     StateDecode {
         /// The stage.
         stage: String,
         /// The codec's error.
-        #[source]
-        source: CodecError,
+        cause: CodecError,
     },
     /// The host core refused (for example a changelog with the wrong
     /// partition count).
@@ -624,6 +655,7 @@ impl TestDriverBuilder {
             budget: self.budget,
             aborts: 0,
             senders,
+            cursors: BTreeMap::new(),
         };
         driver.start_worker()?;
         driver.run()?;
@@ -695,6 +727,8 @@ pub struct TestDriver {
     aborts: usize,
     /// Each task by its sender identity, to tag the records it produces.
     senders: BTreeMap<SenderId, TaskId>,
+    /// How many records of each topic the `read_*` cursors handed out.
+    cursors: BTreeMap<String, usize>,
 }
 
 impl fmt::Debug for TestDriver {
@@ -1040,6 +1074,7 @@ impl TestDriver {
                     r.value.as_deref(),
                     Part::Value,
                 )?;
+                let clock_text = self.describe_headers(&r.headers);
                 Ok(OutputRecord {
                     key,
                     value,
@@ -1047,9 +1082,131 @@ impl TestDriver {
                     timestamp: r.timestamp,
                     headers: r.headers,
                     producer: r.producer,
+                    clock_text,
                 })
             })
             .collect()
+    }
+
+    /// A clock with topic names and task names in place of ids (see
+    /// [`OutputRecord::describe_clock`]).
+    pub fn describe(&self, clock: &VectorClock) -> String {
+        let topic = |c: &Channel| {
+            self.log.names.get(&c.topic).map_or_else(
+                || format!("{}:{}", c.topic, c.partition),
+                |n| format!("{n}:{}", c.partition),
+            )
+        };
+        let mut parts: Vec<String> = clock
+            .offsets()
+            .iter()
+            .map(|o| format!("{} <= {}", topic(&o.channel), o.offset))
+            .collect();
+        parts.extend(clock.sequences().iter().map(|q| {
+            let sender = self
+                .senders
+                .get(&q.sender)
+                .map_or_else(|| q.sender.to_string(), ToString::to_string);
+            format!("{} seq({sender}) <= {}", topic(&q.channel), q.seq)
+        }));
+        format!("{{{}}}", parts.join(", "))
+    }
+
+    fn describe_headers(&self, headers: &[Header]) -> String {
+        if !headers.iter().any(|h| h.name == CLOCK_HEADER) {
+            return "unstamped".to_owned();
+        }
+        match causal_headers(headers) {
+            Ok(c) => self.describe(&c.clock),
+            Err(e) => format!("corrupt: {e}"),
+        }
+    }
+
+    /// Reads the next committed record of `topic` that this driver has not
+    /// handed out yet (a cursor per topic, like a consumer's position):
+    /// `None` when every record so far was read.
+    pub fn read_record<K: Payload, V: Payload>(
+        &mut self,
+        topic: &Topic<K, V>,
+    ) -> Result<Option<OutputRecord<K, V>>, DriverError> {
+        let read = self.cursors.get(topic.name()).copied().unwrap_or(0);
+        let next = self.records(topic)?.into_iter().nth(read);
+        if next.is_some() {
+            self.cursors.insert(topic.name().to_owned(), read + 1);
+        }
+        Ok(next)
+    }
+
+    /// The next unread record's value (`Some(None)` for a tombstone),
+    /// advancing the cursor; `None` when nothing is unread.
+    pub fn read_value<K: Payload, V: Payload>(
+        &mut self,
+        topic: &Topic<K, V>,
+    ) -> Result<Option<Option<V>>, DriverError> {
+        Ok(self.read_record(topic)?.map(|r| r.value))
+    }
+
+    /// The next unread record's key and value, advancing the cursor.
+    pub fn read_key_value<K: Payload, V: Payload>(
+        &mut self,
+        topic: &Topic<K, V>,
+    ) -> Result<Option<KeyValue<K, V>>, DriverError> {
+        Ok(self.read_record(topic)?.map(|r| (r.key, r.value)))
+    }
+
+    /// Every unread record of `topic`, moving the cursor to the end.
+    pub fn read_all<K: Payload, V: Payload>(
+        &mut self,
+        topic: &Topic<K, V>,
+    ) -> Result<Vec<OutputRecord<K, V>>, DriverError> {
+        let read = self.cursors.get(topic.name()).copied().unwrap_or(0);
+        let all = self.records(topic)?;
+        self.cursors.insert(topic.name().to_owned(), all.len());
+        Ok(all.into_iter().skip(read).collect())
+    }
+
+    /// The non-null values of every unread record of `topic`, moving the
+    /// cursor to the end.
+    pub fn read_values<K: Payload, V: Payload>(
+        &mut self,
+        topic: &Topic<K, V>,
+    ) -> Result<Vec<V>, DriverError> {
+        Ok(self
+            .read_all(topic)?
+            .into_iter()
+            .filter_map(|r| r.value)
+            .collect())
+    }
+
+    /// True when every committed record of `topic` has been read.
+    pub fn is_empty<K: Payload, V: Payload>(
+        &self,
+        topic: &Topic<K, V>,
+    ) -> Result<bool, DriverError> {
+        let read = self.cursors.get(topic.name()).copied().unwrap_or(0);
+        Ok(self.raw_records(topic.name())?.len() <= read)
+    }
+
+    /// The committed state of `key` in the stage `store` belongs to
+    /// (`None` when the key has no state); `store` comes from
+    /// [`StageBuilder::store`](crate::StageBuilder::store) and carries the
+    /// key codec and state type.
+    pub fn state<K: 'static, S: 'static>(
+        &self,
+        store: &StateStore<K, S>,
+        key: impl IntoNullable<K>,
+    ) -> Result<Option<S>, DriverError> {
+        self.fold_state(store.stage(), store.key_codec(), key)
+    }
+
+    /// The committed tick state of task `partition` of the stage `store`
+    /// belongs to.
+    pub fn tick_state_of<K: 'static, S: 'static>(
+        &self,
+        store: &StateStore<K, S>,
+        partition: i32,
+    ) -> Result<Option<S>, DriverError> {
+        self.tick_state(store.stage(), partition)
     }
 
     /// The key and value of every committed record of `topic`, in append
@@ -1156,7 +1313,7 @@ impl TestDriver {
             Some(k) => Some(key_codec.encode(&k).map_err(|source| DriverError::Encode {
                 topic: format!("<state key of {stage}>"),
                 part: Part::Key,
-                source,
+                cause: source,
             })?),
             None => None,
         };
@@ -1216,7 +1373,7 @@ impl TestDriver {
                     .map(Some)
                     .map_err(|source| DriverError::StateDecode {
                         stage: stage.to_owned(),
-                        source,
+                        cause: source,
                     });
             }
         }
@@ -1480,7 +1637,7 @@ fn encode_part<T: 'static>(
             .map_err(|source| DriverError::Encode {
                 topic: topic.to_owned(),
                 part,
-                source,
+                cause: source,
             }),
         None => Ok(None),
     }
@@ -1499,7 +1656,7 @@ fn decode_part<T: 'static>(
             .map_err(|source| DriverError::Decode {
                 coordinate: coordinate.clone(),
                 part,
-                source,
+                cause: source,
             }),
         None => Ok(None),
     }

@@ -236,6 +236,8 @@ impl fmt::Display for ProbeReport {
 }
 
 struct Sample {
+    /// Samples of one group run in one driver, in order.
+    group: usize,
     topic: AnyTopic,
     key: Result<Option<Vec<u8>>, String>,
     key_again: Result<Option<Vec<u8>>, String>,
@@ -273,8 +275,55 @@ impl Samples {
     }
 
     /// Adds a sample record for `topic` (`None` for a null key or value).
+    /// Each `on` runs in a driver of its own.
     pub fn on<K: Payload, V: Payload>(
+        self,
+        topic: &Topic<K, V>,
+        key: impl IntoNullable<K>,
+        value: impl IntoNullable<V>,
+    ) -> Self {
+        let group = self.samples.last().map_or(0, |s| s.group + 1);
+        self.push(group, topic, key, value)
+    }
+
+    /// Adds a sample record that runs after the previous one in the same
+    /// driver, so a sequence across sources (a profile, then an order that
+    /// joins it) exercises the logic that needs both.
+    ///
+    /// ```
+    /// use parsley::{probe, Codec, Parsley, Samples, Stage, Step, Topic};
+    /// let customers: Topic<String, String> = Topic::new("customers", Codec::utf8(), Codec::utf8());
+    /// let orders: Topic<String, i64> = Topic::new("orders", Codec::utf8(), Codec::int64());
+    /// let enriched: Topic<String, String> = Topic::new("enriched", Codec::utf8(), Codec::utf8());
+    /// let mut builder = Stage::named("join").state(Codec::utf8(), String::new);
+    /// let out = builder.add_sink(&enriched);
+    /// let stage = builder
+    ///     .fold(&customers, |_, m| Step::to(m.value().cloned().unwrap_or_default()))
+    ///     .fold(&orders, move |name, m| match name.as_str() {
+    ///         "" => Step::keep(),
+    ///         _ => Step::keep().emit(out.send(m.key().cloned(), format!("{name}: {:?}", m.value()))),
+    ///     })
+    ///     .build()?;
+    /// let app = Parsley::named("shop", [stage])?;
+    /// let report = probe(&app, &Samples::new().on(&customers, "c-1", "Ann").then(&orders, "c-1", 12));
+    /// report.assert_ok();
+    /// // The join emitted, so its sink is not noted as unreached.
+    /// assert!(report.notes.iter().all(|n| !n.text.contains("\"enriched\"")));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn then<K: Payload, V: Payload>(
+        self,
+        topic: &Topic<K, V>,
+        key: impl IntoNullable<K>,
+        value: impl IntoNullable<V>,
+    ) -> Self {
+        let group = self.samples.last().map_or(0, |s| s.group);
+        self.push(group, topic, key, value)
+    }
+
+    fn push<K: Payload, V: Payload>(
         mut self,
+        group: usize,
         topic: &Topic<K, V>,
         key: impl IntoNullable<K>,
         value: impl IntoNullable<V>,
@@ -297,6 +346,7 @@ impl Samples {
             None => Ok(None),
         };
         self.samples.push(Sample {
+            group,
             topic: erase(topic),
             key: enc(&key),
             key_again: enc(&key),
@@ -342,50 +392,40 @@ pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
         return report;
     }
 
+    // Each group of samples (one `on` and the `then`s after it) runs in a
+    // driver of its own, its records piped in order.
+    let mut groups: Vec<Vec<&Sample>> = Vec::new();
     for s in &samples.samples {
-        let topic = s.topic.name();
-        // key-codec: deterministic and canonical on the sample.
-        match (&s.key, &s.key_again) {
-            (Err(e), _) => report.fail(
-                Probe::KeyCodec,
-                format!("the sample key for {topic:?} does not encode: {e}"),
-            ),
-            (Ok(a), Ok(b)) if a != b => report.fail(
-                Probe::KeyCodec,
-                format!("encoding the same key for {topic:?} twice gave different bytes"),
-            ),
-            (Ok(Some(bytes)), _) => match s.topic.reencode_key(bytes) {
-                Ok(again) if &again != bytes => report.fail(
-                    Probe::KeyCodec,
-                    format!("a key of {topic:?} does not survive decode-then-encode unchanged"),
-                ),
-                Err(e) => report.fail(
-                    Probe::KeyCodec,
-                    format!("the key codec of {topic:?} cannot decode its own output: {e}"),
-                ),
-                Ok(_) => {}
-            },
-            _ => {}
+        match groups.last_mut() {
+            Some(g) if g.first().is_some_and(|f| f.group == s.group) => g.push(s),
+            _ => groups.push(vec![s]),
         }
-        if app.consumer_of(topic).is_none() {
-            report.fail(
-                Probe::Samples,
-                format!("a sample names {topic:?}, which no stage of the application consumes"),
-            );
-            continue;
-        }
-        sampled.insert(topic.to_owned());
-        let (key, value) = match (&s.key, &s.value) {
-            (Ok(k), Ok(v)) => (k.clone(), v.clone()),
-            (_, Err(e)) => {
+    }
+    for group in groups {
+        let mut records = Vec::new();
+        for s in group {
+            let topic = s.topic.name();
+            check_key(&mut report, s);
+            if app.consumer_of(topic).is_none() {
                 report.fail(
                     Probe::Samples,
-                    format!("the sample value for {topic:?} does not encode: {e}"),
+                    format!("a sample names {topic:?}, which no stage of the application consumes"),
                 );
                 continue;
             }
-            _ => continue,
-        };
+            sampled.insert(topic.to_owned());
+            match (&s.key, &s.value) {
+                (Ok(k), Ok(v)) => records.push((topic, k.clone(), v.clone())),
+                (_, Err(e)) => report.fail(
+                    Probe::Samples,
+                    format!("the sample value for {topic:?} does not encode: {e}"),
+                ),
+                _ => {}
+            }
+        }
+        if records.is_empty() {
+            continue;
+        }
         let mut driver = match samples.driver(app) {
             Ok(d) => d,
             Err(e) => {
@@ -393,16 +433,22 @@ pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
                 continue;
             }
         };
-        let partitions = driver.partitions(topic).unwrap_or(1);
-        let partition = partition_for(key.as_deref(), 0, partitions);
-        let now = driver.wall_clock();
-        let outcome = driver
-            .append_raw(topic, partition, key, value, now, Vec::new())
-            .and_then(|_| driver.run())
-            .and_then(|()| match widest_tick {
-                Some(interval) => driver.advance_wall_clock(interval + Duration::from_millis(1)),
-                None => Ok(()),
-            });
+        let mut outcome = Ok(());
+        for (topic, key, value) in records {
+            let partitions = driver.partitions(topic).unwrap_or(1);
+            let partition = partition_for(key.as_deref(), 0, partitions);
+            let now = driver.wall_clock();
+            outcome = driver
+                .append_raw(topic, partition, key, value, now, Vec::new())
+                .and_then(|_| driver.run());
+            if outcome.is_err() {
+                break;
+            }
+        }
+        let outcome = outcome.and_then(|()| match widest_tick {
+            Some(interval) => driver.advance_wall_clock(interval + Duration::from_millis(1)),
+            None => Ok(()),
+        });
         if let Err(e) = &outcome {
             record_error(&mut report, e);
         }
@@ -457,6 +503,33 @@ pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
         }
     }
     report
+}
+
+/// key-codec: deterministic and canonical on the sample.
+fn check_key(report: &mut ProbeReport, s: &Sample) {
+    let topic = s.topic.name();
+    match (&s.key, &s.key_again) {
+        (Err(e), _) => report.fail(
+            Probe::KeyCodec,
+            format!("the sample key for {topic:?} does not encode: {e}"),
+        ),
+        (Ok(a), Ok(b)) if a != b => report.fail(
+            Probe::KeyCodec,
+            format!("encoding the same key for {topic:?} twice gave different bytes"),
+        ),
+        (Ok(Some(bytes)), _) => match s.topic.reencode_key(bytes) {
+            Ok(again) if &again != bytes => report.fail(
+                Probe::KeyCodec,
+                format!("a key of {topic:?} does not survive decode-then-encode unchanged"),
+            ),
+            Err(e) => report.fail(
+                Probe::KeyCodec,
+                format!("the key codec of {topic:?} cannot decode its own output: {e}"),
+            ),
+            Ok(_) => {}
+        },
+        _ => {}
+    }
 }
 
 fn record_error(report: &mut ProbeReport, error: &DriverError) {
