@@ -16,8 +16,9 @@ pub enum Diagnosis {
     /// The claimed record has not been fetched here yet: it is in flight, or
     /// not yet written. Look at the cause topic's producer and lag.
     NotFetched,
-    /// The claimed record has been fetched here but sits in its own
-    /// channel's hold queue; follow that channel's head.
+    /// The claimed record has been fetched here (or the consumer has
+    /// fetched past its offset, which a transaction marker occupies) but a
+    /// held head on that channel keeps the claim unmet; follow that head.
     HeldUpstream,
     /// A sequence claim names a sender this task has never delivered a
     /// record from on that channel.
@@ -112,7 +113,11 @@ impl WaitingOn {
                 frontier,
                 received,
                 position,
-                diagnosis: if received >= offset {
+                // Fetched through the claim: the record itself, or the
+                // consumer's position past it (a transaction marker or an
+                // aborted record there is never handed over). Then the gap
+                // is a held head on that channel, not the fetch.
+                diagnosis: if received >= offset || position > offset {
                     Diagnosis::HeldUpstream
                 } else {
                     Diagnosis::NotFetched
@@ -201,7 +206,9 @@ pub struct HeldRecord {
     pub coordinate: Coordinate,
     /// The held record's timestamp.
     pub timestamp: i64,
-    /// How long (by the host's wall clock) the record has gated its channel.
+    /// How long (by the host's wall clock) the record has waited since it
+    /// arrived, including the time it queued behind an earlier head. A
+    /// record restored from the changelog counts from its restore.
     pub held_for_ms: i64,
     /// Records in the channel's queue, the head included.
     pub queue_depth: usize,

@@ -41,7 +41,7 @@
 //! then refetches from the committed positions. A task that returned an
 //! error refuses every later call with [`TaskError::Poisoned`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
@@ -491,6 +491,10 @@ pub struct Task {
     wall_clock: i64,
     next_tick_at: Option<i64>,
     holds: BTreeMap<Channel, HoldTrack>,
+    /// When each queued record arrived (the wall clock at hand-over), per
+    /// channel in offset order, so a record that becomes a head later
+    /// counts its age from its arrival.
+    arrivals: BTreeMap<Channel, VecDeque<(i64, i64)>>,
     poisoned: bool,
     stats: TaskStats,
 }
@@ -659,6 +663,7 @@ impl Task {
             wall_clock: now_ms,
             next_tick_at,
             holds: BTreeMap::new(),
+            arrivals: BTreeMap::new(),
             poisoned: false,
             stats: TaskStats::default(),
         };
@@ -912,9 +917,11 @@ impl Task {
     }
 
     /// Every record gating a channel of this task, with what it waits for,
-    /// in channel order.
+    /// longest-held first.
     pub fn held(&self) -> Vec<HeldRecord> {
-        self.held_by_channel().into_iter().map(|(_, h)| h).collect()
+        let mut held: Vec<HeldRecord> = self.held_by_channel().into_iter().map(|(_, h)| h).collect();
+        sort_longest_first(&mut held);
+        held
     }
 
     fn held_by_channel(&self) -> Vec<(Channel, HeldRecord)> {
@@ -1012,6 +1019,10 @@ impl Task {
             let coordinate =
                 Coordinate::new(self.topic_name(channel.topic), channel.partition, offset);
             self.events.push(TaskEvent::Held { coordinate });
+            self.arrivals
+                .entry(channel)
+                .or_default()
+                .push_back((offset, self.wall_clock));
         }
         for d in deliveries {
             self.process(d)?;
@@ -1271,22 +1282,49 @@ impl Task {
     fn refresh_holds(&mut self) {
         if self.node.held_count() == 0 {
             self.holds.clear();
+            self.arrivals.clear();
             return;
         }
         let mut next = BTreeMap::new();
+        let mut arrivals = BTreeMap::new();
         for (channel, offset) in self.node.head_offsets() {
+            // Arrival times of the records still queued on the channel:
+            // those below the head were delivered.
+            let mut queued = self.arrivals.remove(&channel).unwrap_or_default();
+            while queued.front().is_some_and(|(o, _)| *o < offset) {
+                queued.pop_front();
+            }
+            let arrived = queued
+                .front()
+                .filter(|(o, _)| *o == offset)
+                .map(|(_, at)| *at);
             let track = match self.holds.get(&channel) {
                 Some(t) if t.offset == offset => *t,
                 _ => HoldTrack {
                     offset,
-                    since: self.wall_clock,
+                    // A restored head's arrival is unknown: its age starts
+                    // at the restore.
+                    since: arrived.unwrap_or(self.wall_clock),
                     warned: false,
                 },
             };
             next.insert(channel, track);
+            arrivals.insert(channel, queued);
         }
         self.holds = next;
+        self.arrivals = arrivals;
     }
+}
+
+/// Longest-held first; equal ages in coordinate order, so the listing is
+/// deterministic.
+pub(crate) fn sort_longest_first(held: &mut [HeldRecord]) {
+    held.sort_by(|a, b| {
+        b.held_for_ms
+            .cmp(&a.held_for_ms)
+            .then_with(|| a.stage.cmp(&b.stage))
+            .then_with(|| a.coordinate.cmp(&b.coordinate))
+    });
 }
 
 /// A record's causal headers, read strictly out of all its headers.

@@ -1276,13 +1276,16 @@ impl TestDriver {
     }
 
     /// Every record now gating a channel, with what it waits for: one
-    /// entry per held queue head, tasks in scheduling order.
+    /// entry per held queue head, longest-held first.
     pub fn held(&self) -> Vec<HeldRecord> {
-        self.slots
+        let mut held: Vec<HeldRecord> = self
+            .slots
             .iter()
             .filter_map(|s| self.worker.task(&s.id))
             .flat_map(|t| t.held())
-            .collect()
+            .collect();
+        crate::task::sort_longest_first(&mut held);
+        held
     }
 
     /// Every committed delivery to logic, in the order it happened.

@@ -1,0 +1,148 @@
+//! Hold diagnostics as a user reads them: after a failure, longest-held
+//! first, the right diagnosis behind a commit marker, and ages from arrival.
+
+use std::time::Duration;
+
+use parsley::*;
+
+type T = Topic<String, String>;
+
+fn topic(name: &str) -> T {
+    Topic::new(name, Codec::utf8(), Codec::utf8())
+}
+
+fn app(failing: bool) -> (Parsley, T, T, T) {
+    let (a, b, c) = (topic("a"), topic("b"), topic("c"));
+    let stage = Stage::named("s")
+        .on(&a, |_m| Vec::<Emission>::new())
+        .on(&b, move |m| -> Result<Vec<Emission>, String> {
+            if failing && m.value().map(String::as_str) == Some("bad") {
+                Err("bad record".into())
+            } else {
+                Ok(vec![])
+            }
+        })
+        .on(&c, |_m| Vec::<Emission>::new())
+        .build()
+        .unwrap();
+    (Parsley::named("app", [stage]).unwrap(), a, b, c)
+}
+
+/// A held record still shows after another record of the same task fails:
+/// that is when a user looks.
+#[test]
+fn held_records_show_after_a_failure_in_the_same_task() {
+    let (app, a, b, c) = (app(true).0, topic("a"), topic("b"), topic("c"));
+    let mut d = TestDriver::new(&app).unwrap();
+    let cause = d.next_coordinate(&c, "k").unwrap();
+    d.pipe_input(&a, Input::new("k", "effect").after(&cause))
+        .unwrap();
+    assert_eq!(d.held().len(), 1);
+    assert!(d.pipe(&b, "k", "bad").is_err());
+    let held = d.held();
+    assert_eq!(held.len(), 1, "the hold is still reported after the failure");
+    assert_eq!(held[0].coordinate.topic, "a");
+}
+
+/// Holds are listed longest-held first, whatever their channel order.
+#[test]
+fn holds_are_listed_longest_first() {
+    let (app, a, b, c) = app(false);
+    let mut d = TestDriver::new(&app).unwrap();
+    let cause = d.next_coordinate(&c, "k").unwrap();
+    // b's record is held first, a's ten seconds later.
+    d.pipe_input(&b, Input::new("k", "early").after(&cause))
+        .unwrap();
+    d.advance_wall_clock(Duration::from_secs(10)).unwrap();
+    d.pipe_input(&a, Input::new("k", "late").after(&cause))
+        .unwrap();
+    d.advance_wall_clock(Duration::from_secs(5)).unwrap();
+    let held = d.held();
+    let order: Vec<(&str, i64)> = held
+        .iter()
+        .map(|h| (h.coordinate.topic.as_str(), h.held_for_ms))
+        .collect();
+    assert_eq!(order, vec![("b", 15_000), ("a", 5_000)]);
+}
+
+/// A record queued behind a held head has waited since it arrived: when
+/// it becomes the head, its age counts from its arrival, not from the
+/// moment the head before it left.
+#[test]
+fn a_new_head_counts_its_age_from_arrival() {
+    let (app, a, _b, c) = app(false);
+    let mut d = TestDriver::new(&app).unwrap();
+    let first_cause = d.next_coordinate(&c, "k").unwrap();
+    d.pipe_input(&a, Input::new("k", "one").after(&first_cause))
+        .unwrap();
+    d.advance_wall_clock(Duration::from_secs(3)).unwrap();
+    // The second record of a waits on a later record of c.
+    let second_cause = Coordinate::new("c", 0, first_cause.offset + 1);
+    d.pipe_input(&a, Input::new("k", "two").after(&second_cause))
+        .unwrap();
+    d.advance_wall_clock(Duration::from_secs(4)).unwrap();
+    // The first cause arrives: "one" is delivered, "two" is the new head.
+    d.pipe(&c, "k", "cause 1").unwrap();
+    let held = d.held();
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].coordinate.offset, 1);
+    assert_eq!(held[0].held_for_ms, 4_000, "since it arrived");
+}
+
+/// The same when the held record arrived in the step that failed: the
+/// abort rolls the task back, and the driver fetches up to the failing
+/// record again, so the hold is there to see.
+#[test]
+fn a_hold_from_the_failed_step_still_shows() {
+    let (app, a, b, c) = (app(true).0, topic("a"), topic("b"), topic("c"));
+    let mut d = TestDriver::new(&app).unwrap();
+    let cause = d.next_coordinate(&c, "k").unwrap();
+    d.append(&a, Input::new("k", "effect").after(&cause))
+        .unwrap();
+    d.append(&b, Input::new("k", "bad")).unwrap();
+    assert!(d.run().is_err());
+    let held = d.held();
+    assert_eq!(held.len(), 1, "the hold is reported after the failure");
+    assert_eq!(held[0].coordinate.topic, "a");
+}
+
+/// A claim on a commit marker the consumer has already fetched past is not
+/// "not fetched": the gap is the held head before the marker, so it reads
+/// "held upstream" and points there.
+#[test]
+fn a_claim_on_a_fetched_marker_behind_a_held_head_is_held_upstream() {
+    let (x, c, a) = (topic("x"), topic("c"), topic("a"));
+    let out = c.clone();
+    let up = Stage::named("up")
+        .on(&x, move |m| vec![out.send(m.key().cloned(), "effect")])
+        .sink(&c)
+        .build()
+        .unwrap();
+    let mut upstream = TestDriver::new(&Parsley::named("upstream", [up]).unwrap()).unwrap();
+    upstream.pipe(&x, "k", "cause").unwrap();
+    assert_eq!(upstream.markers("c", 0).unwrap(), 1, "c@0, then a marker at c@1");
+
+    let down = Stage::named("down")
+        .on(&c, |_m| Vec::<Emission>::new())
+        .on(&x, |_m| Vec::<Emission>::new())
+        .on(&a, |_m| Vec::<Emission>::new())
+        .build()
+        .unwrap();
+    let mut d = TestDriver::new(&Parsley::named("downstream", [down]).unwrap()).unwrap();
+    // c@0 arrives without its cause x@0, so it is held; the marker after it
+    // is fetched too.
+    d.append_from(&upstream, "c", 0, 1).unwrap();
+    d.run().unwrap();
+    d.pipe_input(&a, Input::new("k", "claims the marker").after(&Coordinate::new("c", 0, 1)))
+        .unwrap();
+    let held = d.held();
+    let on_a = held.iter().find(|h| h.coordinate.topic == "a").unwrap();
+    assert_eq!(on_a.waiting_on.len(), 1);
+    assert_eq!(
+        on_a.waiting_on[0].diagnosis(),
+        Diagnosis::HeldUpstream,
+        "{on_a}"
+    );
+    let on_c = held.iter().find(|h| h.coordinate.topic == "c").unwrap();
+    assert_eq!(on_c.waiting_on[0].diagnosis(), Diagnosis::NotFetched);
+}
