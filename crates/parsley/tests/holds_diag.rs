@@ -40,7 +40,11 @@ fn held_records_show_after_a_failure_in_the_same_task() {
     assert_eq!(d.held().len(), 1);
     assert!(d.pipe(&b, "k", "bad").is_err());
     let held = d.held();
-    assert_eq!(held.len(), 1, "the hold is still reported after the failure");
+    assert_eq!(
+        held.len(),
+        1,
+        "the hold is still reported after the failure"
+    );
     assert_eq!(held[0].coordinate.topic, "a");
 }
 
@@ -120,7 +124,11 @@ fn a_claim_on_a_fetched_marker_behind_a_held_head_is_held_upstream() {
         .unwrap();
     let mut upstream = TestDriver::new(&Parsley::named("upstream", [up]).unwrap()).unwrap();
     upstream.pipe(&x, "k", "cause").unwrap();
-    assert_eq!(upstream.markers("c", 0).unwrap(), 1, "c@0, then a marker at c@1");
+    assert_eq!(
+        upstream.markers("c", 0).unwrap(),
+        1,
+        "c@0, then a marker at c@1"
+    );
 
     let down = Stage::named("down")
         .on(&c, |_m| Vec::<Emission>::new())
@@ -133,8 +141,11 @@ fn a_claim_on_a_fetched_marker_behind_a_held_head_is_held_upstream() {
     // is fetched too.
     d.append_from(&upstream, "c", 0, 1).unwrap();
     d.run().unwrap();
-    d.pipe_input(&a, Input::new("k", "claims the marker").after(&Coordinate::new("c", 0, 1)))
-        .unwrap();
+    d.pipe_input(
+        &a,
+        Input::new("k", "claims the marker").after(&Coordinate::new("c", 0, 1)),
+    )
+    .unwrap();
     let held = d.held();
     let on_a = held.iter().find(|h| h.coordinate.topic == "a").unwrap();
     assert_eq!(on_a.waiting_on.len(), 1);

@@ -825,3 +825,50 @@ fn a_changelog_record_no_store_writes_is_refused() {
         );
     }
 }
+
+/// A tick that went into an aborted transaction is emitted again at the
+/// next punctuation: the task resumes the committed tick schedule, not a
+/// fresh one from the abort (which would lose that tick).
+#[test]
+fn a_tick_in_an_aborted_transaction_is_emitted_again() {
+    let (a, out) = (topic("a"), topic("out"));
+    let mut builder = Stage::named("s");
+    let sink = builder.add_sink(&out);
+    let stage = builder
+        .on(&a, |_m| Vec::<Emission>::new())
+        .ticks(Duration::from_secs(10), move |t| {
+            vec![sink.send(None, t.timestamp().to_string())]
+        })
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    let cluster = Cluster::with(&[
+        ("a", 1),
+        ("out", 1),
+        ("app-s-ticks", 1),
+        ("app-s-state-changelog", 1),
+    ]);
+    let mut w = worker(&app);
+    w.assign(vec![part("a", 0), part("app-s-ticks", 0)], &cluster, 0)
+        .unwrap();
+    seek(&mut w);
+    if let Some(txn) = w.flush().unwrap() {
+        cluster.commit(&txn.records);
+        w.commit_outcome(CommitOutcome::Committed, &cluster)
+            .unwrap();
+    }
+    let ticks = |txn: &Transaction| {
+        txn.records
+            .iter()
+            .filter(|r| r.topic == "app-s-ticks")
+            .count()
+    };
+    w.punctuate(10_000, &cluster).unwrap();
+    let doomed = w.flush().unwrap().expect("the tick");
+    assert_eq!(ticks(&doomed), 1);
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    seek(&mut w);
+    w.punctuate(10_500, &cluster).unwrap();
+    let retry = w.flush().unwrap().expect("the tick again");
+    assert_eq!(ticks(&retry), 1, "the aborted tick is emitted again");
+}

@@ -330,6 +330,29 @@ impl<S: 'static> StateMode for Stateful<S> {
 ///   to and returns its [`Sink`] handle ([`sink`](StageBuilder::sink)
 ///   declares one for [`Topic::send`]);
 /// * [`build`](StageBuilder::build) validates and freezes the stage.
+///
+/// # Head-of-line blocking
+///
+/// Holding is per partition, not per key. A record whose cause has not
+/// been delivered yet waits at the head of its partition's queue, and every
+/// later record of that partition waits behind it, whatever its key: order
+/// within a partition is what lets one offset stand for everything before
+/// it. So one slow cause delays its whole partition, not only its own key.
+/// For latency this means: a hold lasts as long as its cause takes to
+/// arrive (the cause's producer, its commit interval and this consumer's
+/// lag on the cause topic), and it adds that delay to every record queued
+/// behind it. More partitions spread unrelated keys over more queues; the
+/// hold diagnostics ([`TestDriver::held`](crate::TestDriver::held)) show the
+/// queue depth behind each head.
+///
+/// # Ticks
+///
+/// Ticks fall due on a fixed grid of the interval (multiples of it since
+/// the epoch) and are emitted when the host next tells the task the time,
+/// so a late punctuation does not shift the grid. When the clock jumps over
+/// several grid points (a paused process, a test advancing by an hour), the
+/// task emits one tick, not one per missed point: tick logic should read
+/// the tick's timestamp rather than count ticks to measure time.
 pub struct StageBuilder<M = Stateless> {
     name: String,
     sources: Vec<SourceDecl>,
@@ -465,7 +488,9 @@ impl<M: StateMode> StageBuilder<M> {
 
     /// Declares ticks with a tick handler: every `interval` of wall-clock
     /// time, each task of the stage emits a tick to the stage's tick topic,
-    /// consumes it back through the gate, and calls `handler` with it.
+    /// consumes it back through the gate, and calls `handler` with it. A
+    /// clock that jumps over several intervals gives one tick (see
+    /// [Ticks](StageBuilder#ticks)).
     pub fn ticks<F, R>(mut self, interval: Duration, handler: F) -> Self
     where
         F: Fn(&Tick) -> R + Send + Sync + 'static,

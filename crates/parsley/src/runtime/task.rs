@@ -490,6 +490,10 @@ pub struct Task {
     events: Vec<TaskEvent>,
     wall_clock: i64,
     next_tick_at: Option<i64>,
+    /// The tick schedule as of the transaction in flight, then as of the
+    /// last commit: what an abort resumes.
+    in_flight_tick_at: Option<i64>,
+    committed_tick_at: Option<i64>,
     holds: BTreeMap<Channel, HoldTrack>,
     /// When each queued record arrived (the wall clock at hand-over), per
     /// channel in offset order, so a record that becomes a head later
@@ -644,7 +648,7 @@ impl Task {
         );
         let next_tick_at = stage_def
             .tick_interval()
-            .map(|d| now_ms.saturating_add(ms(d)));
+            .map(|d| next_grid_point(now_ms, ms(d)));
         let mut task = Task {
             app: app.clone(),
             stage: stage_def,
@@ -662,6 +666,8 @@ impl Task {
             events: Vec::new(),
             wall_clock: now_ms,
             next_tick_at,
+            in_flight_tick_at: next_tick_at,
+            committed_tick_at: next_tick_at,
             holds: BTreeMap::new(),
             arrivals: BTreeMap::new(),
             poisoned: false,
@@ -734,10 +740,12 @@ impl Task {
         })
     }
 
-    /// Tells the task the wall-clock time: emits a tick if one is due (one
-    /// per call at most; missed intervals are not made up, the interval is a
-    /// cadence floor), and logs a `vc-hold-*` warning once for each hold
-    /// older than the stage's threshold.
+    /// Tells the task the wall-clock time: emits a tick if one is due, and
+    /// logs a `vc-hold-*` warning once for each hold older than the stage's
+    /// threshold. Ticks fall due on a fixed grid, the multiples of the
+    /// interval since the epoch, so a late punctuation does not push the
+    /// schedule back; one call emits one tick at most, so a clock that
+    /// jumps over several grid points gives one tick, not one per point.
     pub fn punctuate(&mut self, now_ms: i64) -> Result<(), TaskError> {
         self.guarded(|t| {
             t.wall_clock = t.wall_clock.max(now_ms);
@@ -745,7 +753,7 @@ impl Task {
                 && t.wall_clock >= at
             {
                 t.emit_tick()?;
-                t.next_tick_at = Some(t.wall_clock.saturating_add(ms(interval)));
+                t.next_tick_at = Some(next_grid_point(t.wall_clock, ms(interval)));
             }
             // Hold heads only change in on_record, position_advance and
             // init, and each refreshes the tracking; here only time moves.
@@ -793,6 +801,7 @@ impl Task {
                 task: self.id.clone(),
             });
         }
+        self.in_flight_tick_at = self.next_tick_at;
         let protocol = self.node.take_writes();
         let fold = std::mem::take(&mut self.pending_fold);
         let mut changelog = Vec::with_capacity(protocol.len() + fold.len());
@@ -851,6 +860,7 @@ impl Task {
         if let Some(done) = self.in_flight.take() {
             self.stores.protocol.apply(&done.protocol);
             self.stores.fold.apply(&done.fold);
+            self.committed_tick_at = self.in_flight_tick_at;
         }
     }
 
@@ -866,8 +876,9 @@ impl Task {
 
     /// Rebuilds the task from its committed stores, dropping everything not
     /// committed (an abort): a new node restored from the committed protocol
-    /// store, the committed fold state, a fresh tick schedule. Nothing is
-    /// copied: the stores move into the new task.
+    /// store, the committed fold state, and the tick schedule as of the last
+    /// commit (a tick the aborted transaction carried falls due again).
+    /// Nothing is copied: the stores move into the new task.
     pub fn reset(
         self,
         metadata: &dyn TopicMetadata,
@@ -875,9 +886,13 @@ impl Task {
         now_ms: i64,
     ) -> Result<Task, TaskError> {
         let Task {
-            app, id, stores, ..
+            app,
+            id,
+            stores,
+            committed_tick_at,
+            ..
         } = self;
-        Task::init(
+        let mut task = Task::init(
             &app,
             &id.stage,
             id.partition,
@@ -885,7 +900,14 @@ impl Task {
             metadata,
             broker,
             now_ms,
-        )
+        )?;
+        // A tick of the aborted transaction is due again: resume the
+        // schedule as it was committed, not a fresh one from now.
+        if committed_tick_at.is_some() {
+            task.next_tick_at = committed_tick_at;
+            task.committed_tick_at = committed_tick_at;
+        }
+        Ok(task)
     }
 
     /// Gives up the task, keeping only its committed stores.
@@ -919,7 +941,8 @@ impl Task {
     /// Every record gating a channel of this task, with what it waits for,
     /// longest-held first.
     pub fn held(&self) -> Vec<HeldRecord> {
-        let mut held: Vec<HeldRecord> = self.held_by_channel().into_iter().map(|(_, h)| h).collect();
+        let mut held: Vec<HeldRecord> =
+            self.held_by_channel().into_iter().map(|(_, h)| h).collect();
         sort_longest_first(&mut held);
         held
     }
@@ -1314,6 +1337,14 @@ impl Task {
         self.holds = next;
         self.arrivals = arrivals;
     }
+}
+
+/// The first multiple of `interval` after `now`: the tick grid.
+fn next_grid_point(now: i64, interval: i64) -> i64 {
+    let interval = interval.max(1);
+    now.div_euclid(interval)
+        .saturating_add(1)
+        .saturating_mul(interval)
 }
 
 /// Longest-held first; equal ages in coordinate order, so the listing is
