@@ -60,35 +60,37 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use parsley::{Codec, Message, Parsley, Stage, Step, Tick, TestDriver, Topic, Input};
+//! use parsley::{Codec, Parsley, Stage, Step, Tick, TestDriver, Topic, Input};
 //!
 //! let orders: Topic<String, i64> = Topic::new("orders", Codec::utf8(), Codec::int64());
 //! let payments: Topic<String, i64> = Topic::new("payments", Codec::utf8(), Codec::int64());
 //! let settlements: Topic<String, i64> = Topic::new("settlements", Codec::utf8(), Codec::int64());
 //! let audits: Topic<String, String> = Topic::new("audits", Codec::utf8(), Codec::utf8());
 //!
-//! let out = settlements.clone();
-//! let settlement = Stage::named("settlement")
-//!     .state(Codec::int64(), || 0)
-//!     .fold(&orders, move |balance: i64, m: &Message<String, i64>| {
+//! // Declaring a sink hands back what the logic emits through (`Copy`, so
+//! // each closure takes its own); a handle exists only for a declared sink.
+//! let mut settlement = Stage::named("settlement").state(Codec::int64(), || 0);
+//! let out = settlement.add_sink(&settlements);
+//! let balances = settlement.store(Codec::utf8()); // typed state, for tests
+//! let settlement = settlement
+//!     .fold(&orders, move |balance, m| {
 //!         let next = balance - m.value().copied().unwrap_or(0);
 //!         Step::to(next).emit(out.send(m.key().cloned(), next))
 //!     })
-//!     .fold(&payments, |balance: i64, m: &Message<String, i64>| {
+//!     .fold(&payments, |balance, m| {
 //!         Step::to(balance + m.value().copied().unwrap_or(0))
 //!     })
-//!     .sink(&settlements)
 //!     .build()?;
 //!
 //! // The auditor counts settlements per account and cuts on each tick.
-//! let cuts = audits.clone();
-//! let auditor = Stage::named("auditor")
-//!     .state(Codec::int64(), || 0)
-//!     .fold(&settlements, |seen: i64, _m: &Message<String, i64>| Step::to(seen + 1))
-//!     .tick_fold(Duration::from_secs(60), move |ticks: i64, tick: &Tick| {
+//! let mut auditor = Stage::named("auditor").state(Codec::int64(), || 0);
+//! let cuts = auditor.add_sink(&audits);
+//! let seen = auditor.store(Codec::utf8());
+//! let auditor = auditor
+//!     .fold(&settlements, |seen, _m| Step::to(seen + 1))
+//!     .tick_fold(Duration::from_secs(60), move |ticks, tick: &Tick| {
 //!         Step::to(ticks + 1).emit(cuts.send(None, format!("cut {} at {}", ticks + 1, tick.timestamp())))
 //!     })
-//!     .sink(&audits)
 //!     .build()?;
 //!
 //! let app = Parsley::named("payments-app", [settlement, auditor])?;
@@ -98,9 +100,10 @@
 //! let mut driver = TestDriver::new(&app)?;
 //! driver.pipe(&payments, "acct-1", 100)?;
 //! driver.pipe(&orders, "acct-1", 30)?;
-//! assert_eq!(driver.values(&settlements)?, vec![70]);
-//! assert_eq!(driver.fold_state::<i64, _>("settlement", &Codec::utf8(), "acct-1")?, Some(70));
-//! assert_eq!(driver.fold_state::<i64, _>("auditor", &Codec::utf8(), "acct-1")?, Some(1));
+//! assert_eq!(driver.read_value(&settlements)?, Some(Some(70)));
+//! assert!(driver.is_empty(&settlements)?); // every output read
+//! assert_eq!(driver.state(&balances, "acct-1")?, Some(70));
+//! assert_eq!(driver.state(&seen, "acct-1")?, Some(1));
 //!
 //! // Every output carries the stamp headers that order it downstream.
 //! let settled = &driver.records(&settlements)?[0];
@@ -124,14 +127,14 @@
 //! let n = delivered.len();
 //! assert_eq!(delivered[n - 2], order);
 //! assert_eq!(delivered[n - 1].topic, "payments");
-//! assert_eq!(driver.values(&settlements)?, vec![70, -20]);
-//! assert_eq!(driver.fold_state::<i64, _>("settlement", &Codec::utf8(), "acct-2")?, Some(30));
+//! assert_eq!(driver.read_values(&settlements)?, vec![-20]);
+//! assert_eq!(driver.state(&balances, "acct-2")?, Some(30));
 //!
 //! // Ticks: advancing the wall clock past the interval emits a tick to the
 //! // tick topic, which the auditor consumes back through the gate.
 //! driver.advance_wall_clock(Duration::from_secs(60))?;
 //! assert_eq!(driver.values(&audits)?, vec!["cut 1 at 60000".to_string()]);
-//! assert_eq!(driver.tick_state::<i64>("auditor", 0)?, Some(1));
+//! assert_eq!(driver.tick_state_of(&seen, 0)?, Some(1));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -162,6 +165,18 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! ## JSON, dead letters and ticks over state
+//!
+//! [`Codec::json`] (the default `json` feature) carries serde types.
+//! Wrapped in [`Codec::attempting`], a source topic whose producers you do
+//! not control delivers bytes that are not valid JSON as
+//! [`Decoded::Malformed`] instead of failing the task, and
+//! [`Emission::dead_letter`] sends them on with the error and their source
+//! coordinate in headers. [`StageBuilder::tick_fold_over`] gives tick logic
+//! a read view of every key's state, for periodic summaries.
+//! `examples/enrichment.rs` puts the three together
+//! (`cargo run -p parsley --example enrichment`).
+//!
 //! ## Contract probes
 //!
 //! [`probe`] runs your application in a driver with samples you supply and
@@ -175,7 +190,9 @@
 //! * [`Topic`], [`Codec`], [`Decoded`]: typed topics and codecs.
 //! * [`Message`], [`Tick`], [`Emission`], [`Step`]: what logic sees and
 //!   returns; [`recovering`], [`recovering_fold`].
-//! * [`Stage`], [`StageBuilder`], [`Parsley`]: wiring and composition.
+//! * [`Stage`], [`StageBuilder`], [`Parsley`]: wiring and composition;
+//!   [`Sink`]: what logic emits through; [`StateView`]: keyed state for
+//!   tick logic; [`StateStore`]: typed state for tests.
 //! * [`TestDriver`]: the broker-less host; [`HeldRecord`]: hold diagnostics.
 //! * [`probe`]: test-time contract probes.
 //! * [`runtime`]: what every host drives. [`runtime::worker::Worker`] is
