@@ -872,3 +872,28 @@ fn a_tick_in_an_aborted_transaction_is_emitted_again() {
     let retry = w.flush().unwrap().expect("the tick again");
     assert_eq!(ticks(&retry), 1, "the aborted tick is emitted again");
 }
+
+/// A hold's age starts at the hand-over that made the head, by the host's
+/// clock at that moment, not at the last punctuation before it.
+#[test]
+fn a_hold_ages_from_the_hand_over_not_the_last_punctuation() {
+    use parsley::protocol::headers::CLOCK_HEADER;
+    use parsley::protocol::{Channel, Header, VectorClock};
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    w.punctuate(1_000, &cluster).unwrap();
+    // The host's clock moves on (it polls, asks for a transaction) with no
+    // punctuation in between; then a record that waits on b@0 arrives.
+    assert!(w.poll_transaction(5_000).unwrap().is_none());
+    let mut clock = VectorClock::new();
+    clock.claim_offset(Channel::new(cluster.topics["b"].0, 0), 0);
+    let mut held = rec("a", 0, 0, "x");
+    held.headers = vec![Header::new(CLOCK_HEADER, clock.encode())];
+    w.on_record(held).unwrap();
+    w.punctuate(6_000, &cluster).unwrap();
+    let task = w.tasks().next().unwrap().clone();
+    let holds = w.task(&task).unwrap().held();
+    assert_eq!(holds.len(), 1);
+    assert_eq!(holds[0].held_for_ms, 1_000, "from 5000, the hand-over");
+}

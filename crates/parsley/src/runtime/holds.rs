@@ -206,9 +206,10 @@ pub struct HeldRecord {
     pub coordinate: Coordinate,
     /// The held record's timestamp.
     pub timestamp: i64,
-    /// How long (by the host's wall clock) the record has waited since it
-    /// arrived, including the time it queued behind an earlier head. A
-    /// record restored from the changelog counts from its restore.
+    /// How long (by the host's wall clock) the record has gated its
+    /// channel: since it became the head of its queue (on arrival, or when
+    /// the head before it was delivered). A head restored from the
+    /// changelog counts from its restore.
     pub held_for_ms: i64,
     /// Records in the channel's queue, the head included.
     pub queue_depth: usize,

@@ -41,7 +41,7 @@
 //! then refetches from the committed positions. A task that returned an
 //! error refuses every later call with [`TaskError::Poisoned`].
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
@@ -495,10 +495,6 @@ pub struct Task {
     in_flight_tick_at: Option<i64>,
     committed_tick_at: Option<i64>,
     holds: BTreeMap<Channel, HoldTrack>,
-    /// When each queued record arrived (the wall clock at hand-over), per
-    /// channel in offset order, so a record that becomes a head later
-    /// counts its age from its arrival.
-    arrivals: BTreeMap<Channel, VecDeque<(i64, i64)>>,
     poisoned: bool,
     stats: TaskStats,
 }
@@ -669,7 +665,6 @@ impl Task {
             in_flight_tick_at: next_tick_at,
             committed_tick_at: next_tick_at,
             holds: BTreeMap::new(),
-            arrivals: BTreeMap::new(),
             poisoned: false,
             stats: TaskStats::default(),
         };
@@ -715,6 +710,13 @@ impl Task {
     /// The causal node, read-only (diagnostics, gauges).
     pub fn node(&self) -> &CausalNode {
         &self.node
+    }
+
+    /// Tells the task the host's clock without punctuating (no tick, no
+    /// warning): hold ages then start from the hand-over that made a head,
+    /// not from the last punctuation.
+    pub fn observe_time(&mut self, now_ms: i64) {
+        self.wall_clock = self.wall_clock.max(now_ms);
     }
 
     /// Hands over one fetched record. Records of one channel must come in
@@ -1042,10 +1044,6 @@ impl Task {
             let coordinate =
                 Coordinate::new(self.topic_name(channel.topic), channel.partition, offset);
             self.events.push(TaskEvent::Held { coordinate });
-            self.arrivals
-                .entry(channel)
-                .or_default()
-                .push_back((offset, self.wall_clock));
         }
         for d in deliveries {
             self.process(d)?;
@@ -1305,37 +1303,24 @@ impl Task {
     fn refresh_holds(&mut self) {
         if self.node.held_count() == 0 {
             self.holds.clear();
-            self.arrivals.clear();
             return;
         }
         let mut next = BTreeMap::new();
-        let mut arrivals = BTreeMap::new();
         for (channel, offset) in self.node.head_offsets() {
-            // Arrival times of the records still queued on the channel:
-            // those below the head were delivered.
-            let mut queued = self.arrivals.remove(&channel).unwrap_or_default();
-            while queued.front().is_some_and(|(o, _)| *o < offset) {
-                queued.pop_front();
-            }
-            let arrived = queued
-                .front()
-                .filter(|(o, _)| *o == offset)
-                .map(|(_, at)| *at);
+            // A new head starts its hold now: heads change only in
+            // on_record, position_advance and init, each of which refreshes
+            // right away, with the host's clock at hand-over.
             let track = match self.holds.get(&channel) {
                 Some(t) if t.offset == offset => *t,
                 _ => HoldTrack {
                     offset,
-                    // A restored head's arrival is unknown: its age starts
-                    // at the restore.
-                    since: arrived.unwrap_or(self.wall_clock),
+                    since: self.wall_clock,
                     warned: false,
                 },
             };
             next.insert(channel, track);
-            arrivals.insert(channel, queued);
         }
         self.holds = next;
-        self.arrivals = arrivals;
     }
 }
 

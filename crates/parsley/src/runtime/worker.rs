@@ -861,6 +861,7 @@ impl Worker {
         let Some(task) = slot.task.as_mut() else {
             return Ok(());
         };
+        task.observe_time(self.now);
         let r = task.on_record(FetchedRecord {
             channel,
             offset,
@@ -943,6 +944,7 @@ impl Worker {
         let Some(task) = slot.task.as_mut() else {
             return Ok(());
         };
+        task.observe_time(self.now);
         if let Err(e) = task.position_advance(channel, position) {
             return self.poison(e);
         }
