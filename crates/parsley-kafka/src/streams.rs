@@ -344,6 +344,7 @@ impl CausalStreams {
                     self.app.application_id(),
                     self.instance
                 ),
+                instance: self.instance.clone(),
                 stop: self.stop.clone(),
                 rejoins: self.rejoins.clone(),
             };
@@ -892,6 +893,8 @@ struct StreamThread {
     config: ClientConfig,
     options: StreamsOptions,
     transactional_id: String,
+    /// The instance id (the `thread-id` metric label is `<instance>-<index>`).
+    instance: String,
     stop: Arc<AtomicBool>,
     rejoins: Arc<AtomicU64>,
 }
@@ -942,6 +945,7 @@ impl StreamThread {
                 commit_interval: self.options.commit_interval,
                 truncation_interval: self.options.truncation_interval,
                 start_policy: self.options.start_policy,
+                thread_id: format!("{}-{}", self.instance, self.index),
             },
         );
         let context = ThreadContext {

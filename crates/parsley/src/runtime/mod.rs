@@ -13,6 +13,7 @@
 pub mod changelog;
 pub mod holds;
 pub mod identity;
+pub mod metrics;
 pub mod partition;
 pub mod task;
 pub mod worker;

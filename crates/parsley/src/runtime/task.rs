@@ -449,6 +449,14 @@ struct SinkInfo {
     topic: AnyTopic,
 }
 
+/// What the hold gauges read.
+pub(crate) struct HoldGauges {
+    pub(crate) held: usize,
+    pub(crate) age_max_ms: i64,
+    /// (topic, held, head age) per source channel.
+    pub(crate) channels: Vec<(String, usize, i64)>,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct HoldTrack {
     offset: i64,
@@ -938,6 +946,29 @@ impl Task {
             return v;
         }
         self.stores.fold.get_bytes(key)
+    }
+
+    /// The hold gauges: records held, the oldest head's age, and per source
+    /// channel (in topic order) its held count and its head's age.
+    pub(crate) fn hold_gauges(&self) -> HoldGauges {
+        let mut channels: Vec<(String, usize, i64)> = self
+            .inputs
+            .iter()
+            .map(|i| {
+                let held = self.node.channel_view(i.channel).map_or(0, |v| v.held);
+                let age = self
+                    .holds
+                    .get(&i.channel)
+                    .map_or(0, |t| (self.wall_clock - t.since).max(0));
+                (i.topic.clone(), held, age)
+            })
+            .collect();
+        channels.sort();
+        HoldGauges {
+            held: self.node.held_count(),
+            age_max_ms: channels.iter().map(|c| c.2).max().unwrap_or(0),
+            channels,
+        }
     }
 
     /// Every record gating a channel of this task, with what it waits for,

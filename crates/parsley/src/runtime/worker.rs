@@ -52,8 +52,10 @@ use tracing::{debug, info, warn};
 use crate::app::Parsley;
 use crate::message::Header;
 use crate::runtime::changelog::{self, ChangelogError, ChangelogReader};
+use crate::runtime::metrics::{Published, SAMPLE_INTERVAL, TaskMeters};
 use crate::runtime::task::{
     FetchedRecord, OutgoingRecord, Task, TaskError, TaskEvent, TaskId, TaskStats, TopicMetadata,
+    sort_longest_first,
 };
 
 /// Everything the worker may ask of the cluster: topic metadata, broker
@@ -82,6 +84,8 @@ pub struct WorkerConfig {
     pub truncation_interval: Duration,
     /// Where channels with no committed position start.
     pub start_policy: StartPolicy,
+    /// The `thread-id` label of this worker's metrics.
+    pub thread_id: String,
 }
 
 impl Default for WorkerConfig {
@@ -90,6 +94,7 @@ impl Default for WorkerConfig {
             commit_interval: Duration::from_millis(100),
             truncation_interval: Duration::from_secs(600),
             start_policy: StartPolicy::Earliest,
+            thread_id: "0".to_owned(),
         }
     }
 }
@@ -361,6 +366,7 @@ struct ChannelSlot {
 
 struct Slot {
     task: Option<Task>,
+    meters: TaskMeters,
     channels: Vec<ChannelSlot>,
     next_sweep_at: i64,
 }
@@ -383,6 +389,8 @@ pub struct Worker {
     now: i64,
     next_txn: u64,
     stats: WorkerStats,
+    next_sample_at: i64,
+    published: Published,
 }
 
 impl std::fmt::Debug for Worker {
@@ -416,6 +424,8 @@ impl Worker {
             now: 0,
             next_txn: 1,
             stats: WorkerStats::default(),
+            next_sample_at: 0,
+            published: Published::default(),
         }
     }
 
@@ -669,10 +679,12 @@ impl Worker {
         }
         info!(task = %id, channels = channels.len(), "task started");
         let next_sweep_at = self.now.saturating_add(ms(self.config.truncation_interval));
+        let meters = TaskMeters::new(&self.config.thread_id, &task);
         self.tasks.insert(
             id.clone(),
             Slot {
                 task: Some(task),
+                meters,
                 channels,
                 next_sweep_at,
             },
@@ -873,6 +885,7 @@ impl Worker {
         if let Err(e) = r {
             return self.poison(e);
         }
+        slot.meters.count(task);
         self.dirty = true;
         // A position captured earlier may be covered now.
         let c = &mut slot.channels[i];
@@ -945,7 +958,9 @@ impl Worker {
             return Ok(());
         };
         task.observe_time(self.now);
-        if let Err(e) = task.position_advance(channel, position) {
+        let r = task.position_advance(channel, position);
+        slot.meters.count(task);
+        if let Err(e) = r {
             return self.poison(e);
         }
         if advanced || task.has_work() {
@@ -969,7 +984,9 @@ impl Worker {
             let Some(task) = slot.task.as_mut() else {
                 continue;
             };
-            if let Err(e) = task.punctuate(now) {
+            let r = task.punctuate(now);
+            slot.meters.count(task);
+            if let Err(e) = r {
                 failed = Some(e);
                 break;
             }
@@ -990,15 +1007,50 @@ impl Worker {
                     }
                     Err(e) => {
                         self.stats.truncation_sweeps_skipped += 1;
+                        slot.meters.sweep_skipped();
                         warn!(task = %id, error = %e, "truncation sweep skipped; it runs again next interval");
                     }
                 }
             }
         }
-        match failed {
-            Some(e) => self.poison(e),
-            None => Ok(()),
+        if let Some(e) = failed {
+            return self.poison(e);
         }
+        if now >= self.next_sample_at {
+            self.next_sample_at = now.saturating_add(ms(SAMPLE_INTERVAL));
+            self.sample();
+        }
+        Ok(())
+    }
+
+    /// Samples every task's gauges now and publishes them with every held
+    /// head ([`published`](Self::published)). [`punctuate`](Self::punctuate)
+    /// does this every [`SAMPLE_INTERVAL`]; a host (or a test) that wants a
+    /// fresh reading can call it any time.
+    pub fn sample(&mut self) -> &Published {
+        let now = self.now;
+        let mut metrics = Vec::with_capacity(self.tasks.len());
+        let mut holds = Vec::new();
+        for slot in self.tasks.values_mut() {
+            let Some(task) = slot.task.as_ref() else {
+                continue;
+            };
+            metrics.push(slot.meters.sample(now, task));
+            holds.extend(task.held());
+        }
+        sort_longest_first(&mut holds);
+        self.published = Published {
+            at: now,
+            metrics,
+            holds,
+        };
+        &self.published
+    }
+
+    /// The last sample: every task's metrics and every held head, longest
+    /// held first (`explain_holds`). It lists only tasks this worker runs.
+    pub fn published(&self) -> &Published {
+        &self.published
     }
 
     /// The open transaction, once it has been open for the commit interval
@@ -1168,6 +1220,8 @@ impl Worker {
                 c.position = c.committed;
                 c.pending = None;
             }
+            slot.meters.count(&old);
+            slot.meters.rebase();
             match old.reset(cluster, cluster, self.now) {
                 Ok(task) => slot.task = Some(task),
                 Err(e) => {

@@ -18,6 +18,7 @@ use crate::identity::test_topic_id;
 use crate::message::Coordinate;
 use crate::partition::partition_for;
 use crate::runtime::changelog::{ChangelogReader, ChangelogRecord};
+use crate::runtime::metrics::TaskMetrics;
 use crate::runtime::worker::{
     AssignedPartition, CommitOutcome, PolledRecord, Seek, Transaction, Worker, WorkerConfig,
     WorkerError,
@@ -1286,6 +1287,13 @@ impl TestDriver {
             .collect();
         crate::task::sort_longest_first(&mut held);
         held
+    }
+
+    /// Every task's metrics, sampled now (the same numbers the runtime
+    /// records through the `metrics` facade; see
+    /// [`runtime::metrics`](crate::runtime::metrics)).
+    pub fn metrics(&mut self) -> Vec<TaskMetrics> {
+        self.worker.sample().metrics.clone()
     }
 
     /// Every committed delivery to logic, in the order it happened.

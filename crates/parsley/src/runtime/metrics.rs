@@ -1,0 +1,263 @@
+//! Task metrics: what each task records through the [`metrics`] facade,
+//! and the snapshot a host publishes.
+//!
+//! Holding is invisible to ordinary consumer-lag monitoring: a task's
+//! consumer position moves past the records it holds, so a stalled task
+//! can show no lag at all. These metrics are the signal to alert on.
+//!
+//! Every series carries the labels `thread-id`, `task-id` (`stage[p]`) and
+//! `stage`; the per-topic pair adds `topic`. Counters move where their
+//! events happen (right after the call into the task that caused them);
+//! gauges are sampled every [`SAMPLE_INTERVAL`] when the host punctuates.
+//! The names are the Java library's, so dashboards carry over; a
+//! Prometheus recorder renders `-` as `_` (`records_held`), and a prefix
+//! layer on the recorder can add a namespace.
+//!
+//! A series stops moving when its task leaves the thread (the `metrics`
+//! facade has no unregistration); exporters drop idle series on their own
+//! (the Prometheus exporter's idle timeout). The published snapshot
+//! ([`Worker::published`](crate::runtime::worker::Worker::published)) only
+//! ever lists the tasks the thread runs.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Label};
+
+use crate::holds::HeldRecord;
+use crate::task::{Task, TaskId};
+
+/// Records currently held across the task's hold queues (gauge); per
+/// topic, on that source's channel.
+pub const RECORDS_HELD: &str = "records-held";
+/// Milliseconds the longest-gating head has been held, since it became its
+/// queue's head (gauge); per topic, that channel's head.
+pub const RECORDS_HELD_AGE_MAX_MS: &str = "records-held-age-max-ms";
+/// Records released through the gate per second, over the last sample
+/// interval (gauge).
+pub const RECORDS_DELIVERED_RATE: &str = "records-delivered-rate";
+/// Records released through the gate (counter).
+pub const RECORDS_DELIVERED_TOTAL: &str = "records-delivered-total";
+/// Records fed at or below the frontier and discarded (counter); nonzero
+/// only while a rescope refetch replays covered offsets.
+pub const REPLAYS_SKIPPED_TOTAL: &str = "replays-skipped-total";
+/// Truncation sweeps that failed and skipped their cycle (counter).
+pub const TRUNCATION_SWEEPS_SKIPPED_TOTAL: &str = "truncation-sweeps-skipped-total";
+/// Tick records emitted (counter).
+pub const TICKS_EMITTED_TOTAL: &str = "ticks-emitted-total";
+/// Offset entries in the stamp-side clock (gauge).
+pub const STAMP_OFFSET_ENTRIES: &str = "stamp-offset-entries";
+/// Sequence entries in the stamp-side clock (gauge).
+pub const STAMP_SEQUENCE_ENTRIES: &str = "stamp-sequence-entries";
+
+/// How often gauges are sampled.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// One task's metrics at a sample.
+#[derive(Clone, PartialEq, Debug)]
+pub struct TaskMetrics {
+    /// The stream thread running the task.
+    pub thread_id: String,
+    /// The task.
+    pub task: TaskId,
+    /// [`RECORDS_HELD`].
+    pub records_held: u64,
+    /// [`RECORDS_HELD_AGE_MAX_MS`] (0 when nothing is held).
+    pub records_held_age_max_ms: i64,
+    /// [`RECORDS_DELIVERED_RATE`].
+    pub records_delivered_rate: f64,
+    /// [`RECORDS_DELIVERED_TOTAL`], since the task came to this thread.
+    pub records_delivered_total: u64,
+    /// [`REPLAYS_SKIPPED_TOTAL`].
+    pub replays_skipped_total: u64,
+    /// [`TRUNCATION_SWEEPS_SKIPPED_TOTAL`].
+    pub truncation_sweeps_skipped_total: u64,
+    /// [`TICKS_EMITTED_TOTAL`].
+    pub ticks_emitted_total: u64,
+    /// [`STAMP_OFFSET_ENTRIES`].
+    pub stamp_offset_entries: u64,
+    /// [`STAMP_SEQUENCE_ENTRIES`].
+    pub stamp_sequence_entries: u64,
+    /// The per-topic pair, one entry per source channel (the tick topic
+    /// included), in topic order.
+    pub topics: Vec<TopicMetrics>,
+}
+
+/// One source channel's hold gauges.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct TopicMetrics {
+    /// The source topic.
+    pub topic: String,
+    /// [`RECORDS_HELD`] on this channel.
+    pub records_held: u64,
+    /// [`RECORDS_HELD_AGE_MAX_MS`] of this channel's head.
+    pub records_held_age_max_ms: i64,
+}
+
+/// What a worker publishes at each sample: every task's metrics and every
+/// held head across its tasks, longest-held first. A host copies it where
+/// readers can take it without touching the processing path.
+#[derive(Clone, PartialEq, Debug, Default)]
+pub struct Published {
+    /// The wall clock of the sample (0: none yet).
+    pub at: i64,
+    /// One entry per task, in task order.
+    pub metrics: Vec<TaskMetrics>,
+    /// Every held head, longest-held first.
+    pub holds: Vec<HeldRecord>,
+}
+
+#[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Debug)]
+struct Totals {
+    delivered: u64,
+    replays: u64,
+    ticks: u64,
+}
+
+/// A task's registered series and what has been counted so far.
+pub(crate) struct TaskMeters {
+    thread_id: String,
+    delivered: Counter,
+    replays: Counter,
+    sweeps_skipped: Counter,
+    ticks: Counter,
+    held: Gauge,
+    age: Gauge,
+    rate: Gauge,
+    offsets: Gauge,
+    sequences: Gauge,
+    topics: BTreeMap<String, (Gauge, Gauge)>,
+    /// What the current incarnation of the task had counted at the last
+    /// export.
+    exported: Totals,
+    /// Totals across incarnations (an abort rebuilds the task).
+    cumulative: Totals,
+    sweeps_skipped_total: u64,
+    last_sample: Option<(i64, u64)>,
+}
+
+impl TaskMeters {
+    pub(crate) fn new(thread_id: &str, task: &Task) -> TaskMeters {
+        let id = task.id();
+        let labels = vec![
+            Label::new("thread-id", thread_id.to_owned()),
+            Label::new("task-id", id.to_string()),
+            Label::new("stage", id.stage.clone()),
+        ];
+        let counter = |name: &'static str| metrics::counter!(name, labels.clone());
+        let gauge = |name: &'static str| metrics::gauge!(name, labels.clone());
+        let mut topics = BTreeMap::new();
+        for input in task.inputs() {
+            let mut l = labels.clone();
+            l.push(Label::new("topic", input.topic.clone()));
+            topics.insert(
+                input.topic.clone(),
+                (
+                    metrics::gauge!(RECORDS_HELD, l.clone()),
+                    metrics::gauge!(RECORDS_HELD_AGE_MAX_MS, l),
+                ),
+            );
+        }
+        TaskMeters {
+            thread_id: thread_id.to_owned(),
+            delivered: counter(RECORDS_DELIVERED_TOTAL),
+            replays: counter(REPLAYS_SKIPPED_TOTAL),
+            sweeps_skipped: counter(TRUNCATION_SWEEPS_SKIPPED_TOTAL),
+            ticks: counter(TICKS_EMITTED_TOTAL),
+            held: gauge(RECORDS_HELD),
+            age: gauge(RECORDS_HELD_AGE_MAX_MS),
+            rate: gauge(RECORDS_DELIVERED_RATE),
+            offsets: gauge(STAMP_OFFSET_ENTRIES),
+            sequences: gauge(STAMP_SEQUENCE_ENTRIES),
+            topics,
+            exported: Totals::default(),
+            cumulative: Totals::default(),
+            sweeps_skipped_total: 0,
+            last_sample: None,
+        }
+    }
+
+    /// The task was rebuilt (an abort): its own counts start again.
+    pub(crate) fn rebase(&mut self) {
+        self.exported = Totals::default();
+    }
+
+    /// Moves the counters by what the task did since the last call.
+    pub(crate) fn count(&mut self, task: &Task) {
+        let node = task.node().stats();
+        let now = Totals {
+            delivered: node.delivered_total,
+            replays: node.replays_skipped_total,
+            ticks: task.stats().ticks_emitted,
+        };
+        if now == self.exported {
+            return;
+        }
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        let (delivered, replays, ticks) = (
+            d(now.delivered, self.exported.delivered),
+            d(now.replays, self.exported.replays),
+            d(now.ticks, self.exported.ticks),
+        );
+        self.delivered.increment(delivered);
+        self.replays.increment(replays);
+        self.ticks.increment(ticks);
+        self.cumulative.delivered += delivered;
+        self.cumulative.replays += replays;
+        self.cumulative.ticks += ticks;
+        self.exported = now;
+    }
+
+    /// A truncation sweep of the task failed and was skipped.
+    pub(crate) fn sweep_skipped(&mut self) {
+        self.sweeps_skipped.increment(1);
+        self.sweeps_skipped_total += 1;
+    }
+
+    /// Samples the gauges at `now`.
+    pub(crate) fn sample(&mut self, now: i64, task: &Task) -> TaskMetrics {
+        self.count(task);
+        let holds = task.hold_gauges();
+        let (offsets, sequences) = task.node().stamp_side_width();
+        let rate = match self.last_sample {
+            Some((at, delivered)) if now > at => {
+                let per_ms = (self.cumulative.delivered.saturating_sub(delivered)) as f64
+                    / (now - at) as f64;
+                per_ms * 1000.0
+            }
+            _ => 0.0,
+        };
+        self.last_sample = Some((now, self.cumulative.delivered));
+        let mut topics = Vec::with_capacity(holds.channels.len());
+        for (topic, held, age) in holds.channels {
+            if let Some((g_held, g_age)) = self.topics.get(&topic) {
+                g_held.set(held as f64);
+                g_age.set(age as f64);
+            }
+            topics.push(TopicMetrics {
+                topic,
+                records_held: held as u64,
+                records_held_age_max_ms: age,
+            });
+        }
+        self.held.set(holds.held as f64);
+        self.age.set(holds.age_max_ms as f64);
+        self.rate.set(rate);
+        self.offsets.set(offsets as f64);
+        self.sequences.set(sequences as f64);
+        TaskMetrics {
+            thread_id: self.thread_id.clone(),
+            task: task.id().clone(),
+            records_held: holds.held as u64,
+            records_held_age_max_ms: holds.age_max_ms,
+            records_delivered_rate: rate,
+            records_delivered_total: self.cumulative.delivered,
+            replays_skipped_total: self.cumulative.replays,
+            truncation_sweeps_skipped_total: self.sweeps_skipped_total,
+            ticks_emitted_total: self.cumulative.ticks,
+            stamp_offset_entries: offsets as u64,
+            stamp_sequence_entries: sequences as u64,
+            topics,
+        }
+    }
+}
