@@ -160,3 +160,135 @@ fn a_claim_on_a_fetched_marker_behind_a_held_head_is_held_upstream() {
     let on_c = held.iter().find(|h| h.coordinate.topic == "c").unwrap();
     assert_eq!(on_c.waiting_on[0].diagnosis(), Diagnosis::NotFetched);
 }
+
+/// The two sequence diagnoses: a claim on a sender never delivered on the
+/// channel reads `sender-unseen`; a claim ahead of what that sender has
+/// delivered reads `sender-behind`, with the delivered sequence shown.
+#[test]
+fn sequence_claims_read_sender_unseen_and_sender_behind() {
+    let (x, c, a) = (topic("x"), topic("c"), topic("a"));
+    let out = c.clone();
+    let up = Stage::named("up")
+        .on(&x, move |m| vec![out.send(m.key().cloned(), "effect")])
+        .sink(&c)
+        .build()
+        .unwrap();
+    let upstream_app = Parsley::named("upstream", [up]).unwrap();
+    let mut upstream = TestDriver::new(&upstream_app).unwrap();
+    upstream.pipe(&x, "k", "one").unwrap();
+    let down = Stage::named("down")
+        .on(&c, |_m| Vec::<Emission>::new())
+        .on(&a, |_m| Vec::<Emission>::new())
+        .build()
+        .unwrap();
+    let mut d = TestDriver::new(&Parsley::named("downstream", [down]).unwrap()).unwrap();
+    let c0 = d.channel("c", 0).unwrap();
+    let sender = upstream_app.sender_id("up", 0);
+
+    // Nothing from the sender delivered on c yet.
+    let mut clock = parsley::protocol::VectorClock::new();
+    clock.claim_sequence(c0, sender, 1);
+    d.pipe_input(&a, Input::new("k", "waits").clock(&clock))
+        .unwrap();
+    let held = d.held();
+    assert_eq!(held.len(), 1);
+    let w = &held[0].waiting_on[0];
+    assert_eq!(w.diagnosis(), Diagnosis::SenderUnseen, "{}", held[0]);
+    assert!(held[0].summary().contains("vc-hold-sender-unseen"));
+
+    // The sender's first record arrives (seq 1): that claim is met. A
+    // claim on its seq 2 reads sender-behind, delivered 1.
+    d.append_from(&upstream, "c", 0, 1).unwrap();
+    d.run().unwrap();
+    assert!(d.held().is_empty());
+    let mut clock = parsley::protocol::VectorClock::new();
+    clock.claim_sequence(c0, sender, 2);
+    d.pipe_input(&a, Input::new("k", "waits more").clock(&clock))
+        .unwrap();
+    let held = d.held();
+    assert_eq!(held.len(), 1);
+    match &held[0].waiting_on[0] {
+        WaitingOn::Sequence {
+            diagnosis,
+            delivered_seq,
+            seq,
+            ..
+        } => {
+            assert_eq!(*diagnosis, Diagnosis::SenderBehind);
+            assert_eq!((*delivered_seq, *seq), (Some(1), 2));
+        }
+        other => panic!("expected a sequence claim, got {other:?}"),
+    }
+    assert!(held[0].summary().contains("vc-hold-sender-behind"));
+}
+
+/// A hold that outlives the stage's threshold is logged once at WARN with
+/// its `vc-hold-*` code and summary, however many punctuations follow; a
+/// new head on the same channel is a new hold and warns again.
+#[test]
+fn a_hold_warns_once_with_its_code() {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let (a, c) = (topic("a"), topic("c"));
+        let stage = Stage::named("s")
+            .on(&a, |_m| Vec::<Emission>::new())
+            .on(&c, |_m| Vec::<Emission>::new())
+            .hold_warning_after(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let mut d = TestDriver::new(&Parsley::named("app", [stage]).unwrap()).unwrap();
+        let first = d.next_coordinate(&c, "k").unwrap();
+        d.pipe_input(&a, Input::new("k", "one").after(&first))
+            .unwrap();
+        d.pipe_input(
+            &a,
+            Input::new("k", "two").after(&Coordinate::new("c", 0, first.offset + 1)),
+        )
+        .unwrap();
+        for _ in 0..4 {
+            d.advance_wall_clock(Duration::from_secs(3)).unwrap();
+        }
+        // The first cause arrives; "two" becomes the head and waits on.
+        d.pipe(&c, "k", "cause").unwrap();
+        for _ in 0..4 {
+            d.advance_wall_clock(Duration::from_secs(3)).unwrap();
+        }
+    });
+    let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("vc-hold-not-fetched"))
+        .collect();
+    assert_eq!(warnings.len(), 2, "once per hold:\n{text}");
+    assert!(warnings.iter().all(|l| l.contains("WARN")), "{text}");
+    assert!(
+        warnings[0].contains("a:0@0") && warnings[0].contains("c:0 offset 0"),
+        "{text}"
+    );
+    assert!(
+        warnings[1].contains("a:0@1") && warnings[1].contains("c:0 offset 1"),
+        "{text}"
+    );
+    assert!(
+        warnings[0].contains("for 6000ms"),
+        "the age at the warning: {text}"
+    );
+}

@@ -49,7 +49,8 @@ use std::time::Duration;
 use parsley_protocol::headers::is_causal_header;
 use parsley_protocol::{
     BrokerOffsets, CausalHeaders, CausalNode, Channel, CorruptHeader, Delivery, Header,
-    InboundRecord, MemStore, NodeConfig, ProtocolError, TopicId, TruncationReport, WriteBatch,
+    InboundRecord, MemStore, NodeConfig, ProtocolError, TopicId, TruncationReport, VectorClock,
+    WriteBatch,
 };
 use tracing::{debug, info, warn};
 
@@ -1033,6 +1034,32 @@ impl Task {
         }
     }
 
+    /// A clock with the task's topic names in place of ids.
+    fn describe_clock(&self, clock: &VectorClock) -> String {
+        let mut parts: Vec<String> = clock
+            .offsets()
+            .iter()
+            .map(|o| {
+                format!(
+                    "{}:{} <= {}",
+                    self.topic_name(o.channel.topic),
+                    o.channel.partition,
+                    o.offset
+                )
+            })
+            .collect();
+        parts.extend(clock.sequences().iter().map(|q| {
+            format!(
+                "{}:{} seq({}) <= {}",
+                self.topic_name(q.channel.topic),
+                q.channel.partition,
+                q.sender,
+                q.seq
+            )
+        }));
+        format!("{{{}}}", parts.join(", "))
+    }
+
     fn topic_name(&self, topic: TopicId) -> String {
         self.names
             .get(&topic)
@@ -1066,6 +1093,18 @@ impl Task {
             causal,
         };
         let (channel, offset) = (inbound.channel, inbound.offset);
+        // What a DEBUG line about a hold shows: the record's claims by
+        // topic name and its sender tag, never payload bytes. Built only
+        // when that level is on.
+        let described = tracing::enabled!(tracing::Level::DEBUG).then(|| {
+            (
+                self.describe_clock(&inbound.causal.clock),
+                inbound
+                    .causal
+                    .sender
+                    .map(|t| format!("{} seq {}", t.sender, t.seq)),
+            )
+        });
         let held_before = self.node.held_count();
         let deliveries = self.node.on_record(inbound).map_err(|e| self.protocol(e))?;
         let released = deliveries.iter().filter(|d| d.was_held).count();
@@ -1074,6 +1113,9 @@ impl Task {
             // coordinate is named only then, off the common path.
             let coordinate =
                 Coordinate::new(self.topic_name(channel.topic), channel.partition, offset);
+            if let Some((clock, sender)) = &described {
+                debug!(task = %self.id, %coordinate, %clock, sender = sender.as_deref().unwrap_or("none"), "record held");
+            }
             self.events.push(TaskEvent::Held { coordinate });
         }
         for d in deliveries {
