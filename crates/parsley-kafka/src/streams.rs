@@ -15,12 +15,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_executor::block_on;
-use parsley::Parsley;
+use parsley::runtime::metrics::{Published, TaskMetrics};
 use parsley::runtime::worker::{
     AssignedPartition, CommitOutcome, PolledRecord, RevokePlan, StartPolicy, Transaction, Worker,
     WorkerConfig, WorkerError,
 };
 use parsley::task::{MetadataError, TopicMetadata};
+use parsley::{HeldRecord, Parsley};
 use parsley_protocol::Header;
 use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::ClientContext;
@@ -162,6 +163,11 @@ impl From<WorkerError> for StreamsError {
     }
 }
 
+/// What each stream thread last published (metrics and held heads), by
+/// thread index. A thread writes its entry on its sampling punctuation
+/// (every 500 ms); readers take the lock only to copy it.
+type Reports = Arc<Mutex<BTreeMap<usize, Published>>>;
+
 type StateListener = Box<dyn Fn(&StreamsState, &StreamsState) + Send + Sync>;
 
 /// The application's state and who listens to its changes.
@@ -207,6 +213,7 @@ pub struct CausalStreams {
     instance: String,
     stop: Arc<AtomicBool>,
     rejoins: Arc<AtomicU64>,
+    reports: Reports,
     state: Arc<StateCell>,
     threads: Vec<JoinHandle<Result<(), StreamsError>>>,
 }
@@ -288,6 +295,7 @@ impl CausalStreams {
             instance,
             stop: Arc::new(AtomicBool::new(false)),
             rejoins: Arc::new(AtomicU64::new(0)),
+            reports: Reports::default(),
             state: Arc::new(StateCell::default()),
             threads: Vec::new(),
         })
@@ -300,6 +308,36 @@ impl CausalStreams {
         }
         self.options = options;
         self
+    }
+
+    /// Every task's metrics on this instance, as last sampled by its stream
+    /// thread (at most half a second old). The same numbers go to the
+    /// installed `metrics` recorder.
+    pub fn metrics(&self) -> Vec<TaskMetrics> {
+        lock(&self.reports)
+            .values()
+            .flat_map(|p| p.metrics.iter().cloned())
+            .collect()
+    }
+
+    /// Why records are held: one entry per gating head across this
+    /// instance's tasks, longest-held first, with every unmet claim, its
+    /// `vc-hold-*` diagnosis and the local watermarks that show the gap
+    /// (`summary()` gives the one-line form). Payload-free. Each stream
+    /// thread publishes its part on its sampling punctuation, so this takes
+    /// no lock on the processing path and can be half a second stale.
+    pub fn explain_holds(&self) -> Vec<HeldRecord> {
+        let mut holds: Vec<HeldRecord> = lock(&self.reports)
+            .values()
+            .flat_map(|p| p.holds.iter().cloned())
+            .collect();
+        holds.sort_by(|a, b| {
+            b.held_for_ms
+                .cmp(&a.held_for_ms)
+                .then_with(|| a.stage.cmp(&b.stage))
+                .then_with(|| a.coordinate.cmp(&b.coordinate))
+        });
+        holds
     }
 
     /// How many times a stream thread of this instance was fenced (or lost
@@ -347,6 +385,7 @@ impl CausalStreams {
                 instance: self.instance.clone(),
                 stop: self.stop.clone(),
                 rejoins: self.rejoins.clone(),
+                reports: self.reports.clone(),
             };
             let state = self.state.clone();
             let handle = std::thread::Builder::new()
@@ -897,6 +936,7 @@ struct StreamThread {
     instance: String,
     stop: Arc<AtomicBool>,
     rejoins: Arc<AtomicU64>,
+    reports: Reports,
 }
 
 /// How one membership of a stream thread ended.
@@ -914,7 +954,10 @@ impl StreamThread {
     /// producer and consumer. Any other failure stops the thread.
     fn run(self) -> Result<(), StreamsError> {
         loop {
-            match self.session()? {
+            let session = self.session();
+            // A thread that left the group runs no tasks until it joins again.
+            lock(&self.reports).remove(&self.index);
+            match session? {
                 Session::Closed => return Ok(()),
                 Session::Rejoin => {
                     self.rejoins.fetch_add(1, Ordering::SeqCst);
@@ -978,6 +1021,7 @@ impl StreamThread {
         consumer.subscribe(&topics)?;
         info!(thread = self.index, transactional_id = %self.transactional_id, "stream thread started");
         let mut last_report = Instant::now();
+        let mut published_at = 0;
         while !self.stop.load(Ordering::SeqCst) {
             let polled = consumer.poll(Duration::from_millis(20));
             let mut shared = lock(&consumer.context().shared);
@@ -1009,6 +1053,10 @@ impl StreamThread {
                     worker, cluster, ..
                 } = &mut *shared;
                 worker.punctuate(now_ms(), cluster)?;
+                if worker.published().at != published_at {
+                    published_at = worker.published().at;
+                    lock(&self.reports).insert(self.index, worker.published().clone());
+                }
             }
             shared.apply_seeks(&consumer)?;
             if let Some(txn) = shared.worker.poll_transaction(now_ms())? {

@@ -138,7 +138,28 @@ fn a_payment_before_its_order_is_held_and_settles_after_it() {
     let mut clock = VectorClock::new();
     clock.claim_offset(Channel::new(orders_id, 0), 0);
     produce(&p, 0, "o-1", "pay 5", Some(&clock));
-    std::thread::sleep(Duration::from_secs(2));
+    // An operator asks why: the runtime names the missing cause.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let holds = loop {
+        let holds = streams.explain_holds();
+        if !holds.is_empty() && holds[0].held_for_ms >= 1_000 {
+            break holds;
+        }
+        assert!(Instant::now() < deadline, "no hold reported");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let summary = holds[0].summary();
+    eprintln!("explain_holds: {summary}");
+    assert_eq!(holds.len(), 1);
+    assert_eq!(holds[0].coordinate, Coordinate::new(p.as_str(), 0, 0));
+    assert!(
+        summary.contains(&format!("vc-hold-not-fetched waiting on {o}:0 offset 0")),
+        "{summary}"
+    );
+    let metrics = streams.metrics();
+    assert_eq!(metrics.len(), 1, "{metrics:?}");
+    assert_eq!(metrics[0].records_held, 1);
+    assert!(metrics[0].records_held_age_max_ms >= 500, "{metrics:?}");
     assert!(
         read(&s, 1, 1, Duration::from_millis(500)).is_empty(),
         "held, not settled"
@@ -148,6 +169,11 @@ fn a_payment_before_its_order_is_held_and_settles_after_it() {
     let out = read(&s, 1, 2, Duration::from_secs(30));
     let values: Vec<&str> = out.iter().map(|(_, v, _)| v.as_str()).collect();
     assert_eq!(values, vec!["order 5", "settled 5"]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !streams.explain_holds().is_empty() {
+        assert!(Instant::now() < deadline, "the hold did not clear");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     for (_, _, causal) in &out {
         assert!(causal.sender.is_some(), "vc-sender and vc-seq are present");
     }
