@@ -3,8 +3,12 @@
 //! through the exactly-once runtime.
 //!
 //! ```text
-//! cargo run -p parsley-kafka --example settlement -- --bootstrap HOST:PORT
+//! cargo run -p parsley-kafka --example settlement -- --bootstrap HOST:PORT [--metrics ADDR]
 //! ```
+//!
+//! With `--metrics ADDR` (port 0 picks a free one) it serves the task
+//! metrics on a Prometheus scrape endpoint while it runs, scrapes it once
+//! itself at the end and prints the Parsley series it found.
 //!
 //! It creates three fresh topics (named after the run), starts the
 //! application, produces a payment, an order, a payment its producer
@@ -43,12 +47,19 @@ fn end_of(cluster: &KafkaCluster, c: Channel) -> Result<i64, Error> {
 
 fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let bootstrap = match args.as_slice() {
-        [flag, b] if flag == "--bootstrap" => b.clone(),
+    let (bootstrap, metrics_addr) = match args.as_slice() {
+        [flag, b] if flag == "--bootstrap" => (b.clone(), None),
+        [flag, b, m, addr] if flag == "--bootstrap" && m == "--metrics" => {
+            (b.clone(), Some(addr.clone()))
+        }
         _ => {
-            eprintln!("usage: settlement --bootstrap HOST:PORT");
+            eprintln!("usage: settlement --bootstrap HOST:PORT [--metrics ADDR]");
             std::process::exit(2);
         }
+    };
+    let metrics_addr = match metrics_addr {
+        Some(a) => Some(serve_metrics(&a)?),
+        None => None,
     };
     let run = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();
     let Settlement {
@@ -172,6 +183,29 @@ fn main() -> Result<(), Error> {
             balances.push(settled.balance);
         }
     }
+    if let Some(addr) = metrics_addr {
+        // Gauges are sampled every 500 ms: let one sample pass.
+        std::thread::sleep(Duration::from_millis(700));
+        let page = scrape(addr)?;
+        let ours: Vec<&str> = page
+            .lines()
+            .filter(|l| {
+                l.starts_with("records_") || l.starts_with("ticks_") || l.starts_with("stamp_")
+            })
+            .collect();
+        for l in &ours {
+            println!("metrics: {l}");
+        }
+        let delivered = ours
+            .iter()
+            .find(|l| {
+                l.starts_with("records_delivered_total{") && l.contains("stage=\"settlement\"")
+            })
+            .ok_or("no records_delivered_total series on the endpoint")?;
+        if delivered.rsplit(' ').next() != Some("4") {
+            return Err(format!("expected 4 records delivered: {delivered}").into());
+        }
+    }
     streams.close(Duration::from_secs(30))?;
     // o-2 settles before the held payment is applied: 10000 - 2500 - 4000.
     if balances != vec![7_500, 3_500] {
@@ -179,4 +213,34 @@ fn main() -> Result<(), Error> {
     }
     println!("balances as in the TestDriver run: {balances:?}");
     Ok(())
+}
+
+/// Installs the Prometheus recorder with a scrape endpoint on `addr` (port
+/// 0: a free one) and returns the address it listens on. Series of tasks
+/// that moved away are dropped after a minute without updates.
+fn serve_metrics(addr: &str) -> Result<std::net::SocketAddr, Error> {
+    let mut addr: std::net::SocketAddr = addr.parse()?;
+    if addr.port() == 0 {
+        addr = std::net::TcpListener::bind(addr)?.local_addr()?;
+    }
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .idle_timeout(
+            metrics_util::MetricKindMask::ALL,
+            Some(Duration::from_secs(60)),
+        )
+        .install()?;
+    println!("metrics on http://{addr}/metrics");
+    Ok(addr)
+}
+
+/// One plain HTTP GET of the scrape endpoint.
+fn scrape(addr: std::net::SocketAddr) -> Result<String, Error> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut page = String::new();
+    stream.read_to_string(&mut page)?;
+    Ok(page)
 }
