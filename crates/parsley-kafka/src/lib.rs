@@ -25,8 +25,10 @@
 
 mod changelog;
 mod cluster;
+mod policy;
 mod streams;
 pub mod topic_ids;
 
 pub use cluster::KafkaCluster;
+pub use policy::{ErrorHandler, ErrorResponse};
 pub use streams::{CausalStreams, StreamsError, StreamsOptions, StreamsState};

@@ -31,9 +31,10 @@ use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::topic_partition_list::TopicPartitionListElem;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::KafkaCluster;
+use crate::policy::{self, ErrorHandler, ErrorResponse};
 
 /// Settings the runtime owns; a client configuration that sets one of them
 /// to something else is refused.
@@ -214,6 +215,10 @@ pub struct CausalStreams {
     stop: Arc<AtomicBool>,
     rejoins: Arc<AtomicU64>,
     reports: Reports,
+    handler: Option<ErrorHandler>,
+    replacements: Arc<AtomicU64>,
+    failure: Arc<Mutex<Option<String>>>,
+    watcher: Option<JoinHandle<()>>,
     state: Arc<StateCell>,
     threads: Vec<JoinHandle<Result<(), StreamsError>>>,
 }
@@ -296,6 +301,10 @@ impl CausalStreams {
             stop: Arc::new(AtomicBool::new(false)),
             rejoins: Arc::new(AtomicU64::new(0)),
             reports: Reports::default(),
+            handler: None,
+            replacements: Arc::new(AtomicU64::new(0)),
+            failure: Arc::new(Mutex::new(None)),
+            watcher: None,
             state: Arc::new(StateCell::default()),
             threads: Vec::new(),
         })
@@ -308,6 +317,24 @@ impl CausalStreams {
         }
         self.options = options;
         self
+    }
+
+    /// Sets what a stream thread's failure does to the application (see
+    /// [`ErrorResponse`]); without one, a failure shuts this instance down
+    /// ([`ErrorResponse::ShutdownClient`]). Set it before [`start`](Self::start).
+    /// A handler that panics resolves to shutting the client down, with
+    /// both failures logged.
+    pub fn set_uncaught_error_handler(
+        &mut self,
+        handler: impl Fn(&StreamsError) -> ErrorResponse + Send + Sync + 'static,
+    ) {
+        self.handler = Some(Arc::new(handler));
+    }
+
+    /// How many times a stream thread was replaced after a failure
+    /// ([`ErrorResponse::ReplaceThread`]).
+    pub fn replaced_threads(&self) -> u64 {
+        self.replacements.load(Ordering::SeqCst)
     }
 
     /// Every task's metrics on this instance, as last sampled by its stream
@@ -370,6 +397,7 @@ impl CausalStreams {
         }
         let cluster = KafkaCluster::new(&self.config, self.options.request_timeout)?;
         self.prepare_topics(&cluster)?;
+        self.start_watcher()?;
         self.state.set(StreamsState::Running);
         for index in 0..self.options.threads.max(1) {
             let thread = StreamThread {
@@ -386,6 +414,9 @@ impl CausalStreams {
                 stop: self.stop.clone(),
                 rejoins: self.rejoins.clone(),
                 reports: self.reports.clone(),
+                handler: self.handler.clone(),
+                replacements: self.replacements.clone(),
+                failure: self.failure.clone(),
             };
             let state = self.state.clone();
             let handle = std::thread::Builder::new()
@@ -407,8 +438,44 @@ impl CausalStreams {
         Ok(())
     }
 
+    /// Watches the application's control topic: a shutdown request from
+    /// any instance ([`ErrorResponse::ShutdownApplication`]) stops this one.
+    fn start_watcher(&mut self) -> Result<(), StreamsError> {
+        let config = self.config.clone();
+        let topic = policy::control_topic(self.app.application_id());
+        let stop = self.stop.clone();
+        let state = self.state.clone();
+        let failure = self.failure.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("parsley-{}-control", self.app.application_id()))
+            .spawn(move || {
+                let watching = policy::watch(&config, &topic, stop.clone(), |reason| {
+                    let message = format!("the application was shut down: {reason}");
+                    lock(&failure).get_or_insert_with(|| message.clone());
+                    state.set(StreamsState::Failed(message));
+                    stop.store(true, Ordering::SeqCst);
+                });
+                if let Err(e) = watching {
+                    warn!(error = %e, "the control topic watch failed; application-wide shutdowns will not reach this instance");
+                }
+            })
+            .map_err(|e| StreamsError::Thread {
+                thread: usize::MAX,
+                message: e.to_string(),
+            })?;
+        self.watcher = Some(handle);
+        Ok(())
+    }
+
     fn prepare_topics(&self, cluster: &KafkaCluster) -> Result<(), StreamsError> {
         let mut creates = Vec::new();
+        // The control topic carries application-wide shutdown requests.
+        let control = policy::control_topic(self.app.application_id());
+        match cluster.describe(&control) {
+            Ok(_) => {}
+            Err(MetadataError::Missing(_)) => creates.push((control, 1)),
+            Err(e) => return Err(e.into()),
+        }
         for stage in self.app.stages() {
             // Partition p of every source (and of the tick topic) meets in
             // task p: they must agree on the count.
@@ -456,14 +523,21 @@ impl CausalStreams {
         let topics: Vec<NewTopic<'_>> = creates
             .iter()
             .map(|(name, n)| {
-                NewTopic::new(name, *n, TopicReplication::Fixed(-1))
-                    .set("cleanup.policy", "compact")
+                let t = NewTopic::new(name, *n, TopicReplication::Fixed(-1));
+                if name.ends_with("-control") {
+                    // Requests matter only to instances running when they
+                    // are made; a day of them is plenty.
+                    t.set("cleanup.policy", "delete")
+                        .set("retention.ms", "86400000")
+                } else {
+                    t.set("cleanup.policy", "compact")
+                }
             })
             .collect();
         let opts = AdminOptions::new().operation_timeout(Some(self.options.request_timeout));
         for result in block_on(cluster.admin().create_topics(&topics, &opts))? {
             match result {
-                Ok(name) => info!(topic = %name, "changelog topic created"),
+                Ok(name) => info!(topic = %name, "topic created"),
                 Err((name, code)) => {
                     if code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists {
                         return Err(StreamsError::Kafka(KafkaError::AdminOp(code))).inspect_err(
@@ -583,6 +657,9 @@ impl CausalStreams {
                     });
                 }
             }
+        }
+        if let Some(w) = self.watcher.take() {
+            let _ = w.join();
         }
         match first {
             None => {
@@ -937,6 +1014,11 @@ struct StreamThread {
     stop: Arc<AtomicBool>,
     rejoins: Arc<AtomicU64>,
     reports: Reports,
+    handler: Option<ErrorHandler>,
+    replacements: Arc<AtomicU64>,
+    /// The first failure that shut the instance down, for every thread to
+    /// see.
+    failure: Arc<Mutex<Option<String>>>,
 }
 
 /// How one membership of a stream thread ended.
@@ -957,11 +1039,46 @@ impl StreamThread {
             let session = self.session();
             // A thread that left the group runs no tasks until it joins again.
             lock(&self.reports).remove(&self.index);
-            match session? {
-                Session::Closed => return Ok(()),
-                Session::Rejoin => {
+            let e = match session {
+                Ok(Session::Closed) => return Ok(()),
+                Ok(Session::Rejoin) => {
                     self.rejoins.fetch_add(1, Ordering::SeqCst);
                     info!(thread = self.index, "stream thread rejoins the group");
+                    continue;
+                }
+                Err(e) => e,
+            };
+            if self.stop.load(Ordering::SeqCst) {
+                // Already shutting down (another thread's failure, or close).
+                return Err(e);
+            }
+            match policy::decide(self.handler.as_ref(), self.index, &e) {
+                ErrorResponse::ReplaceThread => {
+                    self.replacements.fetch_add(1, Ordering::SeqCst);
+                    warn!(thread = self.index, error = %e, "stream thread failed; replacing it");
+                    // Not a hot loop on a failure that recurs at once.
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                ErrorResponse::ShutdownClient => {
+                    error!(thread = self.index, error = %e, "stream thread failed; shutting the instance down");
+                    lock(&self.failure).get_or_insert_with(|| e.to_string());
+                    self.stop.store(true, Ordering::SeqCst);
+                    return Err(e);
+                }
+                ErrorResponse::ShutdownApplication => {
+                    error!(thread = self.index, error = %e, "stream thread failed; shutting the application down");
+                    let reason = format!("instance {} thread {}: {e}", self.instance, self.index);
+                    if let Err(r) = policy::request_shutdown(
+                        &self.config,
+                        &policy::control_topic(self.app.application_id()),
+                        &reason,
+                        self.options.request_timeout,
+                    ) {
+                        error!(error = %r, "the shutdown request could not be written; only this instance stops");
+                    }
+                    lock(&self.failure).get_or_insert_with(|| e.to_string());
+                    self.stop.store(true, Ordering::SeqCst);
+                    return Err(e);
                 }
             }
         }

@@ -1,0 +1,127 @@
+//! What a stream thread's failure does to the application: the uncaught
+//! error handler and its three responses, and the control topic that
+//! carries an application-wide shutdown to every instance.
+//!
+//! The transaction decides what a failure does to the data (nothing: it
+//! aborts, and the committed state is what the last good step left). The
+//! handler decides what it does to the application.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tracing::{error, info, warn};
+
+use crate::streams::StreamsError;
+
+/// What to do after a stream thread fails.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ErrorResponse {
+    /// Start the thread again: a new consumer and producer join the group,
+    /// and the failed thread's tasks restart from their committed state. A
+    /// deterministic failure recurs, so this suits transient ones.
+    ReplaceThread,
+    /// Stop every stream thread of this instance (each commits or aborts
+    /// its open work and leaves the group); the state becomes `Failed`.
+    /// The default.
+    ShutdownClient,
+    /// Stop every instance of the application: this one, and every other
+    /// running one, through the application's control topic.
+    ShutdownApplication,
+}
+
+/// The uncaught error handler: given a thread's failure, the response.
+pub type ErrorHandler = Arc<dyn Fn(&StreamsError) -> ErrorResponse + Send + Sync>;
+
+/// The handler's response to `error`. A handler that panics resolves to
+/// [`ErrorResponse::ShutdownClient`], with both the failure and the
+/// handler's panic logged, so a bug in the handler stops the instance
+/// loudly instead of losing the thread in silence.
+pub(crate) fn decide(
+    handler: Option<&ErrorHandler>,
+    thread: usize,
+    e: &StreamsError,
+) -> ErrorResponse {
+    let Some(handler) = handler else {
+        return ErrorResponse::ShutdownClient;
+    };
+    match catch_unwind(AssertUnwindSafe(|| handler(e))) {
+        Ok(response) => response,
+        Err(payload) => {
+            let panic = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-text panic".to_owned());
+            error!(thread, error = %e, handler_panic = %panic, "the uncaught error handler panicked; shutting the client down");
+            ErrorResponse::ShutdownClient
+        }
+    }
+}
+
+/// The control topic of an application: `<application id>-control`.
+pub(crate) fn control_topic(application_id: &str) -> String {
+    format!("{application_id}-control")
+}
+
+/// The key of a shutdown request on the control topic.
+const SHUTDOWN: &str = "shutdown-application";
+
+/// Writes a shutdown request for the whole application.
+pub(crate) fn request_shutdown(
+    config: &ClientConfig,
+    topic: &str,
+    reason: &str,
+    timeout: Duration,
+) -> Result<(), StreamsError> {
+    let producer: BaseProducer = config.create()?;
+    producer
+        .send(
+            BaseRecord::to(topic)
+                .partition(0)
+                .key(SHUTDOWN)
+                .payload(reason),
+        )
+        .map_err(|(e, _)| e)?;
+    producer.flush(timeout)?;
+    Ok(())
+}
+
+/// Watches the control topic from its end (requests made before this
+/// instance started are not for it) until `stop` is set. On a shutdown
+/// request it calls `on_shutdown` with the reason and returns.
+pub(crate) fn watch(
+    config: &ClientConfig,
+    topic: &str,
+    stop: Arc<AtomicBool>,
+    on_shutdown: impl FnOnce(String),
+) -> Result<(), StreamsError> {
+    let mut c = config.clone();
+    c.set("enable.auto.commit", "false")
+        .set("group.id", format!("{topic}-watch"));
+    let consumer: BaseConsumer = c.create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::End)?;
+    consumer.assign(&tpl)?;
+    while !stop.load(Ordering::SeqCst) {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) if m.key() == Some(SHUTDOWN.as_bytes()) => {
+                let reason = m
+                    .payload()
+                    .map(|p| String::from_utf8_lossy(p).into_owned())
+                    .unwrap_or_default();
+                info!(%reason, "the application was asked to shut down");
+                on_shutdown(reason);
+                return Ok(());
+            }
+            Some(Ok(_)) | None => {}
+            Some(Err(e)) => warn!(error = %e, "control topic read failed"),
+        }
+    }
+    Ok(())
+}

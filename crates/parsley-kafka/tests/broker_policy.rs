@@ -1,0 +1,191 @@
+//! The uncaught error handler on a real broker: replacing a thread after a
+//! transient failure, shutting the client down (also when the handler
+//! itself panics), and shutting the whole application down across
+//! instances.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{config, create_topics, unique};
+use parsley::*;
+use parsley_kafka::{CausalStreams, ErrorResponse, StreamsOptions, StreamsState};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+type T = Topic<String, String>;
+
+fn topic(name: &str) -> T {
+    Topic::new(name, Codec::utf8(), Codec::utf8())
+}
+
+/// Echoes every record; a record whose value is "poison" fails while
+/// `failing` is set (once, when `once`).
+fn echo(app_id: &str, input: &T, output: &T, failing: Arc<AtomicBool>, once: bool) -> Parsley {
+    let mut builder = Stage::named("echo");
+    let out = builder.add_sink(output);
+    let stage = builder
+        .on(input, move |m| -> Result<Vec<Emission>, String> {
+            if m.value().map(String::as_str) == Some("poison") && failing.load(Ordering::SeqCst) {
+                if once {
+                    failing.store(false, Ordering::SeqCst);
+                }
+                return Err("poisoned".into());
+            }
+            Ok(vec![out.send(m.key().cloned(), m.value().cloned())])
+        })
+        .build()
+        .unwrap();
+    Parsley::named(app_id, [stage]).unwrap()
+}
+
+fn produce(topic: &str, partition: i32, value: &str) {
+    let producer: BaseProducer = config().create().unwrap();
+    producer
+        .send(
+            BaseRecord::to(topic)
+                .partition(partition)
+                .key("k")
+                .payload(value),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    producer.flush(Duration::from_secs(20)).unwrap();
+}
+
+fn streams(app: &Parsley, instance: &str) -> CausalStreams {
+    CausalStreams::new(app, config())
+        .unwrap()
+        .with_options(StreamsOptions {
+            commit_interval: Duration::from_millis(50),
+            instance_id: Some(instance.to_owned()),
+            ..StreamsOptions::default()
+        })
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn values(topic: &str, partitions: i32, n: usize) -> Vec<String> {
+    common::read_committed(topic, partitions, n, Duration::from_secs(30))
+        .into_iter()
+        .map(|r| r.value)
+        .collect()
+}
+
+/// A transient failure with `ReplaceThread`: the thread is replaced, the
+/// failed step aborted, and the retry processes the record exactly once.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_replaced_thread_retries_the_failed_record_exactly_once() {
+    let (i, o) = (unique("in"), unique("out"));
+    create_topics(&[(&i, 1), (&o, 1)]);
+    let app = echo(
+        &unique("app"),
+        &topic(&i),
+        &topic(&o),
+        Arc::new(AtomicBool::new(true)),
+        true,
+    );
+    let mut s = streams(&app, "a");
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counted = seen.clone();
+    s.set_uncaught_error_handler(move |e| {
+        assert!(e.to_string().contains("poisoned"), "{e}");
+        counted.fetch_add(1, Ordering::SeqCst);
+        ErrorResponse::ReplaceThread
+    });
+    s.start().unwrap();
+    s.wait_until_running(Duration::from_secs(30)).unwrap();
+    produce(&i, 0, "one");
+    produce(&i, 0, "poison");
+    produce(&i, 0, "three");
+    assert_eq!(values(&o, 1, 3), vec!["one", "poison", "three"]);
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        1,
+        "the handler saw the failure"
+    );
+    assert_eq!(s.replaced_threads(), 1);
+    assert_eq!(s.state(), StreamsState::Running);
+    s.close(Duration::from_secs(30)).unwrap();
+    assert_eq!(values(&o, 1, 4).len(), 3, "exactly once");
+}
+
+/// A handler that panics resolves to shutting the client down.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_panicking_handler_shuts_the_client_down() {
+    let (i, o) = (unique("in"), unique("out"));
+    create_topics(&[(&i, 1), (&o, 1)]);
+    let app = echo(
+        &unique("app"),
+        &topic(&i),
+        &topic(&o),
+        Arc::new(AtomicBool::new(true)),
+        false,
+    );
+    let mut s = streams(&app, "a");
+    s.set_uncaught_error_handler(|_e| panic!("the handler itself is broken"));
+    s.start().unwrap();
+    s.wait_until_running(Duration::from_secs(30)).unwrap();
+    produce(&i, 0, "poison");
+    wait_for("the client to fail", || {
+        matches!(s.state(), StreamsState::Failed(_))
+    });
+    assert_eq!(s.replaced_threads(), 0);
+    let err = s.close(Duration::from_secs(30)).unwrap_err();
+    assert!(err.to_string().contains("poisoned"), "{err}");
+}
+
+/// `ShutdownApplication` stops every running instance: the one whose task
+/// failed, and the other one through the control topic.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn shutting_the_application_down_stops_every_instance() {
+    let (i, o) = (unique("in"), unique("out"));
+    create_topics(&[(&i, 2), (&o, 1)]);
+    let app = echo(
+        &unique("app"),
+        &topic(&i),
+        &topic(&o),
+        Arc::new(AtomicBool::new(true)),
+        false,
+    );
+    let mut a = streams(&app, "a");
+    let mut b = streams(&app, "b");
+    for s in [&mut a, &mut b] {
+        s.set_uncaught_error_handler(|_e| ErrorResponse::ShutdownApplication);
+        s.start().unwrap();
+        s.wait_until_running(Duration::from_secs(30)).unwrap();
+    }
+    // Both instances own a task once the group settles.
+    produce(&i, 0, "zero");
+    produce(&i, 1, "one");
+    assert_eq!(values(&o, 1, 2).len(), 2);
+    produce(&i, 1, "poison");
+    wait_for("both instances to stop", || {
+        matches!(a.state(), StreamsState::Failed(_)) && matches!(b.state(), StreamsState::Failed(_))
+    });
+    let messages: Vec<String> = [&a, &b]
+        .iter()
+        .map(|s| match s.state() {
+            StreamsState::Failed(m) => m,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("the application was shut down")),
+        "the other instance was told: {messages:?}"
+    );
+    let _ = a.close(Duration::from_secs(30));
+    let _ = b.close(Duration::from_secs(30));
+}
