@@ -239,7 +239,9 @@ pub use fold::{FoldKey, FoldStore, FoldWrites, StateView};
 pub use holds::{Diagnosis, HeldRecord, WaitingOn};
 pub use logic::{FoldOutput, HandlerOutput, LogicError, Next, Step, recovering, recovering_fold};
 pub use message::{Coordinate, Header, Message, Tick};
-pub use probes::{Finding, Note, NoteKind, Probe, ProbeFailure, ProbeReport, Samples, probe};
+pub use probes::{
+    Finding, Note, NoteKind, Probe, ProbeFailure, ProbeReport, Samples, probe, probe_cluster,
+};
 pub use stage::{
     DEFAULT_HOLD_WARNING_AFTER, Stage, StageBuilder, StageError, StateDeclaredFirst, StateMode,
     StateStore, Stateful, Stateless,

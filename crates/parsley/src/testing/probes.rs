@@ -36,7 +36,7 @@ use parsley_protocol::headers::CLOCK_HEADER;
 use crate::app::Parsley;
 use crate::driver::{DriverError, TestDriver};
 use crate::partition::partition_for;
-use crate::task::{TaskError, causal_headers};
+use crate::task::{MetadataError, TaskError, TopicMetadata, causal_headers};
 use crate::topic::{AnyTopic, IntoNullable, Payload, Topic, erase};
 
 /// The probes.
@@ -56,8 +56,15 @@ pub enum Probe {
     /// Every sample names a topic some stage consumes.
     Samples,
     /// The topics of each stage share one partition count (given with
-    /// [`Samples::partitions`]).
+    /// [`Samples::partitions`], or read from the cluster by
+    /// [`probe_cluster`]).
     CoPartitioning,
+    /// Every declared source, sink and tick topic exists on the cluster
+    /// ([`probe_cluster`]).
+    TopicExists,
+    /// A stage's tick topic has exactly as many partitions as its widest
+    /// source ([`probe_cluster`]).
+    TickTopic,
 }
 
 impl Probe {
@@ -71,6 +78,8 @@ impl Probe {
             Probe::Logic => "logic",
             Probe::Samples => "samples",
             Probe::CoPartitioning => "co-partitioning",
+            Probe::TopicExists => "topic-exists",
+            Probe::TickTopic => "tick-topic",
         }
     }
 
@@ -98,6 +107,12 @@ impl Probe {
             }
             Probe::CoPartitioning => {
                 "a stage's source topics (and its tick topic) have the same partition count, so partition p of each meets in one task (parsley::TestDriverBuilder::partitions)"
+            }
+            Probe::TopicExists => {
+                "every topic the application declares (sources, sinks, tick topics) exists before it starts; the runtime creates only its changelogs (parsley::Parsley::topics)"
+            }
+            Probe::TickTopic => {
+                "a stage's tick topic has exactly as many partitions as its widest source, one per task (parsley::StageBuilder::ticks)"
             }
         }
     }
@@ -497,6 +512,112 @@ pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
                 format!(
                     "stage {:?} pins {}; keep the stage name and the application id stable across deployments",
                     stage.name(),
+                    pinned.join(", ")
+                ),
+            );
+        }
+    }
+    report
+}
+
+/// The cluster probes: read-only checks of a live cluster (through any
+/// [`TopicMetadata`], such as `parsley_kafka::KafkaCluster`) against the
+/// application, without starting it. Every finding at once, each naming
+/// its clause:
+///
+/// * `topic-exists`: every declared source, sink and tick topic exists (a
+///   lookup that fails is reported as such, never taken for absence);
+/// * `co-partitioning`: each stage's sources agree on partition count;
+/// * `tick-topic`: each tick topic has exactly the widest source's count.
+///
+/// Notes list the store names each stage pins. Run it from a deploy
+/// pipeline: it checks what a start would refuse, before the start.
+///
+/// ```
+/// use parsley::{probe_cluster, Codec, Parsley, Probe, Stage, Topic};
+/// use parsley::task::{MetadataError, TopicDescription, TopicMetadata};
+/// use parsley::protocol::TopicId;
+/// struct Cluster;
+/// impl TopicMetadata for Cluster {
+///     fn describe(&self, topic: &str) -> Result<TopicDescription, MetadataError> {
+///         match topic {
+///             "orders" => Ok(TopicDescription { id: TopicId::from_u128(1), partitions: 4 }),
+///             _ => Err(MetadataError::Missing(topic.to_owned())),
+///         }
+///     }
+/// }
+/// let orders: Topic<String, i64> = Topic::new("orders", Codec::utf8(), Codec::int64());
+/// let totals: Topic<String, i64> = Topic::new("totals", Codec::utf8(), Codec::int64());
+/// let mut builder = Stage::named("sum");
+/// let out = builder.add_sink(&totals);
+/// let stage = builder.on(&orders, move |m| vec![out.send(m.key().cloned(), m.value().copied())]).build()?;
+/// let report = probe_cluster(&Parsley::named("shop", [stage])?, &Cluster);
+/// let missing = report.findings_of(Probe::TopicExists);
+/// assert_eq!(missing.len(), 1);
+/// assert!(missing[0].observed.contains("\"totals\""));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn probe_cluster(app: &Parsley, cluster: &dyn TopicMetadata) -> ProbeReport {
+    let mut report = ProbeReport::default();
+    for stage in app.stages() {
+        let name = stage.name();
+        let mut describe = |topic: &str, role: &str| match cluster.describe(topic) {
+            Ok(d) => Some(d.partitions),
+            Err(MetadataError::Missing(_)) => {
+                report.fail(
+                    Probe::TopicExists,
+                    format!("topic {topic:?} ({role} of stage {name:?}) does not exist"),
+                );
+                None
+            }
+            Err(e) => {
+                report.fail(
+                    Probe::TopicExists,
+                    format!("topic {topic:?} ({role} of stage {name:?}) could not be checked: {e}"),
+                );
+                None
+            }
+        };
+        let sources: Vec<(String, i32)> = stage
+            .source_topics()
+            .into_iter()
+            .filter_map(|t| describe(t, "source").map(|n| (t.to_owned(), n)))
+            .collect();
+        for t in stage.sink_topics() {
+            describe(t, "sink");
+        }
+        let tick = app
+            .tick_topic(name)
+            .and_then(|t| describe(t, "tick topic").map(|n| (t.to_owned(), n)));
+        if sources.iter().any(|(_, n)| *n != sources[0].1) {
+            let counts: Vec<String> = sources
+                .iter()
+                .map(|(t, n)| format!("{t:?} has {n}"))
+                .collect();
+            report.fail(
+                Probe::CoPartitioning,
+                format!(
+                    "the sources of stage {name:?} disagree on partition count: {}",
+                    counts.join(", ")
+                ),
+            );
+        }
+        if let (Some((t, n)), Some(widest)) = (&tick, sources.iter().map(|(_, n)| *n).max())
+            && *n != widest
+        {
+            report.fail(
+                Probe::TickTopic,
+                format!("tick topic {t:?} of stage {name:?} has {n} partition(s); its widest source has {widest}"),
+            );
+        }
+        if let Some(names) = app.owned_names(name) {
+            let mut pinned = vec![names.state_store.clone(), names.state_changelog.clone()];
+            pinned.extend(names.fold_store.clone());
+            pinned.extend(names.fold_changelog.clone());
+            report.note(
+                NoteKind::StoreNames,
+                format!(
+                    "stage {name:?} pins {}; keep the stage name and the application id stable across deployments",
                     pinned.join(", ")
                 ),
             );
