@@ -15,6 +15,14 @@
 //!   is another channel).
 //! * [`topic_ids`]: the one module with `unsafe` code, binding librdkafka's
 //!   DescribeTopics.
+//! * [`clients`]: [`CausalClock`] for plain rdkafka producers, and
+//!   `read_causal` for any consumed record. They need no stage runtime:
+//!   with `default-features = false` (no `streams` feature) the crate
+//!   builds without `parsley` itself.
+//! * [`probe_cluster`]: the cluster contract probes (topics exist, sources
+//!   co-partitioned, tick topics as wide as their widest source), read-only.
+//! * Operating it: [`CausalStreams::metrics`], [`CausalStreams::explain_holds`]
+//!   and [`CausalStreams::set_uncaught_error_handler`].
 //!
 //! ## Tests against a broker
 //!
@@ -22,13 +30,25 @@
 //! `PARSLEY_BOOTSTRAP` (the README's test command starts Apache Kafka and
 //! sets it). The tests create topics with unique names.
 #![deny(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "streams")]
 mod changelog;
+pub mod clients;
+#[cfg(feature = "streams")]
 mod cluster;
+#[cfg(feature = "streams")]
 mod policy;
+#[cfg(feature = "streams")]
 mod streams;
 pub mod topic_ids;
 
+pub use clients::{CausalClock, ClockError};
+#[cfg(feature = "streams")]
 pub use cluster::KafkaCluster;
+#[cfg(feature = "streams")]
+pub use parsley::{HeldRecord, probe_cluster};
+#[cfg(feature = "streams")]
 pub use policy::{ErrorHandler, ErrorResponse};
+#[cfg(feature = "streams")]
 pub use streams::{CausalStreams, StreamsError, StreamsOptions, StreamsState};
