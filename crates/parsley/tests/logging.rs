@@ -81,4 +81,11 @@ fn no_level_logs_key_or_value_bytes() {
             && l.contains("c:0 <= 0")),
         "a DEBUG line names the held record and its claim by topic name: {text}"
     );
+    assert!(
+        text.lines().any(|l| l.contains("DEBUG")
+            && l.contains("delivering to logic")
+            && l.contains("a:0@0")
+            && l.contains("c:0 <= 0")),
+        "a DEBUG line per delivery, with its claims: {text}"
+    );
 }

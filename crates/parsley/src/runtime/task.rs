@@ -1138,7 +1138,20 @@ impl Task {
                 message: format!("delivered record {coordinate} is on no source of the stage"),
             });
         };
-        debug!(task = %self.id, %coordinate, was_held, "delivering to logic");
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let sender = record
+                .causal
+                .sender
+                .map(|t| format!("{} seq {}", t.sender, t.seq));
+            debug!(
+                task = %self.id,
+                %coordinate,
+                was_held,
+                clock = %self.describe_clock(&record.causal.clock),
+                sender = sender.as_deref().unwrap_or("none"),
+                "delivering to logic"
+            );
+        }
         let stage = self.stage.clone();
         let (outcome, state_key) = match slot {
             SourceSlot::Ticks => {
