@@ -107,6 +107,56 @@ pub struct Published {
     pub holds: Vec<HeldRecord>,
 }
 
+/// Describes every metric to the installed recorder (units and help
+/// text, which the Prometheus exporter prints as `# HELP`).
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge};
+    describe_gauge!(
+        RECORDS_HELD,
+        Unit::Count,
+        "Records held in the task's hold queues (per topic: on that source's channel)."
+    );
+    describe_gauge!(
+        RECORDS_HELD_AGE_MAX_MS,
+        Unit::Milliseconds,
+        "How long the longest-gating head record has been held, since it became its queue's head."
+    );
+    describe_gauge!(
+        RECORDS_DELIVERED_RATE,
+        "Records released through the causal gate per second."
+    );
+    describe_counter!(
+        RECORDS_DELIVERED_TOTAL,
+        Unit::Count,
+        "Records released through the causal gate."
+    );
+    describe_counter!(
+        REPLAYS_SKIPPED_TOTAL,
+        Unit::Count,
+        "Records fed at or below the frontier and discarded."
+    );
+    describe_counter!(
+        TRUNCATION_SWEEPS_SKIPPED_TOTAL,
+        Unit::Count,
+        "Truncation sweeps that failed and skipped their cycle."
+    );
+    describe_counter!(
+        TICKS_EMITTED_TOTAL,
+        Unit::Count,
+        "Tick records emitted to the stage's tick topic."
+    );
+    describe_gauge!(
+        STAMP_OFFSET_ENTRIES,
+        Unit::Count,
+        "Offset entries in the stamp-side clock."
+    );
+    describe_gauge!(
+        STAMP_SEQUENCE_ENTRIES,
+        Unit::Count,
+        "Sequence entries in the stamp-side clock."
+    );
+}
+
 #[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Debug)]
 struct Totals {
     delivered: u64,
@@ -138,6 +188,7 @@ pub(crate) struct TaskMeters {
 
 impl TaskMeters {
     pub(crate) fn new(thread_id: &str, task: &Task) -> TaskMeters {
+        describe();
         let id = task.id();
         let labels = vec![
             Label::new("thread-id", thread_id.to_owned()),
@@ -150,11 +201,13 @@ impl TaskMeters {
         for input in task.inputs() {
             let mut l = labels.clone();
             l.push(Label::new("topic", input.topic.clone()));
+            // The per-topic pair is detail: recorders that filter by level
+            // can leave it out (the Java library records it at DEBUG).
             topics.insert(
                 input.topic.clone(),
                 (
-                    metrics::gauge!(RECORDS_HELD, l.clone()),
-                    metrics::gauge!(RECORDS_HELD_AGE_MAX_MS, l),
+                    metrics::gauge!(level: metrics::Level::DEBUG, RECORDS_HELD, l.clone()),
+                    metrics::gauge!(level: metrics::Level::DEBUG, RECORDS_HELD_AGE_MAX_MS, l),
                 ),
             );
         }
