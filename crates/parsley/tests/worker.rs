@@ -897,3 +897,47 @@ fn a_hold_ages_from_the_hand_over_not_the_last_punctuation() {
     assert_eq!(holds.len(), 1);
     assert_eq!(holds[0].held_for_ms, 1_000, "from 5000, the hand-over");
 }
+
+/// A revoked task's gauges read zero: the facade cannot unregister a
+/// series, and a moved task must not keep its old hold age alerting.
+#[test]
+fn a_revoked_task_zeroes_its_gauges() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use parsley::protocol::headers::CLOCK_HEADER;
+    use parsley::protocol::{Channel, Header, VectorClock};
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let held = |snap: &metrics_util::debugging::Snapshotter| {
+        snap.snapshot()
+            .into_vec()
+            .into_iter()
+            .find_map(|(k, _, _, v)| {
+                let key = k.key();
+                (key.name() == "records-held" && !key.labels().any(|l| l.key() == "topic")).then(
+                    || match v {
+                        DebugValue::Gauge(g) => g.into_inner(),
+                        _ => f64::NAN,
+                    },
+                )
+            })
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let app = counting_app();
+        let cluster = counting_cluster(1);
+        let mut w = started(&app, &cluster);
+        let mut clock = VectorClock::new();
+        clock.claim_offset(Channel::new(cluster.topics["b"].0, 0), 0);
+        let mut r = rec("a", 0, 0, "x");
+        r.headers = vec![Header::new(CLOCK_HEADER, clock.encode())];
+        w.on_record(r).unwrap();
+        w.sample();
+        assert_eq!(held(&snap), Some(1.0));
+        let txn = w.flush().unwrap().unwrap();
+        cluster.commit(&txn.records);
+        w.commit_outcome(CommitOutcome::Committed, &cluster)
+            .unwrap();
+        w.revoke(&[("a".into(), 0), ("b".into(), 0)]).unwrap();
+        assert_eq!(held(&snap), Some(0.0), "zeroed when the task left");
+        assert!(w.sample().metrics.is_empty());
+    });
+}

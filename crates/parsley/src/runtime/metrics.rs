@@ -13,9 +13,11 @@
 //! Prometheus recorder renders `-` as `_` (`records_held`), and a prefix
 //! layer on the recorder can add a namespace.
 //!
-//! A series stops moving when its task leaves the thread (the `metrics`
-//! facade has no unregistration); exporters drop idle series on their own
-//! (the Prometheus exporter's idle timeout). The published snapshot
+//! When a task leaves the thread (revoked, fenced, closed) its gauges are
+//! set to zero, since the `metrics` facade cannot unregister a series: a
+//! moved task must not keep an old hold age alerting under its old
+//! `thread-id`. Exporters drop idle series on their own (the Prometheus
+//! exporter's idle timeout). The published snapshot
 //! ([`Worker::published`](crate::runtime::worker::Worker::published)) only
 //! ever lists the tasks the thread runs.
 
@@ -311,6 +313,25 @@ impl TaskMeters {
             stamp_offset_entries: offsets as u64,
             stamp_sequence_entries: sequences as u64,
             topics,
+        }
+    }
+}
+
+impl Drop for TaskMeters {
+    /// The task left the thread: its gauges read zero from now on.
+    fn drop(&mut self) {
+        for g in [
+            &self.held,
+            &self.age,
+            &self.rate,
+            &self.offsets,
+            &self.sequences,
+        ] {
+            g.set(0.0);
+        }
+        for (held, age) in self.topics.values() {
+            held.set(0.0);
+            age.set(0.0);
         }
     }
 }
