@@ -364,3 +364,50 @@ fn shrink_can_release_restored_records_at_init() {
     assert_eq!(coords(&h.init_deliveries), vec![(a, 0)]);
     assert!(h.init_deliveries[0].was_held);
 }
+
+mod key_text {
+    use parsley_protocol::{Channel, SenderId, StateKey, TopicId};
+    use proptest::prelude::*;
+
+    fn key() -> impl Strategy<Value = StateKey> {
+        let channel =
+            (any::<u128>(), any::<i32>()).prop_map(|(t, p)| Channel::new(TopicId::from_u128(t), p));
+        let sender = any::<u128>().prop_map(SenderId::from_u128);
+        prop_oneof![
+            Just(StateKey::Scope),
+            Just(StateKey::CarriedAncestry),
+            channel.clone().prop_map(StateKey::Frontier),
+            channel.clone().prop_map(StateKey::ChannelClock),
+            channel.clone().prop_map(StateKey::QueueMeta),
+            (channel.clone(), any::<i64>()).prop_map(|(c, i)| StateKey::QueueEntry(c, i)),
+            channel.clone().prop_map(StateKey::SendSeq),
+            (channel.clone(), sender.clone()).prop_map(|(c, s)| StateKey::DeliveredSeq(c, s)),
+            (channel, sender).prop_map(|(c, s)| StateKey::SkipMark(c, s)),
+        ]
+    }
+
+    proptest! {
+        /// The hand-built key text the write path uses is exactly the
+        /// `Display` spelling (the one spelling restore accepts).
+        #[test]
+        fn the_fast_key_text_is_the_display_text(k in key()) {
+            prop_assert_eq!(k.to_key(), k.to_string());
+        }
+    }
+
+    #[test]
+    fn edge_values_spell_the_same() {
+        for p in [0, 9, 10, i32::MAX, i32::MIN, -1] {
+            for t in [0u128, u128::MAX, 0x0123_4567_89ab_cdef_0123_4567_89ab_cdef] {
+                let c = Channel::new(TopicId::from_u128(t), p);
+                for k in [
+                    StateKey::Frontier(c),
+                    StateKey::QueueEntry(c, -1),
+                    StateKey::QueueEntry(c, 0),
+                ] {
+                    assert_eq!(k.to_key(), k.to_string());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! The fuzz targets' bodies: one function per decoder that reads bytes
+//! from outside the process. Each must return a typed error on any input
+//! and never panic, overflow or allocate without bound; where a decoder
+//! accepts, re-encoding must give bytes that decode to the same value.
+//!
+//! `fuzz/` (cargo-fuzz, nightly) drives them with libFuzzer; this crate's
+//! tests replay the committed corpus and random inputs on stable, in the
+//! test command.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use parsley::FoldKey;
+use parsley::runtime::changelog::{self, ChangelogReader, ChangelogRecord};
+use parsley::task::{MetadataError, TaskId, TopicDescription, TopicMetadata};
+use parsley_protocol::headers::{CLOCK_HEADER, CausalHeaders, SENDER_HEADER, SEQ_HEADER};
+use parsley_protocol::store::{
+    ScopeRecord, StateKey, decode_envelope, decode_i64, decode_pair, encode_envelope,
+};
+use parsley_protocol::{
+    BrokerOffsets, BrokerOffsetsError, CausalNode, Channel, NodeConfig, SenderId, TopicId,
+    TopicOffsets, VectorClock,
+};
+
+/// The names of the fuzz targets, as directories of `fuzz/corpus`.
+pub const TARGETS: &[&str] = &[
+    "clock",
+    "causal_headers",
+    "envelope",
+    "store_key",
+    "store_values",
+    "node_restore",
+    "changelog",
+];
+
+/// Runs target `name` on `data`. Panics only on a broken invariant (which
+/// is what a fuzzer reports).
+pub fn run(name: &str, data: &[u8]) {
+    match name {
+        "clock" => clock(data),
+        "causal_headers" => causal_headers(data),
+        "envelope" => envelope(data),
+        "store_key" => store_key(data),
+        "store_values" => store_values(data),
+        "node_restore" => node_restore(data),
+        "changelog" => changelog_restore(data),
+        other => panic!("no fuzz target {other}"),
+    }
+}
+
+/// The `vc` header: a clock decodes or is refused; an accepted clock
+/// re-encodes canonically, to bytes that decode to the same clock.
+pub fn clock(data: &[u8]) {
+    if let Ok(c) = VectorClock::decode(data) {
+        let again = c.encode();
+        let back = VectorClock::decode(&again).expect("a clock's own encoding decodes");
+        assert_eq!(back, c, "the encoding round-trips");
+        assert_eq!(back.encode(), again, "the encoding is canonical");
+    }
+}
+
+/// Splits `data` into headers: each is a selector byte (which name), a
+/// length byte (255: a null value), then that many value bytes.
+fn headers(data: &[u8]) -> Vec<(&'static str, Option<&[u8]>)> {
+    let names = [CLOCK_HEADER, SENDER_HEADER, SEQ_HEADER, "other", "vc-other"];
+    let mut out = Vec::new();
+    let mut rest = data;
+    while let [sel, len, tail @ ..] = rest {
+        let name = names[*sel as usize % names.len()];
+        if *len == 255 {
+            out.push((name, None));
+            rest = tail;
+            continue;
+        }
+        let n = (*len as usize).min(tail.len());
+        out.push((name, Some(&tail[..n])));
+        rest = &tail[n..];
+    }
+    out
+}
+
+/// The three causal headers among others: decoded strictly or refused.
+pub fn causal_headers(data: &[u8]) {
+    let hs = headers(data);
+    if let Ok(c) = CausalHeaders::decode(hs.iter().copied()) {
+        let encoded = c.encode();
+        let back = CausalHeaders::decode(encoded.iter().map(|(n, v)| (*n, Some(v.as_slice()))))
+            .expect("headers the decoder accepted re-encode to headers it accepts");
+        assert_eq!(back, c);
+    }
+}
+
+/// The held-record envelope (the stored form of a held record).
+pub fn envelope(data: &[u8]) {
+    let channel = Channel::new(TopicId::from_u128(7), 3);
+    if let Ok(r) = decode_envelope(channel, data) {
+        let again = encode_envelope(&r);
+        let back = decode_envelope(channel, &again).expect("an envelope's own encoding decodes");
+        assert_eq!(back, r);
+    }
+}
+
+/// Store keys: parse in exactly one spelling, which `Display` writes back.
+pub fn store_key(data: &[u8]) {
+    if let Ok(s) = std::str::from_utf8(data)
+        && let Ok(k) = s.parse::<StateKey>()
+    {
+        assert_eq!(k.to_string(), s, "one spelling per key");
+    }
+}
+
+/// The fixed-layout store values.
+pub fn store_values(data: &[u8]) {
+    let _ = decode_i64(data);
+    let _ = decode_pair(data);
+    if let Ok(s) = ScopeRecord::decode(data) {
+        let back = ScopeRecord::decode(&s.encode()).expect("a scope's own encoding decodes");
+        assert_eq!(back, s);
+    }
+}
+
+/// A small pool of channels and senders, so generated keys collide.
+fn channel(b: u8) -> Channel {
+    Channel::new(
+        TopicId::from_u128(1 + u128::from(b % 2)),
+        i32::from((b / 2) % 2),
+    )
+}
+
+/// Builds a protocol store from `data`: per entry a shape byte picks a
+/// key (with channels, senders and queue indices from the data), then a
+/// length byte and that many value bytes. Hostile counts and indices come
+/// through unchanged.
+fn protocol_store(data: &[u8]) -> BTreeMap<String, Vec<u8>> {
+    let mut store = BTreeMap::new();
+    let mut rest = data;
+    while let [shape, a, b, len, tail @ ..] = rest {
+        let c = channel(*a);
+        let sender = SenderId::from_u128(u128::from(*b % 3));
+        let key = match shape % 10 {
+            0 => StateKey::Scope,
+            1 => StateKey::Frontier(c),
+            2 => StateKey::ChannelClock(c),
+            3 => StateKey::CarriedAncestry,
+            4 => StateKey::QueueMeta(c),
+            5 => StateKey::QueueEntry(c, i64::from(*b) - 2),
+            6 => StateKey::SendSeq(c),
+            7 => StateKey::DeliveredSeq(c, sender),
+            8 => StateKey::SkipMark(c, sender),
+            _ => {
+                // A key outside the vocabulary.
+                let n = (*len as usize).min(tail.len());
+                store.insert(String::from_utf8_lossy(&tail[..n]).into_owned(), Vec::new());
+                rest = &tail[n..];
+                continue;
+            }
+        };
+        let n = (*len as usize).min(tail.len());
+        store.insert(key.to_string(), tail[..n].to_vec());
+        rest = &tail[n..];
+    }
+    store
+}
+
+/// A broker that knows the pool's topics, every partition at offset 5.
+struct Broker;
+
+impl BrokerOffsets for Broker {
+    fn end_offsets(
+        &self,
+        topics: &BTreeSet<TopicId>,
+    ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        Ok(topics
+            .iter()
+            .map(|t| (*t, TopicOffsets::Present(BTreeMap::from([(0, 5), (1, 5)]))))
+            .collect())
+    }
+
+    fn log_starts(
+        &self,
+        topics: &BTreeSet<TopicId>,
+    ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        Ok(topics
+            .iter()
+            .map(|t| (*t, TopicOffsets::Present(BTreeMap::from([(0, 0), (1, 0)]))))
+            .collect())
+    }
+}
+
+/// A node restored from a hostile store: it starts, or refuses with a
+/// typed error; it never panics and never allocates by a count it read.
+pub fn node_restore(data: &[u8]) {
+    let _ = restore_node(data);
+}
+
+/// [`node_restore`]'s restore, with its outcome (`None` for empty input).
+pub fn restore_node(data: &[u8]) -> Option<Result<usize, parsley_protocol::ProtocolError>> {
+    let (&inputs, rest) = data.split_first()?;
+    let store = protocol_store(rest);
+    let config = NodeConfig {
+        sender: SenderId::from_u128(9),
+        inputs: (0..4u8)
+            .filter(|i| inputs & (1 << i) != 0)
+            .map(channel)
+            .collect(),
+        sinks: BTreeSet::from([TopicId::from_u128(3)]),
+    };
+    Some(CausalNode::init(config, &store, &Broker).map(|i| i.report.restored_held))
+}
+
+/// Changelog topics as a restore reads them.
+struct Changelogs(Vec<ChangelogRecord>);
+
+impl TopicMetadata for Changelogs {
+    fn describe(&self, topic: &str) -> Result<TopicDescription, MetadataError> {
+        if topic.is_empty() {
+            return Err(MetadataError::Missing(topic.to_owned()));
+        }
+        Ok(TopicDescription {
+            id: TopicId::from_u128(11),
+            partitions: 1,
+        })
+    }
+}
+
+impl ChangelogReader for Changelogs {
+    fn read_changelog(
+        &self,
+        _topic: &str,
+        _partition: i32,
+    ) -> Result<Vec<ChangelogRecord>, MetadataError> {
+        Ok(self.0.clone())
+    }
+}
+
+/// A task restored from hostile changelog records (both stores): the
+/// restore succeeds or refuses with a typed error.
+pub fn changelog_restore(data: &[u8]) {
+    let mut records = Vec::new();
+    let mut rest = data;
+    while let [flags, klen, vlen, tail @ ..] = rest {
+        let k = (*klen as usize).min(tail.len());
+        let key = (flags & 1 == 0).then(|| tail[..k].to_vec());
+        let tail = &tail[k..];
+        let v = (*vlen as usize).min(tail.len());
+        let value = (flags & 2 == 0).then(|| tail[..v].to_vec());
+        records.push(ChangelogRecord { key, value });
+        rest = &tail[v..];
+    }
+    let task = TaskId {
+        stage: "s".to_owned(),
+        partition: 0,
+    };
+    let log = Changelogs(records);
+    if let Ok(stores) = changelog::restore(&task, "state", Some("fold"), 1, &log, &log) {
+        for (k, _) in stores.fold.iter() {
+            assert!(
+                FoldKey::from_bytes(k).is_some(),
+                "restore kept only fold keys"
+            );
+        }
+    }
+}
