@@ -2,6 +2,7 @@
 //! thin `main` and everything it does is tested.
 //!
 //! * [`demo`]: the guarantee at work, with and without Parsley.
+//! * [`inspect`]: a live topic's records with their causal headers.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(
@@ -10,3 +11,4 @@
 )]
 
 pub mod demo;
+pub mod inspect;

@@ -4,6 +4,7 @@
 //! parsley demo [--records N] [--seed S]   # the guarantee, with and without Parsley
 //! parsley clock decode [HEX]              # vc header bytes (hex) -> one line of JSON
 //! parsley clock encode                    # that JSON on stdin -> canonical hex
+//! parsley inspect --bootstrap B --topic T # a live topic's records and their claims
 //! ```
 //!
 //! Failures exit non-zero with one line on stderr and nothing on stdout.
@@ -41,7 +42,44 @@ enum Command {
     /// Inspect and build `vc` clock header values.
     #[command(subcommand)]
     Clock(ClockCommand),
+    /// Print a live topic's records as a read_committed consumer sees them:
+    /// each record's coordinate, sender and sequence, and its clock's
+    /// claims with topic names.
+    #[command(after_help = INSPECT_HELP)]
+    Inspect {
+        /// Bootstrap servers of the cluster.
+        #[arg(long)]
+        bootstrap: String,
+        /// The topic to read.
+        #[arg(long)]
+        topic: String,
+        /// Only this partition.
+        #[arg(long)]
+        partition: Option<i32>,
+        /// Start at each partition's log start (default: the last COUNT
+        /// records of each partition).
+        #[arg(long, conflicts_with = "offset")]
+        from_beginning: bool,
+        /// Start at this offset (needs --partition).
+        #[arg(long, requires = "partition")]
+        offset: Option<i64>,
+        /// Records at most.
+        #[arg(long, default_value_t = 20)]
+        count: usize,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
+
+const INSPECT_HELP: &str = "\
+A record whose causal headers are corrupt is reported with its coordinate
+(and the command exits non-zero), never skipped. Unstamped records say so:
+they claim nothing.
+
+Examples:
+  parsley inspect --bootstrap localhost:9092 --topic payments
+  parsley inspect --bootstrap localhost:9092 --topic payments --partition 3 --offset 8810 --count 5 --json";
 
 const DEMO_HELP: &str = "\
 A checkout service turns orders into payments; a ledger settles each payment
@@ -75,6 +113,28 @@ fn main() -> ExitCode {
         Command::Demo { records, seed } => return demo(records, seed),
         Command::Clock(ClockCommand::Decode { hex }) => clock::decode(hex),
         Command::Clock(ClockCommand::Encode) => clock::encode(),
+        Command::Inspect {
+            bootstrap,
+            topic,
+            partition,
+            from_beginning,
+            offset,
+            count,
+            json,
+        } => {
+            return inspect(parsley_cli::inspect::Inspect {
+                bootstrap,
+                topic,
+                partition,
+                start: match (from_beginning, offset) {
+                    (true, _) => parsley_cli::inspect::Start::Beginning,
+                    (false, Some(o)) => parsley_cli::inspect::Start::Offset(o),
+                    (false, None) => parsley_cli::inspect::Start::Tail,
+                },
+                count,
+                json,
+            });
+        }
     };
     match result {
         Ok(line) => {
@@ -132,6 +192,31 @@ fn demo(records: u32, seed: Option<u64>) -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: the demo could not run: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn inspect(args: parsley_cli::inspect::Inspect) -> ExitCode {
+    match parsley_cli::inspect::run(&args) {
+        Ok(report) => {
+            let mut out = std::io::stdout().lock();
+            for line in &report.lines {
+                if writeln!(out, "{line}").is_err() {
+                    return ExitCode::FAILURE;
+                }
+            }
+            if report.corrupt > 0 {
+                eprintln!(
+                    "error: {} record(s) with corrupt causal headers",
+                    report.corrupt
+                );
+                return ExitCode::FAILURE;
+            }
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("error: {message}");
             ExitCode::FAILURE
         }
     }
