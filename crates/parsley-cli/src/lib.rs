@@ -3,6 +3,7 @@
 //!
 //! * [`demo`]: the guarantee at work, with and without Parsley.
 //! * [`inspect`]: a live topic's records with their causal headers.
+//! * [`holds`]: what a running application holds and why.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(
@@ -11,4 +12,5 @@
 )]
 
 pub mod demo;
+pub mod holds;
 pub mod inspect;

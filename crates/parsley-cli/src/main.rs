@@ -5,6 +5,7 @@
 //! parsley clock decode [HEX]              # vc header bytes (hex) -> one line of JSON
 //! parsley clock encode                    # that JSON on stdin -> canonical hex
 //! parsley inspect --bootstrap B --topic T # a live topic's records and their claims
+//! parsley holds --bootstrap B --app APP    # what a running application holds, and why
 //! ```
 //!
 //! Failures exit non-zero with one line on stderr and nothing on stdout.
@@ -70,7 +71,28 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show what a running application's tasks hold and why, from any
+    /// machine that reaches the cluster.
+    #[command(after_help = HOLDS_HELP)]
+    Holds {
+        /// Bootstrap servers of the cluster.
+        #[arg(long)]
+        bootstrap: String,
+        /// The application id.
+        #[arg(long)]
+        app: String,
+    },
 }
+
+const HOLDS_HELP: &str = "\
+Each stream thread of a running application publishes what its tasks hold
+to the application's diagnostics topic (<APP>-diagnostics) when it changes
+and every few seconds while it holds anything; this command reads the
+latest report of every thread, longest-held first. A held record is never
+fixed by skipping it: the line names the cause to deliver.
+
+Example:
+  parsley holds --bootstrap localhost:9092 --app payments-app";
 
 const INSPECT_HELP: &str = "\
 A record whose causal headers are corrupt is reported with its coordinate
@@ -113,6 +135,9 @@ fn main() -> ExitCode {
         Command::Demo { records, seed } => return demo(records, seed),
         Command::Clock(ClockCommand::Decode { hex }) => clock::decode(hex),
         Command::Clock(ClockCommand::Encode) => clock::encode(),
+        Command::Holds { bootstrap, app } => {
+            parsley_cli::holds::run(&bootstrap, &app).map(|lines| lines.join("\n"))
+        }
         Command::Inspect {
             bootstrap,
             topic,

@@ -38,6 +38,8 @@ pub mod clients;
 #[cfg(feature = "streams")]
 mod cluster;
 #[cfg(feature = "streams")]
+pub mod diagnostics;
+#[cfg(feature = "streams")]
 mod policy;
 #[cfg(feature = "streams")]
 mod streams;

@@ -34,6 +34,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tracing::{debug, error, info, warn};
 
 use crate::KafkaCluster;
+use crate::diagnostics::{HoldReport, Publisher, ThreadReport, diagnostics_topic};
 use crate::policy::{self, ErrorHandler, ErrorResponse};
 
 /// Settings the runtime owns; a client configuration that sets one of them
@@ -474,6 +475,14 @@ impl CausalStreams {
         match cluster.describe(&control) {
             Ok(_) => {}
             Err(MetadataError::Missing(_)) => creates.push((control, 1)),
+            Err(e) => return Err(e.into()),
+        }
+        // The diagnostics topic carries each thread's holds, for `parsley
+        // holds`.
+        let diagnostics = diagnostics_topic(self.app.application_id());
+        match cluster.describe(&diagnostics) {
+            Ok(_) => {}
+            Err(MetadataError::Missing(_)) => creates.push((diagnostics, 1)),
             Err(e) => return Err(e.into()),
         }
         for stage in self.app.stages() {
@@ -1084,6 +1093,20 @@ impl StreamThread {
         }
     }
 
+    fn thread_report(&self, published: &Published) -> ThreadReport {
+        ThreadReport {
+            instance: self.instance.clone(),
+            thread: self.index,
+            at: published.at,
+            tasks: published
+                .metrics
+                .iter()
+                .map(|m| m.task.to_string())
+                .collect(),
+            holds: published.holds.iter().map(HoldReport::from).collect(),
+        }
+    }
+
     fn session(&self) -> Result<Session, StreamsError> {
         let timeout = self.options.request_timeout;
         let cluster = KafkaCluster::new(&self.config, timeout)?;
@@ -1139,6 +1162,21 @@ impl StreamThread {
         info!(thread = self.index, transactional_id = %self.transactional_id, "stream thread started");
         let mut last_report = Instant::now();
         let mut published_at = 0;
+        let mut publisher = Publisher::new(
+            &self.config,
+            self.app.application_id(),
+            &self.instance,
+            self.index,
+        );
+        // Whatever way this membership ends, say the thread holds nothing.
+        let leave = |publisher: &mut Option<Publisher>| {
+            if let Some(p) = publisher.as_mut() {
+                p.leave(&self.thread_report(&Published {
+                    at: now_ms(),
+                    ..Published::default()
+                }));
+            }
+        };
         while !self.stop.load(Ordering::SeqCst) {
             let polled = consumer.poll(Duration::from_millis(20));
             let mut shared = lock(&consumer.context().shared);
@@ -1148,6 +1186,7 @@ impl StreamThread {
             if let Some(e) = shared.rejoin.take() {
                 warn!(thread = self.index, error = %e, "fenced; leaving the group to join again");
                 drop(shared);
+                leave(&mut publisher);
                 return Ok(Session::Rejoin);
             }
             let idle = match polled {
@@ -1172,7 +1211,11 @@ impl StreamThread {
                 worker.punctuate(now_ms(), cluster)?;
                 if worker.published().at != published_at {
                     published_at = worker.published().at;
-                    lock(&self.reports).insert(self.index, worker.published().clone());
+                    let published = worker.published().clone();
+                    if let Some(p) = publisher.as_mut() {
+                        p.publish(&self.thread_report(&published));
+                    }
+                    lock(&self.reports).insert(self.index, published);
                 }
             }
             shared.apply_seeks(&consumer)?;
@@ -1200,6 +1243,7 @@ impl StreamThread {
         {
             let _ = consumer.poll(Duration::from_millis(50));
         }
+        leave(&mut publisher);
         info!(thread = self.index, "stream thread stopped");
         Ok(Session::Closed)
     }

@@ -1,0 +1,151 @@
+//! The diagnostics topic: each stream thread publishes what its tasks hold
+//! (and why) to `<application id>-diagnostics`, so an operator can ask any
+//! running application from any machine that reaches the cluster
+//! (`parsley holds --bootstrap B --app APP`).
+//!
+//! The topic is compacted with one partition; the key is
+//! `<instance>/<thread>`, the value one JSON document ([`ThreadReport`]).
+//! A thread publishes when what it holds changes, and at least every
+//! [`REFRESH`] while it holds anything, so a reader can tell a stale entry
+//! (an instance that died) by its `at`. A thread that leaves the group
+//! publishes an empty report.
+
+use std::time::Duration;
+
+use parsley::HeldRecord;
+use rdkafka::ClientConfig;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+/// How often a thread that holds records republishes.
+pub const REFRESH: Duration = Duration::from_secs(5);
+
+/// The diagnostics topic of an application.
+pub fn diagnostics_topic(application_id: &str) -> String {
+    format!("{application_id}-diagnostics")
+}
+
+/// One held head, payload-free.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct HoldReport {
+    /// The stage.
+    pub stage: String,
+    /// The task's partition.
+    pub task_partition: i32,
+    /// The held record, `topic:partition@offset`.
+    pub coordinate: String,
+    /// How long it has gated its channel.
+    pub held_for_ms: i64,
+    /// Records queued behind it, itself included.
+    pub queue_depth: usize,
+    /// The `vc-hold-*` code of its first unmet claim.
+    pub code: String,
+    /// The one-line summary (`HeldRecord::summary`).
+    pub summary: String,
+}
+
+impl From<&HeldRecord> for HoldReport {
+    fn from(h: &HeldRecord) -> Self {
+        HoldReport {
+            stage: h.stage.clone(),
+            task_partition: h.task_partition,
+            coordinate: h.coordinate.to_string(),
+            held_for_ms: h.held_for_ms,
+            queue_depth: h.queue_depth,
+            code: h
+                .waiting_on
+                .first()
+                .map_or("vc-hold", |w| w.diagnosis().code())
+                .to_owned(),
+            summary: h.summary(),
+        }
+    }
+}
+
+/// What one stream thread publishes.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ThreadReport {
+    /// The instance id.
+    pub instance: String,
+    /// The stream thread's index.
+    pub thread: usize,
+    /// When it was sampled (milliseconds since the epoch).
+    pub at: i64,
+    /// The tasks the thread runs.
+    pub tasks: Vec<String>,
+    /// Every held head, longest-held first.
+    pub holds: Vec<HoldReport>,
+}
+
+/// A stream thread's publisher.
+pub(crate) struct Publisher {
+    producer: BaseProducer,
+    topic: String,
+    key: String,
+    last: Option<(i64, Vec<(String, i64)>)>,
+}
+
+impl Publisher {
+    pub(crate) fn new(
+        config: &ClientConfig,
+        application_id: &str,
+        instance: &str,
+        thread: usize,
+    ) -> Option<Publisher> {
+        match config.create() {
+            Ok(producer) => Some(Publisher {
+                producer,
+                topic: diagnostics_topic(application_id),
+                key: format!("{instance}/{thread}"),
+                last: None,
+            }),
+            Err(e) => {
+                warn!(error = %e, "no diagnostics producer; `parsley holds` will not see this thread");
+                None
+            }
+        }
+    }
+
+    /// Publishes `report` if what it holds changed, or if it holds anything
+    /// and the last publication is older than [`REFRESH`].
+    pub(crate) fn publish(&mut self, report: &ThreadReport) {
+        let shape: Vec<(String, i64)> = report
+            .holds
+            .iter()
+            .map(|h| (h.coordinate.clone(), i64::from(h.task_partition)))
+            .collect();
+        let due = match &self.last {
+            None => true,
+            Some((at, last)) => {
+                *last != shape
+                    || (!shape.is_empty()
+                        && report.at - at >= i64::try_from(REFRESH.as_millis()).unwrap_or(i64::MAX))
+            }
+        };
+        if !due {
+            self.producer.poll(Duration::ZERO);
+            return;
+        }
+        let Ok(value) = serde_json::to_vec(report) else {
+            return;
+        };
+        match self.producer.send(
+            BaseRecord::to(&self.topic)
+                .partition(0)
+                .key(&self.key)
+                .payload(&value),
+        ) {
+            Ok(()) => self.last = Some((report.at, shape)),
+            Err((e, _)) => warn!(error = %e, "diagnostics not published"),
+        }
+        self.producer.poll(Duration::ZERO);
+    }
+
+    /// Publishes an empty report (the thread left) and waits briefly for it.
+    pub(crate) fn leave(&mut self, report: &ThreadReport) {
+        self.last = None;
+        self.publish(report);
+        let _ = self.producer.flush(Duration::from_secs(5));
+    }
+}
