@@ -100,7 +100,7 @@ pub fn run(bootstrap: &str, app: &str) -> Result<Vec<String>, String> {
         .iter()
         .flat_map(|r| r.holds.iter().map(move |h| (*r, h)))
         .collect();
-    holds.sort_by(|a, b| b.1.held_for_ms.cmp(&a.1.held_for_ms));
+    holds.sort_by_key(|h| std::cmp::Reverse(h.1.held_for_ms));
     let tasks: usize = live.iter().map(|r| r.tasks.len()).sum();
     lines.push(format!(
         "{app}: {} stream thread(s), {tasks} task(s), {} held record(s) gating a channel",
