@@ -4,6 +4,7 @@
 //! * [`demo`]: the guarantee at work, with and without Parsley.
 //! * [`inspect`]: a live topic's records with their causal headers.
 //! * [`holds`]: what a running application holds and why.
+//! * [`probe`]: the cluster contract probes for a described application.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(
@@ -14,3 +15,4 @@
 pub mod demo;
 pub mod holds;
 pub mod inspect;
+pub mod probe;

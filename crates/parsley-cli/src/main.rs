@@ -6,6 +6,7 @@
 //! parsley clock encode                    # that JSON on stdin -> canonical hex
 //! parsley inspect --bootstrap B --topic T # a live topic's records and their claims
 //! parsley holds --bootstrap B --app APP    # what a running application holds, and why
+//! parsley probe --bootstrap B --app FILE   # the cluster contract probes, before a start
 //! ```
 //!
 //! Failures exit non-zero with one line on stderr and nothing on stdout.
@@ -71,6 +72,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check a cluster against an application (described in a JSON file)
+    /// before it starts: every topic exists, each stage's sources agree on
+    /// partition count, tick topics are as wide as their widest source.
+    #[command(after_help = PROBE_HELP)]
+    Probe {
+        /// Bootstrap servers of the cluster.
+        #[arg(long)]
+        bootstrap: String,
+        /// The application file (JSON).
+        #[arg(long)]
+        app: String,
+    },
     /// Show what a running application's tasks hold and why, from any
     /// machine that reaches the cluster.
     #[command(after_help = HOLDS_HELP)]
@@ -83,6 +96,20 @@ enum Command {
         app: String,
     },
 }
+
+const PROBE_HELP: &str = "\
+The application file names the application id and, per stage, its sources,
+sinks, whether it keeps state and its tick interval:
+
+  {\"application_id\": \"payments-app\", \"stages\": [
+    {\"name\": \"settlement\", \"sources\": [\"orders\", \"payments\"],
+     \"sinks\": [\"settlements\"], \"stateful\": true, \"ticks_ms\": 60000}]}
+
+Every finding is printed with the clause it checks; the exit status is
+non-zero when there is one. Read-only: nothing is created or changed.
+
+Example:
+  parsley probe --bootstrap localhost:9092 --app payments-app.json";
 
 const HOLDS_HELP: &str = "\
 Each stream thread of a running application publishes what its tasks hold
@@ -135,6 +162,7 @@ fn main() -> ExitCode {
         Command::Demo { records, seed } => return demo(records, seed),
         Command::Clock(ClockCommand::Decode { hex }) => clock::decode(hex),
         Command::Clock(ClockCommand::Encode) => clock::encode(),
+        Command::Probe { bootstrap, app } => return probe(&bootstrap, &app),
         Command::Holds { bootstrap, app } => {
             parsley_cli::holds::run(&bootstrap, &app).map(|lines| lines.join("\n"))
         }
@@ -217,6 +245,23 @@ fn demo(records: u32, seed: Option<u64>) -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: the demo could not run: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn probe(bootstrap: &str, app: &str) -> ExitCode {
+    match parsley_cli::probe::run(bootstrap, app) {
+        Ok(report) => {
+            print!("{report}");
+            if report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(message) => {
+            eprintln!("error: {message}");
             ExitCode::FAILURE
         }
     }

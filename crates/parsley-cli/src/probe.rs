@@ -1,0 +1,140 @@
+//! `parsley probe`: the cluster contract probes for an application
+//! described in a small JSON file, read-only, before it starts.
+//!
+//! ```json
+//! {
+//!   "application_id": "payments-app",
+//!   "stages": [
+//!     { "name": "settlement", "sources": ["orders", "payments"],
+//!       "sinks": ["settlements"], "stateful": true, "ticks_ms": 60000 }
+//!   ]
+//! }
+//! ```
+//!
+//! Only names matter to the probes (which topics exist, how many
+//! partitions each has), so the stages are built with byte topics and
+//! logic that does nothing.
+
+use std::time::Duration;
+
+use parsley::{Codec, Emission, Parsley, ProbeReport, Stage, Step, Topic, probe_cluster};
+use parsley_kafka::KafkaCluster;
+use rdkafka::ClientConfig;
+use serde::Deserialize;
+
+/// The application, as the file describes it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppFile {
+    /// The application id.
+    pub application_id: String,
+    /// Its stages.
+    pub stages: Vec<StageFile>,
+}
+
+/// One stage.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageFile {
+    /// The stage name.
+    pub name: String,
+    /// Source topics.
+    #[serde(default)]
+    pub sources: Vec<String>,
+    /// Sink topics.
+    #[serde(default)]
+    pub sinks: Vec<String>,
+    /// Whether it keeps per-key state.
+    #[serde(default)]
+    pub stateful: bool,
+    /// Its tick interval in milliseconds, if it ticks.
+    #[serde(default)]
+    pub ticks_ms: Option<u64>,
+}
+
+type Bytes = Topic<Vec<u8>, Vec<u8>>;
+
+fn topic(name: &str) -> Bytes {
+    Topic::new(name, Codec::bytes(), Codec::bytes())
+}
+
+fn stage(s: &StageFile) -> Result<Stage, String> {
+    let ticks = s.ticks_ms.map(Duration::from_millis);
+    let built = if s.stateful {
+        let mut b = Stage::named(s.name.as_str()).state(Codec::bytes(), Vec::new);
+        for t in &s.sinks {
+            b = b.sink(&topic(t));
+        }
+        for t in &s.sources {
+            b = b.fold(&topic(t), |_, _| Step::keep());
+        }
+        if let Some(i) = ticks {
+            b = b.tick_fold(i, |_, _| Step::keep());
+        }
+        b.build()
+    } else {
+        let mut b = Stage::named(s.name.as_str());
+        for t in &s.sinks {
+            b = b.sink(&topic(t));
+        }
+        for t in &s.sources {
+            b = b.on(&topic(t), |_| Vec::<Emission>::new());
+        }
+        if let Some(i) = ticks {
+            b = b.ticks(i, |_| Vec::<Emission>::new());
+        }
+        b.build()
+    };
+    built.map_err(|e| e.to_string())
+}
+
+/// Builds the described application.
+pub fn application(text: &str) -> Result<Parsley, String> {
+    let file: AppFile = serde_json::from_str(text)
+        .map_err(|e| format!("the application file is not valid: {e}"))?;
+    let stages = file
+        .stages
+        .iter()
+        .map(stage)
+        .collect::<Result<Vec<_>, _>>()?;
+    Parsley::named(file.application_id.as_str(), stages).map_err(|e| e.to_string())
+}
+
+/// Runs the cluster probes; the report lists every finding and note.
+pub fn run(bootstrap: &str, app_file: &str) -> Result<ProbeReport, String> {
+    let text =
+        std::fs::read_to_string(app_file).map_err(|e| format!("cannot read {app_file}: {e}"))?;
+    let app = application(&text)?;
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap);
+    let cluster = KafkaCluster::new(&config, Duration::from_secs(20))
+        .map_err(|e| format!("cannot reach {bootstrap}: {e}"))?;
+    Ok(probe_cluster(&app, &cluster))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_described_application_has_the_declared_topics() {
+        let app = application(
+            r#"{"application_id": "shop", "stages": [
+                {"name": "join", "sources": ["customers", "orders"], "sinks": ["enriched"],
+                 "stateful": true, "ticks_ms": 1000},
+                {"name": "echo", "sources": ["enriched"]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(app.tick_topic("join"), Some("shop-join-ticks"));
+        assert_eq!(
+            app.topics(),
+            vec!["customers", "enriched", "orders", "shop-join-ticks"]
+        );
+        assert!(
+            application(r#"{"application_id": "x", "stages": [{"name": "s"}]}"#)
+                .unwrap_err()
+                .contains("no source")
+        );
+        assert!(application(r#"{"application_id": "x"}"#).is_err());
+    }
+}
