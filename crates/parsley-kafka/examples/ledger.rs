@@ -54,6 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let app = Parsley::named(app_id.as_str(), [ledger])?;
 
+    // ANCHOR: streams_config
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", bootstrap)
@@ -65,6 +66,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         instance_id: instance,
         ..StreamsOptions::default()
     });
+    // ANCHOR_END: streams_config
+    // ANCHOR: streams_lifecycle
     streams.start()?;
     streams.wait_until_running(Duration::from_secs(60))?;
     println!("running");
@@ -72,5 +75,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let _ = std::io::stdin().read_to_end(&mut sink);
     streams.close(Duration::from_secs(60))?;
     println!("closed after {} rejoin(s)", streams.rejoins());
+    // ANCHOR_END: streams_lifecycle
     Ok(())
 }

@@ -183,6 +183,7 @@ fn main() -> Result<(), Error> {
             balances.push(settled.balance);
         }
     }
+    // ANCHOR: metrics_check
     if let Some(addr) = metrics_addr {
         // Gauges are sampled every 500 ms: let one sample pass.
         std::thread::sleep(Duration::from_millis(700));
@@ -206,6 +207,7 @@ fn main() -> Result<(), Error> {
             return Err(format!("expected 4 records delivered: {delivered}").into());
         }
     }
+    // ANCHOR_END: metrics_check
     streams.close(Duration::from_secs(30))?;
     // o-2 settles before the held payment is applied: 10000 - 2500 - 4000.
     if balances != vec![7_500, 3_500] {
@@ -215,6 +217,7 @@ fn main() -> Result<(), Error> {
     Ok(())
 }
 
+// ANCHOR: serve_metrics
 /// Installs the Prometheus recorder with a scrape endpoint on `addr` (port
 /// 0: a free one) and returns the address it listens on. Series of tasks
 /// that moved away are dropped after a minute without updates.
@@ -233,6 +236,7 @@ fn serve_metrics(addr: &str) -> Result<std::net::SocketAddr, Error> {
     println!("metrics on http://{addr}/metrics");
     Ok(addr)
 }
+// ANCHOR_END: serve_metrics
 
 /// One plain HTTP GET of the scrape endpoint.
 fn scrape(addr: std::net::SocketAddr) -> Result<String, Error> {

@@ -94,6 +94,7 @@ fn a_replaced_thread_retries_the_failed_record_exactly_once() {
         true,
     );
     let mut s = streams(&app, "a");
+    // ANCHOR: replace_thread
     let seen = Arc::new(AtomicUsize::new(0));
     let counted = seen.clone();
     s.set_uncaught_error_handler(move |e| {
@@ -101,6 +102,7 @@ fn a_replaced_thread_retries_the_failed_record_exactly_once() {
         counted.fetch_add(1, Ordering::SeqCst);
         ErrorResponse::ReplaceThread
     });
+    // ANCHOR_END: replace_thread
     s.start().unwrap();
     s.wait_until_running(Duration::from_secs(30)).unwrap();
     produce(&i, 0, "one");

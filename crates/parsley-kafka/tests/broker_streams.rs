@@ -138,6 +138,7 @@ fn a_payment_before_its_order_is_held_and_settles_after_it() {
     let mut clock = VectorClock::new();
     clock.claim_offset(Channel::new(orders_id, 0), 0);
     produce(&p, 0, "o-1", "pay 5", Some(&clock));
+    // ANCHOR: explain_holds
     // An operator asks why: the runtime names the missing cause.
     let deadline = Instant::now() + Duration::from_secs(30);
     let holds = loop {
@@ -160,6 +161,7 @@ fn a_payment_before_its_order_is_held_and_settles_after_it() {
     assert_eq!(metrics.len(), 1, "{metrics:?}");
     assert_eq!(metrics[0].records_held, 1);
     assert!(metrics[0].records_held_age_max_ms >= 500, "{metrics:?}");
+    // ANCHOR_END: explain_holds
     assert!(
         read(&s, 1, 1, Duration::from_millis(500)).is_empty(),
         "held, not settled"
@@ -361,6 +363,7 @@ fn fails_closed_on_a_missing_topic_and_a_corrupt_header() {
     let mut streams = CausalStreams::new(&app, config())
         .unwrap()
         .with_options(options("a"));
+    // ANCHOR: state_listener
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = seen.clone();
     streams.set_state_listener(move |old, new| {
@@ -369,6 +372,7 @@ fn fails_closed_on_a_missing_topic_and_a_corrupt_header() {
             format!("{new:?}").split('(').next().unwrap()
         ));
     });
+    // ANCHOR_END: state_listener
     streams.start().unwrap();
     streams.wait_until_running(Duration::from_secs(30)).unwrap();
     produce(&o, 0, "k", "1", None);
@@ -427,6 +431,7 @@ fn the_truncation_sweep_retires_claims_below_the_log_start() {
     }
     let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
     let app = ledger(&unique("app"), &orders, &payments, &settled);
+    // ANCHOR: truncation_interval
     let mut streams = start_with(
         &app,
         StreamsOptions {
@@ -434,6 +439,7 @@ fn the_truncation_sweep_retires_claims_below_the_log_start() {
             ..options("a")
         },
     );
+    // ANCHOR_END: truncation_interval
     let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
     let x0 = Channel::new(cluster.describe(&x).unwrap().id, 0);
     let mut clock = VectorClock::new();
@@ -490,6 +496,7 @@ fn a_late_joiner_starts_at_the_last_stable_offset() {
 
     let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
     let app = ledger(&unique("app"), &orders, &payments, &settled);
+    // ANCHOR: late_joiner
     let mut streams = start_with(
         &app,
         StreamsOptions {
@@ -497,6 +504,7 @@ fn a_late_joiner_starts_at_the_last_stable_offset() {
             ..options("a")
         },
     );
+    // ANCHOR_END: late_joiner
     // Let the assignment happen while the transaction is open.
     std::thread::sleep(Duration::from_secs(3));
     upstream
@@ -751,6 +759,7 @@ fn a_held_record_is_restored_from_the_changelog_after_a_restart() {
     second.close(Duration::from_secs(30)).unwrap();
 }
 
+// ANCHOR: acks
 /// Remembers the partition and offset of each acknowledged send.
 #[derive(Default)]
 struct Acks(std::sync::Mutex<Vec<(i32, i64)>>);
@@ -766,6 +775,7 @@ impl rdkafka::producer::ProducerContext for Acks {
         }
     }
 }
+// ANCHOR_END: acks
 
 /// A plain producer stamps with `CausalClock` across two topics: its cause
 /// (in a transaction it keeps open for a while) and then an effect on
@@ -792,6 +802,7 @@ fn a_plain_producer_stamped_with_causal_clock_is_delivered_in_order() {
     let app = Parsley::named(unique("app").as_str(), [stage]).unwrap();
     let mut streams = start(&app);
 
+    // ANCHOR: plain_producer
     let mut clock = CausalClock::new(&config()).unwrap();
     let mut c = config();
     c.set("transactional.id", unique("plain"));
@@ -838,6 +849,7 @@ fn a_plain_producer_stamped_with_causal_clock_is_delivered_in_order() {
         .map(|(_, v, _)| v)
         .collect();
     assert_eq!(values, vec!["cause", "effect"]);
+    // ANCHOR_END: plain_producer
     // Stamping twice is refused.
     let twice = clock.stamp(clock.stamp(OwnedHeaders::new()).unwrap());
     assert!(twice.is_err());

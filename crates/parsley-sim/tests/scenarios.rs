@@ -24,6 +24,7 @@ fn budget(edge_ops: u32, crashes: u32) -> Budget {
     }
 }
 
+// ANCHOR: shared_input_race
 /// A stage's output racing its input at a shared consumer (the
 /// base-and-derived triangle). Only the stamp's frontier term claims the
 /// base record itself: the base record's own clock claims only its
@@ -48,6 +49,7 @@ fn shared_input_race() {
         .floor("crashes while records were held", crashed_while_holding)
         .floor("held records restored at restart", restored_held);
 }
+// ANCHOR_END: shared_input_race
 
 /// Claims carried through a hop that does not consume their origin: only
 /// the stamp's advertised-clock term carries the claim on `c1` across `p2`.

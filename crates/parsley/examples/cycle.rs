@@ -5,6 +5,7 @@
 use parsley::{Codec, Message, Parsley, Stage, TestDriver, Topic};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // ANCHOR: cycle
     let c1: Topic<String, i64> = Topic::new("c1", Codec::utf8(), Codec::int64());
     let c2: Topic<String, i64> = Topic::new("c2", Codec::utf8(), Codec::int64());
     let (to2, to1) = (c2.clone(), c1.clone());
@@ -27,5 +28,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("c2: {:?}", d.values(&c2)?);
     assert_eq!(d.values(&c2)?, vec![1, 3, 5, 7]);
     assert!(d.held().is_empty());
+    // ANCHOR_END: cycle
     Ok(())
 }

@@ -30,6 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut a = TestDriver::new(&Parsley::named("enricher-app", [enrich(&base, &derived)?])?)?;
     a.pipe(&base, "k", "record")?;
 
+    // ANCHOR: projection
     // The projection consumes both base and derived (its own application,
     // since a topic feeds one stage per application).
     let projection = Stage::named("projection")
@@ -55,5 +56,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect::<Vec<_>>(),
         vec!["base", "derived"]
     );
+    // ANCHOR_END: projection
     Ok(())
 }

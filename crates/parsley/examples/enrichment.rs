@@ -44,6 +44,7 @@ struct Customer {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // ANCHOR: topics
     // Producers we do not control may write anything: decoding is allowed
     // to fail as data, and the malformed records go to the dead letters.
     let customers: Topic<String, Decoded<Profile>> =
@@ -55,7 +56,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let summaries: Topic<String, String> =
         Topic::new("customer-summaries", Codec::utf8(), Codec::utf8());
     let dead: Topic<String, Vec<u8>> = Topic::new("enrichment-dlq", Codec::utf8(), Codec::bytes());
+    // ANCHOR_END: topics
 
+    // ANCHOR: customers
     let mut builder = Stage::named("enrich").state(Codec::json::<Customer>(), Customer::default);
     let (out, summary, dlq) = (
         builder.add_sink(&enriched),
@@ -75,6 +78,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ),
             None => Step::keep(),
         })
+        // ANCHOR_END: customers
         .fold(&orders, move |customer, m| match m.value() {
             Some(Decoded::Ok(order)) => {
                 let (name, tier) = customer.profile.as_ref().map_or_else(
@@ -99,6 +103,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ),
             None => Step::keep(),
         })
+        // ANCHOR: tick
         // Every minute: orders per customer, read from the keyed state.
         .tick_fold_over(
             Duration::from_secs(60),
@@ -114,6 +119,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ))
             },
         )
+        // ANCHOR_END: tick
         .build()?;
     let app = Parsley::named("shop", [stage])?;
 
@@ -132,6 +138,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }),
     )?;
 
+    // ANCHOR: held
     // Bob's order was placed by a service that had just read Bob's new
     // profile: it is stamped as caused by it. The profile is still on its
     // way here, so the order is held rather than enriched without it.
@@ -159,7 +166,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }),
     )?;
     assert!(driver.held().is_empty());
+    // ANCHOR_END: held
 
+    // ANCHOR: malformed
     // A producer wrote something that is not JSON.
     driver.pipe(
         &orders,
@@ -169,6 +178,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             reason: String::new(),
         },
     )?;
+    // ANCHOR_END: malformed
 
     driver.advance_wall_clock(Duration::from_secs(60))?;
 
@@ -186,6 +196,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "no order enriched without its profile"
     );
 
+    // ANCHOR: dead-letters
     let dead_letters = driver.read_all(&dead)?;
     assert_eq!(dead_letters.len(), 1);
     let header = |name: &str| {
@@ -200,6 +211,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         header(DEAD_LETTER_ERROR)
     );
     assert_eq!(header(DEAD_LETTER_OFFSET), "2");
+    // ANCHOR_END: dead-letters
 
     let summary_lines = driver.read_values(&summaries)?;
     println!("summary: {}", summary_lines.join(" | "));

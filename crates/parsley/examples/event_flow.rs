@@ -12,6 +12,7 @@ fn t(name: &str) -> T {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (input, data, events) = (t("input"), t("data"), t("events"));
+    // ANCHOR: writer
     let (d, e) = (data.clone(), events.clone());
     let writer = Stage::named("writer")
         .on(&input, move |m: &Message<String, String>| {
@@ -23,9 +24,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .sink(&data)
         .sink(&events)
         .build()?;
+    // ANCHOR_END: writer
     let mut a = TestDriver::new(&Parsley::named("writer-app", [writer])?)?;
     a.pipe(&input, "doc-1", "v1")?;
 
+    // ANCHOR: reader
     let reader = Stage::named("reader")
         .state(Codec::utf8(), String::new)
         .fold(&data, |_s: String, m: &Message<String, String>| {
@@ -43,5 +46,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     b.append_all_from(&a, "data")?;
     b.run()?;
     assert!(b.held().is_empty());
+    // ANCHOR_END: reader
     Ok(())
 }

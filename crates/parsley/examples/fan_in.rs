@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Topic::new("c2", Codec::utf8(), Codec::utf8()),
         Topic::new("c4", Codec::utf8(), Codec::utf8()),
     );
+    // ANCHOR: join
     let (left, right) = (c4.clone(), c4.clone());
     let p3 = Stage::named("p3")
         .state(Codec::utf8(), String::new)
@@ -25,8 +26,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .sink(&c4)
         .build()?;
+    // ANCHOR_END: join
     let mut d = TestDriver::new(&Parsley::named("join-app", [p3])?)?;
 
+    // ANCHOR: held
     let cause = d.next_coordinate(&c1, "k")?;
     d.pipe_input(&c2, Input::new("k", "effect").after(&cause))?;
     println!("held: {}", d.held()[0]);
@@ -34,5 +37,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let joined: Option<String> = d.fold_state("p3", &Codec::utf8(), "k")?;
     println!("joined state: {joined:?}");
     assert_eq!(joined.as_deref(), Some("L:cause;R:effect;"));
+    // ANCHOR_END: held
     Ok(())
 }

@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Topic::new("c2", Codec::utf8(), Codec::utf8()),
         Topic::new("c3", Codec::utf8(), Codec::utf8()),
     );
+    // ANCHOR: stage
     let (summary, audit) = (c2.clone(), c3.clone());
     let p1 = Stage::named("p1")
         .on(&c1, move |m: &Message<String, String>| {
@@ -24,9 +25,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .sink(&c2)
         .sink(&c3)
         .build()?;
+    // ANCHOR_END: stage
     let mut a = TestDriver::new(&Parsley::named("fan-out-app", [p1])?)?;
     a.pipe(&c1, "k", "m1")?;
 
+    // ANCHOR: observer
     let observer = Stage::named("observer")
         .on(&c2, |m: &Message<String, String>| {
             println!("observer: {:?}", m.value());
@@ -50,5 +53,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect::<Vec<_>>(),
         vec!["c2", "c3"]
     );
+    // ANCHOR_END: observer
     Ok(())
 }

@@ -7,6 +7,7 @@ use parsley::{Codec, Message, Parsley, Stage, TestDriver, Topic};
 
 type T = Topic<String, String>;
 
+// ANCHOR: hop
 fn hop(name: &str, from: &T, to: &T) -> Result<Stage, parsley::StageError> {
     let out = to.clone();
     let tag = name.to_owned();
@@ -18,6 +19,7 @@ fn hop(name: &str, from: &T, to: &T) -> Result<Stage, parsley::StageError> {
         .sink(to)
         .build()
 }
+// ANCHOR_END: hop
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (c1, c2, c3): (T, T, T) = (
@@ -25,11 +27,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Topic::new("c2", Codec::utf8(), Codec::utf8()),
         Topic::new("c3", Codec::utf8(), Codec::utf8()),
     );
+    // ANCHOR: pipeline
     let pipeline = Parsley::named("pipeline-app", [hop("p1", &c1, &c2)?, hop("p2", &c2, &c3)?])?;
     let mut a = TestDriver::new(&pipeline)?;
     a.pipe(&c1, "k", "m1")?;
     println!("c3: {:?}", a.values(&c3)?);
+    // ANCHOR_END: pipeline
 
+    // ANCHOR: reconcile
     let recon = Stage::named("reconcile")
         .on(&c1, |m: &Message<String, String>| {
             println!("reconcile: input {}", m.coordinate());
@@ -57,5 +62,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect::<Vec<_>>(),
         vec!["c1", "c3"]
     );
+    // ANCHOR_END: reconcile
     Ok(())
 }

@@ -13,6 +13,7 @@ fn t(name: &str) -> T {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (commands, requests, replies, effects) =
         (t("commands"), t("requests"), t("replies"), t("effects"));
+    // ANCHOR: responder
     let (fx, rp) = (effects.clone(), replies.clone());
     let responder = Stage::named("responder")
         .on(&requests, move |m: &Message<String, String>| {
@@ -25,6 +26,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .sink(&effects)
         .sink(&replies)
         .build()?;
+    // ANCHOR_END: responder
+    // ANCHOR: requester
     let rq = requests.clone();
     let requester = Stage::named("requester")
         .state(Codec::utf8(), String::new)
@@ -40,7 +43,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .sink(&requests)
         .build()?;
+    // ANCHOR_END: requester
 
+    // ANCHOR: run
     let mut req = TestDriver::new(&Parsley::named("requester-app", [requester])?)?;
     let mut resp = TestDriver::new(&Parsley::named("responder-app", [responder])?)?;
     req.pipe(&commands, "k", "transfer")?;
@@ -54,5 +59,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     req.run()?;
     let state: Option<String> = req.fold_state("requester", &Codec::utf8(), "k")?;
     assert_eq!(state.as_deref(), Some("did transfer;acked;"));
+    // ANCHOR_END: run
     Ok(())
 }

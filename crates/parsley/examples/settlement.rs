@@ -20,6 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         settlements,
     } = settlement_app("settlements-app", "")?;
 
+    // ANCHOR: pipe
     let mut driver = TestDriver::new(&app)?;
     driver.pipe(&payments, "acct-1", Payment { amount: 10_000 })?;
     driver.pipe(
@@ -30,7 +31,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             total: 2_500,
         },
     )?;
+    // ANCHOR_END: pipe
 
+    // ANCHOR: held
     // A payment whose producer stamped it as caused by an order not yet
     // written: it is held until that order is delivered.
     let refund_for = driver.next_coordinate(&orders, "acct-1")?;
@@ -52,7 +55,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     )?;
     assert!(driver.held().is_empty());
+    // ANCHOR_END: held
 
+    // ANCHOR: records
     for r in driver.records(&settlements)? {
         let causal = r.causal()?;
         println!(
@@ -64,6 +69,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             causal.sender.map(|s| s.seq)
         );
     }
+    // ANCHOR_END: records
+    // ANCHOR: state
     let balances: Vec<i64> = driver
         .values(&settlements)?
         .iter()
@@ -73,6 +80,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     assert_eq!(balances, vec![7_500, 3_500]);
     let balance: Option<i64> = driver.fold_state("settlement", &Codec::utf8(), "acct-1")?;
     assert_eq!(balance, Some(7_500));
+    // ANCHOR_END: state
     println!("final balance of acct-1: {balance:?}");
     println!(
         "delivery order: {:?}",

@@ -11,6 +11,7 @@ fn topics() -> (Topic<String, i64>, Topic<String, i64>, Topic<String, i64>) {
     )
 }
 
+// ANCHOR: app
 fn app() -> (Parsley, StateStore<String, i64>) {
     let (orders, payments, balances) = topics();
     let mut builder = Stage::named("ledger").state(Codec::int64(), || 0);
@@ -29,7 +30,9 @@ fn app() -> (Parsley, StateStore<String, i64>) {
         .unwrap();
     (Parsley::named("bank", [stage]).unwrap(), store)
 }
+// ANCHOR_END: app
 
+// ANCHOR: cursors
 /// Cursors hand out each committed record once, in order; `is_empty` says
 /// when everything was read; the full history stays available.
 #[test]
@@ -58,7 +61,9 @@ fn output_cursors_read_each_record_once() {
     // Cursors are per topic.
     assert_eq!(d.read_value(&payments).unwrap(), Some(Some(10)));
 }
+// ANCHOR_END: cursors
 
+// ANCHOR: state-handle
 /// The state handle reads state typed, without the stage name or the key
 /// codec at the call site.
 #[test]
@@ -72,6 +77,7 @@ fn a_state_handle_reads_typed_state() {
     assert_eq!(d.state(&store, "nobody").unwrap(), None);
     assert_eq!(store.stage(), "ledger");
 }
+// ANCHOR_END: state-handle
 
 /// A record's clock shows topic names and producing tasks, not ids.
 #[test]

@@ -69,6 +69,7 @@ fn hold_gauges_and_counters_move_with_the_records() {
         let mut d = TestDriver::new(&app).unwrap();
         let task = [("task-id", "s[0]"), ("stage", "s"), ("thread-id", "0")];
 
+        // ANCHOR: held-metrics
         // A record of `a` waits on c@0.
         let cause = d.next_coordinate(&c, "k").unwrap();
         d.pipe_input(&a, Input::new("k", "effect").after(&cause))
@@ -78,6 +79,7 @@ fn hold_gauges_and_counters_move_with_the_records() {
         assert_eq!(m.len(), 1);
         assert_eq!(m[0].records_held, 1);
         assert_eq!(m[0].records_held_age_max_ms, 2_000);
+        // ANCHOR_END: held-metrics
         let now = read(&snap);
         assert_eq!(value(&now, RECORDS_HELD, &task), Some(1.0));
         assert_eq!(value(&now, RECORDS_HELD_AGE_MAX_MS, &task), Some(2_000.0));

@@ -11,6 +11,7 @@ fn topic(name: &str) -> T {
     Topic::new(name, Codec::utf8(), Codec::utf8())
 }
 
+// ANCHOR: sound
 #[test]
 fn a_sound_application_passes_with_notes() {
     let (orders, payments, settled, audits) = (
@@ -65,6 +66,7 @@ fn a_sound_application_passes_with_notes() {
         "{report}"
     );
 }
+// ANCHOR_END: sound
 
 #[test]
 fn every_violation_is_reported_at_once() {
@@ -182,6 +184,7 @@ fn a_panicking_sink_codec_is_a_finding() {
     assert!(report.to_string().contains("encoder exploded"), "{report}");
 }
 
+// ANCHOR: co-partitioning
 /// The co-partitioning probe: with the cluster's partition counts given,
 /// a stage whose sources disagree is reported, naming each count.
 #[test]
@@ -223,3 +226,4 @@ fn sources_with_different_partition_counts_are_a_finding() {
     )
     .assert_ok();
 }
+// ANCHOR_END: co-partitioning

@@ -20,6 +20,7 @@ fn value(m: &Message<String, String>) -> String {
 
 // ---------------------------------------------------------------- abort and retry
 
+// ANCHOR: abort-retry
 #[test]
 fn a_failing_handler_aborts_and_the_retry_redelivers_in_causal_order() {
     let (c1, c2, out) = (topic("c1"), topic("c2"), topic("out"));
@@ -93,7 +94,9 @@ fn a_failing_handler_aborts_and_the_retry_redelivers_in_causal_order() {
     );
     assert!(d.held().is_empty());
 }
+// ANCHOR_END: abort-retry
 
+// ANCHOR: deterministic
 #[test]
 fn a_panicking_fold_fails_the_task_and_keeps_committed_state() {
     let c1: Topic<String, i64> = Topic::new("c1", Codec::utf8(), Codec::int64());
@@ -127,7 +130,9 @@ fn a_panicking_fold_fails_the_task_and_keeps_committed_state() {
         Some(5)
     );
 }
+// ANCHOR_END: deterministic
 
+// ANCHOR: recovering
 #[test]
 fn a_recovering_handler_routes_to_the_error_sink_exactly_once() {
     let orders: Topic<String, i64> = Topic::new("orders", Codec::utf8(), Codec::int64());
@@ -171,7 +176,9 @@ fn a_recovering_handler_routes_to_the_error_sink_exactly_once() {
     // The reject is stamped and ordered like any other emission.
     assert!(d.records(&rejects).unwrap()[0].is_stamped());
 }
+// ANCHOR_END: recovering
 
+// ANCHOR: recovering-fold
 #[test]
 fn a_recovering_fold_keeps_the_prior_state() {
     let pay: Topic<String, i64> = Topic::new("payments", Codec::utf8(), Codec::int64());
@@ -208,6 +215,7 @@ fn a_recovering_fold_keeps_the_prior_state() {
     );
     assert_eq!(d.values(&rejects).unwrap(), vec!["overdraft -5"]);
 }
+// ANCHOR_END: recovering-fold
 
 #[test]
 fn codec_failures_fail_the_task() {
@@ -354,6 +362,7 @@ fn ticks_flow_through_the_tick_topic_and_fold_the_tick_slot() {
     let c1: Topic<String, i64> = Topic::new("c1", Codec::utf8(), Codec::int64());
     let audits = topic("audits");
     let a = audits.clone();
+    // ANCHOR: tick-fold
     let stage = Stage::named("policy")
         .state(Codec::int64(), || 0)
         .fold(&c1, |s: i64, m: &Message<String, i64>| {
@@ -369,6 +378,7 @@ fn ticks_flow_through_the_tick_topic_and_fold_the_tick_slot() {
         .sink(&audits)
         .build()
         .unwrap();
+    // ANCHOR_END: tick-fold
     let app = Parsley::named("pay", [stage]).unwrap();
     let mut d = TestDriver::builder(&app)
         .partitions("c1", 2)
@@ -427,6 +437,7 @@ fn ticks_flow_through_the_tick_topic_and_fold_the_tick_slot() {
     assert_eq!(causal.clock.offset(d.channel("c1", p).unwrap()), Some(0));
 }
 
+// ANCHOR: held-tick
 #[test]
 fn a_tick_emitted_while_a_record_is_held_is_held_too() {
     let (c1, c2, audits) = (topic("c1"), topic("c2"), topic("audits"));
@@ -466,6 +477,7 @@ fn a_tick_emitted_while_a_record_is_held_is_held_too() {
     assert!(d.deliveries().iter().filter(|x| x.was_held).count() == 2);
     assert_eq!(d.values(&audits).unwrap(), vec!["1000"]);
 }
+// ANCHOR_END: held-tick
 
 #[test]
 fn hold_diagnostics_report_how_long_a_record_has_been_held() {
@@ -926,6 +938,7 @@ fn a_changelog_with_the_wrong_partition_count_is_refused() {
     );
 }
 
+// ANCHOR: restart
 /// A restart restores every task from its changelogs, held records
 /// included, and the held record is released when its cause arrives.
 #[test]
@@ -961,6 +974,7 @@ fn a_restart_restores_held_records_from_the_changelog() {
     d.pipe(&c1, "k", "cause").unwrap();
     assert_eq!(d.values(&out).unwrap(), vec!["cause", "effect"]);
 }
+// ANCHOR_END: restart
 
 // ---------------------------------------------------------------- the stamping site
 

@@ -17,6 +17,7 @@ fn ticking(fail_once: Arc<AtomicBool>) -> (Parsley, T, T) {
     ticking_failing(fail_once, Arc::new(AtomicBool::new(false)))
 }
 
+// ANCHOR: ticking
 fn ticking_failing(fail_once: Arc<AtomicBool>, fail_again: Arc<AtomicBool>) -> (Parsley, T, T) {
     let (input, beats) = (topic("input"), topic("beats"));
     let mut builder = Stage::named("s");
@@ -36,7 +37,9 @@ fn ticking_failing(fail_once: Arc<AtomicBool>, fail_again: Arc<AtomicBool>) -> (
         .unwrap();
     (Parsley::named("app", [stage]).unwrap(), input, beats)
 }
+// ANCHOR_END: ticking
 
+// ANCHOR: grid
 /// Ticks fall on a fixed grid of the interval (as Kafka's wall-clock
 /// punctuation does), not `now + interval` from whenever the last one ran,
 /// so late punctuations do not drift the schedule; a jump over several
@@ -54,6 +57,7 @@ fn ticks_keep_a_fixed_grid_and_a_jump_gives_one_tick() {
         vec!["10300", "20100", "65100", "70100"]
     );
 }
+// ANCHOR_END: grid
 
 /// A step that fails and is retried does not cost the tick that fell due
 /// meanwhile.
@@ -68,6 +72,7 @@ fn a_failed_step_does_not_lose_the_next_tick() {
     assert_eq!(d.values(&beats).unwrap(), vec!["10000"], "the tick came");
 }
 
+// ANCHOR: aborted-tick
 /// The tick due while a step keeps failing: the tick goes into the same
 /// transaction as the retried step, that transaction aborts too, and the
 /// tick must come again with the next successful one, not wait a whole
@@ -91,3 +96,4 @@ fn a_tick_in_an_aborted_transaction_comes_again() {
         "the tick of the aborted transaction came again"
     );
 }
+// ANCHOR_END: aborted-tick

@@ -35,6 +35,7 @@ impl Summary {
         self.per_seed.iter().filter(|s| pred(s)).count()
     }
 
+    // ANCHOR: floor
     /// Asserts that at least `seed_floor()` seeds reached a state.
     pub fn floor(&self, what: &str, pred: impl Fn(&WorldStats) -> bool) -> &Self {
         let n = self.seeds_where(pred);
@@ -48,6 +49,7 @@ impl Summary {
         eprintln!("{}: {what} in {n}/{} seeds", self.name, self.per_seed.len());
         self
     }
+    // ANCHOR_END: floor
 }
 
 /// Runs `build(seed)` for every seed with the real protocol; any failure

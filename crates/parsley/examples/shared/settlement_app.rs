@@ -26,6 +26,7 @@ pub struct Settled {
     pub balance: i64,
 }
 
+// ANCHOR: order-codec
 /// `total` (8 bytes, big-endian) followed by the id in UTF-8.
 pub fn order_codec() -> Codec<Order> {
     Codec::new(
@@ -40,6 +41,7 @@ pub fn order_codec() -> Codec<Order> {
     )
     .named("order")
 }
+// ANCHOR_END: order-codec
 
 pub fn payment_codec() -> Codec<Payment> {
     let long = Codec::int64();
@@ -89,6 +91,7 @@ pub fn settlement_app(
         settled_codec(),
     );
 
+    // ANCHOR: stage
     let out = settlements.clone();
     let settlement = Stage::named("settlement")
         .state(Codec::int64(), || 0)
@@ -108,6 +111,7 @@ pub fn settlement_app(
         })
         .sink(&settlements)
         .build()?;
+    // ANCHOR_END: stage
     let app = Parsley::named(app_id, [settlement])?;
 
     Ok(Settlement {
