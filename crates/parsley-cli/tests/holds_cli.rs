@@ -3,44 +3,22 @@
 //! cause, from the application's diagnostics topic; once the order arrives,
 //! nothing is held.
 
-use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+mod common;
 
-use futures_executor::block_on;
+use std::time::{Duration, Instant};
+
+use common::{bootstrap, create, parsley, unique};
 use parsley::protocol::headers::CLOCK_HEADER;
 use parsley::protocol::{Channel, VectorClock};
 use parsley::task::TopicMetadata;
 use parsley::*;
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
-fn bootstrap() -> String {
-    std::env::var("PARSLEY_BOOTSTRAP").expect("set PARSLEY_BOOTSTRAP to a broker address")
-}
-
-fn unique(prefix: &str) -> String {
-    let n = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("pt-{prefix}-{n}")
-}
-
 fn holds(app: &str) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_parsley"))
-        .args(["holds", "--bootstrap", &bootstrap(), "--app", app])
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    parsley(&["holds", "--bootstrap", &bootstrap(), "--app", app])
 }
 
 #[test]
@@ -50,13 +28,7 @@ fn holds_names_the_missing_cause_of_a_running_application() {
     config.set("bootstrap.servers", bootstrap());
     let cluster = KafkaCluster::new(&config, Duration::from_secs(20)).unwrap();
     let (orders, payments, settled) = (unique("orders"), unique("payments"), unique("settled"));
-    let topics: Vec<NewTopic<'_>> = [&orders, &payments, &settled]
-        .iter()
-        .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
-        .collect();
-    for r in block_on(cluster.admin().create_topics(&topics, &AdminOptions::new())).unwrap() {
-        r.unwrap();
-    }
+    create(&cluster, &[(&orders, 1), (&payments, 1), (&settled, 1)]);
     let t = |n: &str| -> Topic<String, String> { Topic::new(n, Codec::utf8(), Codec::utf8()) };
     let mut builder = Stage::named("ledger").state(Codec::utf8(), String::new);
     let out = builder.add_sink(&t(&settled));

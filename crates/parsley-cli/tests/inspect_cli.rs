@@ -3,29 +3,19 @@
 //! unstamped one says so, and a corrupt one is reported with its coordinate
 //! and fails the command.
 
-use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+mod common;
 
-use futures_executor::block_on;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{bootstrap, create, unique};
 use parsley::protocol::headers::CLOCK_HEADER;
 use parsley::protocol::{Channel, VectorClock};
 use parsley::task::TopicMetadata;
 use parsley_kafka::KafkaCluster;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-
-fn bootstrap() -> String {
-    std::env::var("PARSLEY_BOOTSTRAP").expect("set PARSLEY_BOOTSTRAP to a broker address")
-}
-
-fn unique(prefix: &str) -> String {
-    let n = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("pt-{prefix}-{n}")
-}
 
 #[test]
 #[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
@@ -34,19 +24,7 @@ fn inspect_shows_claims_by_name_and_reports_corrupt_headers() {
     config.set("bootstrap.servers", bootstrap());
     let cluster = KafkaCluster::new(&config, Duration::from_secs(20)).unwrap();
     let (causes, effects) = (unique("causes"), unique("effects"));
-    let topics = [
-        NewTopic::new(&causes, 1, TopicReplication::Fixed(1)),
-        NewTopic::new(&effects, 1, TopicReplication::Fixed(1)),
-    ];
-    for r in block_on(cluster.admin().create_topics(&topics, &AdminOptions::new())).unwrap() {
-        r.unwrap();
-    }
-    let mut tries = 0;
-    while cluster.describe(&causes).is_err() || cluster.describe(&effects).is_err() {
-        tries += 1;
-        assert!(tries < 100, "topics did not appear");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    create(&cluster, &[(&causes, 1), (&effects, 1)]);
     let causes_id = cluster.describe(&causes).unwrap().id;
     let mut clock = VectorClock::new();
     clock.claim_offset(Channel::new(causes_id, 0), 4);

@@ -1,58 +1,22 @@
 //! `parsley probe` against a live broker (`PARSLEY_BOOTSTRAP`): a broken
 //! topic set fails with every finding named; the repaired one passes.
 
-use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+mod common;
 
-use futures_executor::block_on;
-use parsley::task::TopicMetadata;
+use std::time::Duration;
+
+use common::{bootstrap, create, parsley, unique};
 use parsley_kafka::KafkaCluster;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
-
-fn bootstrap() -> String {
-    std::env::var("PARSLEY_BOOTSTRAP").expect("set PARSLEY_BOOTSTRAP to a broker address")
-}
-
-fn unique(prefix: &str) -> String {
-    let n = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("pt-{prefix}-{n}")
-}
-
-fn create(cluster: &KafkaCluster, topics: &[(&str, i32)]) {
-    let new: Vec<NewTopic<'_>> = topics
-        .iter()
-        .map(|(n, p)| NewTopic::new(n, *p, TopicReplication::Fixed(1)))
-        .collect();
-    for r in block_on(cluster.admin().create_topics(&new, &AdminOptions::new())).unwrap() {
-        r.unwrap();
-    }
-    for (n, _) in topics {
-        let mut tries = 0;
-        while cluster.describe(n).is_err() {
-            tries += 1;
-            assert!(tries < 100, "{n} did not appear");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
 
 fn probe(file: &std::path::Path) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_parsley"))
-        .args(["probe", "--bootstrap", &bootstrap(), "--app"])
-        .arg(file)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    parsley(&[
+        "probe",
+        "--bootstrap",
+        &bootstrap(),
+        "--app",
+        &file.to_string_lossy(),
+    ])
 }
 
 #[test]

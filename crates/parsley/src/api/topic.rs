@@ -138,13 +138,7 @@ impl<K: Payload, V: Payload> Topic<K, V> {
     /// assert_eq!(tombstone.value::<String>(), Some(None));
     /// ```
     pub fn send(&self, key: impl IntoNullable<K>, value: impl IntoNullable<V>) -> Emission {
-        Emission::new(TypedEmission {
-            topic: EmissionTarget::Shared(self.inner.name.clone()),
-            key: key.into_nullable(),
-            value: value.into_nullable(),
-            timestamp: None,
-            headers: Vec::new(),
-        })
+        Emission::typed(EmissionTarget::Shared(self.inner.name.clone()), key, value)
     }
 
     /// An emission with its own timestamp (milliseconds since the epoch)
@@ -226,13 +220,7 @@ impl<K: Payload, V: Payload> Sink<K, V> {
     /// An emission of `key` and `value` to this sink, encoded with the
     /// declared topic's codecs when it is sent.
     pub fn send(&self, key: impl IntoNullable<K>, value: impl IntoNullable<V>) -> Emission {
-        Emission::new(TypedEmission {
-            topic: EmissionTarget::Interned(self.name),
-            key: key.into_nullable(),
-            value: value.into_nullable(),
-            timestamp: None,
-            headers: Vec::new(),
-        })
+        Emission::typed(EmissionTarget::Interned(self.name), key, value)
     }
 
     /// [`send`](Self::send) with a timestamp of its own.
@@ -404,8 +392,20 @@ pub struct Emission {
 }
 
 impl Emission {
-    fn new<K: Payload, V: Payload>(e: TypedEmission<K, V>) -> Self {
-        Emission { body: Box::new(e) }
+    fn typed<K: Payload, V: Payload>(
+        topic: EmissionTarget,
+        key: impl IntoNullable<K>,
+        value: impl IntoNullable<V>,
+    ) -> Self {
+        Emission {
+            body: Box::new(TypedEmission {
+                topic,
+                key: key.into_nullable(),
+                value: value.into_nullable(),
+                timestamp: None,
+                headers: Vec::new(),
+            }),
+        }
     }
 
     /// The destination topic's name.

@@ -504,17 +504,7 @@ pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
                     ),
                 );
             }
-            let mut pinned = vec![names.state_store.clone(), names.state_changelog.clone()];
-            pinned.extend(names.fold_store.clone());
-            pinned.extend(names.fold_changelog.clone());
-            report.note(
-                NoteKind::StoreNames,
-                format!(
-                    "stage {:?} pins {}; keep the stage name and the application id stable across deployments",
-                    stage.name(),
-                    pinned.join(", ")
-                ),
-            );
+            note_store_names(&mut report, stage.name(), names);
         }
     }
     report
@@ -611,19 +601,24 @@ pub fn probe_cluster(app: &Parsley, cluster: &dyn TopicMetadata) -> ProbeReport 
             );
         }
         if let Some(names) = app.owned_names(name) {
-            let mut pinned = vec![names.state_store.clone(), names.state_changelog.clone()];
-            pinned.extend(names.fold_store.clone());
-            pinned.extend(names.fold_changelog.clone());
-            report.note(
-                NoteKind::StoreNames,
-                format!(
-                    "stage {name:?} pins {}; keep the stage name and the application id stable across deployments",
-                    pinned.join(", ")
-                ),
-            );
+            note_store_names(&mut report, name, names);
         }
     }
     report
+}
+
+/// The note naming the stores a stage pins.
+fn note_store_names(report: &mut ProbeReport, stage: &str, names: &crate::OwnedNames) {
+    let mut pinned = vec![names.state_store.clone(), names.state_changelog.clone()];
+    pinned.extend(names.fold_store.clone());
+    pinned.extend(names.fold_changelog.clone());
+    report.note(
+        NoteKind::StoreNames,
+        format!(
+            "stage {stage:?} pins {}; keep the stage name and the application id stable across deployments",
+            pinned.join(", ")
+        ),
+    );
 }
 
 /// key-codec: deterministic and canonical on the sample.

@@ -1,0 +1,68 @@
+//! What the CLI's broker tests share: the broker address, unique names,
+//! topic creation and running the built `parsley` binary.
+#![allow(dead_code, unreachable_pub)]
+
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_executor::block_on;
+use parsley::task::TopicMetadata;
+use parsley_kafka::KafkaCluster;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+
+/// The broker under test: `PARSLEY_BOOTSTRAP`.
+pub fn bootstrap() -> String {
+    std::env::var("PARSLEY_BOOTSTRAP").expect("set PARSLEY_BOOTSTRAP to a broker address")
+}
+
+/// A client configuration for the broker under test.
+pub fn config() -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap());
+    c
+}
+
+/// A name no earlier run used.
+pub fn unique(prefix: &str) -> String {
+    let n = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("pt-{prefix}-{n}")
+}
+
+/// Creates topics and waits until the broker describes them.
+pub fn create(cluster: &KafkaCluster, topics: &[(&str, i32)]) {
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|(n, p)| NewTopic::new(n, *p, TopicReplication::Fixed(1)))
+        .collect();
+    for r in block_on(cluster.admin().create_topics(&new, &AdminOptions::new())).unwrap() {
+        r.unwrap();
+    }
+    for (n, _) in topics {
+        let mut tries = 0;
+        while cluster.describe(n).is_err() {
+            tries += 1;
+            assert!(tries < 100, "{n} did not appear");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Runs `parsley` with `args`: whether it succeeded, and its stdout
+/// followed by its stderr.
+pub fn parsley(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_parsley"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
