@@ -1,6 +1,6 @@
 //! The settlement application, shared by the TestDriver example
 //! (`crates/parsley/examples/settlement.rs`) and the Kafka one
-//! (`crates/parsley-kafka/examples/settlement.rs`): orders and payments fold
+//! (`crates/parsley-kafka/examples/kafka_settlement.rs`): orders and payments fold
 //! into a balance per account, and every order emits a settlement.
 #![allow(dead_code, unreachable_pub)]
 

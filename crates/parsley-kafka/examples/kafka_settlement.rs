@@ -3,7 +3,7 @@
 //! through the exactly-once runtime.
 //!
 //! ```text
-//! cargo run -p parsley-kafka --example settlement -- --bootstrap HOST:PORT [--metrics ADDR]
+//! cargo run -p parsley-kafka --example kafka_settlement -- --bootstrap HOST:PORT [--metrics ADDR]
 //! ```
 //!
 //! With `--metrics ADDR` (port 0 picks a free one) it serves the task
