@@ -150,3 +150,28 @@ impl CausalHeaders {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exactly_the_three_causal_names_are_causal() {
+        for name in [CLOCK_HEADER, SENDER_HEADER, SEQ_HEADER] {
+            assert!(is_causal_header(name), "{name}");
+        }
+        for name in ["", "v", "vc-other", "VC", "trace", "vc-seq "] {
+            assert!(!is_causal_header(name), "{name:?}");
+        }
+    }
+
+    #[test]
+    fn a_sequence_of_zero_decodes_and_a_negative_one_does_not() {
+        assert_eq!(decode_seq(&0i64.to_be_bytes()), Ok(0));
+        assert_eq!(decode_seq(&i64::MAX.to_be_bytes()), Ok(i64::MAX));
+        assert_eq!(
+            decode_seq(&(-1i64).to_be_bytes()),
+            Err(CorruptHeader::NegativeSeq(-1))
+        );
+    }
+}
