@@ -206,12 +206,12 @@ pub(crate) fn parse_hyphenated_canonical(b: &[u8]) -> Option<u128> {
     parse_hyphenated(b)
 }
 
-/// The value of one hex digit (either case).
+/// The value of one lower-case hex digit (`None` for anything else,
+/// upper case included: store keys have exactly one spelling).
 pub(crate) fn hex_digit(c: u8) -> Option<u8> {
     match c {
         b'0'..=b'9' => Some(c - b'0'),
         b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
         _ => None,
     }
 }
@@ -258,6 +258,30 @@ fn parse_channel_prefix_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn upper_case_ids_parse_to_the_same_id_and_debug_names_the_channel() {
+        let lower = "0123abcd-ef01-2345-6789-abcdefabcdef";
+        let upper = lower.to_uppercase();
+        let a: TopicId = lower.parse().unwrap();
+        let b: TopicId = upper.parse().unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.to_string(), lower);
+        let c = Channel::new(a, 3);
+        assert_eq!(format!("{c:?}"), format!("Channel({lower}:3)"));
+    }
+
+    #[test]
+    fn a_ten_digit_partition_parses_and_an_eleven_digit_one_does_not() {
+        let id = "0123abcd-ef01-2345-6789-abcdefabcdef";
+        let text = format!("{id}:2147483647/x");
+        let (c, rest) = parse_channel_prefix(text.as_bytes()).unwrap();
+        assert_eq!((c.partition, rest), (i32::MAX, &b"/x"[..]));
+        assert!(parse_channel_prefix(format!("{id}:21474836470").as_bytes()).is_none());
+        assert!(parse_channel_prefix(format!("{id}:2147483648").as_bytes()).is_none());
+        let (c, _) = parse_channel_prefix_canonical(format!("{id}:1000000000").as_bytes()).unwrap();
+        assert_eq!(c.partition, 1_000_000_000);
+    }
 
     #[test]
     fn order_is_signed_msb_then_signed_lsb() {

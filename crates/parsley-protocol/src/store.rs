@@ -278,10 +278,8 @@ fn parse_key(b: &[u8]) -> Option<StateKey> {
         (b'q', [b'/', b'e', b'/', index @ ..]) if index.len() == 16 => {
             let mut v: u64 = 0;
             for &c in index {
-                // Lower-case only: the index is written in exactly one form.
-                if c.is_ascii_uppercase() {
-                    return None;
-                }
+                // Lower-case only (`hex_digit` refuses upper case): the
+                // index is written in exactly one form.
                 v = (v << 4) | u64::from(hex_digit(c)?);
             }
             i64::try_from(v)

@@ -396,6 +396,16 @@ mod key_text {
     }
 
     #[test]
+    fn a_queue_index_in_upper_case_is_not_a_key() {
+        let c = Channel::new(TopicId::from_u128(0xab), 0);
+        let lower = StateKey::QueueEntry(c, 0xab).to_string();
+        assert!(lower.parse::<StateKey>().is_ok());
+        let upper = lower.replace("/e/00000000000000ab", "/e/00000000000000AB");
+        assert_ne!(upper, lower);
+        assert!(upper.parse::<StateKey>().is_err(), "{upper}");
+    }
+
+    #[test]
     fn edge_values_spell_the_same() {
         for p in [0, 9, 10, i32::MAX, i32::MIN, -1] {
             for t in [0u128, u128::MAX, 0x0123_4567_89ab_cdef_0123_4567_89ab_cdef] {
