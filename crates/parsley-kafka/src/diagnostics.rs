@@ -78,12 +78,29 @@ pub struct ThreadReport {
     pub holds: Vec<HoldReport>,
 }
 
+/// What a held head is, for telling whether what a thread holds changed.
+type Shape = Vec<(String, i64)>;
+
+/// Whether a thread publishes now: its first report, a change in what it
+/// holds, or [`REFRESH`] passed since the last one while it holds anything
+/// (a thread holding nothing stays quiet until that changes).
+fn due(last: Option<&(i64, Shape)>, now: i64, shape: &Shape) -> bool {
+    match last {
+        None => true,
+        Some((at, last)) => {
+            last != shape
+                || (!shape.is_empty()
+                    && now - at >= i64::try_from(REFRESH.as_millis()).unwrap_or(i64::MAX))
+        }
+    }
+}
+
 /// A stream thread's publisher.
 pub(crate) struct Publisher {
     producer: BaseProducer,
     topic: String,
     key: String,
-    last: Option<(i64, Vec<(String, i64)>)>,
+    last: Option<(i64, Shape)>,
 }
 
 impl Publisher {
@@ -110,20 +127,12 @@ impl Publisher {
     /// Publishes `report` if what it holds changed, or if it holds anything
     /// and the last publication is older than [`REFRESH`].
     pub(crate) fn publish(&mut self, report: &ThreadReport) {
-        let shape: Vec<(String, i64)> = report
+        let shape: Shape = report
             .holds
             .iter()
             .map(|h| (h.coordinate.clone(), i64::from(h.task_partition)))
             .collect();
-        let due = match &self.last {
-            None => true,
-            Some((at, last)) => {
-                *last != shape
-                    || (!shape.is_empty()
-                        && report.at - at >= i64::try_from(REFRESH.as_millis()).unwrap_or(i64::MAX))
-            }
-        };
-        if !due {
+        if !due(self.last.as_ref(), report.at, &shape) {
             self.producer.poll(Duration::ZERO);
             return;
         }
@@ -147,5 +156,29 @@ impl Publisher {
         self.last = None;
         self.publish(report);
         let _ = self.producer.flush(Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_publishes_on_change_and_refreshes_only_while_holding() {
+        let held: Shape = vec![("a:0@3".to_owned(), 0)];
+        let none: Shape = Vec::new();
+        assert!(due(None, 0, &none), "the first report");
+        let last = (1_000, held.clone());
+        assert!(!due(Some(&last), 2_000, &held), "unchanged, fresh");
+        assert!(
+            due(Some(&last), 6_000, &held),
+            "unchanged, refreshed after 5 s"
+        );
+        assert!(due(Some(&last), 2_000, &none), "changed");
+        let quiet = (1_000, none.clone());
+        assert!(
+            !due(Some(&quiet), 60_000, &none),
+            "holding nothing stays quiet"
+        );
     }
 }

@@ -359,12 +359,7 @@ impl CausalStreams {
             .values()
             .flat_map(|p| p.holds.iter().cloned())
             .collect();
-        holds.sort_by(|a, b| {
-            b.held_for_ms
-                .cmp(&a.held_for_ms)
-                .then_with(|| a.stage.cmp(&b.stage))
-                .then_with(|| a.coordinate.cmp(&b.coordinate))
-        });
+        parsley::holds::sort_longest_first(&mut holds);
         holds
     }
 

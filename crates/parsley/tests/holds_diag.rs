@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use parsley::*;
 
+mod capture;
+
 type T = Topic<String, String>;
 
 fn topic(name: &str) -> T {
@@ -227,26 +229,7 @@ fn sequence_claims_read_sender_unseen_and_sender_behind() {
 /// new head on the same channel is a new hold and warns again.
 #[test]
 fn a_hold_warns_once_with_its_code() {
-    use std::sync::{Arc, Mutex};
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Buffer {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buffer = Buffer::default();
-    let writer = buffer.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
+    let text = capture::logs(tracing::Level::WARN, || {
         let (a, c) = (topic("a"), topic("c"));
         let stage = Stage::named("s")
             .on(&a, |_m| Vec::<Emission>::new())
@@ -272,7 +255,6 @@ fn a_hold_warns_once_with_its_code() {
             d.advance_wall_clock(Duration::from_secs(3)).unwrap();
         }
     });
-    let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
     let warnings: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("vc-hold-not-fetched"))

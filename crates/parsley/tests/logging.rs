@@ -2,36 +2,17 @@
 //! its lifecycle, holds and deliveries by coordinate, and never a byte of
 //! a key or a value.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use parsley::*;
 
-#[derive(Clone, Default)]
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Buffer {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+mod capture;
 
 const MARKER: &str = "PAYLOAD-MARKER-7f3a";
 
 #[test]
 fn no_level_logs_key_or_value_bytes() {
-    let buffer = Buffer::default();
-    let writer = buffer.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
+    let text = capture::logs(tracing::Level::TRACE, || {
         let (a, c, out): (
             Topic<String, String>,
             Topic<String, String>,
@@ -64,7 +45,6 @@ fn no_level_logs_key_or_value_bytes() {
         d.pipe(&a, key, value).unwrap();
         assert_eq!(d.records(&out).unwrap().len(), 2);
     });
-    let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
     assert!(text.len() > 1_000, "the run logged: {text}");
     assert!(!text.contains(MARKER), "payload bytes in the logs:\n{text}");
     // What it does say, by coordinate.

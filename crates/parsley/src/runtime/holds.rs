@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use parsley_protocol::{Channel, SenderId, UnmetClaim};
+use parsley_protocol::{Channel, SenderId, TopicId, UnmetClaim, VectorClock};
 
 use crate::message::Coordinate;
 
@@ -237,4 +237,48 @@ impl fmt::Display for HeldRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.summary())
     }
+}
+
+/// Sorts holds longest-held first; equal ages in stage and coordinate
+/// order, so every listing (a task's, a driver's, an instance's) is
+/// deterministic and reads the same.
+pub fn sort_longest_first(held: &mut [HeldRecord]) {
+    held.sort_by(|a, b| {
+        b.held_for_ms
+            .cmp(&a.held_for_ms)
+            .then_with(|| a.stage.cmp(&b.stage))
+            .then_with(|| a.coordinate.cmp(&b.coordinate))
+    });
+}
+
+/// A clock as `{topic:partition <= offset, topic:partition seq(sender) <= seq}`,
+/// with topic ids and senders named by `topic` and `sender` (payload-free,
+/// for logs and debug output).
+pub(crate) fn describe_clock(
+    clock: &VectorClock,
+    topic: impl Fn(TopicId) -> String,
+    sender: impl Fn(SenderId) -> String,
+) -> String {
+    let mut parts: Vec<String> = clock
+        .offsets()
+        .iter()
+        .map(|o| {
+            format!(
+                "{}:{} <= {}",
+                topic(o.channel.topic),
+                o.channel.partition,
+                o.offset
+            )
+        })
+        .collect();
+    parts.extend(clock.sequences().iter().map(|q| {
+        format!(
+            "{}:{} seq({}) <= {}",
+            topic(q.channel.topic),
+            q.channel.partition,
+            sender(q.sender),
+            q.seq
+        )
+    }));
+    format!("{{{}}}", parts.join(", "))
 }

@@ -977,7 +977,7 @@ impl Task {
     pub fn held(&self) -> Vec<HeldRecord> {
         let mut held: Vec<HeldRecord> =
             self.held_by_channel().into_iter().map(|(_, h)| h).collect();
-        sort_longest_first(&mut held);
+        crate::holds::sort_longest_first(&mut held);
         held
     }
 
@@ -1036,28 +1036,7 @@ impl Task {
 
     /// A clock with the task's topic names in place of ids.
     fn describe_clock(&self, clock: &VectorClock) -> String {
-        let mut parts: Vec<String> = clock
-            .offsets()
-            .iter()
-            .map(|o| {
-                format!(
-                    "{}:{} <= {}",
-                    self.topic_name(o.channel.topic),
-                    o.channel.partition,
-                    o.offset
-                )
-            })
-            .collect();
-        parts.extend(clock.sequences().iter().map(|q| {
-            format!(
-                "{}:{} seq({}) <= {}",
-                self.topic_name(q.channel.topic),
-                q.channel.partition,
-                q.sender,
-                q.seq
-            )
-        }));
-        format!("{{{}}}", parts.join(", "))
+        crate::holds::describe_clock(clock, |t| self.topic_name(t), |s| s.to_string())
     }
 
     fn topic_name(&self, topic: TopicId) -> String {
@@ -1416,17 +1395,6 @@ fn next_grid_point(now: i64, interval: i64) -> i64 {
     now.div_euclid(interval)
         .saturating_add(1)
         .saturating_mul(interval)
-}
-
-/// Longest-held first; equal ages in coordinate order, so the listing is
-/// deterministic.
-pub(crate) fn sort_longest_first(held: &mut [HeldRecord]) {
-    held.sort_by(|a, b| {
-        b.held_for_ms
-            .cmp(&a.held_for_ms)
-            .then_with(|| a.stage.cmp(&b.stage))
-            .then_with(|| a.coordinate.cmp(&b.coordinate))
-    });
 }
 
 /// A record's causal headers, read strictly out of all its headers.

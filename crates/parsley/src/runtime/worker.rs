@@ -55,7 +55,6 @@ use crate::runtime::changelog::{self, ChangelogError, ChangelogReader};
 use crate::runtime::metrics::{Published, SAMPLE_INTERVAL, TaskMeters};
 use crate::runtime::task::{
     FetchedRecord, OutgoingRecord, Task, TaskError, TaskEvent, TaskId, TaskStats, TopicMetadata,
-    sort_longest_first,
 };
 
 /// Everything the worker may ask of the cluster: topic metadata, broker
@@ -1038,7 +1037,7 @@ impl Worker {
             metrics.push(slot.meters.sample(now, task));
             holds.extend(task.held());
         }
-        sort_longest_first(&mut holds);
+        crate::holds::sort_longest_first(&mut holds);
         self.published = Published {
             at: now,
             metrics,

@@ -1092,25 +1092,21 @@ impl TestDriver {
     /// A clock with topic names and task names in place of ids (see
     /// [`OutputRecord::describe_clock`]).
     pub fn describe(&self, clock: &VectorClock) -> String {
-        let topic = |c: &Channel| {
-            self.log.names.get(&c.topic).map_or_else(
-                || format!("{}:{}", c.topic, c.partition),
-                |n| format!("{n}:{}", c.partition),
-            )
-        };
-        let mut parts: Vec<String> = clock
-            .offsets()
-            .iter()
-            .map(|o| format!("{} <= {}", topic(&o.channel), o.offset))
-            .collect();
-        parts.extend(clock.sequences().iter().map(|q| {
-            let sender = self
-                .senders
-                .get(&q.sender)
-                .map_or_else(|| q.sender.to_string(), ToString::to_string);
-            format!("{} seq({sender}) <= {}", topic(&q.channel), q.seq)
-        }));
-        format!("{{{}}}", parts.join(", "))
+        crate::holds::describe_clock(
+            clock,
+            |t| {
+                self.log
+                    .names
+                    .get(&t)
+                    .cloned()
+                    .unwrap_or_else(|| t.to_string())
+            },
+            |s| {
+                self.senders
+                    .get(&s)
+                    .map_or_else(|| s.to_string(), ToString::to_string)
+            },
+        )
     }
 
     fn describe_headers(&self, headers: &[Header]) -> String {
@@ -1285,7 +1281,7 @@ impl TestDriver {
             .filter_map(|s| self.worker.task(&s.id))
             .flat_map(|t| t.held())
             .collect();
-        crate::task::sort_longest_first(&mut held);
+        crate::holds::sort_longest_first(&mut held);
         held
     }
 
