@@ -15,10 +15,12 @@
 //! An independent [`checker`] that knows only the workload's causality
 //! (a payment is caused by its order) counts the payments the ledger's logic
 //! saw before their order. Both runs use the broker-less
-//! [`TestDriver`] as their host; a host against a real
-//! cluster plugs in behind [`LedgerHost`] without touching the rest.
+//! [`TestDriver`] as their host. [`cluster`] runs the same applications
+//! through the exactly-once runtime on a live cluster, judged by the same
+//! checker.
 
 pub mod checker;
+pub mod cluster;
 pub mod pipeline;
 
 use std::collections::BTreeMap;
@@ -293,11 +295,27 @@ impl RunReport {
     }
 }
 
+/// Where a demo ran.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Setting {
+    /// In the broker-less driver, over a drawn arrival schedule (times in
+    /// simulated milliseconds).
+    Driver,
+    /// On a live cluster, through the exactly-once runtime (times in real
+    /// milliseconds).
+    Cluster {
+        /// Bootstrap servers of the cluster.
+        bootstrap: String,
+    },
+}
+
 /// Both runs over one workload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DemoReport {
     /// What ran.
     pub config: DemoConfig,
+    /// Where it ran.
+    pub setting: Setting,
     /// Payments that reached the ledger before their order.
     pub overtaken: usize,
     /// Through Parsley's gate.
@@ -319,6 +337,7 @@ pub fn run(
     let plain = RunReport::from(&host.run(&workload, Mode::Plain, progress)?);
     Ok(DemoReport {
         config,
+        setting: Setting::Driver,
         overtaken,
         gated,
         plain,
@@ -328,11 +347,18 @@ pub fn run(
 impl fmt::Display for DemoReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let records = 2 * self.config.orders;
-        writeln!(
-            f,
-            "A ledger settles {} payments against their orders; its orders feed lags, so {} payments reached it before their order.",
-            self.config.orders, self.overtaken
-        )?;
+        match &self.setting {
+            Setting::Driver => writeln!(
+                f,
+                "A ledger settles {} payments against their orders; its orders feed lags, so {} payments reached it before their order.",
+                self.config.orders, self.overtaken
+            )?,
+            Setting::Cluster { bootstrap } => writeln!(
+                f,
+                "On {bootstrap}, a ledger catching up on a backlog settles {} payments against their orders; its consumer's fetches brought {} payments before their order.",
+                self.config.orders, self.overtaken
+            )?,
+        }
         writeln!(f)?;
         let line = |f: &mut fmt::Formatter<'_>, name: &str, r: &RunReport| {
             writeln!(
