@@ -1,9 +1,17 @@
-//! End-to-end throughput on a broker: the same consume-transform-produce
-//! work done by a plain rdkafka exactly-once loop and by a Parsley stage,
-//! each timed from start until a reader has seen every output.
+//! End to end on a broker: the same consume-transform-produce work done by
+//! a plain rdkafka exactly-once loop and by a Parsley stage.
+//!
+//! * **Throughput**: RECORDS records written up front, each loop timed from
+//!   its start until a reader has seen every output.
+//! * **Latency**: each loop running and warmed up, records written at a
+//!   steady RATE per second for SECONDS, each carrying its send time in
+//!   microseconds; a `read_committed` reader takes the time each output
+//!   becomes visible. Both loops commit every COMMIT_MS, so a record waits
+//!   for its transaction in both: the difference of the medians is what
+//!   Parsley adds.
 //!
 //! ```text
-//! cargo run --release -p parsley-kafka --example throughput -- BOOTSTRAP [RECORDS]
+//! cargo run --release -p parsley-kafka --example throughput -- BOOTSTRAP [RECORDS] [RATE SECONDS COMMIT_MS]
 //! ```
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -32,6 +40,9 @@ fn main() -> Result<()> {
         .first()
         .ok_or("usage: throughput BOOTSTRAP [RECORDS]")?;
     let n: usize = args.get(1).map_or(Ok(20_000), |s| s.parse())?;
+    let rate: u64 = args.get(2).map_or(Ok(500), |s| s.parse())?;
+    let seconds: u64 = args.get(3).map_or(Ok(10), |s| s.parse())?;
+    let commit = Duration::from_millis(args.get(4).map_or(Ok(20), |s| s.parse())?);
     let mut base = ClientConfig::new();
     base.set("bootstrap.servers", bootstrap);
     let cluster = KafkaCluster::new(&base, Duration::from_secs(30))?;
@@ -64,7 +75,10 @@ fn main() -> Result<()> {
     }
     producer.flush(Duration::from_secs(60))?;
 
-    let plain = plain_loop(&base, &input, &plain_out, n)?;
+    let started = Instant::now();
+    plain_loop(&base, &input, &plain_out, n, Duration::from_millis(100))?;
+    wait_for(&base, &plain_out, n)?;
+    let plain = started.elapsed();
     println!(
         "plain rdkafka exactly-once loop: {n} records in {plain:.2?} ({:.0} records/s)",
         n as f64 / plain.as_secs_f64()
@@ -93,7 +107,195 @@ fn main() -> Result<()> {
         "parsley stage:                   {n} records in {parsley:.2?} ({:.0} records/s)",
         n as f64 / parsley.as_secs_f64()
     );
+    println!(
+        "throughput ratio (parsley / plain): {:.2}x",
+        plain.as_secs_f64() / parsley.as_secs_f64()
+    );
+
+    let measured = usize::try_from(rate * seconds)?;
+    println!();
+    println!(
+        "latency: {rate} records/s for {seconds} s, transactions every {commit:?} in both loops"
+    );
+    let plain = latency(&cluster, &base, "plain", measured, rate, |input, output| {
+        let (base, input, output) = (base.clone(), input.to_owned(), output.to_owned());
+        let worker = std::thread::spawn(move || {
+            plain_loop(&base, &input, &output, WARMUP + measured, commit).map_err(|e| e.to_string())
+        });
+        Ok(Box::new(move || {
+            worker
+                .join()
+                .map_err(|_| "the plain loop panicked")?
+                .map(|_| ())
+                .map_err(Into::into)
+        }))
+    })?;
+    let parsley = latency(
+        &cluster,
+        &base,
+        "parsley",
+        measured,
+        rate,
+        |input, output| {
+            let src = Topic::new(input, Codec::utf8(), Codec::utf8());
+            let dst = Topic::new(output, Codec::utf8(), Codec::utf8());
+            let out = dst.clone();
+            let stage = Stage::named("copy")
+                .on(&src, move |m: &Message<String, String>| {
+                    vec![out.send(m.key().cloned(), m.value().cloned())]
+                })
+                .sink(&dst)
+                .build()?;
+            let app = Parsley::named(unique("app").as_str(), [stage])?;
+            let mut streams =
+                CausalStreams::new(&app, base.clone())?.with_options(StreamsOptions {
+                    instance_id: Some("bench".to_owned()),
+                    commit_interval: commit,
+                    ..StreamsOptions::default()
+                });
+            streams.start()?;
+            Ok(Box::new(move || {
+                streams.close(Duration::from_secs(30))?;
+                Ok(())
+            }))
+        },
+    )?;
+    for (name, l) in [
+        ("plain rdkafka exactly-once loop", &plain),
+        ("parsley stage", &parsley),
+    ] {
+        println!(
+            "{name:<33} median {:>7.2} ms, p90 {:>7.2} ms, p99 {:>7.2} ms over {} records",
+            l.median_ms, l.p90_ms, l.p99_ms, l.count
+        );
+    }
+    println!(
+        "added median latency (parsley - plain): {:.2} ms",
+        parsley.median_ms - plain.median_ms
+    );
     Ok(())
+}
+
+/// Records each latency run writes and waits for before measuring (the
+/// loop has its partition and its first transactions behind it).
+const WARMUP: usize = 200;
+
+/// One latency run's figures.
+struct Latency {
+    count: usize,
+    median_ms: f64,
+    p90_ms: f64,
+    p99_ms: f64,
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+type Stop = Box<dyn FnOnce() -> Result<()>>;
+
+/// Creates an input and an output topic, starts a loop between them with
+/// `start` (which returns how to stop it), warms it up, then writes
+/// `measured` records at `rate` per second and times each one's way
+/// through.
+fn latency(
+    cluster: &KafkaCluster,
+    base: &ClientConfig,
+    name: &str,
+    measured: usize,
+    rate: u64,
+    start: impl FnOnce(&str, &str) -> Result<Stop>,
+) -> Result<Latency> {
+    let (input, output) = (
+        unique(&format!("{name}-lin")),
+        unique(&format!("{name}-lout")),
+    );
+    let topics: Vec<NewTopic<'_>> = [&input, &output]
+        .iter()
+        .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
+        .collect();
+    for r in block_on(cluster.admin().create_topics(&topics, &AdminOptions::new()))? {
+        r.map_err(|(t, e)| format!("{t}: {e}"))?;
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let mut c = base.clone();
+    c.set("isolation.level", "read_committed")
+        .set("group.id", unique("reader"))
+        .set("fetch.wait.max.ms", "1");
+    let reader: BaseConsumer = c.create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&output, 0, Offset::Beginning)?;
+    reader.assign(&tpl)?;
+    let stop = start(&input, &output)?;
+
+    let mut p = base.clone();
+    p.set("linger.ms", "0");
+    let producer: BaseProducer = p.create()?;
+    let send = |i: usize| -> Result<()> {
+        let value = format!("{:020}{:0>44}", now_micros(), i);
+        producer
+            .send(BaseRecord::to(&input).partition(0).key("k").payload(&value))
+            .map_err(|(e, _)| e)?;
+        producer.poll(Duration::ZERO);
+        Ok(())
+    };
+    let read = |n: usize, latencies: &mut Vec<u64>| -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut seen = 0;
+        while seen < n {
+            if Instant::now() > deadline {
+                return Err(format!("{name}: only {seen} of {n} records came through").into());
+            }
+            if let Some(m) = reader.poll(Duration::from_millis(1)) {
+                let m = m?;
+                let sent: u64 = m
+                    .payload()
+                    .and_then(|p| std::str::from_utf8(p.get(..20)?).ok())
+                    .and_then(|s| s.parse().ok())
+                    .ok_or("an output without its send time")?;
+                latencies.push(now_micros().saturating_sub(sent));
+                seen += 1;
+            }
+        }
+        Ok(())
+    };
+    for i in 0..WARMUP {
+        send(i)?;
+    }
+    producer.flush(Duration::from_secs(30))?;
+    read(WARMUP, &mut Vec::new())?;
+
+    // Writes at a steady rate from one thread while this one reads.
+    let mut latencies = Vec::with_capacity(measured);
+    std::thread::scope(|s| -> Result<()> {
+        let writer = s.spawn(|| -> std::result::Result<(), String> {
+            let started = Instant::now();
+            for i in 0..measured {
+                let due = started + Duration::from_micros(i as u64 * 1_000_000 / rate);
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+                send(WARMUP + i).map_err(|e| e.to_string())?;
+            }
+            producer
+                .flush(Duration::from_secs(30))
+                .map_err(|e| e.to_string())
+        });
+        read(measured, &mut latencies)?;
+        writer.join().map_err(|_| "the writer panicked")??;
+        Ok(())
+    })?;
+    stop()?;
+    latencies.sort_unstable();
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize] as f64 / 1000.0;
+    Ok(Latency {
+        count: latencies.len(),
+        median_ms: at(0.5),
+        p90_ms: at(0.9),
+        p99_ms: at(0.99),
+    })
 }
 
 /// Reads `topic` (read_committed) until `n` records were seen.
@@ -119,9 +321,15 @@ fn wait_for(base: &ClientConfig, topic: &str, n: usize) -> Result<()> {
 }
 
 /// A plain exactly-once consume-transform-produce loop: transactions every
-/// 100 ms, offsets sent with the consumer's group metadata.
-fn plain_loop(base: &ClientConfig, input: &str, output: &str, n: usize) -> Result<Duration> {
-    let started = Instant::now();
+/// `commit`, offsets sent with the consumer's group metadata. Returns once
+/// it has committed `n` records.
+fn plain_loop(
+    base: &ClientConfig,
+    input: &str,
+    output: &str,
+    n: usize,
+    commit: Duration,
+) -> Result<()> {
     let mut c = base.clone();
     c.set("isolation.level", "read_committed")
         .set("group.id", unique("plain"))
@@ -159,7 +367,7 @@ fn plain_loop(base: &ClientConfig, input: &str, output: &str, n: usize) -> Resul
             next = m.offset() + 1;
             done += 1;
         }
-        if last_commit.elapsed() > Duration::from_millis(100) || done == n {
+        if last_commit.elapsed() > commit || done == n {
             let mut offsets = TopicPartitionList::new();
             offsets.add_partition_offset(input, 0, Offset::Offset(next))?;
             let metadata = consumer.group_metadata().ok_or("no group metadata")?;
@@ -170,6 +378,5 @@ fn plain_loop(base: &ClientConfig, input: &str, output: &str, n: usize) -> Resul
         }
     }
     producer.abort_transaction(Duration::from_secs(30))?;
-    wait_for(base, output, n)?;
-    Ok(started.elapsed())
+    Ok(())
 }
