@@ -150,6 +150,19 @@ fn corrupt_persisted_values() {
         CausalNode::init(h.config.clone(), &store, &h.broker),
         Err(ProtocolError::CorruptState(_))
     ));
+    // Any one kind of state without a scope is refused on its own (each
+    // kind is enough, not only all of them together).
+    for key in keys.iter().filter(|k| *k != "scope") {
+        let mut store = MemStore::new();
+        store
+            .entries_mut()
+            .insert(key.clone(), good.get(key).unwrap().to_vec());
+        let err = CausalNode::init(h.config.clone(), &store, &h.broker).unwrap_err();
+        assert!(
+            matches!(err, ProtocolError::CorruptState(ref c) if c.key == "scope"),
+            "{key} alone: {err}"
+        );
+    }
     // A frontier for a channel outside the recorded scope.
     let mut store = good.clone();
     store.entries_mut().insert(

@@ -431,3 +431,114 @@ fn a_fresh_node_is_not_seeded_at_its_own_outputs() {
     h.advance(t, 0);
     assert_eq!(h.feed(rec(t, 0, VectorClock::new())), vec![(t, 0)]);
 }
+
+/// The skip mark of a joined input covers exactly the claimed past: the
+/// claimed sender's records up to the claimed sequence and below the join's
+/// end offset. A later send of that sender below the end offset is not in
+/// the past (delivered), nor is anything at or past the end offset, whatever
+/// its sequence says. Skipping a record of the past moves the frontier, and
+/// releases what waited on it in the same call.
+#[test]
+fn a_skip_mark_covers_exactly_the_claimed_past_and_releases_what_waited_on_it() {
+    let a = ch(1, 0);
+    let x = ch(5, 0);
+    let me = sender(ME);
+    let p = sender(OTHER);
+    let broker = FakeBroker::default()
+        .with_topic(a.topic, 1, 1)
+        .with_topic(x.topic, 1, 6);
+    let mut h = Harness::start(config(me, &[a], &[]), broker);
+    h.advance(a, 0);
+    assert_eq!(
+        h.feed(tagged(rec(a, 0, seqs(&[(x, p, 2)])), p, 1)),
+        vec![(a, 0)]
+    );
+    h.commit();
+    h.restart_with(config(me, &[a, x], &[])).unwrap();
+    assert_eq!(
+        h.report.skip_marks.get(&x).and_then(|m| m.get(&p)),
+        Some(&parsley_protocol::node::SkipMark { seq: 2, bound: 6 })
+    );
+    h.advance(x, 0);
+    // A@1 waits for X/0 up to offset 3.
+    assert!(h.feed(rec(a, 1, offsets(&[(x, 3)]))).is_empty());
+    // P's sequence 1 at X/0@1: past, skipped; A@1 still waits.
+    assert!(
+        h.feed(tagged(rec(x, 1, VectorClock::new()), p, 1))
+            .is_empty()
+    );
+    // P's sequence 2 at X/0@3: past, skipped, and the frontier it moves
+    // releases A@1 at once.
+    assert_eq!(
+        h.feed(tagged(rec(x, 3, VectorClock::new()), p, 2)),
+        vec![(a, 1)]
+    );
+    // P's sequence 3 at X/0@5, below the end offset but beyond the claim:
+    // not past.
+    assert_eq!(
+        h.feed(tagged(rec(x, 5, VectorClock::new()), p, 3)),
+        vec![(x, 5)]
+    );
+    // At the end offset, even a sequence the mark covers is not past (a
+    // sender reusing its id after a reset, say): delivered, never dropped.
+    assert_eq!(
+        h.feed(tagged(rec(x, 6, VectorClock::new()), p, 1)),
+        vec![(x, 6)]
+    );
+    assert_eq!(h.node.stats().past_skipped_total, 2);
+}
+
+/// A channel that leaves and comes back: its delivery marks outlive its
+/// absence. A sequence claim picked up meanwhile that goes beyond what was
+/// delivered there becomes a skip mark (the claimed records are past, their
+/// offsets unknown); one the marks already cover needs none.
+#[test]
+fn a_returning_input_skips_claimed_sends_beyond_what_it_delivered_before() {
+    let a = ch(1, 0);
+    let x = ch(5, 0);
+    let me = sender(ME);
+    let p = sender(OTHER);
+    let broker = FakeBroker::default()
+        .with_topic(a.topic, 1, 2)
+        .with_topic(x.topic, 1, 2);
+    let mut h = Harness::start(config(me, &[a, x], &[]), broker);
+    h.advance(a, 0);
+    h.advance(x, 0);
+    // P's sequence 1 at X/0@0 is delivered, then X leaves.
+    assert_eq!(
+        h.feed(tagged(rec(x, 0, VectorClock::new()), p, 1)),
+        vec![(x, 0)]
+    );
+    h.restart_with(config(me, &[a], &[])).unwrap();
+    h.advance(a, 0);
+    // Meanwhile A@0 claims P's sequences up to 1 (covered by the marks) and
+    // A@1 up to 3 (P's sequences 2 and 3 landed at X/0@2 and @3).
+    assert_eq!(
+        h.feed(tagged(rec(a, 0, seqs(&[(x, p, 1)])), p, 10)),
+        vec![(a, 0)]
+    );
+    h.broker.set_end(x, 5);
+    assert_eq!(
+        h.feed(tagged(rec(a, 1, seqs(&[(x, p, 3)])), p, 11)),
+        vec![(a, 1)]
+    );
+    h.restart_with(config(me, &[a, x], &[])).unwrap();
+    assert_eq!(
+        h.report.skip_marks.get(&x).and_then(|m| m.get(&p)),
+        Some(&parsley_protocol::node::SkipMark { seq: 3, bound: 5 })
+    );
+    h.advance(x, 1);
+    // Sequences 2 and 3 are past: skipped, not delivered after A@1.
+    assert!(
+        h.feed(tagged(rec(x, 2, VectorClock::new()), p, 2))
+            .is_empty()
+    );
+    assert!(
+        h.feed(tagged(rec(x, 3, VectorClock::new()), p, 3))
+            .is_empty()
+    );
+    assert_eq!(
+        h.feed(tagged(rec(x, 5, VectorClock::new()), p, 4)),
+        vec![(x, 5)]
+    );
+}
