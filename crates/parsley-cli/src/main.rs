@@ -262,6 +262,15 @@ fn demo(records: u32, seed: Option<u64>) -> ExitCode {
     );
     let result = demo::run(config, &mut DriverHost, &|| bar.inc(1));
     bar.finish_and_clear();
+    report_demo(result, "the demo could not run")
+}
+
+/// Prints a demo's report; fails when the gated run had a violation (a
+/// bug) or the demo could not run.
+fn report_demo(
+    result: Result<parsley_cli::demo::DemoReport, parsley_cli::demo::DemoError>,
+    failed: &str,
+) -> ExitCode {
     match result {
         Ok(report) => {
             print!("{report}");
@@ -272,7 +281,7 @@ fn demo(records: u32, seed: Option<u64>) -> ExitCode {
             }
         }
         Err(e) => {
-            eprintln!("error: the demo could not run: {e}");
+            eprintln!("error: {failed}: {e}");
             ExitCode::FAILURE
         }
     }
@@ -306,20 +315,10 @@ fn cluster_demo(records: u32, seed: Option<u64>, bootstrap: String, keep_topics:
         2 * demo.config.orders
     );
     println!();
-    match cluster::run(&demo, &watch, &|phase| eprintln!("... {phase}")) {
-        Ok(report) => {
-            print!("{report}");
-            if report.gated.verdict.violations > 0 {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            }
-        }
-        Err(e) => {
-            eprintln!("error: the demo could not run on {}: {e}", demo.bootstrap);
-            ExitCode::FAILURE
-        }
-    }
+    report_demo(
+        cluster::run(&demo, &watch, &|phase| eprintln!("... {phase}")),
+        &format!("the demo could not run on {}", demo.bootstrap),
+    )
 }
 
 fn probe(bootstrap: &str, app: &str) -> ExitCode {

@@ -47,14 +47,7 @@ fn main() -> Result<()> {
     base.set("bootstrap.servers", bootstrap);
     let cluster = KafkaCluster::new(&base, Duration::from_secs(30))?;
     let (input, plain_out, parsley_out) = (unique("in"), unique("plain"), unique("parsley"));
-    let topics: Vec<NewTopic<'_>> = [&input, &plain_out, &parsley_out]
-        .iter()
-        .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
-        .collect();
-    for r in block_on(cluster.admin().create_topics(&topics, &AdminOptions::new()))? {
-        r.map_err(|(t, e)| format!("{t}: {e}"))?;
-    }
-    std::thread::sleep(Duration::from_secs(1));
+    create_topics(&cluster, &[&input, &plain_out, &parsley_out])?;
     let producer: BaseProducer = base.create()?;
     for i in 0..n {
         let key = format!("k{i}");
@@ -85,16 +78,7 @@ fn main() -> Result<()> {
     );
 
     let started = Instant::now();
-    let src = Topic::new(input.as_str(), Codec::utf8(), Codec::utf8());
-    let dst = Topic::new(parsley_out.as_str(), Codec::utf8(), Codec::utf8());
-    let out = dst.clone();
-    let stage = Stage::named("copy")
-        .on(&src, move |m: &Message<String, String>| {
-            vec![out.send(m.key().cloned(), m.value().cloned())]
-        })
-        .sink(&dst)
-        .build()?;
-    let app = Parsley::named(unique("app").as_str(), [stage])?;
+    let app = copy_app(&input, &parsley_out)?;
     let mut streams = CausalStreams::new(&app, base.clone())?.with_options(StreamsOptions {
         instance_id: Some("bench".to_owned()),
         ..StreamsOptions::default()
@@ -137,16 +121,7 @@ fn main() -> Result<()> {
         measured,
         rate,
         |input, output| {
-            let src = Topic::new(input, Codec::utf8(), Codec::utf8());
-            let dst = Topic::new(output, Codec::utf8(), Codec::utf8());
-            let out = dst.clone();
-            let stage = Stage::named("copy")
-                .on(&src, move |m: &Message<String, String>| {
-                    vec![out.send(m.key().cloned(), m.value().cloned())]
-                })
-                .sink(&dst)
-                .build()?;
-            let app = Parsley::named(unique("app").as_str(), [stage])?;
+            let app = copy_app(input, output)?;
             let mut streams =
                 CausalStreams::new(&app, base.clone())?.with_options(StreamsOptions {
                     instance_id: Some("bench".to_owned()),
@@ -174,6 +149,35 @@ fn main() -> Result<()> {
         parsley.median_ms - plain.median_ms
     );
     Ok(())
+}
+
+/// Creates one-partition topics and gives the broker a moment to serve
+/// them.
+fn create_topics(cluster: &KafkaCluster, names: &[&str]) -> Result<()> {
+    let topics: Vec<NewTopic<'_>> = names
+        .iter()
+        .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
+        .collect();
+    for r in block_on(cluster.admin().create_topics(&topics, &AdminOptions::new()))? {
+        r.map_err(|(t, e)| format!("{t}: {e}"))?;
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    Ok(())
+}
+
+/// The Parsley side: one stage copying each record of `input` to
+/// `output` (the plain loop's work).
+fn copy_app(input: &str, output: &str) -> Result<Parsley> {
+    let src = Topic::new(input, Codec::utf8(), Codec::utf8());
+    let dst = Topic::new(output, Codec::utf8(), Codec::utf8());
+    let out = dst.clone();
+    let stage = Stage::named("copy")
+        .on(&src, move |m: &Message<String, String>| {
+            vec![out.send(m.key().cloned(), m.value().cloned())]
+        })
+        .sink(&dst)
+        .build()?;
+    Ok(Parsley::named(unique("app").as_str(), [stage])?)
 }
 
 /// Records each latency run writes and waits for before measuring (the
@@ -212,14 +216,7 @@ fn latency(
         unique(&format!("{name}-lin")),
         unique(&format!("{name}-lout")),
     );
-    let topics: Vec<NewTopic<'_>> = [&input, &output]
-        .iter()
-        .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
-        .collect();
-    for r in block_on(cluster.admin().create_topics(&topics, &AdminOptions::new()))? {
-        r.map_err(|(t, e)| format!("{t}: {e}"))?;
-    }
-    std::thread::sleep(Duration::from_secs(1));
+    create_topics(cluster, &[&input, &output])?;
     let mut c = base.clone();
     c.set("isolation.level", "read_committed")
         .set("group.id", unique("reader"))

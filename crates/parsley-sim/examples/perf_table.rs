@@ -143,10 +143,116 @@ fn persistence_only(n: u64) {
     }
 }
 
+/// The out-of-order workload alone: `rounds` rounds of 8 held records and
+/// their release.
+fn out_of_order_only(rounds: u64) {
+    let (a, b) = (channel(0), channel(1));
+    let mut store = MemStore::new();
+    let mut n = node(&[a, b], &store);
+    store.apply(&n.take_writes());
+    for r in 0..rounds as i64 {
+        let wait = VectorClock::from_claims(
+            [OffsetClaim {
+                channel: b,
+                offset: r,
+            }],
+            [],
+        );
+        for k in 0..8 {
+            let _ = n.on_record(record(a, 8 * r + k, wait.clone()));
+            store.apply(&n.take_writes());
+        }
+        let out = n.on_record(record(b, r, VectorClock::new()));
+        black_box(out.map(|d| d.len()).unwrap_or(0));
+        store.apply(&n.take_writes());
+    }
+}
+
+/// A store holding `held` held records (width-9 clocks), restored `times`
+/// times.
+fn restore_only(held: usize, times: usize) {
+    let (a, b) = (channel(0), channel(1));
+    let mut n = node(&[a, b], &MemStore::new());
+    let mut wait = clock(8, 0);
+    wait.claim_offset(b, 1_000_000);
+    for i in 0..held {
+        let _ = n.on_record(record(a, i as i64, wait.clone()));
+    }
+    let mut store = MemStore::new();
+    store.apply(&n.take_writes());
+    for _ in 0..times {
+        black_box(node(&[a, b], &store).held_count());
+    }
+}
+
+/// Decodes, encodes and compares a clock of `width` entries `n` times each.
+fn clock_only(width: u64, n: u64) {
+    let c = clock(width, 1_000);
+    let lower = clock(width, 999);
+    let bytes = c.encode();
+    let mut buf = Vec::with_capacity(c.encoded_len());
+    for _ in 0..n {
+        buf.clear();
+        black_box(&c).encode_into(&mut buf);
+        black_box(VectorClock::decode(black_box(&bytes)).is_ok());
+        black_box(black_box(&c).dominates(black_box(&lower)));
+    }
+}
+
+/// The simulator's world (below), `seeds` seeds.
+fn simulator_only(seeds: u64) -> u64 {
+    let mut steps = 0;
+    for seed in 0..seeds {
+        let mut w = SimWorld::<CausalNode>::new(sim_world(), seed).expect("world");
+        steps += w.run().expect("run").steps;
+    }
+    steps
+}
+
+fn sim_world() -> WorldConfig {
+    let mut c = WorldConfig::new(&[("c1", 2), ("c2", 2), ("c3", 2)])
+        .edge(EdgeSpec::producer("p1", &[("c1", 0), ("c1", 1)]))
+        .edge(EdgeSpec::producer("p2", &[("c2", 0), ("c2", 1)]))
+        .node(NodeSpec::new(
+            "relay",
+            &[("c1", 0), ("c2", 0)],
+            &["c3"],
+            Behavior::Forward(vec![Output::to("c3", 0)]),
+        ))
+        .node(NodeSpec::new(
+            "sink",
+            &[("c3", 0), ("c1", 0)],
+            &[],
+            Behavior::Sink,
+        ));
+    c.budget = Budget {
+        edge_ops: 40,
+        crashes: 5,
+        ..Budget::default()
+    };
+    c
+}
+
 fn main() {
-    if std::env::args().nth(1).as_deref() == Some("persistence") {
-        persistence_only(20_000);
-        return;
+    // One workload alone, for a profiler:
+    // valgrind --tool=callgrind target/release/examples/perf_table WORKLOAD
+    match std::env::args().nth(1).as_deref() {
+        Some("persistence") => return persistence_only(20_000),
+        Some("out-of-order") => return out_of_order_only(2_000),
+        Some("restore") => return restore_only(2_000, 5),
+        Some("clock16") => return clock_only(16, 20_000),
+        Some("clock64") => return clock_only(64, 20_000),
+        Some("simulator") => {
+            eprintln!("{} steps", simulator_only(20));
+            return;
+        }
+        Some(other) => {
+            eprintln!(
+                "unknown workload {other:?}: persistence, out-of-order, restore, clock16, clock64 or simulator"
+            );
+            std::process::exit(2);
+        }
+        None => {}
     }
     let mut rows = Vec::new();
 
@@ -326,35 +432,8 @@ fn main() {
 
     // The simulator: whole worlds with crashes, steps per second.
     {
-        let world = || {
-            let mut c = WorldConfig::new(&[("c1", 2), ("c2", 2), ("c3", 2)])
-                .edge(EdgeSpec::producer("p1", &[("c1", 0), ("c1", 1)]))
-                .edge(EdgeSpec::producer("p2", &[("c2", 0), ("c2", 1)]))
-                .node(NodeSpec::new(
-                    "relay",
-                    &[("c1", 0), ("c2", 0)],
-                    &["c3"],
-                    Behavior::Forward(vec![Output::to("c3", 0)]),
-                ))
-                .node(NodeSpec::new(
-                    "sink",
-                    &[("c3", 0), ("c1", 0)],
-                    &[],
-                    Behavior::Sink,
-                ));
-            c.budget = Budget {
-                edge_ops: 40,
-                crashes: 5,
-                ..Budget::default()
-            };
-            c
-        };
-        let mut steps = 0u64;
         let start = Instant::now();
-        for seed in 0..200u64 {
-            let mut w = SimWorld::<CausalNode>::new(world(), seed).expect("world");
-            steps += w.run().expect("run").steps;
-        }
+        let steps = simulator_only(200);
         let per_s = steps as f64 / start.elapsed().as_secs_f64();
         rows.push(Row {
             figure: "simulator, steps per second (whole worlds with crashes)".into(),
