@@ -941,3 +941,205 @@ fn a_revoked_task_zeroes_its_gauges() {
         assert!(w.sample().metrics.is_empty());
     });
 }
+
+/// `a@offset` stamped as caused by `claims` (topic, partition, offset).
+fn stamped(offset: i64, cluster: &Cluster, claims: &[(&str, i32, i64)]) -> PolledRecord {
+    let mut clock = parsley::protocol::VectorClock::new();
+    for &(t, p, o) in claims {
+        clock.claim_offset(parsley::protocol::Channel::new(cluster.topics[t].0, p), o);
+    }
+    PolledRecord {
+        headers: vec![Header::new("vc", clock.encode())],
+        ..rec("a", 0, offset, "x")
+    }
+}
+
+/// What the hosts read off a worker (every one found by a mutant no
+/// other test noticed): positions, whether a transaction is in flight,
+/// transaction ids, the counters, per-task stats, the published sample and
+/// the debug text.
+#[test]
+fn the_worker_reports_its_positions_transactions_counters_and_samples() {
+    let app = counting_app();
+    let cluster = counting_cluster(2);
+    let mut w = started(&app, &cluster);
+    assert_eq!(w.stats().tasks_started, 2);
+    assert_eq!(w.stats().restored_with_held, 0);
+    assert_eq!(w.stats().commits, 1);
+    assert_eq!(w.task_stats().len(), 2);
+    let text = format!("{w:?}");
+    assert!(text.contains("Worker") && text.contains("app"), "{text}");
+
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    assert_eq!(w.position("a", 0), Some(2));
+    assert_eq!(w.position("a", 1), Some(0));
+    assert_eq!(w.position("nowhere", 0), None);
+    assert!(!w.in_flight());
+    let first = w.flush().unwrap().unwrap();
+    assert!(w.in_flight());
+    cluster.commit(&first.records);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    assert!(!w.in_flight());
+    w.on_record(rec("a", 1, 0, "y")).unwrap();
+    let second = w.flush().unwrap().unwrap();
+    assert_eq!(second.id, first.id + 1);
+    cluster.commit(&second.records);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    assert_eq!(w.stats().commits, 3);
+
+    // The sample: due at the first punctuation, with a gauge per task.
+    assert_eq!(w.published().at, 0);
+    w.punctuate(1_000, &cluster).unwrap();
+    assert_eq!(w.published().at, 1_000);
+    assert_eq!(w.published().metrics.len(), 2);
+}
+
+/// Assigning a running task's partitions again leaves it running as it is
+/// (no second start, no state lost).
+#[test]
+fn a_repeated_assignment_does_not_restart_a_running_task() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    w.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    assert_eq!(w.stats().tasks_started, 1);
+    let txn = w.flush().unwrap().unwrap();
+    assert_eq!(delivered(&txn), vec!["count[0]:a:0@0".to_owned()]);
+}
+
+/// A position that moves past a held head changes nothing in the node,
+/// but the new position must still be committed: it opens work. A held
+/// record restored by another worker is counted.
+#[test]
+fn a_position_past_a_held_head_opens_work_and_a_restored_hold_is_counted() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    // a@0 waits for b@0.
+    w.on_record(stamped(0, &cluster, &[("b", 0, 0)])).unwrap();
+    let txn = w.flush().unwrap().unwrap();
+    assert!(delivered(&txn).is_empty());
+    cluster.commit(&txn.records);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    assert!(!w.has_open_work());
+    w.on_position("a", 0, 3, None).unwrap();
+    assert!(w.has_open_work(), "the position must be committed");
+    let txn = w.flush().unwrap().unwrap();
+    assert!(
+        txn.offsets
+            .iter()
+            .any(|o| o.topic == "a" && o.partition == 0 && o.offset == 3),
+        "{:?}",
+        txn.offsets
+    );
+    cluster.commit(&txn.records);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+
+    let mut other = worker(&app);
+    other
+        .assign(
+            vec![
+                AssignedPartition {
+                    committed: w.committed("a", 0),
+                    ..part("a", 0)
+                },
+                part("b", 0),
+            ],
+            &cluster,
+            0,
+        )
+        .unwrap();
+    assert_eq!(other.stats().restored_with_held, 1);
+}
+
+/// A truncation sweep that removes stamp entries leaves writes to commit.
+#[test]
+fn a_sweep_that_truncates_opens_work() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = Worker::new(
+        &app,
+        WorkerConfig {
+            commit_interval: Duration::from_millis(100),
+            truncation_interval: Duration::from_millis(10),
+            ..WorkerConfig::default()
+        },
+    );
+    w.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    seek(&mut w);
+    // a@0 claims out:0 up to 3, a channel the stage does not consume: the
+    // claim is carried in its stamps until retention passes it.
+    w.on_record(stamped(0, &cluster, &[("out", 0, 3)])).unwrap();
+    let txn = w.flush().unwrap().unwrap();
+    assert_eq!(delivered(&txn).len(), 1);
+    cluster.commit(&txn.records);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    assert!(!w.has_open_work());
+    cluster
+        .starts
+        .borrow_mut()
+        .insert(("out".to_owned(), 0), 10);
+    w.punctuate(1_000, &cluster).unwrap();
+    assert_eq!(w.stats().truncated_entries, 1);
+    assert!(w.has_open_work(), "the truncated clock must be committed");
+}
+
+/// A redeploy that adds an input starts it where the task's past ends:
+/// the protocol's resume position wins over the start policy (here,
+/// earliest would re-read b@0..=5, causes of what was already delivered).
+#[test]
+fn an_added_input_starts_at_the_protocols_resume_position() {
+    let (a, out) = (topic("a"), topic("out"));
+    let o = out.clone();
+    let v1 = Parsley::named(
+        "app",
+        [Stage::named("count")
+            .state(Codec::int64(), || 0)
+            .fold(&a, move |n: i64, m: &Message<String, String>| {
+                Step::to(n + 1).emit(o.send(m.key().cloned(), format!("{}", n + 1)))
+            })
+            .sink(&out)
+            .build()
+            .unwrap()],
+    )
+    .unwrap();
+    let cluster = counting_cluster(1);
+    let mut w = worker(&v1);
+    w.assign(vec![part("a", 0)], &cluster, 0).unwrap();
+    seek(&mut w);
+    // a@0 was caused by b@5, a topic this version does not consume.
+    w.on_record(stamped(0, &cluster, &[("b", 0, 5)])).unwrap();
+    let txn = w.flush().unwrap().unwrap();
+    assert_eq!(delivered(&txn).len(), 1);
+    cluster.commit(&txn.records);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+
+    // Version two consumes b as well.
+    let v2 = counting_app();
+    let mut next = worker(&v2);
+    next.assign(
+        vec![
+            AssignedPartition {
+                committed: w.committed("a", 0),
+                ..part("a", 0)
+            },
+            part("b", 0),
+        ],
+        &cluster,
+        0,
+    )
+    .unwrap();
+    let seeks = seek(&mut next);
+    assert_eq!(seeks[&("b".to_owned(), 0)], 6, "{seeks:?}");
+    assert_eq!(seeks[&("a".to_owned(), 0)], 1);
+}
