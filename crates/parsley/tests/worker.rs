@@ -863,7 +863,11 @@ fn a_tick_in_an_aborted_transaction_is_emitted_again() {
             .filter(|r| r.topic == "app-s-ticks")
             .count()
     };
+    let id = w.tasks().next().unwrap().clone();
+    assert_eq!(w.task(&id).unwrap().next_tick_at(), Some(10_000));
     w.punctuate(10_000, &cluster).unwrap();
+    let stats = w.task(&id).unwrap().stats();
+    assert_eq!((stats.ticks_emitted, stats.emitted), (1, 1));
     let doomed = w.flush().unwrap().expect("the tick");
     assert_eq!(ticks(&doomed), 1);
     w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
@@ -1142,4 +1146,186 @@ fn an_added_input_starts_at_the_protocols_resume_position() {
     let seeks = seek(&mut next);
     assert_eq!(seeks[&("b".to_owned(), 0)], 6, "{seeks:?}");
     assert_eq!(seeks[&("a".to_owned(), 0)], 1);
+}
+
+/// What a task reports about its own work (each found by a mutant no
+/// other test noticed): its counters, a `Held` event only for a record
+/// that was held, open work when a hold is all it did, the tick schedule,
+/// the hold warning (once, after the threshold) and its debug text.
+#[test]
+fn a_task_counts_its_work_and_reports_holds_once() {
+    let (a, b, out) = (topic("a"), topic("b"), topic("out"));
+    let o = out.clone();
+    let stage = Stage::named("count")
+        .state(Codec::int64(), || 0)
+        .fold(&a, move |n: i64, m: &Message<String, String>| {
+            Step::to(n + 1).emit(o.send(m.key().cloned(), format!("{}", n + 1)))
+        })
+        .fold(&b, |n: i64, _m: &Message<String, String>| Step::to(n + 1))
+        .sink(&out)
+        .hold_warning_after(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    let id = w.tasks().next().unwrap().clone();
+    let held_events = |txn: &Transaction| {
+        txn.events
+            .iter()
+            .filter(|e| matches!(e.event, TaskEvent::Held { .. }))
+            .count()
+    };
+
+    // Delivered at once: counted, no Held event.
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    let txn = w.flush().unwrap().unwrap();
+    assert_eq!(held_events(&txn), 0);
+    cluster.commit(&txn.records);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    let t = w.task(&id).unwrap();
+    assert_eq!((t.stats().delivered, t.stats().emitted), (1, 1));
+    assert_eq!(t.next_tick_at(), None, "the stage does not tick");
+    assert!(format!("{t:?}").contains("count"), "{t:?}");
+
+    // Held: the Held event is the task's only work, and it is work.
+    w.punctuate(1_000, &cluster).unwrap();
+    w.on_record(stamped(1, &cluster, &[("b", 0, 0)])).unwrap();
+    assert!(w.task(&id).unwrap().has_work());
+    assert_eq!(w.task(&id).unwrap().stats().delivered, 1);
+    // The warning comes once the hold is older than the threshold, once.
+    w.punctuate(1_400, &cluster).unwrap();
+    assert_eq!(w.task(&id).unwrap().stats().hold_warnings, 0, "too early");
+    w.punctuate(1_600, &cluster).unwrap();
+    assert_eq!(w.sample().metrics[0].records_held_age_max_ms, 600);
+    w.punctuate(2_600, &cluster).unwrap();
+    assert_eq!(w.task(&id).unwrap().stats().hold_warnings, 1);
+    let txn = w.flush().unwrap().unwrap();
+    assert_eq!(held_events(&txn), 1);
+    cluster.commit(&txn.records);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+
+    // Its cause releases it.
+    w.on_record(rec("b", 0, 0, "x")).unwrap();
+    let t = w.task(&id).unwrap();
+    assert_eq!(
+        (
+            t.stats().delivered,
+            t.stats().delivered_after_hold,
+            t.stats().emitted
+        ),
+        (3, 1, 2)
+    );
+}
+
+/// A task partition outside the stage's partition count is refused.
+#[test]
+fn a_task_outside_the_partition_count_is_refused() {
+    let app = counting_app();
+    let cluster = counting_cluster(2);
+    for partition in [-1, 2] {
+        let r = parsley::task::Task::init(
+            &app,
+            "count",
+            partition,
+            Default::default(),
+            &cluster,
+            &cluster,
+            0,
+        );
+        assert!(r.is_err(), "partition {partition}");
+    }
+    assert!(
+        parsley::task::Task::init(&app, "count", 1, Default::default(), &cluster, &cluster, 0)
+            .is_ok()
+    );
+}
+
+/// Two channels held at different times each warn once: the second
+/// channel's warning does not repeat the first's. A task handed its stores
+/// back keeps them as they were.
+#[test]
+fn each_held_channel_warns_once_and_a_task_gives_back_its_stores() {
+    let (a, b, c, out) = (topic("a"), topic("b"), topic("c"), topic("out"));
+    let count = |n: i64, _m: &Message<String, String>| Step::to(n + 1);
+    let stage = Stage::named("count")
+        .state(Codec::int64(), || 0)
+        .fold(&a, count)
+        .fold(&b, count)
+        .fold(&c, count)
+        .sink(&out)
+        .hold_warning_after(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    let cluster = Cluster::with(&[
+        ("a", 1),
+        ("b", 1),
+        ("c", 1),
+        ("out", 1),
+        ("app-count-state-changelog", 1),
+        ("app-count-fold-changelog", 1),
+    ]);
+    let mut w = worker(&app);
+    w.assign(vec![part("a", 0), part("b", 0), part("c", 0)], &cluster, 0)
+        .unwrap();
+    seek(&mut w);
+    let id = w.tasks().next().unwrap().clone();
+    let waiting_on_c = |topic: &str| PolledRecord {
+        topic: topic.to_owned(),
+        ..stamped(0, &cluster, &[("c", 0, 0)])
+    };
+    w.punctuate(1_000, &cluster).unwrap();
+    w.on_record(waiting_on_c("a")).unwrap();
+    w.punctuate(1_300, &cluster).unwrap();
+    w.on_record(waiting_on_c("b")).unwrap();
+    w.punctuate(1_600, &cluster).unwrap();
+    assert_eq!(w.task(&id).unwrap().stats().hold_warnings, 1);
+    w.punctuate(1_900, &cluster).unwrap();
+    assert_eq!(w.task(&id).unwrap().stats().hold_warnings, 2);
+    w.punctuate(5_000, &cluster).unwrap();
+    assert_eq!(w.task(&id).unwrap().stats().hold_warnings, 2);
+
+    let txn = w.flush().unwrap().unwrap();
+    cluster.commit(&txn.records);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    let stores = w.task(&id).unwrap().stores().clone();
+    assert!(stores.protocol.len() > 0);
+    let again =
+        parsley::task::Task::init(&app, "count", 0, stores.clone(), &cluster, &cluster, 0).unwrap();
+    assert_eq!(again.node().held_count(), 2);
+    assert_eq!(again.into_stores().protocol.len(), stores.protocol.len());
+}
+
+#[test]
+fn a_commit_is_empty_only_without_records_changelog_and_events() {
+    use parsley::task::TaskCommit;
+    let record = OutgoingRecord {
+        topic: "out".to_owned(),
+        partition: 0,
+        key: None,
+        value: None,
+        headers: Vec::new(),
+        timestamp: 0,
+    };
+    let with = |r: bool, c: bool, e: bool| TaskCommit {
+        records: if r { vec![record.clone()] } else { vec![] },
+        changelog: if c { vec![record.clone()] } else { vec![] },
+        events: if e {
+            vec![TaskEvent::Sent {
+                topic: "out".to_owned(),
+                partition: 0,
+                tick: false,
+            }]
+        } else {
+            vec![]
+        },
+    };
+    assert!(with(false, false, false).is_empty());
+    assert!(!with(true, false, false).is_empty());
+    assert!(!with(false, true, false).is_empty());
+    assert!(!with(false, false, true).is_empty());
 }
