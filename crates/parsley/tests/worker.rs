@@ -1293,7 +1293,7 @@ fn each_held_channel_warns_once_and_a_task_gives_back_its_stores() {
     w.commit_outcome(CommitOutcome::Committed, &cluster)
         .unwrap();
     let stores = w.task(&id).unwrap().stores().clone();
-    assert!(stores.protocol.len() > 0);
+    assert!(!stores.protocol.is_empty());
     let again =
         parsley::task::Task::init(&app, "count", 0, stores.clone(), &cluster, &cluster, 0).unwrap();
     assert_eq!(again.node().held_count(), 2);
