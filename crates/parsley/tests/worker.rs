@@ -235,6 +235,34 @@ fn started(app: &Parsley, cluster: &Cluster) -> Worker {
     w
 }
 
+/// Flushes the open transaction, appends it to the cluster and reports it
+/// committed; returns it.
+fn commit(w: &mut Worker, cluster: &Cluster) -> Transaction {
+    let txn = w.flush().unwrap().unwrap();
+    cluster.commit(&txn.records);
+    w.commit_outcome(CommitOutcome::Committed, cluster).unwrap();
+    txn
+}
+
+/// Another worker (after a rebalance) takes over `from`'s task on `a:0`
+/// and `b:0`, from `from`'s committed position on `a:0`.
+fn take_over(app: &Parsley, from: &Worker, cluster: &Cluster) -> Worker {
+    let mut w = worker(app);
+    w.assign(
+        vec![
+            AssignedPartition {
+                committed: from.committed("a", 0),
+                ..part("a", 0)
+            },
+            part("b", 0),
+        ],
+        cluster,
+        0,
+    )
+    .unwrap();
+    w
+}
+
 fn delivered(txn: &Transaction) -> Vec<String> {
     txn.events
         .iter()
@@ -523,26 +551,10 @@ fn a_new_worker_restores_both_stores_from_the_changelogs() {
     let mut w = started(&app, &cluster);
     w.on_record(rec("a", 0, 0, "x")).unwrap();
     w.on_record(rec("a", 0, 1, "x")).unwrap();
-    let txn = w.flush().unwrap().unwrap();
-    cluster.commit(&txn.records);
-    w.commit_outcome(CommitOutcome::Committed, &cluster)
-        .unwrap();
+    commit(&mut w, &cluster);
 
     // Another worker (after a rebalance) takes the task over.
-    let mut other = worker(&app);
-    other
-        .assign(
-            vec![
-                AssignedPartition {
-                    committed: w.committed("a", 0),
-                    ..part("a", 0)
-                },
-                part("b", 0),
-            ],
-            &cluster,
-            0,
-        )
-        .unwrap();
+    let mut other = take_over(&app, &w, &cluster);
     let task = other.tasks().next().unwrap().clone();
     let t = other.task(&task).unwrap();
     assert_eq!(
@@ -621,10 +633,7 @@ fn revoking_needs_the_open_work_committed_first() {
         w.revoke(&revoked),
         Err(WorkerError::OpenTransaction)
     ));
-    let txn = w.flush().unwrap().unwrap();
-    cluster.commit(&txn.records);
-    w.commit_outcome(CommitOutcome::Committed, &cluster)
-        .unwrap();
+    commit(&mut w, &cluster);
     w.revoke(&revoked).unwrap();
     assert_eq!(w.tasks().count(), 0);
 }
@@ -729,10 +738,7 @@ fn a_task_restarted_after_a_failed_reset_starts_from_the_latest_commit() {
     let cluster = counting_cluster(1);
     let mut w = started(&app, &cluster);
     w.on_record(rec("a", 0, 0, "x")).unwrap();
-    let txn = w.flush().unwrap().unwrap();
-    cluster.commit(&txn.records);
-    w.commit_outcome(CommitOutcome::Committed, &cluster)
-        .unwrap();
+    commit(&mut w, &cluster);
     w.on_record(rec("a", 0, 1, "x")).unwrap();
     w.flush().unwrap().unwrap();
     cluster.fail_ends.set(1);
@@ -936,10 +942,7 @@ fn a_revoked_task_zeroes_its_gauges() {
         w.on_record(r).unwrap();
         w.sample();
         assert_eq!(held(&snap), Some(1.0));
-        let txn = w.flush().unwrap().unwrap();
-        cluster.commit(&txn.records);
-        w.commit_outcome(CommitOutcome::Committed, &cluster)
-            .unwrap();
+        commit(&mut w, &cluster);
         w.revoke(&[("a".into(), 0), ("b".into(), 0)]).unwrap();
         assert_eq!(held(&snap), Some(0.0), "zeroed when the task left");
         assert!(w.sample().metrics.is_empty());
@@ -1026,15 +1029,12 @@ fn a_position_past_a_held_head_opens_work_and_a_restored_hold_is_counted() {
     let mut w = started(&app, &cluster);
     // a@0 waits for b@0.
     w.on_record(stamped(0, &cluster, &[("b", 0, 0)])).unwrap();
-    let txn = w.flush().unwrap().unwrap();
+    let txn = commit(&mut w, &cluster);
     assert!(delivered(&txn).is_empty());
-    cluster.commit(&txn.records);
-    w.commit_outcome(CommitOutcome::Committed, &cluster)
-        .unwrap();
     assert!(!w.has_open_work());
     w.on_position("a", 0, 3, None).unwrap();
     assert!(w.has_open_work(), "the position must be committed");
-    let txn = w.flush().unwrap().unwrap();
+    let txn = commit(&mut w, &cluster);
     assert!(
         txn.offsets
             .iter()
@@ -1042,24 +1042,8 @@ fn a_position_past_a_held_head_opens_work_and_a_restored_hold_is_counted() {
         "{:?}",
         txn.offsets
     );
-    cluster.commit(&txn.records);
-    w.commit_outcome(CommitOutcome::Committed, &cluster)
-        .unwrap();
 
-    let mut other = worker(&app);
-    other
-        .assign(
-            vec![
-                AssignedPartition {
-                    committed: w.committed("a", 0),
-                    ..part("a", 0)
-                },
-                part("b", 0),
-            ],
-            &cluster,
-            0,
-        )
-        .unwrap();
+    let other = take_over(&app, &w, &cluster);
     assert_eq!(other.stats().restored_with_held, 1);
 }
 
@@ -1082,11 +1066,8 @@ fn a_sweep_that_truncates_opens_work() {
     // a@0 claims out:0 up to 3, a channel the stage does not consume: the
     // claim is carried in its stamps until retention passes it.
     w.on_record(stamped(0, &cluster, &[("out", 0, 3)])).unwrap();
-    let txn = w.flush().unwrap().unwrap();
+    let txn = commit(&mut w, &cluster);
     assert_eq!(delivered(&txn).len(), 1);
-    cluster.commit(&txn.records);
-    w.commit_outcome(CommitOutcome::Committed, &cluster)
-        .unwrap();
     assert!(!w.has_open_work());
     cluster
         .starts
@@ -1122,11 +1103,8 @@ fn an_added_input_starts_at_the_protocols_resume_position() {
     seek(&mut w);
     // a@0 was caused by b@5, a topic this version does not consume.
     w.on_record(stamped(0, &cluster, &[("b", 0, 5)])).unwrap();
-    let txn = w.flush().unwrap().unwrap();
+    let txn = commit(&mut w, &cluster);
     assert_eq!(delivered(&txn).len(), 1);
-    cluster.commit(&txn.records);
-    w.commit_outcome(CommitOutcome::Committed, &cluster)
-        .unwrap();
 
     // Version two consumes b as well.
     let v2 = counting_app();
@@ -1179,11 +1157,8 @@ fn a_task_counts_its_work_and_reports_holds_once() {
 
     // Delivered at once: counted, no Held event.
     w.on_record(rec("a", 0, 0, "x")).unwrap();
-    let txn = w.flush().unwrap().unwrap();
+    let txn = commit(&mut w, &cluster);
     assert_eq!(held_events(&txn), 0);
-    cluster.commit(&txn.records);
-    w.commit_outcome(CommitOutcome::Committed, &cluster)
-        .unwrap();
     let t = w.task(&id).unwrap();
     assert_eq!((t.stats().delivered, t.stats().emitted), (1, 1));
     assert_eq!(t.next_tick_at(), None, "the stage does not tick");
@@ -1201,11 +1176,8 @@ fn a_task_counts_its_work_and_reports_holds_once() {
     assert_eq!(w.sample().metrics[0].records_held_age_max_ms, 600);
     w.punctuate(2_600, &cluster).unwrap();
     assert_eq!(w.task(&id).unwrap().stats().hold_warnings, 1);
-    let txn = w.flush().unwrap().unwrap();
+    let txn = commit(&mut w, &cluster);
     assert_eq!(held_events(&txn), 1);
-    cluster.commit(&txn.records);
-    w.commit_outcome(CommitOutcome::Committed, &cluster)
-        .unwrap();
 
     // Its cause releases it.
     w.on_record(rec("b", 0, 0, "x")).unwrap();
@@ -1288,10 +1260,7 @@ fn each_held_channel_warns_once_and_a_task_gives_back_its_stores() {
     w.punctuate(5_000, &cluster).unwrap();
     assert_eq!(w.task(&id).unwrap().stats().hold_warnings, 2);
 
-    let txn = w.flush().unwrap().unwrap();
-    cluster.commit(&txn.records);
-    w.commit_outcome(CommitOutcome::Committed, &cluster)
-        .unwrap();
+    commit(&mut w, &cluster);
     let stores = w.task(&id).unwrap().stores().clone();
     assert!(!stores.protocol.is_empty());
     let again =
