@@ -617,9 +617,28 @@ fn merge_sorted<T: Copy, K: Ord>(
         dst.extend_from_slice(src);
         return true;
     }
-    // First pass: raise matching entries in place and count the keys `dst`
-    // lacks. The common case (same key set) never reallocates.
+    // The common case (a channel's records name the same channels): one
+    // lockstep pass of raises, no searching. A key that differs ends it;
+    // the raises made up to there are max-merges the general pass below
+    // repeats harmlessly.
     let mut changed = false;
+    if dst.len() == src.len() {
+        let mut same = true;
+        for (d, s) in dst.iter_mut().zip(src) {
+            if key(d) != key(s) {
+                same = false;
+                break;
+            }
+            let mut s = *s;
+            let v = *value(&mut s);
+            changed |= raise(value(d), v);
+        }
+        if same {
+            return changed;
+        }
+    }
+    // First pass: raise matching entries in place and count the keys `dst`
+    // lacks. A key set that only grows never reallocates.
     let mut missing = 0usize;
     let mut i = 0;
     for s in src {

@@ -96,4 +96,4 @@ pub use node::{
 };
 pub use protocol::DeliveryProtocol;
 pub use record::{Delivery, Header, InboundRecord};
-pub use store::{MemStore, StateKey, StoreRead, WriteBatch};
+pub use store::{KeyText, MemStore, StateKey, StoreRead, WriteBatch, WriteBatchIntoIter};

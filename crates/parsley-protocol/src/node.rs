@@ -45,9 +45,7 @@ use crate::headers::{CausalHeaders, SenderTag};
 use crate::ids::{Channel, SenderId, TopicId};
 use crate::record::{Delivery, InboundRecord};
 use crate::restore::Persisted;
-use crate::store::{
-    ScopeRecord, StateKey, StoreRead, WriteBatch, encode_envelope, encode_i64, encode_pair,
-};
+use crate::store::{ScopeRecord, StateKey, StoreRead, WriteBatch, encode_envelope};
 
 /// What a node is: who it is, what it consumes, where it may send.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -832,7 +830,7 @@ impl CausalNode {
         for ch in &mut self.channels {
             let c = ch.channel;
             if ch.frontier_dirty {
-                batch.put(StateKey::Frontier(c), encode_i64(ch.frontier));
+                batch.put_i64(StateKey::Frontier(c), ch.frontier);
                 ch.frontier_dirty = false;
             }
             if ch.advertised_dirty {
@@ -841,15 +839,12 @@ impl CausalNode {
             }
             if std::mem::take(&mut ch.skip_dirty) {
                 for (&sender, m) in &ch.skip {
-                    batch.put(StateKey::SkipMark(c, sender), encode_pair(m.seq, m.bound));
+                    batch.put_pair(StateKey::SkipMark(c, sender), m.seq, m.bound);
                 }
             }
             for sender in std::mem::take(&mut ch.delivered_dirty) {
                 if let Some(m) = ch.delivered.get(&sender) {
-                    batch.put(
-                        StateKey::DeliveredSeq(c, sender),
-                        encode_pair(m.seq, m.offset),
-                    );
+                    batch.put_pair(StateKey::DeliveredSeq(c, sender), m.seq, m.offset);
                 }
             }
             let (head, tail) = (ch.head_index, ch.tail_index());
@@ -864,7 +859,7 @@ impl CausalNode {
                     let held = &ch.queue[(index - head) as usize];
                     batch.put(StateKey::QueueEntry(c, index), encode_envelope(held));
                 }
-                batch.put(StateKey::QueueMeta(c), encode_pair(head, tail));
+                batch.put_pair(StateKey::QueueMeta(c), head, tail);
                 ch.committed_head = head;
                 ch.committed_tail = tail;
             }
@@ -875,7 +870,7 @@ impl CausalNode {
         }
         for ch in std::mem::take(&mut self.send_seq_dirty) {
             if let Some(&seq) = self.send_seq.get(&ch) {
-                batch.put(StateKey::SendSeq(ch), encode_i64(seq));
+                batch.put_i64(StateKey::SendSeq(ch), seq);
             }
         }
         batch

@@ -139,56 +139,59 @@ impl fmt::Display for StateKey {
 }
 
 impl StateKey {
-    /// The key's text, exactly as `Display` writes it, built by hand: the
-    /// write path names every changed entry, and the formatting machinery
-    /// was a quarter of a delivered record's cost (profiled with callgrind;
-    /// see `docs/performance.md`).
+    /// The key's text, exactly as `Display` writes it.
     pub fn to_key(&self) -> String {
-        let mut s = String::with_capacity(96);
+        self.text().as_str().to_owned()
+    }
+
+    /// The key's text in a stack buffer, exactly as `Display` writes it,
+    /// built by hand without allocating: every persisted write names its
+    /// key, and the formatting machinery was a quarter of a delivered
+    /// record's cost (profiled with callgrind; see `docs/performance.md`).
+    pub fn text(&self) -> KeyText {
+        let mut s = KeyText::new();
         match *self {
-            StateKey::Scope => s.push_str("scope"),
-            StateKey::CarriedAncestry => s.push_str("ca"),
+            StateKey::Scope => s.push(b"scope"),
+            StateKey::CarriedAncestry => s.push(b"ca"),
             StateKey::Frontier(c) => {
-                s.push_str("f/");
-                push_channel(&mut s, c);
+                s.push(b"f/");
+                s.push_channel(c);
             }
             StateKey::ChannelClock(c) => {
-                s.push_str("cc/");
-                push_channel(&mut s, c);
+                s.push(b"cc/");
+                s.push_channel(c);
             }
             StateKey::QueueMeta(c) => {
-                s.push_str("q/");
-                push_channel(&mut s, c);
-                s.push_str("/m");
+                s.push(b"q/");
+                s.push_channel(c);
+                s.push(b"/m");
             }
             StateKey::QueueEntry(c, index) => {
-                s.push_str("q/");
-                push_channel(&mut s, c);
-                s.push_str("/e/");
+                s.push(b"q/");
+                s.push_channel(c);
+                s.push(b"/e/");
                 let v = index as u64;
                 let mut hex = [0u8; 16];
                 for (i, h) in hex.iter_mut().enumerate() {
                     *h = HEX[((v >> ((15 - i) * 4)) & 0xf) as usize];
                 }
-                if let Ok(text) = std::str::from_utf8(&hex) {
-                    s.push_str(text);
-                }
+                s.push(&hex);
             }
             StateKey::SendSeq(c) => {
-                s.push_str("sq/");
-                push_channel(&mut s, c);
+                s.push(b"sq/");
+                s.push_channel(c);
             }
             StateKey::DeliveredSeq(c, sender) => {
-                s.push_str("ds/");
-                push_channel(&mut s, c);
-                s.push('/');
-                push_uuid(&mut s, sender.to_u128());
+                s.push(b"ds/");
+                s.push_channel(c);
+                s.push(b"/");
+                s.push_uuid(sender.to_u128());
             }
             StateKey::SkipMark(c, sender) => {
-                s.push_str("sk/");
-                push_channel(&mut s, c);
-                s.push('/');
-                push_uuid(&mut s, sender.to_u128());
+                s.push(b"sk/");
+                s.push_channel(c);
+                s.push(b"/");
+                s.push_uuid(sender.to_u128());
             }
         }
         s
@@ -197,33 +200,96 @@ impl StateKey {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
-/// A UUID in its lower-case hyphenated form (8-4-4-4-12).
-fn push_uuid(s: &mut String, v: u128) {
-    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    s.push_str(uuid::Uuid::from_u128(v).hyphenated().encode_lower(&mut buf));
+/// Every byte's two lower-case hex digits.
+const HEX_PAIRS: [[u8; 2]; 256] = {
+    let mut t = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = [HEX[i >> 4], HEX[i & 0xf]];
+        i += 1;
+    }
+    t
+};
+
+/// The longest key: `ds/<uuid>:<-2147483648>/<uuid>` is 88 bytes.
+const KEY_TEXT_CAPACITY: usize = 96;
+
+/// A state key's text held on the stack (see [`StateKey::text`]).
+#[derive(Clone, Copy)]
+pub struct KeyText {
+    buf: [u8; KEY_TEXT_CAPACITY],
+    len: usize,
 }
 
-/// `<topic-uuid>:<partition>`, the partition in decimal.
-fn push_channel(s: &mut String, c: Channel) {
-    push_uuid(s, c.topic.to_u128());
-    s.push(':');
-    let p = c.partition;
-    if p < 0 {
-        s.push('-');
-    }
-    let mut digits = [0u8; 10];
-    let mut n = p.unsigned_abs();
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
+impl KeyText {
+    fn new() -> Self {
+        KeyText {
+            buf: [0; KEY_TEXT_CAPACITY],
+            len: 0,
         }
     }
-    if let Ok(text) = std::str::from_utf8(&digits[start..]) {
-        s.push_str(text);
+
+    /// Appends ASCII bytes. Every caller writes a bounded, ASCII-only part
+    /// of a key; the capacity covers the longest key.
+    fn push(&mut self, bytes: &[u8]) {
+        if let Some(slot) = self.buf.get_mut(self.len..self.len + bytes.len()) {
+            slot.copy_from_slice(bytes);
+            self.len += bytes.len();
+        }
+    }
+
+    /// A UUID in its lower-case hyphenated form (8-4-4-4-12): each byte's
+    /// two digits from a table, at fixed positions (the uuid crate's
+    /// formatter was a fifth of a key's cost).
+    fn push_uuid(&mut self, v: u128) {
+        const AT: [usize; 16] = [0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34];
+        let mut out = [b'-'; 36];
+        for (byte, at) in v.to_be_bytes().into_iter().zip(AT) {
+            out[at..at + 2].copy_from_slice(&HEX_PAIRS[usize::from(byte)]);
+        }
+        self.push(&out);
+    }
+
+    /// `<topic-uuid>:<partition>`, the partition in decimal.
+    fn push_channel(&mut self, c: Channel) {
+        self.push_uuid(c.topic.to_u128());
+        self.push(b":");
+        let p = c.partition;
+        if p < 0 {
+            self.push(b"-");
+        }
+        let mut digits = [0u8; 10];
+        let mut n = p.unsigned_abs();
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            digits[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[start..]);
+    }
+
+    /// The key's text.
+    pub fn as_str(&self) -> &str {
+        // Only ASCII is ever pushed, so this never falls back.
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or_default()
+    }
+}
+
+impl std::ops::Deref for KeyText {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl fmt::Debug for KeyText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
@@ -535,20 +601,55 @@ pub fn decode_envelope(channel: Channel, bytes: &[u8]) -> Result<InboundRecord, 
     })
 }
 
-/// The writes of one step: keys to put and keys to delete, in key order.
+/// A value in a [`WriteBatch`]: the counters and marks most writes carry
+/// (eight or sixteen bytes) are kept inline, so a batch of them allocates
+/// nothing per value.
+#[derive(Clone, PartialEq, Eq, Debug)]
+enum Value {
+    Small { len: u8, bytes: [u8; 16] },
+    Bytes(Vec<u8>),
+}
+
+impl Value {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Value::Small { len, bytes } => &bytes[..usize::from(*len)],
+            Value::Bytes(v) => v,
+        }
+    }
+
+    fn into_vec(self) -> Vec<u8> {
+        match self {
+            Value::Small { .. } => self.as_slice().to_vec(),
+            Value::Bytes(v) => v,
+        }
+    }
+}
+
+/// The writes of one step: keys to put and keys to delete, in [`StateKey`]
+/// order (by kind, then channel, then sender or index), one write per key.
+///
+/// Keys are kept as [`StateKey`] values and spelt out only by whoever
+/// stores them ([`StateKey::text`] builds the text without allocating), and
+/// the eight- and sixteen-byte values of frontiers, marks and queue
+/// metadata are held inline: an in-order delivery's batch costs one
+/// allocation, its map's node.
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct WriteBatch {
-    writes: BTreeMap<String, Option<Vec<u8>>>,
+    /// Sorted by key, one entry per key. A sorted vector rather than a map:
+    /// batches are small, mostly written in key order, and taken whole.
+    writes: Vec<(StateKey, Option<Value>)>,
 }
 
 impl fmt::Debug for WriteBatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map()
-            .entries(
-                self.writes
-                    .iter()
-                    .map(|(k, v)| (k, v.as_ref().map(|v| format!("{} bytes", v.len())))),
-            )
+            .entries(self.writes.iter().map(|(k, v)| {
+                (
+                    k.text(),
+                    v.as_ref().map(|v| format!("{} bytes", v.as_slice().len())),
+                )
+            }))
             .finish()
     }
 }
@@ -561,12 +662,41 @@ impl WriteBatch {
 
     /// Records a put of `value` under `key`.
     pub fn put(&mut self, key: StateKey, value: Vec<u8>) {
-        self.writes.insert(key.to_key(), Some(value));
+        self.insert(key, Some(Value::Bytes(value)));
+    }
+
+    /// Sets the write for `key`, replacing an earlier one.
+    fn insert(&mut self, key: StateKey, value: Option<Value>) {
+        match self.writes.last() {
+            Some((last, _)) if *last < key => self.writes.push((key, value)),
+            None => self.writes.push((key, value)),
+            Some(_) => match self.writes.binary_search_by(|(k, _)| k.cmp(&key)) {
+                Ok(i) => self.writes[i].1 = value,
+                Err(i) => self.writes.insert(i, (key, value)),
+            },
+        }
+    }
+
+    /// Records a put of one big-endian `i64` (see [`encode_i64`]), held
+    /// inline.
+    pub fn put_i64(&mut self, key: StateKey, v: i64) {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&v.to_be_bytes());
+        self.insert(key, Some(Value::Small { len: 8, bytes }));
+    }
+
+    /// Records a put of two big-endian `i64`s (see [`encode_pair`]), held
+    /// inline.
+    pub fn put_pair(&mut self, key: StateKey, a: i64, b: i64) {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&a.to_be_bytes());
+        bytes[8..].copy_from_slice(&b.to_be_bytes());
+        self.insert(key, Some(Value::Small { len: 16, bytes }));
     }
 
     /// Records a delete of `key`.
     pub fn delete(&mut self, key: StateKey) {
-        self.writes.insert(key.to_key(), None);
+        self.insert(key, None);
     }
 
     /// True when the batch writes nothing.
@@ -580,27 +710,46 @@ impl WriteBatch {
     }
 
     /// The writes in key order: `Some(bytes)` is a put, `None` a delete.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, Option<&[u8]>)> {
-        self.writes.iter().map(|(k, v)| (k.as_str(), v.as_deref()))
+    pub fn iter(&self) -> impl Iterator<Item = (StateKey, Option<&[u8]>)> {
+        self.writes
+            .iter()
+            .map(|(k, v)| (*k, v.as_ref().map(Value::as_slice)))
     }
 
     /// The write for `key`, if the batch has one: `Some(None)` is a delete.
-    pub fn get(&self, key: &str) -> Option<Option<&[u8]>> {
-        self.writes.get(key).map(|v| v.as_deref())
+    pub fn get(&self, key: StateKey) -> Option<Option<&[u8]>> {
+        self.writes
+            .binary_search_by(|(k, _)| k.cmp(&key))
+            .ok()
+            .map(|i| self.writes[i].1.as_ref().map(Value::as_slice))
     }
 
     /// Folds a later batch into this one (later writes win).
     pub fn extend(&mut self, later: WriteBatch) {
-        self.writes.extend(later.writes);
+        for (k, v) in later.writes {
+            self.insert(k, v);
+        }
     }
 }
 
 impl IntoIterator for WriteBatch {
-    type Item = (String, Option<Vec<u8>>);
-    type IntoIter = std::collections::btree_map::IntoIter<String, Option<Vec<u8>>>;
+    type Item = (StateKey, Option<Vec<u8>>);
+    type IntoIter = WriteBatchIntoIter;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.writes.into_iter()
+        WriteBatchIntoIter(self.writes.into_iter())
+    }
+}
+
+/// The writes of a [`WriteBatch`] by value, in key order.
+#[derive(Debug)]
+pub struct WriteBatchIntoIter(std::vec::IntoIter<(StateKey, Option<Value>)>);
+
+impl Iterator for WriteBatchIntoIter {
+    type Item = (StateKey, Option<Vec<u8>>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next().map(|(k, v)| (k, v.map(Value::into_vec)))
     }
 }
 
@@ -632,15 +781,54 @@ impl MemStore {
         MemStore::default()
     }
 
-    /// Applies a batch: puts overwrite, deletes remove.
+    /// Applies a batch: puts overwrite, deletes remove. Overwriting a key
+    /// the store already holds reuses its entry (no allocation).
     pub fn apply(&mut self, batch: &WriteBatch) {
         for (k, v) in batch.iter() {
+            let text = k.text();
+            let key = text.as_str();
             match v {
-                Some(v) => {
-                    self.entries.insert(k.to_owned(), v.to_vec());
-                }
+                Some(v) => match self.entries.get_mut(key) {
+                    Some(slot) => {
+                        slot.clear();
+                        slot.extend_from_slice(v);
+                    }
+                    None => {
+                        self.entries.insert(key.to_owned(), v.to_vec());
+                    }
+                },
                 None => {
-                    self.entries.remove(k);
+                    self.entries.remove(key);
+                }
+            }
+        }
+    }
+
+    /// [`apply`](Self::apply), moving the batch's values into the store
+    /// instead of copying them (a held record's envelope is stored as the
+    /// node encoded it).
+    pub fn apply_owned(&mut self, batch: WriteBatch) {
+        for (k, v) in batch.writes {
+            let text = k.text();
+            let key = text.as_str();
+            match v {
+                Some(Value::Bytes(v)) => match self.entries.get_mut(key) {
+                    Some(slot) => *slot = v,
+                    None => {
+                        self.entries.insert(key.to_owned(), v);
+                    }
+                },
+                Some(small) => match self.entries.get_mut(key) {
+                    Some(slot) => {
+                        slot.clear();
+                        slot.extend_from_slice(small.as_slice());
+                    }
+                    None => {
+                        self.entries.insert(key.to_owned(), small.into_vec());
+                    }
+                },
+                None => {
+                    self.entries.remove(key);
                 }
             }
         }

@@ -4,7 +4,8 @@
 //! check, and the write batch and memory store the hosts build on.
 
 use parsley_protocol::store::{
-    MemStore, StateKey, WriteBatch, decode_envelope, decode_pair, encode_envelope, encode_pair,
+    MemStore, StateKey, WriteBatch, decode_envelope, decode_pair, encode_envelope, encode_i64,
+    encode_pair,
 };
 use parsley_protocol::*;
 
@@ -134,7 +135,12 @@ fn a_write_batch_counts_folds_and_hands_over_its_writes() {
     later.put(StateKey::QueueMeta(a), vec![5]);
     first.extend(later);
     assert_eq!(first.len(), 3);
-    assert_eq!(first.get(&StateKey::Frontier(b).to_key()), Some(None));
+    assert_eq!(first.get(StateKey::Frontier(b)), Some(None));
+    assert_eq!(
+        first.get(StateKey::Frontier(a)),
+        Some(Some(&[1u8, 2, 3][..]))
+    );
+    assert_eq!(first.get(StateKey::Scope), None);
     assert_eq!(
         format!("{first:?}"),
         format!(
@@ -144,12 +150,94 @@ fn a_write_batch_counts_folds_and_hands_over_its_writes() {
             StateKey::QueueMeta(a).to_key(),
         )
     );
-    let owned: Vec<(String, Option<Vec<u8>>)> = first.into_iter().collect();
-    assert_eq!(owned.len(), 3);
+    let owned: Vec<(StateKey, Option<Vec<u8>>)> = first.into_iter().collect();
     assert_eq!(
-        owned[0],
-        (StateKey::Frontier(a).to_key(), Some(vec![1, 2, 3]))
+        owned,
+        vec![
+            (StateKey::Frontier(a), Some(vec![1, 2, 3])),
+            (StateKey::Frontier(b), None),
+            (StateKey::QueueMeta(a), Some(vec![5])),
+        ]
     );
+}
+
+#[test]
+fn inline_values_are_the_encoded_bytes() {
+    let a = ch(1, 0);
+    let mut batch = WriteBatch::new();
+    batch.put_i64(StateKey::Frontier(a), 0x0102_0304_0506_0708);
+    batch.put_pair(StateKey::QueueMeta(a), 3, -9);
+    assert_eq!(
+        batch.get(StateKey::Frontier(a)),
+        Some(Some(encode_i64(0x0102_0304_0506_0708).as_slice()))
+    );
+    assert_eq!(
+        batch.get(StateKey::QueueMeta(a)),
+        Some(Some(encode_pair(3, -9).as_slice()))
+    );
+    let owned: Vec<(StateKey, Option<Vec<u8>>)> = batch.into_iter().collect();
+    assert_eq!(
+        owned,
+        vec![
+            (
+                StateKey::Frontier(a),
+                Some(encode_i64(0x0102_0304_0506_0708))
+            ),
+            (StateKey::QueueMeta(a), Some(encode_pair(3, -9))),
+        ]
+    );
+}
+
+proptest::proptest! {
+    /// Applying by reference and by value give the same store, and both
+    /// match a plain map keyed by each key's text: puts overwrite (longer or
+    /// shorter values, inline or not), deletes remove.
+    #[test]
+    fn applying_a_batch_by_reference_or_by_value_agree(
+        steps in proptest::collection::vec(
+            proptest::collection::vec((0u8..6, 0u8..4, proptest::option::of(0usize..40)), 0..8),
+            1..8,
+        )
+    ) {
+        let mut by_ref = MemStore::new();
+        let mut by_value = MemStore::new();
+        let mut model: std::collections::BTreeMap<String, Vec<u8>> = Default::default();
+        for step in steps {
+            let mut batch = WriteBatch::new();
+            for (kind, chan, value) in step {
+                let c = ch(u128::from(chan), i32::from(chan));
+                let key = match kind % 3 {
+                    0 => StateKey::Frontier(c),
+                    1 => StateKey::QueueMeta(c),
+                    _ => StateKey::QueueEntry(c, i64::from(kind)),
+                };
+                match value {
+                    None => {
+                        batch.delete(key);
+                        model.remove(&key.to_key());
+                    }
+                    Some(n) if kind >= 3 && n % 2 == 0 => {
+                        batch.put_i64(key, n as i64);
+                        model.insert(key.to_key(), encode_i64(n as i64));
+                    }
+                    Some(n) if kind >= 3 => {
+                        batch.put_pair(key, n as i64, 7);
+                        model.insert(key.to_key(), encode_pair(n as i64, 7));
+                    }
+                    Some(n) => {
+                        batch.put(key, vec![kind; n]);
+                        model.insert(key.to_key(), vec![kind; n]);
+                    }
+                }
+            }
+            by_ref.apply(&batch);
+            by_value.apply_owned(batch);
+            let want: Vec<(&str, &[u8])> =
+                model.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+            proptest::prop_assert_eq!(by_ref.iter().collect::<Vec<_>>(), want.clone());
+            proptest::prop_assert_eq!(by_value.iter().collect::<Vec<_>>(), want);
+        }
+    }
 }
 
 #[test]

@@ -444,10 +444,12 @@ fn node_writes_are_literal() {
     assert!(h.feed(held).is_empty());
     h.node.prepare_send(x).unwrap();
     let w = h.commit();
-    let got: Vec<(String, Option<Vec<u8>>)> = w
+    // The batch is in `StateKey` order; the store keeps text order.
+    let mut got: Vec<(String, Option<Vec<u8>>)> = w
         .iter()
-        .map(|(k, v)| (k.to_owned(), v.map(<[u8]>::to_vec)))
+        .map(|(k, v)| (k.to_key(), v.map(<[u8]>::to_vec)))
         .collect();
+    got.sort();
     let a_s = "00000000-0000-0001-0000-000000000002:0";
     let b_s = "00000000-0000-0001-0000-000000000002:1";
     let expected: Vec<(String, Option<Vec<u8>>)> = vec![
@@ -489,10 +491,12 @@ fn node_writes_are_literal() {
     // of the delivered entry.
     h.feed(rec(b, 5, VectorClock::new()));
     let w = h.commit();
-    let got: Vec<(String, Option<Vec<u8>>)> = w
+    // The batch is in `StateKey` order; the store keeps text order.
+    let mut got: Vec<(String, Option<Vec<u8>>)> = w
         .iter()
-        .map(|(k, v)| (k.to_owned(), v.map(<[u8]>::to_vec)))
+        .map(|(k, v)| (k.to_key(), v.map(<[u8]>::to_vec)))
         .collect();
+    got.sort();
     let expected: Vec<(String, Option<Vec<u8>>)> = vec![
         (format!("f/{a_s}"), Some(hex("0000000000000004"))),
         (format!("f/{b_s}"), Some(hex("0000000000000005"))),
@@ -516,14 +520,18 @@ fn carried_ancestry_is_literal() {
     h.restart_with(config(S1, &[a], &[])).unwrap();
     let w = h.commit();
     assert_eq!(
-        w.get("ca"),
+        w.get(StateKey::CarriedAncestry),
         Some(Some(
             hex("01 00000001 0000000000000001 0000000000000002 00000001 0000000000000006 00000000")
                 .as_slice()
         ))
     );
     assert_eq!(
-        w.get("f/00000000-0000-0001-0000-000000000002:1"),
+        w.get(
+            "f/00000000-0000-0001-0000-000000000002:1"
+                .parse::<StateKey>()
+                .unwrap()
+        ),
         Some(None)
     );
 }

@@ -825,7 +825,7 @@ impl Task {
                 });
             };
             for (key, value) in protocol.iter() {
-                changelog.push(self.changelog_record(&topic, key.as_bytes(), value));
+                changelog.push(self.changelog_record(&topic, key.text().as_bytes(), value));
             }
         }
         if !fold.is_empty() {
@@ -869,7 +869,7 @@ impl Task {
     /// committed stores.
     pub fn commit_done(&mut self) {
         if let Some(done) = self.in_flight.take() {
-            self.stores.protocol.apply(&done.protocol);
+            self.stores.protocol.apply_owned(done.protocol);
             self.stores.fold.apply(&done.fold);
             self.committed_tick_at = self.in_flight_tick_at;
         }
