@@ -1,8 +1,12 @@
 //! End to end on a broker: the same consume-transform-produce work done by
 //! a plain rdkafka exactly-once loop and by a Parsley stage.
 //!
-//! * **Throughput**: RECORDS records written up front, each loop timed from
-//!   its start until a reader has seen every output.
+//! * **Throughput**: RECORDS records (default 300,000) written up front;
+//!   each loop works through them while a `read_committed` reader times
+//!   the outputs, from the first tenth to the last (steady state: the
+//!   start-up of either loop, a group join and the first transaction, is
+//!   not part of it). The loops take turns, three rounds; the medians are
+//!   compared.
 //! * **Latency**: each loop running and warmed up, records written at a
 //!   steady RATE per second for SECONDS, each carrying its send time in
 //!   microseconds; a `read_committed` reader takes the time each output
@@ -14,6 +18,7 @@
 //! cargo run --release -p parsley-kafka --example throughput -- BOOTSTRAP [RECORDS] [RATE SECONDS COMMIT_MS]
 //! ```
 
+use std::alloc::System;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_executor::block_on;
@@ -24,6 +29,12 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message as _;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+
+/// Counts allocations made through Rust's allocator (librdkafka's own, in
+/// C, are not counted; both loops make those alike).
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -39,15 +50,15 @@ fn main() -> Result<()> {
     let bootstrap = args
         .first()
         .ok_or("usage: throughput BOOTSTRAP [RECORDS]")?;
-    let n: usize = args.get(1).map_or(Ok(20_000), |s| s.parse())?;
+    let n: usize = args.get(1).map_or(Ok(300_000), |s| s.parse())?;
     let rate: u64 = args.get(2).map_or(Ok(500), |s| s.parse())?;
     let seconds: u64 = args.get(3).map_or(Ok(10), |s| s.parse())?;
     let commit = Duration::from_millis(args.get(4).map_or(Ok(20), |s| s.parse())?);
     let mut base = ClientConfig::new();
     base.set("bootstrap.servers", bootstrap);
     let cluster = KafkaCluster::new(&base, Duration::from_secs(30))?;
-    let (input, plain_out, parsley_out) = (unique("in"), unique("plain"), unique("parsley"));
-    create_topics(&cluster, &[&input, &plain_out, &parsley_out])?;
+    let input = unique("in");
+    create_topics(&cluster, &[&input])?;
     let producer: BaseProducer = base.create()?;
     for i in 0..n {
         let key = format!("k{i}");
@@ -68,32 +79,64 @@ fn main() -> Result<()> {
     }
     producer.flush(Duration::from_secs(60))?;
 
-    let started = Instant::now();
-    plain_loop(&base, &input, &plain_out, n, Duration::from_millis(100))?;
-    wait_for(&base, &plain_out, n)?;
-    let plain = started.elapsed();
-    println!(
-        "plain rdkafka exactly-once loop: {n} records in {plain:.2?} ({:.0} records/s)",
-        n as f64 / plain.as_secs_f64()
-    );
+    // Each loop runs on the backlog while a reader times its outputs; the
+    // rate is taken between the reader's first tenth and its last record,
+    // so group joins, transaction set-up and the first fetches (which
+    // differ run to run by seconds) are not part of it. The loops take
+    // turns, ROUNDS times, each on a fresh output topic and group, so
+    // neither always runs on a busier or a quieter broker.
+    let (mut plain_rates, mut parsley_rates) = (Vec::new(), Vec::new());
+    for round in 1..=ROUNDS {
+        let (plain_out, parsley_out) = (unique("plain"), unique("parsley"));
+        create_topics(&cluster, &[&plain_out, &parsley_out])?;
+        let reader = ready_reader(&base, &plain_out)?;
+        let region = Region::new(GLOBAL);
+        let (b, i, o) = (base.clone(), input.clone(), plain_out.clone());
+        let worker = std::thread::Builder::new()
+            .name("plain-loop".to_owned())
+            .spawn(move || {
+                plain_loop(&b, &i, &o, n, Duration::from_millis(100)).map_err(|e| e.to_string())?;
+                Ok::<_, String>(thread_cpu("plain-loop"))
+            })?;
+        let plain = steady_rate(&reader, n)?;
+        let plain_cpu = worker.join().map_err(|_| "the plain loop panicked")??;
+        let plain_allocs = region.change().allocations as f64 / n as f64;
 
-    let started = Instant::now();
-    let app = copy_app(&input, &parsley_out)?;
-    let mut streams = CausalStreams::new(&app, base.clone())?.with_options(StreamsOptions {
-        instance_id: Some("bench".to_owned()),
-        ..StreamsOptions::default()
-    });
-    streams.start()?;
-    wait_for(&base, &parsley_out, n)?;
-    let parsley = started.elapsed();
-    streams.close(Duration::from_secs(30))?;
+        let app = copy_app(&input, &parsley_out)?;
+        let mut streams = CausalStreams::new(&app, base.clone())?.with_options(StreamsOptions {
+            instance_id: Some("bench".to_owned()),
+            ..StreamsOptions::default()
+        });
+        let reader = ready_reader(&base, &parsley_out)?;
+        let region = Region::new(GLOBAL);
+        streams.start()?;
+        let parsley = steady_rate(&reader, n)?;
+        let parsley_cpu = thread_cpu("parsley-");
+        let parsley_allocs = region.change().allocations as f64 / n as f64;
+        streams.close(Duration::from_secs(30))?;
+        let per = |cpu: Option<Duration>| {
+            cpu.map_or("n/a".to_owned(), |c| {
+                format!("{:.2} µs CPU", c.as_secs_f64() * 1e6 / n as f64)
+            })
+        };
+        println!(
+            "round {round}: plain rdkafka exactly-once loop {plain:>9.0} records/s ({} and {plain_allocs:.1} allocations per record), parsley stage {parsley:>9.0} records/s ({} and {parsley_allocs:.1} allocations per record)",
+            per(plain_cpu),
+            per(parsley_cpu),
+        );
+        plain_rates.push(plain);
+        parsley_rates.push(parsley);
+    }
+    let (plain, parsley) = (median(&mut plain_rates), median(&mut parsley_rates));
     println!(
-        "parsley stage:                   {n} records in {parsley:.2?} ({:.0} records/s)",
-        n as f64 / parsley.as_secs_f64()
+        "plain rdkafka exactly-once loop: {n} records, median {plain:.0} records/s in steady state"
+    );
+    println!(
+        "parsley stage:                   {n} records, median {parsley:.0} records/s in steady state"
     );
     println!(
         "throughput ratio (parsley / plain): {:.2}x",
-        plain.as_secs_f64() / parsley.as_secs_f64()
+        parsley / plain
     );
 
     let measured = usize::try_from(rate * seconds)?;
@@ -178,6 +221,39 @@ fn copy_app(input: &str, output: &str) -> Result<Parsley> {
         .sink(&dst)
         .build()?;
     Ok(Parsley::named(unique("app").as_str(), [stage])?)
+}
+
+/// How many times each loop's throughput is measured (taking turns).
+const ROUNDS: usize = 3;
+
+/// CPU time (user and system) of this process's threads whose name starts
+/// with `prefix`, from `/proc` (Linux; `None` elsewhere). The loop threads
+/// do the per-record work; librdkafka's own threads, which both loops
+/// share alike, are not counted.
+fn thread_cpu(prefix: &str) -> Option<Duration> {
+    let mut ticks = 0u64;
+    let mut found = false;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if !comm.trim_end().starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(path.join("stat")).ok()?;
+        // The fields after the parenthesised name: utime and stime are the
+        // 12th and 13th of them.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = rest.split(' ').collect();
+        ticks += fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        found = true;
+    }
+    // Linux reports these in clock ticks of 10 ms.
+    found.then(|| Duration::from_millis(ticks * 10))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// Records each latency run writes and waits for before measuring (the
@@ -295,16 +371,32 @@ fn latency(
     })
 }
 
-/// Reads `topic` (read_committed) until `n` records were seen.
-fn wait_for(base: &ClientConfig, topic: &str, n: usize) -> Result<()> {
+/// A `read_committed` reader of `topic`, assigned and past its first
+/// fetch before the loop it times starts.
+fn ready_reader(base: &ClientConfig, topic: &str) -> Result<BaseConsumer> {
     let mut c = base.clone();
     c.set("isolation.level", "read_committed")
-        .set("group.id", unique("reader"));
+        .set("group.id", unique("reader"))
+        .set("fetch.wait.max.ms", "5");
     let reader: BaseConsumer = c.create()?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, 0, Offset::Beginning)?;
     reader.assign(&tpl)?;
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        if reader.poll(Duration::from_millis(50)).is_some() {
+            return Err(format!("{topic} is not empty").into());
+        }
+    }
+    Ok(reader)
+}
+
+/// Reads until `n` records were seen, and returns the rate at which they
+/// became visible between the first tenth and the last.
+fn steady_rate(reader: &BaseConsumer, n: usize) -> Result<f64> {
     let mut seen = 0;
+    let tenth = n / 10;
+    let mut at_tenth = None;
     let deadline = Instant::now() + Duration::from_secs(600);
     while seen < n {
         if Instant::now() > deadline {
@@ -312,9 +404,13 @@ fn wait_for(base: &ClientConfig, topic: &str, n: usize) -> Result<()> {
         }
         if let Some(Ok(_)) = reader.poll(Duration::from_millis(100)) {
             seen += 1;
+            if seen == tenth {
+                at_tenth = Some(Instant::now());
+            }
         }
     }
-    Ok(())
+    let from = at_tenth.ok_or("too few records to time")?;
+    Ok((n - tenth) as f64 / from.elapsed().as_secs_f64())
 }
 
 /// A plain exactly-once consume-transform-produce loop: transactions every

@@ -39,6 +39,10 @@ use crate::policy::{self, ErrorHandler, ErrorResponse};
 
 /// Settings the runtime owns; a client configuration that sets one of them
 /// to something else is refused.
+/// Records a stream thread takes from its consumer's buffer before it
+/// turns to position reports, the clock and its transaction.
+const POLL_BATCH: usize = 256;
+
 const OWNED: &[(&str, &str)] = &[
     ("isolation.level", "read_committed"),
     ("enable.auto.commit", "false"),
@@ -688,7 +692,7 @@ struct Shared {
     timeout: Duration,
     /// The highest offset handed to the worker per partition since the last
     /// position report.
-    last_fed: BTreeMap<(String, i32), i64>,
+    last_fed: BTreeMap<String, BTreeMap<i32, i64>>,
     error: Option<StreamsError>,
     /// The worker was fenced (or a commit's fate is unknown) and dropped
     /// every task: the thread leaves the group and joins again as a new
@@ -855,17 +859,14 @@ impl Shared {
             .headers()
             .map(|hs| {
                 hs.iter()
-                    .map(|h| Header {
-                        name: h.key.to_owned(),
-                        value: h.value.map(<[u8]>::to_vec),
-                    })
+                    .map(|h| Header::named(h.key, h.value.map(<[u8]>::to_vec)))
                     .collect()
             })
             .unwrap_or_default();
-        let topic = m.topic().to_owned();
+        let topic = m.topic();
         let (partition, offset) = (m.partition(), m.offset());
         self.worker.on_record(PolledRecord {
-            topic: topic.clone(),
+            topic: topic.to_owned(),
             partition,
             offset,
             timestamp: m.timestamp().to_millis().unwrap_or(0),
@@ -873,7 +874,17 @@ impl Shared {
             value: m.payload().map(<[u8]>::to_vec),
             headers,
         })?;
-        self.last_fed.insert((topic, partition), offset);
+        // Looked up by name first: a topic's entry is made once, not per
+        // record.
+        match self.last_fed.get_mut(topic) {
+            Some(fed) => {
+                fed.insert(partition, offset);
+            }
+            None => {
+                self.last_fed
+                    .insert(topic.to_owned(), BTreeMap::from([(partition, offset)]));
+            }
+        }
         Ok(())
     }
 
@@ -887,9 +898,12 @@ impl Shared {
         let positions = consumer.position()?;
         for e in positions.elements() {
             if let Offset::Offset(p) = e.offset() {
-                let key = (e.topic().to_owned(), e.partition());
-                let last = self.last_fed.get(&key).copied();
-                self.worker.on_position(&key.0, key.1, p, last)?;
+                let last = self
+                    .last_fed
+                    .get(e.topic())
+                    .and_then(|fed| fed.get(&e.partition()))
+                    .copied();
+                self.worker.on_position(e.topic(), e.partition(), p, last)?;
             }
         }
         Ok(())
@@ -904,7 +918,9 @@ impl Shared {
                 self.timeout,
             )?;
             self.worker.seek_applied(&s.topic, s.partition, s.offset)?;
-            self.last_fed.remove(&(s.topic, s.partition));
+            if let Some(fed) = self.last_fed.get_mut(&s.topic) {
+                fed.remove(&s.partition);
+            }
         }
         Ok(())
     }
@@ -1124,6 +1140,8 @@ impl StreamThread {
                 truncation_interval: self.options.truncation_interval,
                 start_policy: self.options.start_policy,
                 thread_id: format!("{}-{}", self.instance, self.index),
+                // Nothing here reads what the tasks did record by record.
+                events: false,
             },
         );
         let context = ThreadContext {
@@ -1173,28 +1191,48 @@ impl StreamThread {
             }
         };
         while !self.stop.load(Ordering::SeqCst) {
-            let polled = consumer.poll(Duration::from_millis(20));
+            // A batch of what the consumer has buffered: the first poll
+            // waits, the rest take only what is already fetched. Each
+            // record is handed over (and any seek it asks for made) before
+            // the next poll, as position reports require; the per-batch
+            // work (positions, the clock, transactions) is paid once per
+            // batch instead of once per record.
+            let mut polled = consumer.poll(Duration::from_millis(20));
+            let mut batch = 0;
+            let idle = loop {
+                let mut shared = lock(&consumer.context().shared);
+                if let Some(e) = shared.error.take() {
+                    return Err(e);
+                }
+                if let Some(e) = shared.rejoin.take() {
+                    warn!(thread = self.index, error = %e, "fenced; leaving the group to join again");
+                    drop(shared);
+                    leave(&mut publisher);
+                    return Ok(Session::Rejoin);
+                }
+                match polled {
+                    None => break true,
+                    Some(Ok(m)) => {
+                        shared.on_message(&m)?;
+                        shared.apply_seeks(&consumer)?;
+                    }
+                    Some(Err(e)) => {
+                        warn!(error = %e, "consumer error");
+                        break true;
+                    }
+                }
+                batch += 1;
+                if batch == POLL_BATCH {
+                    break false;
+                }
+                drop(shared);
+                polled = consumer.poll(Duration::ZERO);
+            };
             let mut shared = lock(&consumer.context().shared);
             if let Some(e) = shared.error.take() {
                 return Err(e);
             }
-            if let Some(e) = shared.rejoin.take() {
-                warn!(thread = self.index, error = %e, "fenced; leaving the group to join again");
-                drop(shared);
-                leave(&mut publisher);
-                return Ok(Session::Rejoin);
-            }
-            let idle = match polled {
-                None => true,
-                Some(Ok(m)) => {
-                    shared.on_message(&m)?;
-                    false
-                }
-                Some(Err(e)) => {
-                    warn!(error = %e, "consumer error");
-                    true
-                }
-            };
+            let now = now_ms();
             if idle || last_report.elapsed() > Duration::from_millis(50) {
                 shared.report_positions(&consumer)?;
                 last_report = Instant::now();
@@ -1203,7 +1241,7 @@ impl StreamThread {
                 let Shared {
                     worker, cluster, ..
                 } = &mut *shared;
-                worker.punctuate(now_ms(), cluster)?;
+                worker.punctuate(now, cluster)?;
                 if worker.published().at != published_at {
                     published_at = worker.published().at;
                     let published = worker.published().clone();
@@ -1214,7 +1252,7 @@ impl StreamThread {
                 }
             }
             shared.apply_seeks(&consumer)?;
-            if let Some(txn) = shared.worker.poll_transaction(now_ms())? {
+            if let Some(txn) = shared.worker.poll_transaction(now)? {
                 shared.commit(&consumer, txn)?;
                 shared.apply_seeks(&consumer)?;
             }

@@ -149,6 +149,26 @@ impl CausalHeaders {
         }
         out
     }
+
+    /// [`encode`](Self::encode) as record headers appended to `out`, their
+    /// names borrowed (no allocation beyond the three values).
+    pub fn encode_headers_into(&self, out: &mut Vec<crate::record::Header>) {
+        use std::borrow::Cow;
+        out.push(crate::record::Header {
+            name: Cow::Borrowed(CLOCK_HEADER),
+            value: Some(self.clock.encode()),
+        });
+        if let Some(tag) = self.sender {
+            out.push(crate::record::Header {
+                name: Cow::Borrowed(SENDER_HEADER),
+                value: Some(tag.sender.to_bytes().to_vec()),
+            });
+            out.push(crate::record::Header {
+                name: Cow::Borrowed(SEQ_HEADER),
+                value: Some(tag.seq.to_be_bytes().to_vec()),
+            });
+        }
+    }
 }
 
 #[cfg(test)]

@@ -586,7 +586,10 @@ pub fn decode_envelope(channel: Channel, bytes: &[u8]) -> Result<InboundRecord, 
             let name =
                 String::from_utf8(name).map_err(|_| "header name is not UTF-8".to_owned())?;
             let value = get_nullable(&mut r, "header value")?;
-            headers.push(Header { name, value });
+            headers.push(Header {
+                name: name.into(),
+                value,
+            });
         }
         finish(&r)?;
     }

@@ -255,3 +255,54 @@ fn a_memory_store_reports_its_size() {
     let keys = StateKey::Frontier(a).to_key().len() + StateKey::QueueMeta(a).to_key().len();
     assert_eq!(store.size_bytes(), keys + 24);
 }
+
+#[test]
+fn causal_header_names_off_the_wire_are_borrowed_and_others_copied() {
+    use std::borrow::Cow;
+    for name in ["vc", "vc-sender", "vc-seq"] {
+        let h = Header::named(name, Some(vec![1]));
+        assert!(matches!(h.name, Cow::Borrowed(_)), "{name}");
+        assert_eq!((h.name(), h.value.as_deref()), (name, Some(&[1u8][..])));
+    }
+    let h = Header::named("trace", None);
+    assert!(matches!(h.name, Cow::Owned(_)));
+    assert_eq!((h.name(), h.value.as_deref()), ("trace", None));
+    assert_eq!(
+        Header::new("trace", vec![2]),
+        Header::named("trace", Some(vec![2]))
+    );
+}
+
+#[test]
+fn stamp_headers_match_the_encoded_pairs() {
+    let mut clock = VectorClock::new();
+    clock.claim_offset(ch(2, 0), 3);
+    for sender in [
+        None,
+        Some(SenderTag {
+            sender: SenderId::from_u128(0xAB),
+            seq: 9,
+        }),
+    ] {
+        let stamp = CausalHeaders {
+            clock: clock.clone(),
+            sender,
+        };
+        let mut headers = vec![Header::new("user", vec![0])];
+        stamp.encode_headers_into(&mut headers);
+        let want: Vec<(String, Option<Vec<u8>>)> =
+            std::iter::once(("user".to_owned(), Some(vec![0])))
+                .chain(
+                    stamp
+                        .encode()
+                        .into_iter()
+                        .map(|(n, v)| (n.to_owned(), Some(v))),
+                )
+                .collect();
+        let got: Vec<(String, Option<Vec<u8>>)> = headers
+            .into_iter()
+            .map(|h| (h.name.into_owned(), h.value))
+            .collect();
+        assert_eq!(got, want);
+    }
+}

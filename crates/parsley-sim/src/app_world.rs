@@ -1214,12 +1214,11 @@ impl AppWorld {
     }
 
     fn stored(&self, r: &Produced, oracle_id: usize) -> Result<StoredRecord, AppFailure> {
-        let causal = CausalHeaders::decode(
-            r.headers
-                .iter()
-                .map(|h| (h.name.as_str(), h.value.as_deref())),
-        )
-        .map_err(|e| self.fail(format!("a produced record has corrupt causal headers: {e}")))?;
+        let causal =
+            CausalHeaders::decode(r.headers.iter().map(|h| (h.name(), h.value.as_deref())))
+                .map_err(|e| {
+                    self.fail(format!("a produced record has corrupt causal headers: {e}"))
+                })?;
         Ok(StoredRecord {
             key: r.key.clone(),
             value: r.value.clone(),

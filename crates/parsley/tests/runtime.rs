@@ -429,9 +429,7 @@ fn ticks_flow_through_the_tick_topic_and_fold_the_tick_slot() {
     let p = partition_for_key(b"k", 2);
     let tick = ticks.iter().find(|t| t.coordinate.partition == p).unwrap();
     let causal = parsley::protocol::CausalHeaders::decode(
-        tick.headers
-            .iter()
-            .map(|h| (h.name.as_str(), h.value.as_deref())),
+        tick.headers.iter().map(|h| (h.name(), h.value.as_deref())),
     )
     .unwrap();
     assert_eq!(causal.clock.offset(d.channel("c1", p).unwrap()), Some(0));

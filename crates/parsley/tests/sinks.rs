@@ -59,7 +59,7 @@ fn emissions_carry_headers_and_causal_ones_are_reserved() {
     d.pipe(&a, "k", "ok").unwrap();
     let records = d.records(&out).unwrap();
     assert_eq!(records.len(), 1);
-    let names: Vec<&str> = records[0].headers.iter().map(|h| h.name.as_str()).collect();
+    let names: Vec<&str> = records[0].headers.iter().map(|h| h.name()).collect();
     assert_eq!(names, vec!["vc", "vc-sender", "vc-seq", "origin"]);
     assert!(records[0].causal().is_ok());
 

@@ -1298,3 +1298,98 @@ fn a_commit_is_empty_only_without_records_changelog_and_events() {
     assert!(!with(false, true, false).is_empty());
     assert!(!with(false, false, true).is_empty());
 }
+
+/// A worker with events off hands over the same transactions as one with
+/// them on (records, stamps, changelog writes, offsets, ids), only without
+/// the list of what the tasks did: the Kafka runtime turns them off, and
+/// nothing it commits may change with that. The scenario holds a record
+/// and releases it, so held, released and in-order deliveries all pass.
+#[test]
+fn events_off_changes_nothing_but_the_events() {
+    let app = counting_app();
+    let run = |events: bool| {
+        let cluster = counting_cluster(1);
+        let mut w = Worker::new(
+            &app,
+            WorkerConfig {
+                events,
+                ..WorkerConfig::default()
+            },
+        );
+        w.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+            .unwrap();
+        seek(&mut w);
+        let mut txns = vec![commit(&mut w, &cluster)];
+        // a@0 waits for b@0; a@1 queues behind it; b@0 releases both.
+        w.on_record(stamped(0, &cluster, &[("b", 0, 0)])).unwrap();
+        w.on_record(rec("a", 0, 1, "y")).unwrap();
+        txns.push(commit(&mut w, &cluster));
+        w.on_record(rec("b", 0, 0, "x")).unwrap();
+        txns.push(commit(&mut w, &cluster));
+        txns
+    };
+    let (on, off) = (run(true), run(false));
+    assert_eq!(on.len(), off.len());
+    for (a, b) in on.iter().zip(&off) {
+        assert_eq!(
+            (a.id, &a.records, &a.offsets),
+            (b.id, &b.records, &b.offsets)
+        );
+        assert!(b.events.is_empty(), "{:?}", b.events);
+    }
+    // The scenario did what it says: with events on, a hold and then three
+    // deliveries, two of them released.
+    assert!(
+        on[1]
+            .events
+            .iter()
+            .any(|e| matches!(e.event, TaskEvent::Held { .. }))
+    );
+    assert_eq!(delivered(&on[2]).len(), 3, "{:?}", on[2].events);
+    assert_eq!(on[2].records.iter().filter(|r| r.topic == "out").count(), 3);
+}
+
+/// With events off a task still says it has work once a record reached
+/// its logic, even one that emits nothing and writes no state: its
+/// position and protocol writes must be committed.
+#[test]
+fn a_task_without_events_still_has_work_after_a_delivery() {
+    let (a, b) = (topic("a"), topic("b"));
+    let stage = Stage::named("quiet")
+        .on(&a, |_m: &Message<String, String>| Vec::<Emission>::new())
+        .on(&b, |_m: &Message<String, String>| Vec::<Emission>::new())
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    let cluster = Cluster::with(&[("a", 1), ("b", 1), ("app-quiet-state-changelog", 1)]);
+    let mut task = parsley::task::Task::init(
+        &app,
+        "quiet",
+        0,
+        parsley::task::TaskStores::default(),
+        &cluster,
+        &cluster,
+        0,
+    )
+    .unwrap();
+    task.set_record_events(false);
+    task.take_commit().unwrap();
+    task.commit_done();
+    assert!(!task.has_work());
+    let a0 = protocol::Channel::new(cluster.topics["a"].0, 0);
+    task.on_record(parsley::task::FetchedRecord {
+        channel: a0,
+        offset: 0,
+        timestamp: 0,
+        key: None,
+        value: Some(b"v".to_vec()),
+        headers: Vec::new(),
+    })
+    .unwrap();
+    assert!(task.has_work());
+    let commit = task.take_commit().unwrap();
+    assert!(commit.events.is_empty() && commit.records.is_empty());
+    assert!(!commit.changelog.is_empty(), "the frontier is written");
+    task.commit_done();
+    assert!(!task.has_work(), "nothing left once committed");
+}

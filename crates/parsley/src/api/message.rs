@@ -61,7 +61,7 @@ impl fmt::Display for Coordinate {
 pub struct Message<K, V> {
     key: Option<K>,
     value: Option<V>,
-    topic: String,
+    topic: std::sync::Arc<str>,
     partition: i32,
     offset: i64,
     timestamp: i64,
@@ -80,7 +80,7 @@ impl<K: Payload, V: Payload> Message<K, V> {
         Message {
             key: key.into_nullable(),
             value: value.into_nullable(),
-            topic: topic.name().to_owned(),
+            topic: topic.name().into(),
             partition: 0,
             offset: 0,
             timestamp: 0,
@@ -93,7 +93,7 @@ impl<K, V> Message<K, V> {
     pub(crate) fn from_parts(
         key: Option<K>,
         value: Option<V>,
-        topic: String,
+        topic: std::sync::Arc<str>,
         partition: i32,
         offset: i64,
         timestamp: i64,
@@ -125,7 +125,8 @@ impl<K, V> Message<K, V> {
 
     /// The same message with one more header.
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
-        self.headers.push(Header::new(name, value));
+        self.headers
+            .push(Header::new(Into::<String>::into(name), value));
         self
     }
 
@@ -167,7 +168,7 @@ impl<K, V> Message<K, V> {
 
     /// The record's coordinate.
     pub fn coordinate(&self) -> Coordinate {
-        Coordinate::new(self.topic.clone(), self.partition, self.offset)
+        Coordinate::new(self.topic.to_string(), self.partition, self.offset)
     }
 
     /// The record's non-Parsley headers, in record order.

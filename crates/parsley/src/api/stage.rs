@@ -48,7 +48,8 @@ pub(crate) fn name_problem(name: &str) -> Option<String> {
 
 /// A delivery's raw parts, as the task runner hands them to stage logic.
 pub(crate) struct RawInput<'a> {
-    pub(crate) topic: &'a str,
+    /// Shared, so that a message names its topic without copying it.
+    pub(crate) topic: &'a std::sync::Arc<str>,
     pub(crate) partition: i32,
     pub(crate) offset: i64,
     pub(crate) timestamp: i64,
@@ -393,7 +394,7 @@ fn decode_message<K: Payload, V: Payload>(
     Ok(Message::from_parts(
         key,
         value,
-        input.topic.to_owned(),
+        input.topic.clone(),
         input.partition,
         input.offset,
         input.timestamp,

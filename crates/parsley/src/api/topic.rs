@@ -437,7 +437,8 @@ impl Emission {
     /// assert_eq!(e.header("origin"), Some(&b"billing"[..]));
     /// ```
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
-        self.body.add_header(Header::new(name, value));
+        self.body
+            .add_header(Header::new(Into::<String>::into(name), value));
         self
     }
 

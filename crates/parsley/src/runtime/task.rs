@@ -489,7 +489,7 @@ pub struct Task {
     node: CausalNode,
     inputs: Vec<InputChannel>,
     slots: BTreeMap<TopicId, SourceSlot>,
-    names: BTreeMap<TopicId, String>,
+    names: BTreeMap<TopicId, std::sync::Arc<str>>,
     sinks: BTreeMap<String, SinkInfo>,
     tick_route: Option<(String, Channel)>,
     stores: TaskStores,
@@ -497,6 +497,14 @@ pub struct Task {
     pending_fold: FoldWrites,
     outgoing: Vec<OutgoingRecord>,
     events: Vec<TaskEvent>,
+    /// Whether `events` is kept (see [`Task::set_record_events`]).
+    record_events: bool,
+    /// A record was delivered or held since the last commit: the next
+    /// transaction has work (its positions and protocol writes) even when
+    /// no event is kept.
+    acted: bool,
+    /// Reused for the node's deliveries of each record.
+    deliveries: Vec<Delivery>,
     wall_clock: i64,
     next_tick_at: Option<i64>,
     /// The tick schedule as of the transaction in flight, then as of the
@@ -582,7 +590,7 @@ impl Task {
             let d = describe(name)?;
             counts.push((name.to_owned(), d.partitions));
             slots.insert(d.id, SourceSlot::User(i));
-            names.insert(d.id, name.to_owned());
+            names.insert(d.id, name.into());
             inputs.push(InputChannel {
                 topic: name.to_owned(),
                 channel: Channel::new(d.id, partition),
@@ -592,7 +600,7 @@ impl Task {
         let mut sinks = BTreeMap::new();
         for sink in &stage_def.def.sinks {
             let d = describe(sink.name())?;
-            names.insert(d.id, sink.name().to_owned());
+            names.insert(d.id, sink.name().into());
             sinks.insert(
                 sink.name().to_owned(),
                 SinkInfo {
@@ -608,7 +616,7 @@ impl Task {
             counts.push((tick_topic.to_owned(), d.partitions));
             let channel = Channel::new(d.id, partition);
             slots.insert(d.id, SourceSlot::Ticks);
-            names.insert(d.id, tick_topic.to_owned());
+            names.insert(d.id, tick_topic.into());
             inputs.push(InputChannel {
                 topic: tick_topic.to_owned(),
                 channel,
@@ -669,6 +677,9 @@ impl Task {
             pending_fold: FoldWrites::new(),
             outgoing: Vec::new(),
             events: Vec::new(),
+            record_events: true,
+            acted: false,
+            deliveries: Vec::new(),
             wall_clock: now_ms,
             next_tick_at,
             in_flight_tick_at: next_tick_at,
@@ -682,6 +693,14 @@ impl Task {
         }
         task.refresh_holds();
         Ok(task)
+    }
+
+    /// Whether the task lists what it did ([`TaskEvent`]s) in each
+    /// [`TaskCommit`]. On by default; a host that never reads the events
+    /// (the Kafka runtime) turns it off and saves their allocations, a few
+    /// per record. Whether a transaction has work does not depend on it.
+    pub fn set_record_events(&mut self, on: bool) {
+        self.record_events = on;
     }
 
     /// The task's identity.
@@ -843,7 +862,10 @@ impl Task {
         Ok(TaskCommit {
             records: std::mem::take(&mut self.outgoing),
             changelog,
-            events: std::mem::take(&mut self.events),
+            events: {
+                self.acted = false;
+                std::mem::take(&mut self.events)
+            },
         })
     }
 
@@ -877,7 +899,10 @@ impl Task {
 
     /// Whether the task has anything for the next transaction.
     pub fn has_work(&self) -> bool {
-        !self.outgoing.is_empty() || !self.events.is_empty() || !self.pending_fold.is_empty()
+        !self.outgoing.is_empty()
+            || self.acted
+            || !self.events.is_empty()
+            || !self.pending_fold.is_empty()
     }
 
     /// The committed stores (what an abort returns to).
@@ -901,6 +926,7 @@ impl Task {
             id,
             stores,
             committed_tick_at,
+            record_events,
             ..
         } = self;
         let mut task = Task::init(
@@ -912,6 +938,7 @@ impl Task {
             broker,
             now_ms,
         )?;
+        task.record_events = record_events;
         // A tick of the aborted transaction is due again: resume the
         // schedule as it was committed, not a fresh one from now.
         if committed_tick_at.is_some() {
@@ -1039,11 +1066,14 @@ impl Task {
         crate::holds::describe_clock(clock, |t| self.topic_name(t), |s| s.to_string())
     }
 
+    fn coordinate(&self, (channel, offset): (Channel, i64)) -> Coordinate {
+        Coordinate::new(self.topic_name(channel.topic), channel.partition, offset)
+    }
+
     fn topic_name(&self, topic: TopicId) -> String {
         self.names
             .get(&topic)
-            .cloned()
-            .unwrap_or_else(|| topic.to_string())
+            .map_or_else(|| topic.to_string(), |name| name.to_string())
     }
 
     fn on_record_inner(&mut self, record: FetchedRecord) -> Result<(), TaskError> {
@@ -1085,36 +1115,45 @@ impl Task {
             )
         });
         let held_before = self.node.held_count();
-        let deliveries = self.node.on_record(inbound).map_err(|e| self.protocol(e))?;
+        let mut deliveries = std::mem::take(&mut self.deliveries);
+        deliveries.clear();
+        if let Err(e) = self.node.on_record_into(inbound, &mut deliveries) {
+            return Err(self.protocol(e));
+        }
         let released = deliveries.iter().filter(|d| d.was_held).count();
         if self.node.held_count() + released > held_before {
             // Only the arriving record can join a queue in one call; its
             // coordinate is named only then, off the common path.
+            self.acted = true;
             let coordinate =
                 Coordinate::new(self.topic_name(channel.topic), channel.partition, offset);
             if let Some((clock, sender)) = &described {
                 debug!(task = %self.id, %coordinate, %clock, sender = sender.as_deref().unwrap_or("none"), "record held");
             }
-            self.events.push(TaskEvent::Held { coordinate });
+            if self.record_events {
+                self.events.push(TaskEvent::Held { coordinate });
+            }
         }
-        for d in deliveries {
+        for d in deliveries.drain(..) {
             self.process(d)?;
         }
+        self.deliveries = deliveries;
         self.refresh_holds();
         Ok(())
     }
 
     fn process(&mut self, delivery: Delivery) -> Result<(), TaskError> {
         let Delivery { record, was_held } = delivery;
-        let coordinate = Coordinate::new(
-            self.topic_name(record.channel.topic),
-            record.channel.partition,
-            record.offset,
-        );
+        // The record's coordinate names its topic: built only where it is
+        // kept (an event, an error), never per record on the common path.
+        let at = (record.channel, record.offset);
         let Some(&slot) = self.slots.get(&record.channel.topic) else {
             return Err(TaskError::Config {
                 task: self.id.clone(),
-                message: format!("delivered record {coordinate} is on no source of the stage"),
+                message: format!(
+                    "delivered record {} is on no source of the stage",
+                    self.coordinate(at)
+                ),
             });
         };
         if tracing::enabled!(tracing::Level::DEBUG) {
@@ -1124,7 +1163,7 @@ impl Task {
                 .map(|t| format!("{} seq {}", t.sender, t.seq));
             debug!(
                 task = %self.id,
-                %coordinate,
+                coordinate = %self.coordinate(at),
                 was_held,
                 clock = %self.describe_clock(&record.causal.clock),
                 sender = sender.as_deref().unwrap_or("none"),
@@ -1161,8 +1200,16 @@ impl Task {
                     .uses_state
                     .then(|| FoldKey::for_key(record.key.as_deref()).to_bytes());
                 let state = key.as_ref().and_then(|k| self.fold_get(k));
+                let topic = self.names.get(&record.channel.topic);
+                let fallback;
                 let input = RawInput {
-                    topic: &coordinate.topic,
+                    topic: match topic {
+                        Some(name) => name,
+                        None => {
+                            fallback = std::sync::Arc::from(record.channel.topic.to_string());
+                            &fallback
+                        }
+                    },
                     partition: record.channel.partition,
                     offset: record.offset,
                     timestamp: record.timestamp,
@@ -1178,24 +1225,27 @@ impl Task {
             Err(payload) => {
                 return Err(TaskError::Panic {
                     task: self.id.clone(),
-                    coordinate,
+                    coordinate: self.coordinate(at),
                     message: panic_message(payload),
                 });
             }
-            Ok(Err(failure)) => return Err(self.failure(failure, coordinate)),
+            Ok(Err(failure)) => return Err(self.failure(failure, self.coordinate(at))),
             Ok(Ok(o)) => o,
         };
         self.stats.delivered += 1;
         if was_held {
             self.stats.delivered_after_hold += 1;
         }
-        self.events.push(TaskEvent::Delivered(DeliveredRecord {
-            coordinate: coordinate.clone(),
-            timestamp: record.timestamp,
-            was_held,
-            tick: matches!(slot, SourceSlot::Ticks),
-        }));
-        self.apply(outcome, state_key, record.timestamp, &coordinate)
+        self.acted = true;
+        if self.record_events {
+            self.events.push(TaskEvent::Delivered(DeliveredRecord {
+                coordinate: self.coordinate(at),
+                timestamp: record.timestamp,
+                was_held,
+                tick: matches!(slot, SourceSlot::Ticks),
+            }));
+        }
+        self.apply(outcome, state_key, record.timestamp, at)
     }
 
     fn failure(&self, failure: Failure, coordinate: Coordinate) -> TaskError {
@@ -1225,7 +1275,7 @@ impl Task {
         outcome: Outcome,
         state_key: Option<Vec<u8>>,
         timestamp: i64,
-        coordinate: &Coordinate,
+        at: (Channel, i64),
     ) -> Result<(), TaskError> {
         if let Some(key) = state_key {
             match outcome.write {
@@ -1235,7 +1285,7 @@ impl Task {
             }
         }
         for emission in outcome.emissions {
-            self.send(&emission, timestamp, coordinate)?;
+            self.send(&emission, timestamp, at)?;
         }
         Ok(())
     }
@@ -1245,7 +1295,7 @@ impl Task {
         &mut self,
         emission: &Emission,
         default_timestamp: i64,
-        coordinate: &Coordinate,
+        at: (Channel, i64),
     ) -> Result<(), TaskError> {
         let topic = emission.topic();
         // `sinks` holds exactly the stage's declared sinks (the tick topic
@@ -1255,7 +1305,7 @@ impl Task {
             None => {
                 return Err(TaskError::UndeclaredSink {
                     task: self.id.clone(),
-                    coordinate: coordinate.clone(),
+                    coordinate: self.coordinate(at),
                     topic: topic.to_owned(),
                 });
             }
@@ -1267,7 +1317,7 @@ impl Task {
             Err(payload) => {
                 return Err(TaskError::Panic {
                     task: self.id.clone(),
-                    coordinate: coordinate.clone(),
+                    coordinate: self.coordinate(at),
                     message: format!(
                         "while encoding an emission to {topic:?}: {}",
                         panic_message(payload)
@@ -1278,14 +1328,14 @@ impl Task {
                 let (key, value) = (sink.topic.key_type().1, sink.topic.value_type().1);
                 return Err(TaskError::SinkTypes {
                     task: self.id.clone(),
-                    coordinate: coordinate.clone(),
+                    coordinate: self.coordinate(at),
                     topic: topic.to_owned(),
                     declared: format!("Topic<{key}, {value}>"),
                 });
             }
             Ok(Some(r)) => r.map_err(|(part, source)| TaskError::Encode {
                 task: self.id.clone(),
-                coordinate: coordinate.clone(),
+                coordinate: self.coordinate(at),
                 topic: topic.to_owned(),
                 part,
                 cause: source,
@@ -1298,16 +1348,16 @@ impl Task {
         {
             return Err(TaskError::ReservedHeader {
                 task: self.id.clone(),
-                coordinate: coordinate.clone(),
+                coordinate: self.coordinate(at),
                 topic: topic.to_owned(),
-                header: h.name.clone(),
+                header: h.name.to_string(),
             });
         }
         let timestamp = encoded.timestamp.unwrap_or(default_timestamp);
         if timestamp < 0 {
             return Err(TaskError::NegativeTimestamp {
                 task: self.id.clone(),
-                coordinate: coordinate.clone(),
+                coordinate: self.coordinate(at),
                 topic: topic.to_owned(),
                 timestamp,
             });
@@ -1318,11 +1368,13 @@ impl Task {
             .prepare_send(Channel::new(sink.id, partition))
             .map_err(|e| self.protocol(e))?;
         self.stats.emitted += 1;
-        self.events.push(TaskEvent::Sent {
-            topic: topic.to_owned(),
-            partition,
-            tick: false,
-        });
+        if self.record_events {
+            self.events.push(TaskEvent::Sent {
+                topic: topic.to_owned(),
+                partition,
+                tick: false,
+            });
+        }
         self.outgoing.push(OutgoingRecord {
             topic: topic.to_owned(),
             partition,
@@ -1330,7 +1382,8 @@ impl Task {
             value: encoded.value,
             timestamp,
             headers: {
-                let mut headers = stamp_headers(&stamp);
+                let mut headers = Vec::with_capacity(3 + emission.headers().len());
+                stamp.encode_headers_into(&mut headers);
                 headers.extend(emission.headers().iter().cloned());
                 headers
             },
@@ -1349,11 +1402,13 @@ impl Task {
         self.stats.emitted += 1;
         self.stats.ticks_emitted += 1;
         debug!(task = %self.id, timestamp = self.wall_clock, "tick emitted");
-        self.events.push(TaskEvent::Sent {
-            topic: topic.clone(),
-            partition: channel.partition,
-            tick: true,
-        });
+        if self.record_events {
+            self.events.push(TaskEvent::Sent {
+                topic: topic.clone(),
+                partition: channel.partition,
+                tick: true,
+            });
+        }
         self.outgoing.push(OutgoingRecord {
             topic,
             partition: channel.partition,
@@ -1399,11 +1454,7 @@ fn next_grid_point(now: i64, interval: i64) -> i64 {
 
 /// A record's causal headers, read strictly out of all its headers.
 pub(crate) fn causal_headers(headers: &[Header]) -> Result<CausalHeaders, CorruptHeader> {
-    CausalHeaders::decode(
-        headers
-            .iter()
-            .map(|h| (h.name.as_str(), h.value.as_deref())),
-    )
+    CausalHeaders::decode(headers.iter().map(|h| (h.name(), h.value.as_deref())))
 }
 
 /// The stamp as record headers, in the order `vc`, `vc-sender`, `vc-seq`.
@@ -1444,9 +1495,7 @@ impl StateSource for TaskState<'_> {
 }
 
 fn stamp_headers(stamp: &CausalHeaders) -> Vec<Header> {
-    stamp
-        .encode()
-        .into_iter()
-        .map(|(name, value)| Header::new(name, value))
-        .collect()
+    let mut headers = Vec::with_capacity(3);
+    stamp.encode_headers_into(&mut headers);
+    headers
 }

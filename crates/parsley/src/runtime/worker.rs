@@ -85,6 +85,12 @@ pub struct WorkerConfig {
     pub start_policy: StartPolicy,
     /// The `thread-id` label of this worker's metrics.
     pub thread_id: String,
+    /// Whether transactions list what each task did
+    /// ([`Transaction::events`]). On by default: the test driver and the
+    /// simulator read them. A host that never does (the Kafka runtime)
+    /// turns it off and saves a few allocations per record; nothing the
+    /// worker decides depends on it.
+    pub events: bool,
 }
 
 impl Default for WorkerConfig {
@@ -94,6 +100,7 @@ impl Default for WorkerConfig {
             truncation_interval: Duration::from_secs(600),
             start_policy: StartPolicy::Earliest,
             thread_id: "0".to_owned(),
+            events: true,
         }
     }
 }
@@ -175,7 +182,8 @@ pub struct Transaction {
     pub records: Vec<OutgoingRecord>,
     /// Consumed positions to commit.
     pub offsets: Vec<ConsumedOffset>,
-    /// What the tasks did, per task in order.
+    /// What the tasks did, per task in order (empty when
+    /// [`WorkerConfig::events`] is off).
     pub events: Vec<WorkerEvent>,
 }
 
@@ -639,7 +647,7 @@ impl Worker {
             cluster,
             cluster,
         )?;
-        let task = Task::init(
+        let mut task = Task::init(
             &self.app,
             &id.stage,
             id.partition,
@@ -648,6 +656,7 @@ impl Worker {
             cluster,
             self.now,
         )?;
+        task.set_record_events(self.config.events);
         if task.node().held_count() > 0 {
             self.stats.restored_with_held += 1;
         }
@@ -1095,7 +1104,13 @@ impl Worker {
             };
             match task.take_commit() {
                 Ok(commit) => {
-                    txn.records.extend(commit.records);
+                    // The first task's records move over whole (no copy of
+                    // a transaction's worth of records on one task).
+                    if txn.records.is_empty() {
+                        txn.records = commit.records;
+                    } else {
+                        txn.records.extend(commit.records);
+                    }
                     txn.records.extend(commit.changelog);
                     txn.events
                         .extend(commit.events.into_iter().map(|event| WorkerEvent {

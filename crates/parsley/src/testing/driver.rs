@@ -417,7 +417,8 @@ impl<K, V> Input<K, V> {
     /// Adds a header. A header named `vc`, `vc-sender` or `vc-seq` is
     /// passed as given (a way to pipe corrupt stamps on purpose).
     pub fn header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
-        self.headers.push(Header::new(name, value));
+        self.headers
+            .push(Header::new(Into::<String>::into(name), value));
         self
     }
 
