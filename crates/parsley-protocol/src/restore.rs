@@ -34,10 +34,15 @@ impl Persisted {
         let mut p = Persisted::default();
         let mut entries: BTreeMap<Channel, Vec<(i64, InboundRecord)>> = BTreeMap::new();
         let mut first_error: Option<CorruptState> = None;
-        store.for_each_entry(&mut |key, value| {
-            if first_error.is_none()
-                && let Err(e) = p.absorb(key, value, &mut entries)
-            {
+        store.for_each_state(&mut |key, value| {
+            if first_error.is_some() {
+                return;
+            }
+            let absorbed = match key {
+                Ok(key) => p.absorb(key, value, &mut entries),
+                Err(text) => Err(CorruptState::new(text, "not a protocol state key")),
+            };
+            if let Err(e) = absorbed {
                 first_error = Some(e);
             }
         });
@@ -50,12 +55,11 @@ impl Persisted {
 
     fn absorb(
         &mut self,
-        key: &str,
+        parsed: StateKey,
         value: &[u8],
         entries: &mut BTreeMap<Channel, Vec<(i64, InboundRecord)>>,
     ) -> Result<(), CorruptState> {
-        let parsed: StateKey = key.parse()?;
-        let bad = |reason: String| CorruptState::new(key, reason);
+        let bad = |reason: String| CorruptState::new(parsed.text().as_str(), reason);
         let clock = |v: &[u8]| VectorClock::decode(v).map_err(|e| bad(e.to_string()));
         match parsed {
             StateKey::Scope => {

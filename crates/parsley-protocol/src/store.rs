@@ -756,10 +756,22 @@ impl Iterator for WriteBatchIntoIter {
     }
 }
 
+/// What [`StoreRead::for_each_state`] calls with each entry.
+pub type StateVisitor<'f> = dyn FnMut(Result<StateKey, &str>, &[u8]) + 'f;
+
 /// Read access to a committed protocol store, for restore at init.
 pub trait StoreRead {
     /// Calls `f` with every entry, in any order.
     fn for_each_entry(&self, f: &mut dyn FnMut(&str, &[u8]));
+
+    /// Calls `f` with every entry, in any order: `Ok` with the parsed key
+    /// of a protocol key, `Err` with the text of any other key (which a
+    /// node refuses to start from). The default parses what
+    /// [`for_each_entry`](Self::for_each_entry) gives; a store that keeps
+    /// keys parsed ([`MemStore`]) hands them over as they are.
+    fn for_each_state(&self, f: &mut StateVisitor<'_>) {
+        self.for_each_entry(&mut |key, value| f(parse_key(key.as_bytes()).ok_or(key), value));
+    }
 }
 
 impl StoreRead for BTreeMap<String, Vec<u8>> {
@@ -770,12 +782,18 @@ impl StoreRead for BTreeMap<String, Vec<u8>> {
     }
 }
 
-/// A simple in-memory protocol store: a sorted map that applies write
-/// batches. Hosts that keep state in memory (the simulator, the test driver,
-/// a changelog-backed runtime) can use it directly.
+/// A simple in-memory protocol store that applies write batches. Hosts that
+/// keep state in memory (the simulator, the test driver, a
+/// changelog-backed runtime) can use it directly.
+///
+/// Protocol keys are kept parsed ([`StateKey`]): applying a batch and
+/// restoring from the store never spell a key out or parse one back.
+/// Anything else put in through the raw methods (a corrupt changelog, a
+/// test) is kept under its text, so that a node refuses to start from it.
 #[derive(Clone, PartialEq, Eq, Default, Debug)]
 pub struct MemStore {
-    entries: BTreeMap<String, Vec<u8>>,
+    state: BTreeMap<StateKey, Vec<u8>>,
+    other: BTreeMap<String, Vec<u8>>,
 }
 
 impl MemStore {
@@ -788,20 +806,18 @@ impl MemStore {
     /// the store already holds reuses its entry (no allocation).
     pub fn apply(&mut self, batch: &WriteBatch) {
         for (k, v) in batch.iter() {
-            let text = k.text();
-            let key = text.as_str();
             match v {
-                Some(v) => match self.entries.get_mut(key) {
+                Some(v) => match self.state.get_mut(&k) {
                     Some(slot) => {
                         slot.clear();
                         slot.extend_from_slice(v);
                     }
                     None => {
-                        self.entries.insert(key.to_owned(), v.to_vec());
+                        self.state.insert(k, v.to_vec());
                     }
                 },
                 None => {
-                    self.entries.remove(key);
+                    self.state.remove(&k);
                 }
             }
         }
@@ -812,64 +828,114 @@ impl MemStore {
     /// node encoded it).
     pub fn apply_owned(&mut self, batch: WriteBatch) {
         for (k, v) in batch.writes {
-            let text = k.text();
-            let key = text.as_str();
             match v {
-                Some(Value::Bytes(v)) => match self.entries.get_mut(key) {
-                    Some(slot) => *slot = v,
-                    None => {
-                        self.entries.insert(key.to_owned(), v);
-                    }
-                },
-                Some(small) => match self.entries.get_mut(key) {
+                Some(Value::Bytes(v)) => {
+                    self.state.insert(k, v);
+                }
+                Some(small) => match self.state.get_mut(&k) {
                     Some(slot) => {
                         slot.clear();
                         slot.extend_from_slice(small.as_slice());
                     }
                     None => {
-                        self.entries.insert(key.to_owned(), small.into_vec());
+                        self.state.insert(k, small.into_vec());
                     }
                 },
                 None => {
-                    self.entries.remove(key);
+                    self.state.remove(&k);
                 }
             }
         }
     }
 
-    /// The value under `key`.
+    /// The value under the key spelt `key`.
     pub fn get(&self, key: &str) -> Option<&[u8]> {
-        self.entries.get(key).map(Vec::as_slice)
+        match parse_key(key.as_bytes()) {
+            Some(k) => self.get_state(k),
+            None => self.other.get(key).map(Vec::as_slice),
+        }
     }
 
-    /// Every entry in key order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8])> {
-        self.entries.iter().map(|(k, v)| (k.as_str(), v.as_slice()))
+    /// The value under a protocol key.
+    pub fn get_state(&self, key: StateKey) -> Option<&[u8]> {
+        self.state.get(&key).map(Vec::as_slice)
+    }
+
+    /// Every entry, in the order of the keys' text.
+    pub fn iter(&self) -> impl Iterator<Item = (String, &[u8])> {
+        let mut all: Vec<(String, &[u8])> = self
+            .state
+            .iter()
+            .map(|(k, v)| (k.to_key(), v.as_slice()))
+            .chain(self.other.iter().map(|(k, v)| (k.clone(), v.as_slice())))
+            .collect();
+        all.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        all.into_iter()
     }
 
     /// The number of entries.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.state.len() + self.other.len()
     }
 
     /// True when the store holds nothing.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.state.is_empty() && self.other.is_empty()
     }
 
-    /// Total bytes of keys and values held.
+    /// Total bytes of keys (as text) and values held.
     pub fn size_bytes(&self) -> usize {
-        self.entries.iter().map(|(k, v)| k.len() + v.len()).sum()
+        self.state
+            .iter()
+            .map(|(k, v)| k.text().len() + v.len())
+            .chain(self.other.iter().map(|(k, v)| k.len() + v.len()))
+            .sum()
     }
 
-    /// Direct mutable access, for tests that corrupt state on purpose.
-    pub fn entries_mut(&mut self) -> &mut BTreeMap<String, Vec<u8>> {
-        &mut self.entries
+    /// Puts `value` under the key spelt `key`, whatever it says: a
+    /// protocol key joins the parsed entries, anything else is kept as text
+    /// (a node refuses to start from it). For hosts restoring a store from
+    /// its changelog, and for tests that corrupt state on purpose. Returns
+    /// the value it replaced.
+    pub fn insert_raw(&mut self, key: &str, value: Vec<u8>) -> Option<Vec<u8>> {
+        match parse_key(key.as_bytes()) {
+            Some(k) => self.state.insert(k, value),
+            None => self.other.insert(key.to_owned(), value),
+        }
+    }
+
+    /// Removes the entry under the key spelt `key`, returning its value.
+    pub fn remove_raw(&mut self, key: &str) -> Option<Vec<u8>> {
+        match parse_key(key.as_bytes()) {
+            Some(k) => self.state.remove(&k),
+            None => self.other.remove(key),
+        }
+    }
+
+    /// The value under the key spelt `key`, for tests that corrupt state on
+    /// purpose.
+    pub fn get_raw_mut(&mut self, key: &str) -> Option<&mut Vec<u8>> {
+        match parse_key(key.as_bytes()) {
+            Some(k) => self.state.get_mut(&k),
+            None => self.other.get_mut(key),
+        }
     }
 }
 
 impl StoreRead for MemStore {
     fn for_each_entry(&self, f: &mut dyn FnMut(&str, &[u8])) {
-        self.entries.for_each_entry(f)
+        for (k, v) in &self.state {
+            f(k.text().as_str(), v);
+        }
+        self.other.for_each_entry(f)
+    }
+
+    fn for_each_state(&self, f: &mut StateVisitor<'_>) {
+        for (k, v) in &self.state {
+            f(Ok(*k), v);
+        }
+        for (k, v) in &self.other {
+            f(Err(k), v);
+        }
     }
 }

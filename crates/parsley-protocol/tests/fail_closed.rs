@@ -78,7 +78,7 @@ fn hold_queue_restoring_fewer_entries_than_its_indices_claim() {
     h.feed(rec(a, 1, VectorClock::new()));
     h.commit();
     let lost = StateKey::QueueEntry(a, 1).to_string();
-    assert!(h.store.entries_mut().remove(&lost).is_some());
+    assert!(h.store.remove_raw(&lost).is_some());
     let err = CausalNode::init(h.config.clone(), &h.store, &h.broker).unwrap_err();
     assert!(
         matches!(err, ProtocolError::MissingHeldRecords { channel, index: 1, head: 0, tail: 2 } if channel == a),
@@ -120,7 +120,7 @@ fn corrupt_persisted_values() {
             |v: &mut Vec<u8>| v.push(0),
         ] {
             let mut store = good.clone();
-            mutate(store.entries_mut().get_mut(key).unwrap());
+            mutate(store.get_raw_mut(key).unwrap());
             let err = CausalNode::init(h.config.clone(), &store, &h.broker).unwrap_err();
             assert!(
                 matches!(err, ProtocolError::CorruptState(ref c) if &c.key == key),
@@ -130,14 +130,14 @@ fn corrupt_persisted_values() {
     }
     // A key nobody writes, a negative frontier, state without a scope.
     let mut store = good.clone();
-    store.entries_mut().insert("zz/unknown".into(), vec![]);
+    store.insert_raw("zz/unknown", vec![]);
     assert!(matches!(
         CausalNode::init(h.config.clone(), &store, &h.broker),
         Err(ProtocolError::CorruptState(_))
     ));
     let mut store = good.clone();
-    store.entries_mut().insert(
-        StateKey::Frontier(a).to_string(),
+    store.insert_raw(
+        &StateKey::Frontier(a).to_string(),
         (-2i64).to_be_bytes().to_vec(),
     );
     assert!(matches!(
@@ -145,7 +145,7 @@ fn corrupt_persisted_values() {
         Err(ProtocolError::CorruptState(_))
     ));
     let mut store = good.clone();
-    store.entries_mut().remove("scope");
+    store.remove_raw("scope");
     assert!(matches!(
         CausalNode::init(h.config.clone(), &store, &h.broker),
         Err(ProtocolError::CorruptState(_))
@@ -154,9 +154,7 @@ fn corrupt_persisted_values() {
     // kind is enough, not only all of them together).
     for key in keys.iter().filter(|k| *k != "scope") {
         let mut store = MemStore::new();
-        store
-            .entries_mut()
-            .insert(key.clone(), good.get(key).unwrap().to_vec());
+        store.insert_raw(key, good.get(key).unwrap().to_vec());
         let err = CausalNode::init(h.config.clone(), &store, &h.broker).unwrap_err();
         assert!(
             matches!(err, ProtocolError::CorruptState(ref c) if c.key == "scope"),
@@ -165,8 +163,8 @@ fn corrupt_persisted_values() {
     }
     // A frontier for a channel outside the recorded scope.
     let mut store = good.clone();
-    store.entries_mut().insert(
-        StateKey::Frontier(ch(3, 3)).to_string(),
+    store.insert_raw(
+        &StateKey::Frontier(ch(3, 3)).to_string(),
         1i64.to_be_bytes().to_vec(),
     );
     assert!(matches!(
@@ -180,7 +178,7 @@ fn corrupt_persisted_values() {
         .get(&StateKey::QueueEntry(a, 0).to_string())
         .unwrap()
         .to_vec();
-    store.entries_mut().insert(stray, entry);
+    store.insert_raw(&stray, entry);
     assert!(matches!(
         CausalNode::init(h.config.clone(), &store, &h.broker),
         Err(ProtocolError::CorruptState(_))
@@ -207,9 +205,7 @@ fn non_canonical_state_keys_are_corrupt() {
     ] {
         assert_ne!(alias, canonical);
         let mut store = good.clone();
-        store
-            .entries_mut()
-            .insert(alias.clone(), 9i64.to_be_bytes().to_vec());
+        store.insert_raw(&alias, 9i64.to_be_bytes().to_vec());
         let err = CausalNode::init(h.config.clone(), &store, &h.broker).unwrap_err();
         assert!(
             matches!(err, ProtocolError::CorruptState(ref c) if c.key == alias),
@@ -218,8 +214,8 @@ fn non_canonical_state_keys_are_corrupt() {
     }
     // A skip mark for a channel outside the recorded scope is corrupt too.
     let mut store = good.clone();
-    store.entries_mut().insert(
-        StateKey::SkipMark(ch(7, 0), sender(1)).to_string(),
+    store.insert_raw(
+        &StateKey::SkipMark(ch(7, 0), sender(1)).to_string(),
         [1i64.to_be_bytes(), 9i64.to_be_bytes()].concat(),
     );
     assert!(matches!(

@@ -115,9 +115,9 @@ struct Reversed(MemStore);
 
 impl StoreRead for Reversed {
     fn for_each_entry(&self, f: &mut dyn FnMut(&str, &[u8])) {
-        let entries: Vec<(&str, &[u8])> = self.0.iter().collect();
+        let entries: Vec<(String, &[u8])> = self.0.iter().collect();
         for (k, v) in entries.into_iter().rev() {
-            f(k, v);
+            f(&k, v);
         }
     }
 }
@@ -154,7 +154,7 @@ fn a_held_entry_below_the_queue_head_is_corrupt() {
         .unwrap()
         .to_vec();
     let stray = StateKey::QueueEntry(b, 0).to_string();
-    store.entries_mut().insert(stray.clone(), kept);
+    store.insert_raw(&stray, kept);
     let err = CausalNode::init(h.config.clone(), &store, &h.broker).unwrap_err();
     assert!(
         matches!(err, ProtocolError::CorruptState(ref c) if c.key == stray),

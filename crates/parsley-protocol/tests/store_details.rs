@@ -232,8 +232,8 @@ proptest::proptest! {
             }
             by_ref.apply(&batch);
             by_value.apply_owned(batch);
-            let want: Vec<(&str, &[u8])> =
-                model.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+            let want: Vec<(String, &[u8])> =
+                model.iter().map(|(k, v)| (k.clone(), v.as_slice())).collect();
             proptest::prop_assert_eq!(by_ref.iter().collect::<Vec<_>>(), want.clone());
             proptest::prop_assert_eq!(by_value.iter().collect::<Vec<_>>(), want);
         }
@@ -305,4 +305,54 @@ fn stamp_headers_match_the_encoded_pairs() {
             .collect();
         assert_eq!(got, want);
     }
+}
+
+#[test]
+fn raw_access_keeps_protocol_keys_parsed_and_anything_else_as_text() {
+    let a = ch(1, 0);
+    let key = StateKey::Frontier(a);
+    let mut store = MemStore::new();
+    assert_eq!(store.insert_raw(&key.to_key(), encode_i64(4)), None);
+    assert_eq!(store.get_state(key), Some(encode_i64(4).as_slice()));
+    assert_eq!(store.get(&key.to_key()), Some(encode_i64(4).as_slice()));
+    // Upper-case hex is not the key's spelling: kept apart, as text.
+    let alias = key.to_key().to_uppercase();
+    store.insert_raw(&alias, vec![1]);
+    assert_eq!(store.len(), 2);
+    assert_eq!(store.get(&alias), Some(&[1u8][..]));
+    let mut seen = Vec::new();
+    store.for_each_state(&mut |k, v| seen.push((k.map_err(str::to_owned), v.to_vec())));
+    assert_eq!(
+        seen,
+        vec![(Ok(key), encode_i64(4)), (Err(alias.clone()), vec![1])]
+    );
+    store.get_raw_mut(&key.to_key()).unwrap().push(0);
+    assert_eq!(store.get_state(key).map(<[u8]>::len), Some(9));
+    assert_eq!(store.remove_raw(&alias), Some(vec![1]));
+    assert_eq!(store.remove_raw(&key.to_key()).map(|v| v.len()), Some(9));
+    assert!(store.is_empty());
+}
+
+#[test]
+fn a_store_of_parsed_keys_reads_back_as_its_text_does() {
+    let a = ch(1, 0);
+    let mut store = MemStore::new();
+    let mut batch = WriteBatch::new();
+    batch.put_i64(StateKey::Frontier(a), 3);
+    batch.put_pair(StateKey::QueueMeta(a), 0, 0);
+    batch.put(StateKey::CarriedAncestry, VectorClock::new().encode());
+    store.apply(&batch);
+    let text: std::collections::BTreeMap<String, Vec<u8>> =
+        store.iter().map(|(k, v)| (k, v.to_vec())).collect();
+    let collect = |s: &dyn StoreRead| {
+        let mut all = Vec::new();
+        s.for_each_state(&mut |k, v| all.push((k.map_err(str::to_owned), v.to_vec())));
+        all.sort();
+        all
+    };
+    assert_eq!(collect(&store), collect(&text));
+    let mut entries = Vec::new();
+    store.for_each_entry(&mut |k, v| entries.push((k.to_owned(), v.to_vec())));
+    entries.sort();
+    assert_eq!(entries, text.into_iter().collect::<Vec<_>>());
 }

@@ -38,7 +38,9 @@
 //! user at a coordinate is outside the oracle's view (the protocol's
 //! persistence tests pin that).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::fmt;
 
 use parsley_protocol::Channel;
@@ -124,7 +126,7 @@ struct ActorState {
     incarnation: u32,
     past: Vec<u32>,
     staged: Option<Staged>,
-    delivered: HashSet<RecordId>,
+    delivered: FxHashSet<RecordId>,
     last: BTreeMap<Channel, i64>,
     baselines: BTreeMap<Channel, i64>,
     consumes: Vec<Channel>,
@@ -156,7 +158,7 @@ pub struct PendingSend {
 pub struct Oracle {
     actors: Vec<ActorState>,
     records: Vec<RecordMeta>,
-    by_coordinate: HashMap<(Channel, i64), RecordId>,
+    by_coordinate: FxHashMap<(Channel, i64), RecordId>,
     /// Per actor, per channel: the actor's committed sends to that channel
     /// as (send index, offset, record), in send order.
     sends: Vec<BTreeMap<Channel, SendLog>>,
@@ -180,7 +182,7 @@ impl Oracle {
                 })
                 .collect(),
             records: Vec::new(),
-            by_coordinate: HashMap::new(),
+            by_coordinate: FxHashMap::default(),
             sends: vec![BTreeMap::new(); n],
             names: BTreeMap::new(),
             deliveries_checked: 0,

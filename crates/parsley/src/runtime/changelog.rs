@@ -132,19 +132,18 @@ fn protocol_store(
         reason,
     };
     let mut store = MemStore::new();
-    let entries = store.entries_mut();
     for r in records {
         let Some(key) = r.key else {
             return Err(corrupt("a record without a key".to_owned()));
         };
-        let key = String::from_utf8(key)
+        let key = std::str::from_utf8(&key)
             .map_err(|_| corrupt("a protocol store key that is not UTF-8".to_owned()))?;
         match r.value {
             Some(v) => {
-                entries.insert(key, v);
+                store.insert_raw(key, v);
             }
             None => {
-                entries.remove(&key);
+                store.remove_raw(key);
             }
         }
     }
