@@ -94,6 +94,43 @@ proptest! {
         });
     }
 
+    /// Clocks naming the same channels take the merge's lockstep pass;
+    /// clocks of one length whose channels differ late fall back from it
+    /// part way. Either way the result is the pointwise maximum, and the
+    /// change is reported exactly when there is one.
+    #[test]
+    fn merge_of_clocks_of_one_length_is_pointwise_max(
+        a in clock(),
+        values in prop::collection::vec(0..40i64, 10),
+        swap_last in any::<bool>(),
+        other in channel(),
+    ) {
+        let mut claims: Vec<OffsetClaim> = a
+            .offsets()
+            .iter()
+            .zip(&values)
+            .map(|(c, &offset)| OffsetClaim { channel: c.channel, offset })
+            .collect();
+        if swap_last
+            && a.offset(other).is_none()
+            && let Some(last) = claims.last_mut()
+        {
+            last.channel = other;
+        }
+        let b = VectorClock::from_claims(claims, []);
+        let mut m = a.clone();
+        let changed = m.merge(&b);
+        let mut model: std::collections::BTreeMap<Channel, i64> = std::collections::BTreeMap::new();
+        for c in a.offsets().iter().chain(b.offsets()) {
+            let slot = model.entry(c.channel).or_insert(c.offset);
+            *slot = (*slot).max(c.offset);
+        }
+        let got: Vec<(Channel, i64)> = m.offsets().iter().map(|c| (c.channel, c.offset)).collect();
+        prop_assert_eq!(got, model.into_iter().collect::<Vec<_>>());
+        prop_assert_eq!(m.sequences(), a.sequences());
+        prop_assert_eq!(changed, m != a);
+    }
+
     #[test]
     fn dominance_is_a_partial_order(a in clock(), b in clock(), c in clock()) {
         prop_assert!(a.dominates(&a));

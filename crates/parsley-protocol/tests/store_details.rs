@@ -319,6 +319,7 @@ fn raw_access_keeps_protocol_keys_parsed_and_anything_else_as_text() {
     let alias = key.to_key().to_uppercase();
     store.insert_raw(&alias, vec![1]);
     assert_eq!(store.len(), 2);
+    assert_eq!(store.size_bytes(), 2 * key.to_key().len() + 8 + 1);
     assert_eq!(store.get(&alias), Some(&[1u8][..]));
     let mut seen = Vec::new();
     store.for_each_state(&mut |k, v| seen.push((k.map_err(str::to_owned), v.to_vec())));
