@@ -5,8 +5,9 @@
 //!   each loop works through them while a `read_committed` reader times
 //!   the outputs, from the first tenth to the last (steady state: the
 //!   start-up of either loop, a group join and the first transaction, is
-//!   not part of it). The loops take turns, three rounds; the medians are
-//!   compared.
+//!   not part of it). The loops take turns, ROUNDS rounds (default 5), the
+//!   plain loop first in odd rounds and the stage first in even ones; the
+//!   medians are compared.
 //! * **Latency**: each loop running and warmed up, records written at a
 //!   steady RATE per second for SECONDS, each carrying its send time in
 //!   microseconds; a `read_committed` reader takes the time each output
@@ -15,7 +16,7 @@
 //!   Parsley adds.
 //!
 //! ```text
-//! cargo run --release -p parsley-kafka --example throughput -- BOOTSTRAP [RECORDS] [RATE SECONDS COMMIT_MS]
+//! cargo run --release -p parsley-kafka --example throughput -- BOOTSTRAP [RECORDS] [RATE SECONDS COMMIT_MS [ROUNDS]]
 //! ```
 
 use std::alloc::System;
@@ -54,6 +55,7 @@ fn main() -> Result<()> {
     let rate: u64 = args.get(2).map_or(Ok(500), |s| s.parse())?;
     let seconds: u64 = args.get(3).map_or(Ok(10), |s| s.parse())?;
     let commit = Duration::from_millis(args.get(4).map_or(Ok(20), |s| s.parse())?);
+    let rounds: usize = args.get(5).map_or(Ok(5), |s| s.parse())?;
     let mut base = ClientConfig::new();
     base.set("bootstrap.servers", bootstrap);
     let cluster = KafkaCluster::new(&base, Duration::from_secs(30))?;
@@ -83,12 +85,17 @@ fn main() -> Result<()> {
     // rate is taken between the reader's first tenth and its last record,
     // so group joins, transaction set-up and the first fetches (which
     // differ run to run by seconds) are not part of it. The loops take
-    // turns, ROUNDS times, each on a fresh output topic and group, so
+    // turns, ROUNDS times (default 5), each on a fresh output topic and group, so
     // neither always runs on a busier or a quieter broker.
     let (mut plain_rates, mut parsley_rates) = (Vec::new(), Vec::new());
-    for round in 1..=ROUNDS {
-        let (plain_out, parsley_out) = (unique("plain"), unique("parsley"));
-        create_topics(&cluster, &[&plain_out, &parsley_out])?;
+    let per = |cpu: Option<Duration>| {
+        cpu.map_or("n/a".to_owned(), |c| {
+            format!("{:.2} µs CPU", c.as_secs_f64() * 1e6 / n as f64)
+        })
+    };
+    let run_plain = || -> Result<(f64, String)> {
+        let plain_out = unique("plain");
+        create_topics(&cluster, &[&plain_out])?;
         let reader = ready_reader(&base, &plain_out)?;
         let region = Region::new(GLOBAL);
         let (b, i, o) = (base.clone(), input.clone(), plain_out.clone());
@@ -98,10 +105,14 @@ fn main() -> Result<()> {
                 plain_loop(&b, &i, &o, n, Duration::from_millis(100)).map_err(|e| e.to_string())?;
                 Ok::<_, String>(thread_cpu("plain-loop"))
             })?;
-        let plain = steady_rate(&reader, n)?;
-        let plain_cpu = worker.join().map_err(|_| "the plain loop panicked")??;
-        let plain_allocs = region.change().allocations as f64 / n as f64;
-
+        let rate = steady_rate(&reader, n)?;
+        let cpu = worker.join().map_err(|_| "the plain loop panicked")??;
+        let allocs = region.change().allocations as f64 / n as f64;
+        Ok((rate, format!("{} and {allocs:.1} allocations per record", per(cpu))))
+    };
+    let run_parsley = || -> Result<(f64, String)> {
+        let parsley_out = unique("parsley");
+        create_topics(&cluster, &[&parsley_out])?;
         let app = copy_app(&input, &parsley_out)?;
         let mut streams = CausalStreams::new(&app, base.clone())?.with_options(StreamsOptions {
             instance_id: Some("bench".to_owned()),
@@ -110,19 +121,23 @@ fn main() -> Result<()> {
         let reader = ready_reader(&base, &parsley_out)?;
         let region = Region::new(GLOBAL);
         streams.start()?;
-        let parsley = steady_rate(&reader, n)?;
-        let parsley_cpu = thread_cpu("parsley-");
-        let parsley_allocs = region.change().allocations as f64 / n as f64;
+        let rate = steady_rate(&reader, n)?;
+        let cpu = thread_cpu("parsley-");
+        let allocs = region.change().allocations as f64 / n as f64;
         streams.close(Duration::from_secs(30))?;
-        let per = |cpu: Option<Duration>| {
-            cpu.map_or("n/a".to_owned(), |c| {
-                format!("{:.2} µs CPU", c.as_secs_f64() * 1e6 / n as f64)
-            })
+        Ok((rate, format!("{} and {allocs:.1} allocations per record", per(cpu))))
+    };
+    for round in 1..=rounds {
+        // Odd rounds run the plain loop first, even rounds the stage.
+        let ((plain, plain_cost), (parsley, parsley_cost)) = if round % 2 == 1 {
+            let p = run_plain()?;
+            (p, run_parsley()?)
+        } else {
+            let q = run_parsley()?;
+            (run_plain()?, q)
         };
         println!(
-            "round {round}: plain rdkafka exactly-once loop {plain:>9.0} records/s ({} and {plain_allocs:.1} allocations per record), parsley stage {parsley:>9.0} records/s ({} and {parsley_allocs:.1} allocations per record)",
-            per(plain_cpu),
-            per(parsley_cpu),
+            "round {round}: plain rdkafka exactly-once loop {plain:>9.0} records/s ({plain_cost}), parsley stage {parsley:>9.0} records/s ({parsley_cost})"
         );
         plain_rates.push(plain);
         parsley_rates.push(parsley);
@@ -223,8 +238,6 @@ fn copy_app(input: &str, output: &str) -> Result<Parsley> {
     Ok(Parsley::named(unique("app").as_str(), [stage])?)
 }
 
-/// How many times each loop's throughput is measured (taking turns).
-const ROUNDS: usize = 3;
 
 /// CPU time (user and system) of this process's threads whose name starts
 /// with `prefix`, from `/proc` (Linux; `None` elsewhere). The loop threads
