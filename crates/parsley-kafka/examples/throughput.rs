@@ -15,6 +15,10 @@
 //!   for its transaction in both: the difference of the medians is what
 //!   Parsley adds.
 //!
+//! `PLAIN_STAMP_SIZED_HEADERS=1` makes the plain loop's outputs carry
+//! three headers of the sizes of a one-input stage's stamp, so both loops
+//! write the same bytes (a control run).
+//!
 //! ```text
 //! cargo run --release -p parsley-kafka --example throughput -- BOOTSTRAP [RECORDS] [RATE SECONDS COMMIT_MS [ROUNDS]]
 //! ```
@@ -27,7 +31,7 @@ use parsley::{Codec, Message, Parsley, Stage, Topic};
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message as _;
+use rdkafka::message::{Header, Message as _, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
@@ -108,7 +112,10 @@ fn main() -> Result<()> {
         let rate = steady_rate(&reader, n)?;
         let cpu = worker.join().map_err(|_| "the plain loop panicked")??;
         let allocs = region.change().allocations as f64 / n as f64;
-        Ok((rate, format!("{} and {allocs:.1} allocations per record", per(cpu))))
+        Ok((
+            rate,
+            format!("{} and {allocs:.1} allocations per record", per(cpu)),
+        ))
     };
     let run_parsley = || -> Result<(f64, String)> {
         let parsley_out = unique("parsley");
@@ -125,7 +132,10 @@ fn main() -> Result<()> {
         let cpu = thread_cpu("parsley-");
         let allocs = region.change().allocations as f64 / n as f64;
         streams.close(Duration::from_secs(30))?;
-        Ok((rate, format!("{} and {allocs:.1} allocations per record", per(cpu))))
+        Ok((
+            rate,
+            format!("{} and {allocs:.1} allocations per record", per(cpu)),
+        ))
     };
     for round in 1..=rounds {
         // Odd rounds run the plain loop first, even rounds the stage.
@@ -238,6 +248,13 @@ fn copy_app(input: &str, output: &str) -> Result<Parsley> {
     Ok(Parsley::named(unique("app").as_str(), [stage])?)
 }
 
+/// Whether the plain loop attaches headers of the sizes of a stage's stamp
+/// to its outputs (`PLAIN_STAMP_SIZED_HEADERS=1`): a control run, to tell
+/// what the stamp's bytes cost the broker apart from what the stage runtime
+/// costs.
+fn stamp_sized_headers() -> bool {
+    std::env::var_os("PLAIN_STAMP_SIZED_HEADERS").is_some_and(|v| v == "1")
+}
 
 /// CPU time (user and system) of this process's threads whose name starts
 /// with `prefix`, from `/proc` (Linux; `None` elsewhere). The loop threads
@@ -460,6 +477,25 @@ fn plain_loop(
             }
             if let Some(v) = m.payload() {
                 record = record.payload(v);
+            }
+            if stamp_sized_headers() {
+                // The control run: headers of the sizes a one-input stage's
+                // stamp has (a one-entry clock, a sender id, a sequence).
+                record = record.headers(
+                    OwnedHeaders::new_with_capacity(3)
+                        .insert(Header {
+                            key: "vc",
+                            value: Some(&[0u8; 37][..]),
+                        })
+                        .insert(Header {
+                            key: "vc-sender",
+                            value: Some(&[0u8; 16][..]),
+                        })
+                        .insert(Header {
+                            key: "vc-seq",
+                            value: Some(&[0u8; 8][..]),
+                        }),
+                );
             }
             loop {
                 match producer.send(record) {
