@@ -197,6 +197,16 @@ fn sequence_claims_read_sender_unseen_and_sender_behind() {
     let w = &held[0].waiting_on[0];
     assert_eq!(w.diagnosis(), Diagnosis::SenderUnseen, "{}", held[0]);
     assert!(held[0].summary().contains("vc-hold-sender-unseen"));
+    // The summary says what to do about it, and the record prints as its
+    // summary.
+    assert!(
+        held[0]
+            .summary()
+            .contains("nothing from that sender has been delivered on the channel yet"),
+        "{}",
+        held[0].summary()
+    );
+    assert_eq!(held[0].to_string(), held[0].summary());
 
     // The sender's first record arrives (seq 1): that claim is met. A
     // claim on its seq 2 reads sender-behind, delivered 1.
@@ -222,6 +232,13 @@ fn sequence_claims_read_sender_unseen_and_sender_behind() {
         other => panic!("expected a sequence claim, got {other:?}"),
     }
     assert!(held[0].summary().contains("vc-hold-sender-behind"));
+    assert!(
+        held[0]
+            .summary()
+            .contains("that sender's later records are in flight or their transaction is open"),
+        "{}",
+        held[0].summary()
+    );
 }
 
 /// A hold that outlives the stage's threshold is logged once at WARN with

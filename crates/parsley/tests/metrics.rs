@@ -80,6 +80,26 @@ fn hold_gauges_and_counters_move_with_the_records() {
         assert_eq!(m[0].records_held, 1);
         assert_eq!(m[0].records_held_age_max_ms, 2_000);
         // ANCHOR_END: held-metrics
+        // Every series is described to the recorder (unit and help text,
+        // which the Prometheus exporter prints as `# HELP`).
+        let described = snap.snapshot().into_vec();
+        for name in [
+            RECORDS_HELD,
+            RECORDS_HELD_AGE_MAX_MS,
+            RECORDS_DELIVERED_TOTAL,
+        ] {
+            let (_, unit, help, _) = described
+                .iter()
+                .find(|(k, ..)| k.key().name() == name)
+                .unwrap_or_else(|| panic!("no series {name}"));
+            assert!(unit.is_some(), "{name} has no unit");
+            assert!(
+                help.as_ref().is_some_and(|h| !h.is_empty()),
+                "{name} has no help text"
+            );
+        }
+        // The stub's snapshot drains what it reports: sample again.
+        d.metrics();
         let now = read(&snap);
         assert_eq!(value(&now, RECORDS_HELD, &task), Some(1.0));
         assert_eq!(value(&now, RECORDS_HELD_AGE_MAX_MS, &task), Some(2_000.0));

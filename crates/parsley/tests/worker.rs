@@ -611,10 +611,14 @@ fn a_failed_truncation_sweep_is_skipped_and_counted() {
     w.punctuate(600_000, &cluster).unwrap();
     assert_eq!(w.stats().truncation_sweeps_skipped, 1);
     assert_eq!(w.stats().sweeps, 0);
+    // The task's own count, in its sample, moves with every skip.
+    assert_eq!(w.sample().metrics[0].truncation_sweeps_skipped_total, 1);
+    w.punctuate(1_200_000, &cluster).unwrap();
+    assert_eq!(w.sample().metrics[0].truncation_sweeps_skipped_total, 2);
     // The next interval runs it.
     cluster.fail_log_starts.set(false);
     cluster.starts.borrow_mut().insert(("out".into(), 0), 1);
-    w.punctuate(1_200_000, &cluster).unwrap();
+    w.punctuate(1_800_000, &cluster).unwrap();
     assert_eq!(w.stats().sweeps, 1);
     assert_eq!(w.stats().truncated_entries, 1);
 }
@@ -923,12 +927,15 @@ fn a_revoked_task_zeroes_its_gauges() {
             .into_iter()
             .find_map(|(k, _, _, v)| {
                 let key = k.key();
-                (key.name() == "records-held" && !key.labels().any(|l| l.key() == "topic")).then(
-                    || match v {
-                        DebugValue::Gauge(g) => g.into_inner(),
-                        _ => f64::NAN,
-                    },
-                )
+                (key.name() == "records-held"
+                    && key
+                        .labels()
+                        .any(|l| l.key() == "task-id" && l.value() == "count[0]")
+                    && !key.labels().any(|l| l.key() == "topic"))
+                .then(|| match v {
+                    DebugValue::Gauge(g) => g.into_inner(),
+                    _ => f64::NAN,
+                })
             })
     };
     metrics::with_local_recorder(&recorder, || {
@@ -943,6 +950,10 @@ fn a_revoked_task_zeroes_its_gauges() {
         w.sample();
         assert_eq!(held(&snap), Some(1.0));
         commit(&mut w, &cluster);
+        // The stub's snapshot drains what it reports: set the gauge again
+        // (still one held) and let the revocation be the last thing that
+        // sets it before the next snapshot.
+        w.sample();
         w.revoke(&[("a".into(), 0), ("b".into(), 0)]).unwrap();
         assert_eq!(held(&snap), Some(0.0), "zeroed when the task left");
         assert!(w.sample().metrics.is_empty());
@@ -1392,4 +1403,75 @@ fn a_task_without_events_still_has_work_after_a_delivery() {
     assert!(!commit.changelog.is_empty(), "the frontier is written");
     task.commit_done();
     assert!(!task.has_work(), "nothing left once committed");
+}
+
+/// The delivery rate a sample reports is the records delivered since the
+/// previous sample over the time between them, per second; a second sample
+/// at the same moment reports no rate rather than dividing by zero.
+#[test]
+fn the_delivery_rate_is_per_second_between_samples() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    w.punctuate(1_000, &cluster).unwrap();
+    for offset in 0..4 {
+        w.on_record(rec("a", 0, offset, "x")).unwrap();
+    }
+    w.punctuate(3_000, &cluster).unwrap();
+    let m = &w.published().metrics[0];
+    assert_eq!(m.records_delivered_total, 4);
+    assert_eq!(m.records_delivered_rate, 2.0, "4 records in 2 s");
+    assert_eq!(w.sample().metrics[0].records_delivered_rate, 0.0);
+}
+
+/// After an abort the task is rebuilt with fresh counters; the exported
+/// total goes on from where it was (redone work counts again), it neither
+/// stalls nor goes back.
+#[test]
+fn delivered_totals_go_on_across_an_abort() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    assert_eq!(w.sample().metrics[0].records_delivered_total, 2);
+    w.abort(&cluster).unwrap();
+    seek(&mut w);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    w.on_record(rec("a", 0, 2, "x")).unwrap();
+    assert_eq!(w.sample().metrics[0].records_delivered_total, 5);
+}
+
+/// Records fed at or below the restored frontier (a position committed
+/// behind the changelog, here on purpose) are skipped as replays, and the
+/// sample counts them.
+#[test]
+fn replays_below_the_restored_frontier_are_counted() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    commit(&mut w, &cluster);
+    let mut next = worker(&app);
+    next.assign(
+        vec![
+            AssignedPartition {
+                committed: Some(0),
+                ..part("a", 0)
+            },
+            part("b", 0),
+        ],
+        &cluster,
+        0,
+    )
+    .unwrap();
+    assert_eq!(seek(&mut next)[&("a".to_owned(), 0)], 0);
+    next.on_record(rec("a", 0, 0, "x")).unwrap();
+    next.on_record(rec("a", 0, 1, "x")).unwrap();
+    next.on_record(rec("a", 0, 2, "x")).unwrap();
+    let m = &next.sample().metrics[0];
+    assert_eq!(m.replays_skipped_total, 2);
+    assert_eq!(m.records_delivered_total, 1);
 }
