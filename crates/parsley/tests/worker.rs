@@ -1405,6 +1405,13 @@ fn a_task_without_events_still_has_work_after_a_delivery() {
     assert!(!task.has_work(), "nothing left once committed");
 }
 
+/// Feeds `a@offsets` (partition 0, key "x") in order.
+fn feed_a(w: &mut Worker, offsets: std::ops::Range<i64>) {
+    for offset in offsets {
+        w.on_record(rec("a", 0, offset, "x")).unwrap();
+    }
+}
+
 /// The delivery rate a sample reports is the records delivered since the
 /// previous sample over the time between them, per second; a second sample
 /// at the same moment reports no rate rather than dividing by zero.
@@ -1414,9 +1421,7 @@ fn the_delivery_rate_is_per_second_between_samples() {
     let cluster = counting_cluster(1);
     let mut w = started(&app, &cluster);
     w.punctuate(1_000, &cluster).unwrap();
-    for offset in 0..4 {
-        w.on_record(rec("a", 0, offset, "x")).unwrap();
-    }
+    feed_a(&mut w, 0..4);
     w.punctuate(3_000, &cluster).unwrap();
     let m = &w.published().metrics[0];
     assert_eq!(m.records_delivered_total, 4);
@@ -1432,14 +1437,11 @@ fn delivered_totals_go_on_across_an_abort() {
     let app = counting_app();
     let cluster = counting_cluster(1);
     let mut w = started(&app, &cluster);
-    w.on_record(rec("a", 0, 0, "x")).unwrap();
-    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    feed_a(&mut w, 0..2);
     assert_eq!(w.sample().metrics[0].records_delivered_total, 2);
     w.abort(&cluster).unwrap();
     seek(&mut w);
-    w.on_record(rec("a", 0, 0, "x")).unwrap();
-    w.on_record(rec("a", 0, 1, "x")).unwrap();
-    w.on_record(rec("a", 0, 2, "x")).unwrap();
+    feed_a(&mut w, 0..3);
     assert_eq!(w.sample().metrics[0].records_delivered_total, 5);
 }
 
@@ -1451,8 +1453,7 @@ fn replays_below_the_restored_frontier_are_counted() {
     let app = counting_app();
     let cluster = counting_cluster(1);
     let mut w = started(&app, &cluster);
-    w.on_record(rec("a", 0, 0, "x")).unwrap();
-    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    feed_a(&mut w, 0..2);
     commit(&mut w, &cluster);
     let mut next = worker(&app);
     next.assign(
@@ -1468,9 +1469,7 @@ fn replays_below_the_restored_frontier_are_counted() {
     )
     .unwrap();
     assert_eq!(seek(&mut next)[&("a".to_owned(), 0)], 0);
-    next.on_record(rec("a", 0, 0, "x")).unwrap();
-    next.on_record(rec("a", 0, 1, "x")).unwrap();
-    next.on_record(rec("a", 0, 2, "x")).unwrap();
+    feed_a(&mut next, 0..3);
     let m = &next.sample().metrics[0];
     assert_eq!(m.replays_skipped_total, 2);
     assert_eq!(m.records_delivered_total, 1);
