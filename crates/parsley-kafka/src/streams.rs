@@ -37,12 +37,12 @@ use crate::KafkaCluster;
 use crate::diagnostics::{HoldReport, Publisher, ThreadReport, diagnostics_topic};
 use crate::policy::{self, ErrorHandler, ErrorResponse};
 
-/// Settings the runtime owns; a client configuration that sets one of them
-/// to something else is refused.
 /// Records a stream thread takes from its consumer's buffer before it
 /// turns to position reports, the clock and its transaction.
 const POLL_BATCH: usize = 256;
 
+/// Settings the runtime owns; a client configuration that sets one of them
+/// to something else is refused.
 const OWNED: &[(&str, &str)] = &[
     ("isolation.level", "read_committed"),
     ("enable.auto.commit", "false"),
@@ -1228,10 +1228,8 @@ impl StreamThread {
                 drop(shared);
                 polled = consumer.poll(Duration::ZERO);
             };
+            // Every poll above was followed by the error and rejoin checks.
             let mut shared = lock(&consumer.context().shared);
-            if let Some(e) = shared.error.take() {
-                return Err(e);
-            }
             let now = now_ms();
             if idle || last_report.elapsed() > Duration::from_millis(50) {
                 shared.report_positions(&consumer)?;

@@ -142,31 +142,27 @@ impl CausalHeaders {
     /// clock, so a stamped record is distinguishable from an unstamped one.
     pub fn encode(&self) -> Vec<(&'static str, Vec<u8>)> {
         let mut out = Vec::with_capacity(3);
-        out.push((CLOCK_HEADER, self.clock.encode()));
-        if let Some(tag) = self.sender {
-            out.push((SENDER_HEADER, tag.sender.to_bytes().to_vec()));
-            out.push((SEQ_HEADER, tag.seq.to_be_bytes().to_vec()));
-        }
+        self.encode_each(|name, value| out.push((name, value)));
         out
     }
 
     /// [`encode`](Self::encode) as record headers appended to `out`, their
     /// names borrowed (no allocation beyond the three values).
     pub fn encode_headers_into(&self, out: &mut Vec<crate::record::Header>) {
-        use std::borrow::Cow;
-        out.push(crate::record::Header {
-            name: Cow::Borrowed(CLOCK_HEADER),
-            value: Some(self.clock.encode()),
+        self.encode_each(|name, value| {
+            out.push(crate::record::Header {
+                name: std::borrow::Cow::Borrowed(name),
+                value: Some(value),
+            })
         });
+    }
+
+    /// Calls `f` with each header name and value, in wire order.
+    fn encode_each(&self, mut f: impl FnMut(&'static str, Vec<u8>)) {
+        f(CLOCK_HEADER, self.clock.encode());
         if let Some(tag) = self.sender {
-            out.push(crate::record::Header {
-                name: Cow::Borrowed(SENDER_HEADER),
-                value: Some(tag.sender.to_bytes().to_vec()),
-            });
-            out.push(crate::record::Header {
-                name: Cow::Borrowed(SEQ_HEADER),
-                value: Some(tag.seq.to_be_bytes().to_vec()),
-            });
+            f(SENDER_HEADER, tag.sender.to_bytes().to_vec());
+            f(SEQ_HEADER, tag.seq.to_be_bytes().to_vec());
         }
     }
 }

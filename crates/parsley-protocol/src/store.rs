@@ -636,7 +636,7 @@ impl Value {
 /// stores them ([`StateKey::text`] builds the text without allocating), and
 /// the eight- and sixteen-byte values of frontiers, marks and queue
 /// metadata are held inline: an in-order delivery's batch costs one
-/// allocation, its map's node.
+/// allocation, its vector's.
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct WriteBatch {
     /// Sorted by key, one entry per key. A sorted vector rather than a map:
@@ -670,13 +670,14 @@ impl WriteBatch {
 
     /// Sets the write for `key`, replacing an earlier one.
     fn insert(&mut self, key: StateKey, value: Option<Value>) {
-        match self.writes.last() {
-            Some((last, _)) if *last < key => self.writes.push((key, value)),
-            None => self.writes.push((key, value)),
-            Some(_) => match self.writes.binary_search_by(|(k, _)| k.cmp(&key)) {
-                Ok(i) => self.writes[i].1 = value,
-                Err(i) => self.writes.insert(i, (key, value)),
-            },
+        if self.writes.last().is_none_or(|(last, _)| *last < key) {
+            // Past every key so far, as most writes come.
+            self.writes.push((key, value));
+            return;
+        }
+        match self.writes.binary_search_by(|(k, _)| k.cmp(&key)) {
+            Ok(i) => self.writes[i].1 = value,
+            Err(i) => self.writes.insert(i, (key, value)),
         }
     }
 
@@ -807,18 +808,24 @@ impl MemStore {
     pub fn apply(&mut self, batch: &WriteBatch) {
         for (k, v) in batch.iter() {
             match v {
-                Some(v) => match self.state.get_mut(&k) {
-                    Some(slot) => {
-                        slot.clear();
-                        slot.extend_from_slice(v);
-                    }
-                    None => {
-                        self.state.insert(k, v.to_vec());
-                    }
-                },
+                Some(v) => self.overwrite(k, v),
                 None => {
                     self.state.remove(&k);
                 }
+            }
+        }
+    }
+
+    /// Puts a copy of `value` under `key`, into the existing entry's buffer
+    /// when there is one.
+    fn overwrite(&mut self, key: StateKey, value: &[u8]) {
+        match self.state.get_mut(&key) {
+            Some(slot) => {
+                slot.clear();
+                slot.extend_from_slice(value);
+            }
+            None => {
+                self.state.insert(key, value.to_vec());
             }
         }
     }
@@ -832,15 +839,7 @@ impl MemStore {
                 Some(Value::Bytes(v)) => {
                     self.state.insert(k, v);
                 }
-                Some(small) => match self.state.get_mut(&k) {
-                    Some(slot) => {
-                        slot.clear();
-                        slot.extend_from_slice(small.as_slice());
-                    }
-                    None => {
-                        self.state.insert(k, small.into_vec());
-                    }
-                },
+                Some(small) => self.overwrite(k, small.as_slice()),
                 None => {
                     self.state.remove(&k);
                 }

@@ -521,7 +521,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
                 oracle.consume_joining(self.actor, c, own);
                 // The node's own committed sends to the joining channel (it
                 // was a sink): records claiming them are what used to wedge.
-                match self.store.get(&StateKey::SendSeq(c).to_string()) {
+                match self.store.get_state(StateKey::SendSeq(c)) {
                     Some(v) => {
                         let seq = v.try_into().map(i64::from_be_bytes).map_err(|_| {
                             violation(format!("node {}: corrupt sq/ value", self.spec.name))

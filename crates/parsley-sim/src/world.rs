@@ -874,12 +874,12 @@ pub(crate) fn pick_weighted<A: Copy>(rng: &mut ChaCha8Rng, actions: &[(u32, A)])
 /// The offset of the first held record on a channel in a committed protocol
 /// store, if the queue is not empty.
 fn held_head_offset(store: &parsley_protocol::MemStore, c: Channel) -> Option<i64> {
-    let meta = store.get(&StateKey::QueueMeta(c).to_string())?;
+    let meta = store.get_state(StateKey::QueueMeta(c))?;
     let head = i64::from_be_bytes(meta.get(0..8)?.try_into().ok()?);
     let tail = i64::from_be_bytes(meta.get(8..16)?.try_into().ok()?);
     if head >= tail {
         return None;
     }
-    let entry = store.get(&StateKey::QueueEntry(c, head).to_string())?;
+    let entry = store.get_state(StateKey::QueueEntry(c, head))?;
     Some(i64::from_be_bytes(entry.get(0..8)?.try_into().ok()?))
 }

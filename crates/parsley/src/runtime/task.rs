@@ -701,6 +701,7 @@ impl Task {
     /// per record. Whether a transaction has work does not depend on it.
     pub fn set_record_events(&mut self, on: bool) {
         self.record_events = on;
+
     }
 
     /// The task's identity.
@@ -859,13 +860,11 @@ impl Task {
             }
         }
         self.in_flight = Some(InFlight { protocol, fold });
+        self.acted = false;
         Ok(TaskCommit {
             records: std::mem::take(&mut self.outgoing),
             changelog,
-            events: {
-                self.acted = false;
-                std::mem::take(&mut self.events)
-            },
+            events: std::mem::take(&mut self.events),
         })
     }
 
@@ -899,10 +898,9 @@ impl Task {
 
     /// Whether the task has anything for the next transaction.
     pub fn has_work(&self) -> bool {
-        !self.outgoing.is_empty()
-            || self.acted
-            || !self.events.is_empty()
-            || !self.pending_fold.is_empty()
+        // Every event stands for work one of these already shows: a
+        // delivery or a hold sets `acted`, a send fills `outgoing`.
+        !self.outgoing.is_empty() || self.acted || !self.pending_fold.is_empty()
     }
 
     /// The committed stores (what an abort returns to).
@@ -1070,6 +1068,14 @@ impl Task {
         Coordinate::new(self.topic_name(channel.topic), channel.partition, offset)
     }
 
+    /// The topic's name, shared (a reference count, no copy).
+    fn shared_topic_name(&self, topic: TopicId) -> std::sync::Arc<str> {
+        self.names
+            .get(&topic)
+            .cloned()
+            .unwrap_or_else(|| topic.to_string().into())
+    }
+
     fn topic_name(&self, topic: TopicId) -> String {
         self.names
             .get(&topic)
@@ -1125,8 +1131,7 @@ impl Task {
             // Only the arriving record can join a queue in one call; its
             // coordinate is named only then, off the common path.
             self.acted = true;
-            let coordinate =
-                Coordinate::new(self.topic_name(channel.topic), channel.partition, offset);
+            let coordinate = self.coordinate((channel, offset));
             if let Some((clock, sender)) = &described {
                 debug!(task = %self.id, %coordinate, %clock, sender = sender.as_deref().unwrap_or("none"), "record held");
             }
@@ -1200,16 +1205,9 @@ impl Task {
                     .uses_state
                     .then(|| FoldKey::for_key(record.key.as_deref()).to_bytes());
                 let state = key.as_ref().and_then(|k| self.fold_get(k));
-                let topic = self.names.get(&record.channel.topic);
-                let fallback;
+                let topic = self.shared_topic_name(record.channel.topic);
                 let input = RawInput {
-                    topic: match topic {
-                        Some(name) => name,
-                        None => {
-                            fallback = std::sync::Arc::from(record.channel.topic.to_string());
-                            &fallback
-                        }
-                    },
+                    topic: &topic,
                     partition: record.channel.partition,
                     offset: record.offset,
                     timestamp: record.timestamp,
