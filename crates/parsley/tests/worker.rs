@@ -1474,3 +1474,91 @@ fn replays_below_the_restored_frontier_are_counted() {
     assert_eq!(m.replays_skipped_total, 2);
     assert_eq!(m.records_delivered_total, 1);
 }
+
+/// Events stay off for a task the worker rebuilds after an abort.
+#[test]
+fn a_rebuilt_task_keeps_events_off() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = Worker::new(
+        &app,
+        WorkerConfig {
+            events: false,
+            ..WorkerConfig::default()
+        },
+    );
+    w.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    seek(&mut w);
+    commit(&mut w, &cluster);
+    feed_a(&mut w, 0..1);
+    w.abort(&cluster).unwrap();
+    seek(&mut w);
+    feed_a(&mut w, 0..2);
+    let txn = commit(&mut w, &cluster);
+    assert_eq!(txn.records.iter().filter(|r| r.topic == "out").count(), 2);
+    assert!(txn.events.is_empty(), "{:?}", txn.events);
+}
+
+/// A task whose restore releases a held record (its cause's channel left
+/// the stage) reports that delivery as an event only while events are on.
+#[test]
+fn turning_events_off_drops_those_of_records_released_at_init() {
+    let cluster = counting_cluster(1);
+    let (a, out) = (topic("a"), topic("out"));
+    let o = out.clone();
+    let only_a = Parsley::named(
+        "app",
+        [Stage::named("count")
+            .state(Codec::int64(), || 0)
+            .fold(&a, move |n: i64, m: &Message<String, String>| {
+                Step::to(n + 1).emit(o.send(m.key().cloned(), format!("{}", n + 1)))
+            })
+            .sink(&out)
+            .build()
+            .unwrap()],
+    )
+    .unwrap();
+    // The full app holds a@0, which waits for b@0, and commits the hold.
+    let mut clock = protocol::VectorClock::new();
+    clock.claim_offset(protocol::Channel::new(cluster.topics["b"].0, 0), 0);
+    let stores = || {
+        let mut task = parsley::task::Task::init(
+            &counting_app(),
+            "count",
+            0,
+            parsley::task::TaskStores::default(),
+            &cluster,
+            &cluster,
+            0,
+        )
+        .unwrap();
+        task.on_record(parsley::task::FetchedRecord {
+            channel: protocol::Channel::new(cluster.topics["a"].0, 0),
+            offset: 0,
+            timestamp: 0,
+            key: Some(b"x".to_vec()),
+            value: Some(b"v".to_vec()),
+            headers: vec![Header::new("vc", clock.encode())],
+        })
+        .unwrap();
+        assert_eq!(task.node().held_count(), 1);
+        task.take_commit().unwrap();
+        task.commit_done();
+        task.into_stores()
+    };
+    for events in [true, false] {
+        let mut task =
+            parsley::task::Task::init(&only_a, "count", 0, stores(), &cluster, &cluster, 0)
+                .unwrap();
+        task.set_record_events(events);
+        let commit = task.take_commit().unwrap();
+        assert_eq!(commit.records.len(), 1, "released at init and sent");
+        let delivered = commit
+            .events
+            .iter()
+            .filter(|e| matches!(e, TaskEvent::Delivered(_)))
+            .count();
+        assert_eq!(delivered, usize::from(events));
+    }
+}

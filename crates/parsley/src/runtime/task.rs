@@ -701,7 +701,10 @@ impl Task {
     /// per record. Whether a transaction has work does not depend on it.
     pub fn set_record_events(&mut self, on: bool) {
         self.record_events = on;
-
+        if !on {
+            // Those of records init released, before the host could say.
+            self.events.clear();
+        }
     }
 
     /// The task's identity.
