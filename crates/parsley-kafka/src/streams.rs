@@ -1019,8 +1019,36 @@ impl Shared {
         })?;
         self.producer
             .send_offsets_to_transaction(&offsets, &metadata, self.timeout)?;
+        await_deliveries(&self.producer, self.timeout)?;
         self.producer.commit_transaction(self.timeout)
     }
+}
+
+/// How long one wait for delivery reports lasts before the count of
+/// unacknowledged records is read again.
+const DELIVERY_POLL: Duration = Duration::from_millis(1);
+
+/// Serves the producer's delivery reports until every record it was given
+/// is acknowledged (or `timeout` passes), in waits of [`DELIVERY_POLL`].
+///
+/// Committing needs every record of the transaction acknowledged first.
+/// rdkafka's `commit_transaction` does that by flushing, and its flush
+/// waits in polls of 100 ms that run to their end even when the last
+/// acknowledgement came a millisecond in: every commit with records in it
+/// then took at least 100 ms (measured: median 103 ms, minimum 101.7 ms,
+/// for an EndTxn round trip of about 3 ms). With nothing left in flight,
+/// the flush inside `commit_transaction` returns at once.
+fn await_deliveries(producer: &BaseProducer, timeout: Duration) -> Result<(), KafkaError> {
+    let deadline = Instant::now() + timeout;
+    while producer.in_flight_count() > 0 {
+        if Instant::now() >= deadline {
+            return Err(KafkaError::Flush(
+                rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
+            ));
+        }
+        producer.poll(DELIVERY_POLL);
+    }
+    Ok(())
 }
 
 struct StreamThread {
