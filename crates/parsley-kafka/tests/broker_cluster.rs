@@ -275,3 +275,49 @@ fn cluster_probes_report_a_broken_topic_set() {
     let report = probe_cluster(&app, &c);
     assert!(report.passed(), "{report}");
 }
+
+/// A changelog replay ends at the partition's end without logging an
+/// ERROR: librdkafka reports the end as an error event, which rdkafka's
+/// default context logs at ERROR, and an operator pages on those.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_changelog_replay_logs_no_error_at_the_partitions_end() {
+    use parsley::runtime::changelog::ChangelogReader;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    /// Counts ERROR events.
+    struct Errors(Arc<AtomicUsize>);
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Errors {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            if *event.metadata().level() == tracing::Level::ERROR {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    let cluster = cluster();
+    let (full, empty) = (unique("replay-full"), unique("replay-empty"));
+    create(&cluster, &full, 1);
+    create(&cluster, &empty, 1);
+    produce(&full, 0, 3);
+    let errors = Arc::new(AtomicUsize::new(0));
+    let subscriber = tracing_subscriber::registry().with(Errors(errors.clone()));
+    tracing::subscriber::with_default(subscriber, || {
+        assert_eq!(cluster.read_changelog(&full, 0).expect("replay").len(), 3);
+        assert!(
+            cluster
+                .read_changelog(&empty, 0)
+                .expect("replay")
+                .is_empty()
+        );
+    });
+    assert_eq!(errors.load(Ordering::SeqCst), 0, "a replay logged an ERROR");
+    delete(&cluster, &full);
+    delete(&cluster, &empty);
+}

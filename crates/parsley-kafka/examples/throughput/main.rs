@@ -1,0 +1,742 @@
+//! End to end on a broker: the same consume-transform-produce work done by
+//! a plain rdkafka exactly-once loop, by Parsley stages and by a Kafka
+//! Streams peer (`bench/kstreams-peer`), each loop in a process of its own.
+//!
+//! Two kinds of work: a **copy** (plain loop, Parsley, Kafka Streams) and a
+//! **per-key running sum** written on every record (Parsley, Kafka Streams
+//! with its in-memory store, Kafka Streams with RocksDB).
+//!
+//! * **Throughput**: RECORDS records (default 300,000; 10,000 keys, 64-byte
+//!   values) written up front; each loop works through them while a
+//!   `read_committed` reader times the outputs, from the first tenth to
+//!   the last (steady state: start-up, a group join and the first
+//!   transaction, is not part of it). CPU per record is the loop process's
+//!   (all its threads) and the loop thread's over the same window; peak
+//!   RSS is the process's `VmHWM`.
+//! * **Latency**: each loop running and warmed up, records written at a
+//!   steady RATE per second for SECONDS, each carrying its send time in
+//!   microseconds; a `read_committed` reader takes the time each output
+//!   becomes visible. Every loop commits every COMMIT_MS (default 100, the
+//!   Kafka Streams default under exactly-once). The loops write the times
+//!   of each record's delivery to their logic and of each commit's steps
+//!   to a timing file, from which the breakdown of a record's trip is
+//!   taken.
+//!
+//! The loops take turns: ROUNDS rounds (default 3), each starting one loop
+//! later in the list than the round before; figures are the medians over
+//! rounds (latency percentiles over every round's records).
+//!
+//! The Kafka Streams peer runs when `KSTREAMS_PEER` names its launcher
+//! (`scripts/bench/throughput` builds it and sets it). Set
+//! `PLAIN_STAMP_SIZED_HEADERS=1` for a control run whose plain loop writes
+//! headers of the stamp's sizes.
+//!
+//! ```text
+//! scripts/bench/throughput [RECORDS [RATE SECONDS COMMIT_MS [ROUNDS]]]
+//! cargo run --release -p parsley-kafka --example throughput -- BOOTSTRAP [RECORDS [RATE SECONDS COMMIT_MS [ROUNDS]]]
+//! ```
+
+mod child;
+mod procfs;
+
+use std::alloc::System;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_executor::block_on;
+use parsley_kafka::KafkaCluster;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message as _;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+
+/// Counts allocations made through Rust's allocator (librdkafka's own, in
+/// C, are not counted; every Rust loop makes those alike).
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// Keys of the throughput backlog (the sum keeps one running sum each).
+const KEYS: usize = 10_000;
+
+/// Records each latency run writes and waits for before measuring (the
+/// loop has its partition and its first transactions behind it).
+const WARMUP: usize = 200;
+
+fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("tp-{prefix}-{nanos}")
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// A record's value: its send time in microseconds (20 digits), then its
+/// index (44 digits).
+fn value(sent: u64, index: usize) -> String {
+    format!("{sent:020}{index:044}")
+}
+
+/// Who does the work.
+#[derive(Clone, Copy, PartialEq)]
+enum Runner {
+    Plain,
+    Parsley,
+    /// The Kafka Streams peer, with its store kind.
+    Peer(&'static str),
+}
+
+/// One loop and its work.
+#[derive(Clone, Copy)]
+struct Contestant {
+    name: &'static str,
+    sum: bool,
+    runner: Runner,
+}
+
+impl Contestant {
+    /// The name prefix of the threads that run the loop's own work.
+    fn thread_prefix(&self) -> &'static str {
+        match self.runner {
+            Runner::Plain => "plain-loop",
+            Runner::Parsley => "parsley-",
+            Runner::Peer(_) => "ks-StreamThread",
+        }
+    }
+}
+
+const CONTESTANTS: &[Contestant] = &[
+    Contestant {
+        name: "copy: plain rdkafka loop",
+        sum: false,
+        runner: Runner::Plain,
+    },
+    Contestant {
+        name: "copy: parsley stage",
+        sum: false,
+        runner: Runner::Parsley,
+    },
+    Contestant {
+        name: "copy: kafka streams",
+        sum: false,
+        runner: Runner::Peer("memory"),
+    },
+    Contestant {
+        name: "sum: parsley stage",
+        sum: true,
+        runner: Runner::Parsley,
+    },
+    Contestant {
+        name: "sum: kafka streams, in-memory",
+        sum: true,
+        runner: Runner::Peer("memory"),
+    },
+    Contestant {
+        name: "sum: kafka streams, rocksdb",
+        sum: true,
+        runner: Runner::Peer("rocksdb"),
+    },
+];
+
+/// Settings every run shares.
+struct Bench {
+    base: ClientConfig,
+    cluster: KafkaCluster,
+    peer: Option<String>,
+    commit: Duration,
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--child") {
+        return child::run(&args[1..]);
+    }
+    let bootstrap = args
+        .first()
+        .ok_or("usage: throughput BOOTSTRAP [RECORDS [RATE SECONDS COMMIT_MS [ROUNDS]]]")?;
+    let n: usize = args.get(1).map_or(Ok(300_000), |s| s.parse())?;
+    let rate: u64 = args.get(2).map_or(Ok(500), |s| s.parse())?;
+    let seconds: u64 = args.get(3).map_or(Ok(10), |s| s.parse())?;
+    let commit = Duration::from_millis(args.get(4).map_or(Ok(100), |s| s.parse())?);
+    let rounds: usize = args.get(5).map_or(Ok(3), |s| s.parse())?;
+    let mut base = ClientConfig::new();
+    base.set("bootstrap.servers", bootstrap);
+    let bench = Bench {
+        cluster: KafkaCluster::new(&base, Duration::from_secs(30))?,
+        base,
+        peer: std::env::var("KSTREAMS_PEER")
+            .ok()
+            .filter(|p| !p.is_empty()),
+        commit,
+    };
+    let contestants: Vec<Contestant> = CONTESTANTS
+        .iter()
+        .copied()
+        .filter(|c| bench.peer.is_some() || !matches!(c.runner, Runner::Peer(_)))
+        .collect();
+    if bench.peer.is_none() {
+        println!("KSTREAMS_PEER is not set: the Kafka Streams peer does not run");
+    }
+
+    let input = unique("in");
+    create_topics(&bench.cluster, &[&input])?;
+    write_backlog(&bench.base, &input, n)?;
+    println!("throughput: {n} records, {KEYS} keys, {rounds} rounds, commits every {commit:?}");
+    let mut figures: Vec<Vec<Throughput>> = vec![Vec::new(); contestants.len()];
+    for round in 0..rounds {
+        for k in 0..contestants.len() {
+            let i = (round + k) % contestants.len();
+            let f = throughput(&bench, &contestants[i], &input, n)?;
+            println!("  round {}: {:<31} {}", round + 1, contestants[i].name, f);
+            figures[i].push(f);
+        }
+    }
+    println!();
+    println!(
+        "{:<31} {:>12} {:>12} {:>12} {:>9} {:>12}",
+        "median over rounds", "records/s", "µs CPU/rec", "thread µs", "allocs", "peak RSS"
+    );
+    for (c, f) in contestants.iter().zip(&figures) {
+        println!("{:<31} {}", c.name, Throughput::median(f));
+    }
+
+    println!();
+    println!(
+        "latency: {rate} records/s for {seconds} s, commits every {commit:?}, {rounds} rounds"
+    );
+    let measured = usize::try_from(rate * seconds)?;
+    let mut trips: Vec<Vec<Trip>> = vec![Vec::new(); contestants.len()];
+    for round in 0..rounds {
+        for k in 0..contestants.len() {
+            let i = (round + k) % contestants.len();
+            let t = latency(&bench, &contestants[i], measured, rate)?;
+            println!(
+                "  round {}: {:<31} median {:>7.2} ms",
+                round + 1,
+                contestants[i].name,
+                percentile(&mut t.iter().map(|t| t.total).collect::<Vec<_>>(), 0.5)
+            );
+            trips[i].extend(t);
+        }
+    }
+    println!();
+    println!(
+        "{:<31} {:>8} {:>8} {:>8}   {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "latency (ms)",
+        "median",
+        "p90",
+        "p99",
+        "to logic",
+        "to commit",
+        "offs+acks",
+        "end txn",
+        "to reader"
+    );
+    for (c, t) in contestants.iter().zip(&mut trips) {
+        let col = |f: fn(&Trip) -> f64| percentile(&mut t.iter().map(f).collect::<Vec<_>>(), 0.5);
+        let mut totals: Vec<f64> = t.iter().map(|t| t.total).collect();
+        println!(
+            "{:<31} {:>8.2} {:>8.2} {:>8.2}   {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+            c.name,
+            percentile(&mut totals, 0.5),
+            percentile(&mut totals, 0.9),
+            percentile(&mut totals, 0.99),
+            col(|t| t.to_logic),
+            col(|t| t.to_commit),
+            col(|t| t.offsets_and_acks),
+            col(|t| t.end_txn),
+            col(|t| t.to_reader),
+        );
+    }
+    println!(
+        "(breakdown columns are medians of each step: send to the loop's logic, then to the start of the commit that carries it, \
+the commit's offsets, produce and acknowledgements, its EndTxn, and from the commit's end to the reader)"
+    );
+    Ok(())
+}
+
+/// Creates one-partition topics and gives the broker a moment to serve
+/// them.
+fn create_topics(cluster: &KafkaCluster, names: &[&str]) -> Result<()> {
+    let topics: Vec<NewTopic<'_>> = names
+        .iter()
+        .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
+        .collect();
+    for r in block_on(cluster.admin().create_topics(&topics, &AdminOptions::new()))? {
+        r.map_err(|(t, e)| format!("{t}: {e}"))?;
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    Ok(())
+}
+
+fn write_backlog(base: &ClientConfig, input: &str, n: usize) -> Result<()> {
+    let producer: BaseProducer = base.create()?;
+    for i in 0..n {
+        let key = format!("k{}", i % KEYS);
+        let value = value(0, i);
+        let mut record = BaseRecord::to(input).partition(0).key(&key).payload(&value);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    producer.poll(Duration::from_millis(5));
+                    record = back;
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(60))?;
+    Ok(())
+}
+
+/// A loop running in its own process.
+struct Running {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    state_dir: Option<std::path::PathBuf>,
+}
+
+impl Running {
+    /// Starts `c`'s loop from `input` to `output`, writing its timing
+    /// file to `timing` if given, and waits until it says it runs.
+    fn start(
+        bench: &Bench,
+        c: &Contestant,
+        input: &str,
+        output: &str,
+        timing: Option<&str>,
+    ) -> Result<Running> {
+        let bootstrap = bench
+            .base
+            .get("bootstrap.servers")
+            .ok_or("no bootstrap")?
+            .to_owned();
+        let commit_ms = bench.commit.as_millis().to_string();
+        let app_id = unique("app");
+        let timing = timing.unwrap_or("-").to_owned();
+        let mut state_dir = None;
+        let mut cmd = match c.runner {
+            Runner::Plain | Runner::Parsley => {
+                let kind = match (c.runner, c.sum) {
+                    (Runner::Plain, _) => "plain-copy",
+                    (_, false) => "parsley-copy",
+                    (_, true) => "parsley-sum",
+                };
+                let mut cmd = Command::new(std::env::current_exe()?);
+                cmd.args(["--child", kind, &bootstrap, input, output])
+                    .args([&commit_ms, &app_id, &timing]);
+                cmd
+            }
+            Runner::Peer(store) => {
+                let dir = std::env::temp_dir().join(unique("ks-state"));
+                let mut cmd = Command::new(bench.peer.as_deref().ok_or("no peer")?);
+                cmd.args([&bootstrap, input, output])
+                    .args([
+                        if c.sum { "sum" } else { "copy" },
+                        store,
+                        &commit_ms,
+                        &app_id,
+                    ])
+                    .arg(&dir)
+                    .arg(&timing);
+                state_dir = Some(dir);
+                cmd
+            }
+        };
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let running = Running {
+            child,
+            stdin,
+            lines,
+            state_dir,
+        };
+        running.wait_for("RUNNING", Duration::from_secs(120))?;
+        Ok(running)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the line `want`, returning the lines before it.
+    fn wait_for(&self, want: &str, timeout: Duration) -> Result<Vec<String>> {
+        let deadline = Instant::now() + timeout;
+        let mut before = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l == want => return Ok(before),
+                Ok(l) => before.push(l),
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(format!("the loop did not print {want} within {timeout:?}").into());
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(format!("the loop exited before it printed {want}").into());
+                }
+            }
+        }
+    }
+
+    /// Closes the loop's standard input, waits until it closed, and
+    /// returns what it printed on the way.
+    fn stop(mut self) -> Result<Vec<String>> {
+        drop(self.stdin.take());
+        let lines = self.wait_for("CLOSED", Duration::from_secs(60));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = self.child.try_wait()? {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                return Err("the loop did not exit".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if let Some(dir) = &self.state_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        let lines = lines?;
+        if !status.success() {
+            return Err(format!("the loop exited with {status}").into());
+        }
+        Ok(lines)
+    }
+}
+
+/// One throughput run's figures.
+#[derive(Clone, Copy, Default)]
+struct Throughput {
+    rate: f64,
+    cpu_us: f64,
+    thread_cpu_us: Option<f64>,
+    allocations: Option<f64>,
+    peak_rss: Option<u64>,
+}
+
+impl Throughput {
+    fn median(runs: &[Throughput]) -> Throughput {
+        let med = |f: &dyn Fn(&Throughput) -> Option<f64>| {
+            let mut v: Vec<f64> = runs.iter().filter_map(f).collect();
+            (!v.is_empty()).then(|| percentile(&mut v, 0.5))
+        };
+        Throughput {
+            rate: med(&|t| Some(t.rate)).unwrap_or(0.0),
+            cpu_us: med(&|t| Some(t.cpu_us)).unwrap_or(0.0),
+            thread_cpu_us: med(&|t| t.thread_cpu_us),
+            allocations: med(&|t| t.allocations),
+            peak_rss: med(&|t| t.peak_rss.map(|r| r as f64)).map(|r| r as u64),
+        }
+    }
+}
+
+impl std::fmt::Display for Throughput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let opt = |v: Option<f64>, d: usize| v.map_or("n/a".to_owned(), |v| format!("{v:.d$}"));
+        write!(
+            f,
+            "{:>12.0} {:>12.2} {:>12} {:>9} {:>9.1} MiB",
+            self.rate,
+            self.cpu_us,
+            opt(self.thread_cpu_us, 2),
+            opt(self.allocations, 1),
+            self.peak_rss.map_or(0.0, |r| r as f64 / (1024.0 * 1024.0)),
+        )
+    }
+}
+
+/// Runs `c` over the backlog in `input` and measures it in steady state.
+fn throughput(bench: &Bench, c: &Contestant, input: &str, n: usize) -> Result<Throughput> {
+    let output = unique("out");
+    create_topics(&bench.cluster, &[&output])?;
+    let reader = ready_reader(&bench.base, &output)?;
+    let run = Running::start(bench, c, input, &output, None)?;
+    let pid = run.pid();
+    let sample = || {
+        (
+            Instant::now(),
+            procfs::process_cpu(pid),
+            procfs::thread_cpu(pid, c.thread_prefix()),
+        )
+    };
+    let tenth = n / 10;
+    let mut from = None;
+    let mut seen = 0;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while seen < n {
+        if Instant::now() > deadline {
+            return Err(format!("{}: only {seen} of {n} records arrived", c.name).into());
+        }
+        if let Some(m) = reader.poll(Duration::from_millis(100)) {
+            m?;
+            seen += 1;
+            if seen == tenth {
+                from = Some(sample());
+            }
+        }
+    }
+    let to = sample();
+    let peak_rss = procfs::peak_rss(pid);
+    let lines = run.stop()?;
+    let (t0, cpu0, th0) = from.ok_or("too few records to time")?;
+    let records = (n - tenth) as f64;
+    let per = |a: Option<Duration>, b: Option<Duration>| {
+        Some(b?.saturating_sub(a?).as_secs_f64() * 1e6 / records)
+    };
+    let allocations = lines.iter().find_map(|l| {
+        let mut w = l.split_whitespace();
+        (w.next()? == "ALLOCATIONS").then_some(())?;
+        let a: f64 = w.next()?.parse().ok()?;
+        (w.next()? == "RECORDS").then_some(())?;
+        let r: f64 = w.next()?.parse().ok()?;
+        (r > 0.0).then(|| a / r)
+    });
+    Ok(Throughput {
+        rate: records / to.0.duration_since(t0).as_secs_f64(),
+        cpu_us: per(cpu0, to.1).unwrap_or(f64::NAN),
+        thread_cpu_us: per(th0, to.2),
+        allocations,
+        peak_rss,
+    })
+}
+
+/// One record's trip, in milliseconds.
+#[derive(Clone, Copy)]
+struct Trip {
+    total: f64,
+    to_logic: f64,
+    to_commit: f64,
+    offsets_and_acks: f64,
+    end_txn: f64,
+    to_reader: f64,
+}
+
+/// Starts `c` on fresh topics, warms it up, then writes `measured` records
+/// at `rate` per second and times each one's way through.
+fn latency(bench: &Bench, c: &Contestant, measured: usize, rate: u64) -> Result<Vec<Trip>> {
+    let (input, output) = (unique("lin"), unique("lout"));
+    create_topics(&bench.cluster, &[&input, &output])?;
+    let mut rc = bench.base.clone();
+    rc.set("isolation.level", "read_committed")
+        .set("group.id", unique("reader"))
+        .set("fetch.wait.max.ms", "1");
+    let reader: BaseConsumer = rc.create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&output, 0, Offset::Beginning)?;
+    reader.assign(&tpl)?;
+    let timing = std::env::temp_dir().join(unique("timing"));
+    let timing_path = timing.to_str().ok_or("temp path")?.to_owned();
+    let run = Running::start(bench, c, &input, &output, Some(&timing_path))?;
+
+    let mut p = bench.base.clone();
+    p.set("linger.ms", "0");
+    let producer: BaseProducer = p.create()?;
+    let send = |i: usize| -> Result<u64> {
+        let sent = now_micros();
+        producer
+            .send(
+                BaseRecord::to(&input)
+                    .partition(0)
+                    .key(&format!("k{}", i % 100))
+                    .payload(&value(sent, i)),
+            )
+            .map_err(|(e, _)| e)?;
+        producer.poll(Duration::ZERO);
+        Ok(sent)
+    };
+    // Each output's send time and the time it became visible.
+    let read = |n: usize, out: &mut Vec<(u64, u64)>| -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut seen = 0;
+        while seen < n {
+            if Instant::now() > deadline {
+                return Err(format!("{}: only {seen} of {n} records came through", c.name).into());
+            }
+            if let Some(m) = reader.poll(Duration::from_millis(1)) {
+                let m = m?;
+                let seen_at = now_micros();
+                let sent: u64 = m
+                    .payload()
+                    .and_then(|p| std::str::from_utf8(p.get(..20)?).ok())
+                    .and_then(|s| s.parse().ok())
+                    .ok_or("an output without its send time")?;
+                out.push((sent, seen_at));
+                seen += 1;
+            }
+        }
+        Ok(())
+    };
+    for i in 0..WARMUP {
+        send(i)?;
+    }
+    producer.flush(Duration::from_secs(30))?;
+    read(WARMUP, &mut Vec::new())?;
+
+    // Writes at a steady rate from one thread while this one reads.
+    let mut arrivals = Vec::with_capacity(measured);
+    let sent = std::thread::scope(|s| -> Result<Vec<u64>> {
+        let writer = s.spawn(|| -> std::result::Result<Vec<u64>, String> {
+            let started = Instant::now();
+            let mut sent = Vec::with_capacity(measured);
+            for i in 0..measured {
+                let due = started + Duration::from_micros(i as u64 * 1_000_000 / rate);
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+                sent.push(send(WARMUP + i).map_err(|e| e.to_string())?);
+            }
+            producer
+                .flush(Duration::from_secs(30))
+                .map_err(|e| e.to_string())?;
+            Ok(sent)
+        });
+        read(measured, &mut arrivals)?;
+        Ok(writer.join().map_err(|_| "the writer panicked")??)
+    })?;
+    run.stop()?;
+    let timing = Timing::read(&timing)?;
+    let _ = std::fs::remove_file(&timing_path);
+    let index_of: HashMap<u64, usize> = sent
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (*s, WARMUP + i))
+        .collect();
+    let ms = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1000.0;
+    let mut trips = Vec::with_capacity(arrivals.len());
+    for (sent, seen) in arrivals {
+        let index = index_of
+            .get(&sent)
+            .ok_or("an output whose send time was never sent")?;
+        let delivered = *timing
+            .delivered
+            .get(index)
+            .ok_or_else(|| format!("{}: no delivery time for record {index}", c.name))?;
+        let commit = timing
+            .commit_after(delivered)
+            .ok_or_else(|| format!("{}: no commit after record {index}", c.name))?;
+        trips.push(Trip {
+            total: ms(sent, seen),
+            to_logic: ms(sent, delivered),
+            to_commit: ms(delivered, commit.start),
+            offsets_and_acks: ms(commit.start, commit.sent),
+            end_txn: ms(commit.sent, commit.end),
+            to_reader: ms(commit.end, seen),
+        });
+    }
+    Ok(trips)
+}
+
+/// One commit's times, in microseconds.
+#[derive(Clone, Copy)]
+struct Commit {
+    start: u64,
+    sent: u64,
+    end: u64,
+}
+
+/// A loop's timing file.
+struct Timing {
+    /// When the loop's logic got each record (the last time, if twice).
+    delivered: HashMap<usize, u64>,
+    /// Commits in the order they started.
+    commits: Vec<Commit>,
+}
+
+impl Timing {
+    fn read(path: &std::path::Path) -> Result<Timing> {
+        let text = std::fs::read_to_string(path)?;
+        let mut delivered = HashMap::new();
+        let mut commits = Vec::new();
+        let mut open: Option<(u64, Option<u64>)> = None;
+        for line in text.lines() {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            match w.as_slice() {
+                ["d", i, at] => {
+                    delivered.insert(i.parse()?, at.parse()?);
+                }
+                ["cs", at] => open = Some((at.parse()?, None)),
+                ["ct", at] => {
+                    if let Some((_, sent)) = open.as_mut() {
+                        *sent = Some(at.parse()?);
+                    }
+                }
+                ["ce", at] => {
+                    if let Some((start, sent)) = open.take() {
+                        let end = at.parse()?;
+                        commits.push(Commit {
+                            start,
+                            sent: sent.unwrap_or(end),
+                            end,
+                        });
+                    }
+                }
+                _ => return Err(format!("a timing line not understood: {line:?}").into()),
+            }
+        }
+        Ok(Timing { delivered, commits })
+    }
+
+    /// The first commit that started after `at`: the one that carried a
+    /// record delivered then (each loop commits on the thread that
+    /// delivers).
+    fn commit_after(&self, at: u64) -> Option<Commit> {
+        let i = self.commits.partition_point(|c| c.start < at);
+        self.commits.get(i).copied()
+    }
+}
+
+/// A `read_committed` reader of `topic`, assigned and past its first
+/// fetch before the loop it times starts.
+fn ready_reader(base: &ClientConfig, topic: &str) -> Result<BaseConsumer> {
+    let mut c = base.clone();
+    c.set("isolation.level", "read_committed")
+        .set("group.id", unique("reader"))
+        .set("fetch.wait.max.ms", "5");
+    let reader: BaseConsumer = c.create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Beginning)?;
+    reader.assign(&tpl)?;
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        if reader.poll(Duration::from_millis(50)).is_some() {
+            return Err(format!("{topic} is not empty").into());
+        }
+    }
+    Ok(reader)
+}
+
+/// The `q` quantile of `v` (sorted in place); NaN when empty.
+fn percentile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q) as usize]
+}
