@@ -8,10 +8,35 @@ use std::time::{Duration, Instant};
 
 use parsley::runtime::changelog::ChangelogRecord;
 use parsley::task::MetadataError;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tracing::{debug, warn};
+
+/// The replay consumer's context. librdkafka reports the end of a
+/// partition as an error event, and rdkafka's default context logs every
+/// error event at ERROR; for a replay the end is the expected way out, so
+/// it is logged at DEBUG, and anything else at WARN (the replay itself
+/// returns the error that matters).
+struct ReplayContext;
+
+impl ClientContext for ReplayContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(
+            error,
+            KafkaError::Global(RDKafkaErrorCode::PartitionEOF) | KafkaError::PartitionEOF(_)
+        ) {
+            debug!(reason, "changelog replay reached the end of its partition");
+        } else {
+            warn!(%error, reason, "changelog replay consumer error");
+        }
+    }
+}
+
+impl ConsumerContext for ReplayContext {}
 
 /// Replays one changelog partition; fails (never returns a partial store)
 /// when the end is not reached within `timeout`.
@@ -32,7 +57,9 @@ pub(crate) fn replay(
         .set("enable.auto.commit", "false")
         .set("group.id", "parsley-changelog-restore")
         .remove("transactional.id");
-    let consumer: BaseConsumer = config.create().map_err(|e| failed(e.to_string()))?;
+    let consumer: BaseConsumer<ReplayContext> = config
+        .create_with_context(ReplayContext)
+        .map_err(|e| failed(e.to_string()))?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, Offset::Beginning)
         .map_err(|e| failed(e.to_string()))?;
