@@ -41,6 +41,10 @@ use crate::policy::{self, ErrorHandler, ErrorResponse};
 /// turns to position reports, the clock and its transaction.
 const POLL_BATCH: usize = 256;
 
+/// The longest a stream thread waits for a record before it turns to its
+/// clock (ticks, sweeps, samples, a due commit).
+const POLL_WAIT: Duration = Duration::from_millis(20);
+
 /// Settings the runtime owns; a client configuration that sets one of them
 /// to something else is refused.
 const OWNED: &[(&str, &str)] = &[
@@ -977,6 +981,13 @@ impl Shared {
         consumer: &BaseConsumer<ThreadContext>,
         txn: &Transaction,
     ) -> Result<(), KafkaError> {
+        // The commit's steps are DEBUG events, so a latency breakdown (the
+        // throughput example's) can time them with a tracing layer.
+        debug!(
+            txn = txn.id,
+            records = txn.records.len(),
+            "transaction producing"
+        );
         self.producer.begin_transaction()?;
         for r in &txn.records {
             let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
@@ -1020,6 +1031,7 @@ impl Shared {
         self.producer
             .send_offsets_to_transaction(&offsets, &metadata, self.timeout)?;
         await_deliveries(&self.producer, self.timeout)?;
+        debug!(txn = txn.id, "transaction ending");
         self.producer.commit_transaction(self.timeout)
     }
 }
@@ -1157,6 +1169,9 @@ impl StreamThread {
         if producer_config.get("transaction.timeout.ms").is_none() {
             producer_config.set("transaction.timeout.ms", "10000");
         }
+        if producer_config.get("linger.ms").is_none() {
+            producer_config.set("linger.ms", "0");
+        }
         let producer: BaseProducer = producer_config.create()?;
         // Fences any earlier producer of this thread's id (this thread's own
         // previous membership among them) and aborts what it left open.
@@ -1225,7 +1240,13 @@ impl StreamThread {
             // the next poll, as position reports require; the per-batch
             // work (positions, the clock, transactions) is paid once per
             // batch instead of once per record.
-            let mut polled = consumer.poll(Duration::from_millis(20));
+            // The wait for the first record ends no later than the
+            // worker's next commit is due.
+            let wait = lock(&consumer.context().shared)
+                .worker
+                .commit_due_in(now_ms())
+                .map_or(POLL_WAIT, |due| due.min(POLL_WAIT));
+            let mut polled = consumer.poll(wait);
             let mut batch = 0;
             let idle = loop {
                 let mut shared = lock(&consumer.context().shared);

@@ -406,10 +406,12 @@ fn transactions_are_paced_and_span_tasks() {
     let mut w = started(&app, &cluster);
     w.on_record(rec("a", 0, 0, "x")).unwrap();
     w.on_record(rec("a", 1, 0, "y")).unwrap();
-    // The interval starts at the first call with a clock that finds work.
+    // The interval runs from the previous hand-over (the start
+    // transaction, at 0).
+    assert_eq!(w.commit_due_in(50), Some(Duration::from_millis(50)));
     assert!(w.poll_transaction(50).unwrap().is_none(), "not due yet");
-    assert!(w.poll_transaction(120).unwrap().is_none(), "not due yet");
-    let txn = w.poll_transaction(150).unwrap().expect("due");
+    assert!(w.poll_transaction(99).unwrap().is_none(), "not due yet");
+    let txn = w.poll_transaction(100).unwrap().expect("due");
     assert_eq!(
         delivered(&txn),
         vec!["count[0]:a:0@0".to_owned(), "count[1]:a:1@0".to_owned()]
@@ -441,6 +443,37 @@ fn transactions_are_paced_and_span_tasks() {
     w.commit_outcome(CommitOutcome::Committed, &cluster)
         .unwrap();
     assert_eq!(w.committed("a", 0), Some(1));
+}
+
+/// A commit takes its time out of the interval, not on top of it, and a
+/// record after a quiet spell commits at once: at most one transaction per
+/// interval, and no record waits longer than one.
+#[test]
+fn the_commit_interval_runs_from_the_previous_hand_over() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    assert_eq!(w.commit_due_in(10), None, "nothing open, nothing due");
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    let txn = w.poll_transaction(100).unwrap().expect("due at 100");
+    // The commit took 30 ms; the next record is handed over after it.
+    cluster.commit(&txn.records);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    assert_eq!(w.commit_due_in(130), Some(Duration::from_millis(70)));
+    assert!(w.poll_transaction(199).unwrap().is_none(), "not due yet");
+    let txn = w
+        .poll_transaction(200)
+        .unwrap()
+        .expect("due at 200, not 230");
+    cluster.commit(&txn.records);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    // Quiet for a second: the next record is due at the next call.
+    w.on_record(rec("a", 0, 2, "x")).unwrap();
+    assert_eq!(w.commit_due_in(1_200), Some(Duration::ZERO));
+    assert!(w.poll_transaction(1_200).unwrap().is_some(), "due at once");
 }
 
 #[test]

@@ -76,8 +76,11 @@ pub enum StartPolicy {
 /// How a worker paces its work.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerConfig {
-    /// How long a transaction stays open collecting work before
-    /// [`Worker::poll_transaction`] hands it over.
+    /// How often [`Worker::poll_transaction`] hands a transaction over, at
+    /// most: one is due once work is open and this long has passed since
+    /// the previous one was handed over (the first is due at once). As with
+    /// Kafka Streams' `commit.interval.ms`, the time a commit takes is part
+    /// of the interval, not added to it.
     pub commit_interval: Duration,
     /// How often each task runs the truncation sweep.
     pub truncation_interval: Duration,
@@ -390,7 +393,8 @@ pub struct Worker {
     waiting: BTreeSet<TaskId>,
     routes: BTreeMap<(String, i32), (TaskId, usize)>,
     state: State,
-    open_since: Option<i64>,
+    /// When the last transaction was handed over, by the host's clock.
+    last_handed: Option<i64>,
     dirty: bool,
     seeks: Vec<Seek>,
     now: i64,
@@ -425,7 +429,7 @@ impl Worker {
             waiting: BTreeSet::new(),
             routes: BTreeMap::new(),
             state: State::Open,
-            open_since: None,
+            last_handed: None,
             dirty: false,
             seeks: Vec::new(),
             now: 0,
@@ -1000,7 +1004,6 @@ impl Worker {
             }
             if task.has_work() {
                 self.dirty = true;
-                self.open_since.get_or_insert(now);
             }
             if now >= slot.next_sweep_at {
                 slot.next_sweep_at = now.saturating_add(interval);
@@ -1010,7 +1013,6 @@ impl Worker {
                         self.stats.truncated_entries += report.entries_removed as u64;
                         if report.entries_removed > 0 {
                             self.dirty = true;
-                            self.open_since.get_or_insert(now);
                         }
                     }
                     Err(e) => {
@@ -1066,19 +1068,34 @@ impl Worker {
     pub fn poll_transaction(&mut self, now: i64) -> Result<Option<Transaction>, WorkerError> {
         self.ready()?;
         self.now = self.now.max(now);
-        if !self.dirty {
-            return Ok(None);
-        }
-        // The interval runs from the first call carrying the clock that
-        // finds work open: records and positions come without a clock, and
-        // dating them from an older call would commit a transaction per
-        // record.
-        let since = *self.open_since.get_or_insert(self.now);
-        if self.now - since >= ms(self.config.commit_interval) {
+        if self.commit_due_in(self.now) == Some(Duration::ZERO) {
             self.take_transaction().map(Some)
         } else {
             Ok(None)
         }
+    }
+
+    /// How long from `now` (the host's clock) until
+    /// [`poll_transaction`](Self::poll_transaction) hands a transaction
+    /// over: zero when one is due, `None` while no work is open. A host
+    /// that waits for records waits no longer than this, so a due commit
+    /// is not held back by an idle poll.
+    ///
+    /// The interval runs from the previous hand-over, so a steady stream
+    /// commits every interval (a record waits half of one on average) and
+    /// a record after a quiet spell longer than the interval commits at
+    /// once; either way there is at most one transaction per interval.
+    pub fn commit_due_in(&self, now: i64) -> Option<Duration> {
+        if !self.dirty {
+            return None;
+        }
+        let Some(last) = self.last_handed else {
+            return Some(Duration::ZERO);
+        };
+        let due = last.saturating_add(ms(self.config.commit_interval));
+        Some(Duration::from_millis(
+            u64::try_from(due.saturating_sub(now.max(self.now))).unwrap_or(0),
+        ))
     }
 
     /// The open transaction now, whatever its age (before a revocation or a
@@ -1141,6 +1158,7 @@ impl Worker {
         }
         self.next_txn += 1;
         self.state = State::InFlight;
+        self.last_handed = Some(self.now);
         Ok(txn)
     }
 
@@ -1171,7 +1189,6 @@ impl Worker {
                 self.stats.commits += 1;
                 self.state = State::Open;
                 self.dirty = false;
-                self.open_since = None;
                 Ok(())
             }
             CommitOutcome::Aborted => {
@@ -1198,7 +1215,6 @@ impl Worker {
         self.seeks.clear();
         self.state = State::Open;
         self.dirty = false;
-        self.open_since = None;
     }
 
     /// The host aborted the open transaction (a task failed, or the
@@ -1217,7 +1233,6 @@ impl Worker {
     fn rollback(&mut self, cluster: &dyn Cluster) -> Result<Vec<OutgoingRecord>, WorkerError> {
         self.stats.aborts += 1;
         self.dirty = false;
-        self.open_since = None;
         self.seeks.clear();
         let mut abandoned = Vec::new();
         let ids: Vec<TaskId> = self.tasks.keys().cloned().collect();
