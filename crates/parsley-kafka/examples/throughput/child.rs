@@ -143,11 +143,8 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         }
         "parsley-copy" | "parsley-sum" => {
             let counter = Arc::new(AtomicU64::new(0));
-            let app = if kind == "parsley-copy" {
-                copy_app(app_id, input, output, &counter, &marks)?
-            } else {
-                sum_app(app_id, input, output, &counter, &marks)?
-            };
+            let sum = kind == "parsley-sum";
+            let app = stage_app(sum, app_id, input, output, &counter, &marks)?;
             let mut streams = CausalStreams::new(&app, base)?.with_options(StreamsOptions {
                 instance_id: Some("bench".to_owned()),
                 commit_interval: commit,
@@ -186,8 +183,12 @@ fn utf8_topic(name: &str) -> Topic<String, String> {
     Topic::new(name, Codec::utf8(), Codec::utf8())
 }
 
-/// One stage copying each record of `input` to `output`.
-fn copy_app(
+/// The Parsley side: one stage copying each record of `input` to
+/// `output`, or (`sum`) one keeping a running sum per key (of the last 12
+/// digits of each value's index) and writing it on every record: the
+/// value's 20-digit send time, then the sum in 44 digits.
+fn stage_app(
+    sum: bool,
     app_id: &str,
     input: &str,
     output: &str,
@@ -195,44 +196,34 @@ fn copy_app(
     marks: &Arc<Marks>,
 ) -> Result<Parsley> {
     let (src, dst) = (utf8_topic(input), utf8_topic(output));
-    let out = dst.clone();
     let (counter, marks) = (counter.clone(), marks.clone());
-    let stage = Stage::named("copy")
-        .on(&src, move |m: &Message<String, String>| {
-            counter.fetch_add(1, Ordering::Relaxed);
-            marks.delivered(m.value().map(String::as_bytes));
-            vec![out.send(m.key().cloned(), m.value().cloned())]
-        })
-        .sink(&dst)
-        .build()?;
-    Ok(Parsley::named(app_id, [stage])?)
-}
-
-/// One stage keeping a running sum per key (of the last 12 digits of each
-/// value's index), and writing it on every record: the value's 20-digit
-/// send time, then the sum in 44 digits.
-fn sum_app(
-    app_id: &str,
-    input: &str,
-    output: &str,
-    counter: &Arc<AtomicU64>,
-    marks: &Arc<Marks>,
-) -> Result<Parsley> {
-    let (src, dst) = (utf8_topic(input), utf8_topic(output));
-    let mut stage = Stage::named("sum").state(Codec::int64(), || 0);
-    let out = stage.add_sink(&dst);
-    let (counter, marks) = (counter.clone(), marks.clone());
-    let stage = stage
-        .fold(&src, move |sum: i64, m: &Message<String, String>| {
-            counter.fetch_add(1, Ordering::Relaxed);
-            let v = m.value().map_or("", String::as_str);
-            marks.delivered(Some(v.as_bytes()));
-            let n: i64 = v.get(52..).and_then(|t| t.parse().ok()).unwrap_or(0);
-            let sum = sum + n;
-            let sent = v.get(..20).unwrap_or("00000000000000000000");
-            Step::to(sum).emit(out.send(m.key().cloned(), format!("{sent}{sum:044}")))
-        })
-        .build()?;
+    let seen = move |m: &Message<String, String>| {
+        counter.fetch_add(1, Ordering::Relaxed);
+        marks.delivered(m.value().map(String::as_bytes));
+    };
+    let stage = if sum {
+        let mut stage = Stage::named("sum").state(Codec::int64(), || 0);
+        let out = stage.add_sink(&dst);
+        stage
+            .fold(&src, move |sum: i64, m: &Message<String, String>| {
+                seen(m);
+                let v = m.value().map_or("", String::as_str);
+                let n: i64 = v.get(52..).and_then(|t| t.parse().ok()).unwrap_or(0);
+                let sum = sum + n;
+                let sent = v.get(..20).unwrap_or("00000000000000000000");
+                Step::to(sum).emit(out.send(m.key().cloned(), format!("{sent}{sum:044}")))
+            })
+            .build()?
+    } else {
+        let out = dst.clone();
+        Stage::named("copy")
+            .on(&src, move |m: &Message<String, String>| {
+                seen(m);
+                vec![out.send(m.key().cloned(), m.value().cloned())]
+            })
+            .sink(&dst)
+            .build()?
+    };
     Ok(Parsley::named(app_id, [stage])?)
 }
 
@@ -306,15 +297,7 @@ fn plain_loop(
                         }),
                 );
             }
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((_, back)) => {
-                        producer.poll(Duration::from_millis(5));
-                        record = back;
-                    }
-                }
-            }
+            crate::send_when_room(&producer, record);
             next = Some(m.offset() + 1);
             done += 1;
         }

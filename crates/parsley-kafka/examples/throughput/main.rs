@@ -285,19 +285,31 @@ fn write_backlog(base: &ClientConfig, input: &str, n: usize) -> Result<()> {
     for i in 0..n {
         let key = format!("k{}", i % KEYS);
         let value = value(0, i);
-        let mut record = BaseRecord::to(input).partition(0).key(&key).payload(&value);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    producer.poll(Duration::from_millis(5));
-                    record = back;
-                }
-            }
-        }
+        send_when_room(
+            &producer,
+            BaseRecord::to(input).partition(0).key(&key).payload(&value),
+        );
     }
     producer.flush(Duration::from_secs(60))?;
     Ok(())
+}
+
+/// Sends `record`, serving delivery reports while the producer's queue is
+/// full.
+fn send_when_room<K, V>(producer: &BaseProducer, mut record: BaseRecord<'_, K, V>)
+where
+    K: rdkafka::message::ToBytes + ?Sized,
+    V: rdkafka::message::ToBytes + ?Sized,
+{
+    loop {
+        match producer.send(record) {
+            Ok(()) => return,
+            Err((_, back)) => {
+                producer.poll(Duration::from_millis(5));
+                record = back;
+            }
+        }
+    }
 }
 
 /// A loop running in its own process.
