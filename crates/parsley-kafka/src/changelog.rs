@@ -50,7 +50,7 @@ pub(crate) fn replay(
         topic: topic.to_owned(),
         message,
     };
-    let mut config = base.clone();
+    let mut config = crate::settings::for_consumer(base);
     config
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")

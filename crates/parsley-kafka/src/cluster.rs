@@ -53,7 +53,7 @@ impl KafkaCluster {
         // librdkafka's default is read_committed, which would answer the
         // last stable offset: the end offsets here must be the high
         // watermark.
-        let mut admin = config.clone();
+        let mut admin = crate::settings::for_producer(config);
         admin.set("isolation.level", "read_uncommitted");
         Ok(KafkaCluster {
             config: config.clone(),

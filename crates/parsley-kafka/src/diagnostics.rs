@@ -110,7 +110,7 @@ impl Publisher {
         instance: &str,
         thread: usize,
     ) -> Option<Publisher> {
-        match config.create() {
+        match crate::settings::for_producer(config).create() {
             Ok(producer) => Some(Publisher {
                 producer,
                 topic: diagnostics_topic(application_id),

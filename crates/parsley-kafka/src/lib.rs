@@ -42,6 +42,8 @@ pub mod diagnostics;
 #[cfg(feature = "streams")]
 mod policy;
 #[cfg(feature = "streams")]
+mod settings;
+#[cfg(feature = "streams")]
 mod streams;
 pub mod topic_ids;
 

@@ -79,7 +79,7 @@ pub(crate) fn request_shutdown(
     reason: &str,
     timeout: Duration,
 ) -> Result<(), StreamsError> {
-    let producer: BaseProducer = config.create()?;
+    let producer: BaseProducer = crate::settings::for_producer(config).create()?;
     producer
         .send(
             BaseRecord::to(topic)
@@ -101,7 +101,7 @@ pub(crate) fn watch(
     stop: Arc<AtomicBool>,
     on_shutdown: impl FnOnce(String),
 ) -> Result<(), StreamsError> {
-    let mut c = config.clone();
+    let mut c = crate::settings::for_consumer(config);
     c.set("enable.auto.commit", "false")
         .set("group.id", format!("{topic}-watch"));
     let consumer: BaseConsumer = c.create()?;

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures_executor::block_on;
 use parsley::runtime::metrics::{Published, TaskMetrics};
 use parsley::runtime::worker::{
-    AssignedPartition, CommitOutcome, PolledRecord, RevokePlan, StartPolicy, Transaction, Worker,
-    WorkerConfig, WorkerError,
+    AssignedPartition, CommitOutcome, OnRetentionLoss, PolledRecord, RevokePlan, StartPolicy,
+    Transaction, Worker, WorkerConfig, WorkerError,
 };
 use parsley::task::{MetadataError, TopicMetadata};
 use parsley::{HeldRecord, Parsley};
@@ -36,10 +36,15 @@ use tracing::{debug, error, info, warn};
 use crate::KafkaCluster;
 use crate::diagnostics::{HoldReport, Publisher, ThreadReport, diagnostics_topic};
 use crate::policy::{self, ErrorHandler, ErrorResponse};
+use crate::settings;
 
 /// Records a stream thread takes from its consumer's buffer before it
 /// turns to position reports, the clock and its transaction.
 const POLL_BATCH: usize = 256;
+
+/// How long a stream thread waits before it repeats a cluster lookup that
+/// failed.
+const LOOKUP_RETRY: Duration = Duration::from_millis(200);
 
 /// The longest a stream thread waits for a record before it turns to its
 /// clock (ticks, sweeps, samples, a due commit).
@@ -66,6 +71,9 @@ pub struct StreamsOptions {
     pub truncation_interval: Duration,
     /// Where a channel with no committed position starts.
     pub start_policy: StartPolicy,
+    /// What a channel whose committed position lies below its log start
+    /// does: fail its task (the default), or go on from the log start.
+    pub on_retention_loss: OnRetentionLoss,
     /// How long one cluster lookup may take.
     pub request_timeout: Duration,
     /// This instance's identity within the application: it names the
@@ -85,6 +93,7 @@ impl Default for StreamsOptions {
             commit_interval: Duration::from_millis(100),
             truncation_interval: Duration::from_secs(600),
             start_policy: StartPolicy::Earliest,
+            on_retention_loss: OnRetentionLoss::Fail,
             request_timeout: Duration::from_secs(30),
             instance_id: None,
         }
@@ -708,7 +717,21 @@ struct ThreadContext {
     shared: Mutex<Shared>,
 }
 
-impl ClientContext for ThreadContext {}
+impl ClientContext for ThreadContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        // An out-of-range fetch also reaches the poll loop, where the
+        // worker decides whether it is a loss to fail on; the event itself
+        // is not the failure.
+        if matches!(
+            error,
+            KafkaError::Global(rdkafka::types::RDKafkaErrorCode::AutoOffsetReset)
+        ) {
+            warn!(%error, reason, "a fetch offset is out of range");
+        } else {
+            error!(%error, reason, "librdkafka error");
+        }
+    }
+}
 
 impl ConsumerContext for ThreadContext {
     fn rebalance(
@@ -762,6 +785,7 @@ impl Shared {
                 Ok(c) => break c,
                 Err(e) if Instant::now() < deadline => {
                     warn!(error = %e, "committed offsets not available yet; retrying");
+                    std::thread::sleep(LOOKUP_RETRY);
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -801,12 +825,19 @@ impl Shared {
                     Ok(w) => break w,
                     Err(e) if Instant::now() < deadline => {
                         warn!(%topic, partition = p, error = %e, "watermarks not available yet; retrying");
-                        std::thread::sleep(Duration::from_millis(200));
+                        std::thread::sleep(LOOKUP_RETRY);
                     }
                     Err(e) => return Err(e.into()),
                 }
             };
-            let end = stable.get(&(topic.clone(), p)).copied().unwrap_or(high);
+            // The last stable offset, when the policy asked for it (the
+            // worker refuses to start a late joiner without it); the high
+            // watermark otherwise, which nothing then reads.
+            let end = if self.start_policy == StartPolicy::Latest {
+                stable.get(&(topic.clone(), p)).copied()
+            } else {
+                Some(high)
+            };
             parts.push(AssignedPartition {
                 topic,
                 partition: p,
@@ -823,7 +854,11 @@ impl Shared {
             let offset = seeks
                 .iter()
                 .find(|s| s.topic == topic && s.partition == p)
-                .map_or(Offset::Stored, |s| Offset::Offset(s.offset));
+                // A partition of a task still waiting to start: its records
+                // are dropped until the task starts and seeks, so any
+                // in-range start does (the consumer must not fail on a
+                // missing committed offset, under auto.offset.reset=error).
+                .map_or(Offset::Beginning, |s| Offset::Offset(s.offset));
             starts.add_partition_offset(&topic, p, offset)?;
         }
         consumer.assign(&starts)?;
@@ -915,17 +950,51 @@ impl Shared {
 
     fn apply_seeks(&mut self, consumer: &BaseConsumer<ThreadContext>) -> Result<(), StreamsError> {
         for s in self.worker.take_seeks() {
-            consumer.seek(
+            if let Err(e) = consumer.seek(
                 &s.topic,
                 s.partition,
                 Offset::Offset(s.offset),
                 self.timeout,
-            )?;
+            ) {
+                // A partition the consumer stopped (an out-of-range fetch,
+                // under auto.offset.reset=error) refuses a seek; assigning
+                // it again at the offset restarts its fetch.
+                debug!(topic = %s.topic, partition = s.partition, error = %e, "seek refused; assigning the partition again");
+                self.restart_fetch(consumer, &s.topic, s.partition, s.offset)?;
+            }
             self.worker.seek_applied(&s.topic, s.partition, s.offset)?;
             if let Some(fed) = self.last_fed.get_mut(&s.topic) {
                 fed.remove(&s.partition);
             }
         }
+        Ok(())
+    }
+
+    /// Assigns the consumer's whole assignment again: `topic:partition` at
+    /// `offset`, every other partition at the next offset the worker
+    /// expects (a task still waiting to start: anywhere in range, its
+    /// records are dropped until it seeks). Their buffered records are
+    /// fetched again, so none is fed twice or skipped.
+    fn restart_fetch(
+        &mut self,
+        consumer: &BaseConsumer<ThreadContext>,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Result<(), StreamsError> {
+        let mut tpl = TopicPartitionList::new();
+        for (t, p) in partitions(&consumer.assignment()?) {
+            let at = if t == topic && p == partition {
+                Offset::Offset(offset)
+            } else {
+                self.worker
+                    .position(&t, p)
+                    .map_or(Offset::Beginning, Offset::Offset)
+            };
+            tpl.add_partition_offset(&t, p, at)?;
+        }
+        consumer.assign(&tpl)?;
+        self.last_fed.clear();
         Ok(())
     }
 
@@ -955,10 +1024,24 @@ impl Shared {
                 warn!(txn = txn.id, error = %e, "transaction aborted; the tasks roll back");
                 // librdkafka aborts only once the delivery reports of the
                 // records already sent have been served.
-                let _ = self.producer.flush(self.timeout);
-                self.producer.abort_transaction(self.timeout)?;
-                self.worker
-                    .commit_outcome(CommitOutcome::Aborted, &self.cluster)?;
+                let _ = await_deliveries(&self.producer, self.timeout);
+                match self.producer.abort_transaction(self.timeout) {
+                    Ok(()) => {
+                        self.worker
+                            .commit_outcome(CommitOutcome::Aborted, &self.cluster)?;
+                    }
+                    Err(abort) => {
+                        // The coordinator may already have ended the
+                        // transaction (a member that froze past its
+                        // transaction timeout): whatever state the producer
+                        // is in, a new one fences it and aborts what it left
+                        // open. Rejoin, as after any fencing.
+                        warn!(txn = txn.id, error = %abort, "the abort failed; the stream thread rejoins the group");
+                        self.worker
+                            .commit_outcome(CommitOutcome::Fenced, &self.cluster)?;
+                        self.rejoin = Some(abort);
+                    }
+                }
                 Ok(())
             }
             Err(e) => {
@@ -1161,7 +1244,7 @@ impl StreamThread {
     fn session(&self) -> Result<Session, StreamsError> {
         let timeout = self.options.request_timeout;
         let cluster = KafkaCluster::new(&self.config, timeout)?;
-        let mut producer_config = self.config.clone();
+        let mut producer_config = settings::for_producer(&self.config);
         producer_config.set("transactional.id", &self.transactional_id);
         // A transaction left open by a frozen or dead instance holds back
         // every read_committed reader (a restoring task among them) until
@@ -1182,6 +1265,7 @@ impl StreamThread {
                 commit_interval: self.options.commit_interval,
                 truncation_interval: self.options.truncation_interval,
                 start_policy: self.options.start_policy,
+                on_retention_loss: self.options.on_retention_loss,
                 thread_id: format!("{}-{}", self.instance, self.index),
                 // Nothing here reads what the tasks did record by record.
                 events: false,
@@ -1199,13 +1283,16 @@ impl StreamThread {
                 rejoin: None,
             }),
         };
-        let mut consumer_config = self.config.clone();
+        let mut consumer_config = settings::for_consumer(&self.config);
         for (k, v) in OWNED {
             consumer_config.set(*k, *v);
         }
         consumer_config
             .set("group.id", self.app.application_id())
-            .set("auto.offset.reset", "earliest");
+            // A fetch offset out of range (retention passed what this
+            // thread had not read) stops the partition and reports an
+            // error, which the worker judges; never a silent reset.
+            .set("auto.offset.reset", "error");
         let consumer: BaseConsumer<ThreadContext> = consumer_config.create_with_context(context)?;
         let mut topics: Vec<&str> = Vec::new();
         for stage in self.app.stages() {
@@ -1264,6 +1351,16 @@ impl StreamThread {
                     Some(Ok(m)) => {
                         shared.on_message(&m)?;
                         shared.apply_seeks(&consumer)?;
+                    }
+                    Some(Err(KafkaError::MessageConsumption(
+                        rdkafka::types::RDKafkaErrorCode::AutoOffsetReset,
+                    ))) => {
+                        let Shared {
+                            worker, cluster, ..
+                        } = &mut *shared;
+                        worker.offset_out_of_range(cluster)?;
+                        shared.apply_seeks(&consumer)?;
+                        break true;
                     }
                     Some(Err(e)) => {
                         warn!(error = %e, "consumer error");

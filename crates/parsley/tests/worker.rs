@@ -184,7 +184,7 @@ fn part(topic: &str, partition: i32) -> AssignedPartition {
         partition,
         committed: None,
         log_start: 0,
-        end: 0,
+        end: Some(0),
     }
 }
 
@@ -224,7 +224,11 @@ fn worker(app: &Parsley) -> Worker {
 /// Assigns every partition of every task and commits the start
 /// transaction.
 fn started(app: &Parsley, cluster: &Cluster) -> Worker {
-    let mut w = worker(app);
+    started_with(cluster, worker(app))
+}
+
+/// [`started`] for a worker of the caller's configuration.
+fn started_with(cluster: &Cluster, mut w: Worker) -> Worker {
     let n = cluster.topics["a"].1;
     let parts = (0..n).flat_map(|p| [part("a", p), part("b", p)]).collect();
     w.assign(parts, cluster, 0).unwrap();
@@ -321,13 +325,13 @@ fn start_positions_follow_resume_committed_policy_and_the_log_start() {
             AssignedPartition {
                 committed: Some(7),
                 log_start: 2,
-                end: 20,
+                end: Some(20),
                 ..part("a", 0)
             },
             AssignedPartition {
                 committed: None,
                 log_start: 3,
-                end: 9,
+                end: Some(9),
                 ..part("b", 0)
             },
         ],
@@ -339,8 +343,7 @@ fn start_positions_follow_resume_committed_policy_and_the_log_start() {
     assert_eq!(seeks["a"], 7, "the committed position");
     assert_eq!(seeks["b"], 3, "earliest: the log start");
 
-    // Latest starts at the end; a committed position below the log start
-    // moves up to it (H6).
+    // Latest starts at the end.
     let mut w = Worker::new(
         &app,
         WorkerConfig {
@@ -351,13 +354,13 @@ fn start_positions_follow_resume_committed_policy_and_the_log_start() {
     w.assign(
         vec![
             AssignedPartition {
-                committed: Some(1),
+                committed: Some(11),
                 log_start: 4,
-                end: 20,
+                end: Some(20),
                 ..part("a", 0)
             },
             AssignedPartition {
-                end: 9,
+                end: Some(9),
                 ..part("b", 0)
             },
         ],
@@ -366,8 +369,116 @@ fn start_positions_follow_resume_committed_policy_and_the_log_start() {
     )
     .unwrap();
     let seeks: BTreeMap<String, i64> = seek(&mut w).into_iter().map(|((t, _), o)| (t, o)).collect();
-    assert_eq!(seeks["a"], 4);
+    assert_eq!(seeks["a"], 11);
     assert_eq!(seeks["b"], 9);
+}
+
+/// A committed position below the log start means retention removed
+/// records the stage never read: the task fails, naming the partition and
+/// both offsets, unless the configuration says to go on from the log start.
+#[test]
+fn a_committed_position_below_the_log_start_fails_unless_told_to_resume() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let lost = || {
+        vec![
+            AssignedPartition {
+                committed: Some(1),
+                log_start: 4,
+                ..part("a", 0)
+            },
+            part("b", 0),
+        ]
+    };
+    let mut w = worker(&app);
+    let err = w.assign(lost(), &cluster, 0).unwrap_err();
+    match &err {
+        WorkerError::RetentionLoss {
+            topic,
+            partition,
+            committed,
+            log_start,
+            ..
+        } => assert_eq!(
+            (topic.as_str(), *partition, *committed, *log_start),
+            ("a", 0, 1, 4)
+        ),
+        other => panic!("expected a retention loss, got {other}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.contains("a:0") && text.contains("offset 1") && text.contains("starts at 4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ResumeAtLogStart"),
+        "the error says what to change: {text}"
+    );
+    assert!(w.take_seeks().is_empty(), "no seek past the loss");
+
+    let mut w = Worker::new(
+        &app,
+        WorkerConfig {
+            on_retention_loss: OnRetentionLoss::ResumeAtLogStart,
+            ..WorkerConfig::default()
+        },
+    );
+    w.assign(lost(), &cluster, 0).unwrap();
+    let seeks: BTreeMap<String, i64> = seek(&mut w).into_iter().map(|((t, _), o)| (t, o)).collect();
+    assert_eq!(seeks["a"], 4, "on from the log start, as configured");
+    assert_eq!(w.stats().retention_losses, 1);
+}
+
+/// A late joiner whose last stable offset is unknown does not start (at
+/// the high watermark or anywhere else); one with a committed position
+/// does not need it.
+#[test]
+fn a_late_joiner_without_a_known_end_does_not_guess() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let latest = || {
+        Worker::new(
+            &app,
+            WorkerConfig {
+                start_policy: StartPolicy::Latest,
+                ..WorkerConfig::default()
+            },
+        )
+    };
+    let mut w = latest();
+    let err = w
+        .assign(
+            vec![
+                AssignedPartition {
+                    end: None,
+                    ..part("a", 0)
+                },
+                part("b", 0),
+            ],
+            &cluster,
+            0,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, WorkerError::EndUnknown { topic, partition: 0, .. } if topic == "a"),
+        "{err}"
+    );
+    let mut w = latest();
+    w.assign(
+        vec![
+            AssignedPartition {
+                committed: Some(5),
+                end: None,
+                ..part("a", 0)
+            },
+            part("b", 0),
+        ],
+        &cluster,
+        0,
+    )
+    .unwrap();
+    let seeks: BTreeMap<String, i64> = seek(&mut w).into_iter().map(|((t, _), o)| (t, o)).collect();
+    assert_eq!(seeks["a"], 5);
 }
 
 #[test]
@@ -1594,4 +1705,62 @@ fn turning_events_off_drops_those_of_records_released_at_init() {
             .count();
         assert_eq!(delivered, usize::from(events));
     }
+}
+
+/// An out-of-range fetch: a channel whose position lies below its log
+/// start lost records it never read. By default that fails, naming both
+/// offsets; with the opt-in the channel goes on from the log start (a seek,
+/// the frontier past the loss); with no channel below its log start the
+/// cause is unknown and the worker refuses to guess.
+#[test]
+fn an_out_of_range_fetch_is_a_loss_to_fail_on_or_to_resume_past_as_configured() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let feed = |w: &mut Worker| {
+        for o in 0..3 {
+            w.on_record(rec("a", 0, o, "k")).unwrap();
+        }
+    };
+    // Nothing below its log start: not a loss, and not a guess either.
+    let mut w = started(&app, &cluster);
+    feed(&mut w);
+    let err = w.offset_out_of_range(&cluster).unwrap_err();
+    assert!(matches!(err, WorkerError::OffsetOutOfRange), "{err}");
+
+    cluster.starts.borrow_mut().insert(("a".to_owned(), 0), 5);
+    let mut w = started(&app, &cluster);
+    feed(&mut w);
+    let err = w.offset_out_of_range(&cluster).unwrap_err();
+    match &err {
+        WorkerError::RetentionLoss {
+            topic,
+            committed,
+            log_start,
+            ..
+        } => assert_eq!((topic.as_str(), *committed, *log_start), ("a", 3, 5)),
+        other => panic!("expected a retention loss, got {other}"),
+    }
+    assert!(w.take_seeks().is_empty(), "no seek past the loss");
+
+    let resuming = Worker::new(
+        &app,
+        WorkerConfig {
+            on_retention_loss: OnRetentionLoss::ResumeAtLogStart,
+            ..WorkerConfig::default()
+        },
+    );
+    cluster.starts.borrow_mut().remove(&("a".to_owned(), 0));
+    let mut w = started_with(&cluster, resuming);
+    feed(&mut w);
+    cluster.starts.borrow_mut().insert(("a".to_owned(), 0), 5);
+    w.offset_out_of_range(&cluster).unwrap();
+    assert_eq!(w.stats().retention_losses, 1);
+    let seeks = seek(&mut w);
+    assert_eq!(seeks.get(&("a".to_owned(), 0)), Some(&5), "{seeks:?}");
+    assert_eq!(seeks.len(), 1, "only the channel that lost records");
+    assert_eq!(w.position("a", 0), Some(5));
+    // The next record is the log start's, and it is delivered.
+    w.on_record(rec("a", 0, 5, "k")).unwrap();
+    let txn = commit(&mut w, &cluster);
+    assert_eq!(delivered(&txn).len(), 4, "a@0..2, then a@5");
 }

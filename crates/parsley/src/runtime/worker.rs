@@ -73,6 +73,24 @@ pub enum StartPolicy {
     Latest,
 }
 
+/// What a task does when a channel's committed position lies below the
+/// partition's log start: retention (or DeleteRecords) removed records the
+/// stage never read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnRetentionLoss {
+    /// Fail the task with [`WorkerError::RetentionLoss`], naming the
+    /// partition, the committed offset and the log start. The default: the
+    /// contract says lost history fails loudly, never silently.
+    #[default]
+    Fail,
+    /// Go on from the log start, with a WARN naming what was lost (and a
+    /// count in [`WorkerStats::retention_losses`]). The removed records
+    /// stay lost: the channel's frontier moves past them, so claims on
+    /// them count as met and the records that waited on them are released
+    /// without them.
+    ResumeAtLogStart,
+}
+
 /// How a worker paces its work.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerConfig {
@@ -86,6 +104,8 @@ pub struct WorkerConfig {
     pub truncation_interval: Duration,
     /// Where channels with no committed position start.
     pub start_policy: StartPolicy,
+    /// What a channel committed below its log start does.
+    pub on_retention_loss: OnRetentionLoss,
     /// The `thread-id` label of this worker's metrics.
     pub thread_id: String,
     /// Whether transactions list what each task did
@@ -102,6 +122,7 @@ impl Default for WorkerConfig {
             commit_interval: Duration::from_millis(100),
             truncation_interval: Duration::from_secs(600),
             start_policy: StartPolicy::Earliest,
+            on_retention_loss: OnRetentionLoss::Fail,
             thread_id: "0".to_owned(),
             events: true,
         }
@@ -120,8 +141,11 @@ pub struct AssignedPartition {
     pub committed: Option<i64>,
     /// The partition's log start.
     pub log_start: i64,
-    /// The partition's end (last stable offset), for [`StartPolicy::Latest`].
-    pub end: i64,
+    /// The partition's end (last stable offset), for [`StartPolicy::Latest`];
+    /// `None` when the lookup gave no answer. A channel that needs it (no
+    /// committed position, start policy latest) then fails its task with
+    /// [`WorkerError::EndUnknown`] rather than guess.
+    pub end: Option<i64>,
 }
 
 /// A record as a poll returned it.
@@ -247,6 +271,10 @@ pub struct WorkerStats {
     /// Records dropped because their task was waiting to start (they are
     /// fetched again from the task's start position).
     pub dropped_while_waiting: u64,
+    /// Channels that went on from their log start past records retention
+    /// removed before the stage read them
+    /// ([`OnRetentionLoss::ResumeAtLogStart`]).
+    pub retention_losses: u64,
 }
 
 /// What the worker refuses.
@@ -258,6 +286,48 @@ pub enum WorkerError {
     /// A changelog could not restore a task.
     #[error(transparent)]
     Changelog(#[from] ChangelogError),
+    /// A channel's committed position lies below its partition's log
+    /// start: records the stage never read are gone.
+    #[error(
+        "task {task}: {topic}:{partition} was consumed up to offset {committed}, but its log starts at {log_start}: retention or DeleteRecords removed {} records this stage never read. Restore them, or set the option to resume at the log start (StreamsOptions::on_retention_loss = OnRetentionLoss::ResumeAtLogStart) to go on without them",
+        .log_start - .committed
+    )]
+    RetentionLoss {
+        /// The task.
+        task: TaskId,
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// Where the channel's consumption stood (the next offset to read).
+        committed: i64,
+        /// The partition's first offset.
+        log_start: i64,
+    },
+    /// A channel with no committed position starts at its partition's
+    /// last stable offset ([`StartPolicy::Latest`]), and that was not known.
+    #[error(
+        "task {task}: {topic}:{partition} has no committed position and starts at its last stable offset (StartPolicy::Latest), but the lookup of that offset gave no answer; the worker does not guess (the high watermark would skip the records of a transaction still open)"
+    )]
+    EndUnknown {
+        /// The task.
+        task: TaskId,
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+    },
+    /// The consumer stopped fetching a partition because its fetch offset
+    /// was out of range, yet every channel's position lies within its log.
+    #[error(
+        "the consumer reported a fetch offset out of range, but every channel of this thread is at or above its log start: the log may have been truncated below what this stage already read (an unclean leader election, or a topic recreated under the same id); the worker does not guess where to go on"
+    )]
+    OffsetOutOfRange,
+    /// The log starts an out-of-range fetch needed could not be looked up.
+    #[error(
+        "the consumer reported a fetch offset out of range, and the log starts that would tell whether records were lost could not be looked up: {0}"
+    )]
+    LogStartUnknown(String),
     /// A partition of a topic no stage of the application consumes.
     #[error(
         "partition {topic}:{partition} is not consumed by any stage of application {application:?}; subscribe only to the application's source and tick topics"
@@ -712,6 +782,7 @@ impl Worker {
     /// the host confirms its seek.
     fn begin_task(&mut self, id: &TaskId, new_work: bool) -> Result<(), WorkerError> {
         let policy = self.config.start_policy;
+        let on_loss = self.config.on_retention_loss;
         let Some(slot) = self.tasks.get_mut(id) else {
             return Ok(());
         };
@@ -721,12 +792,41 @@ impl Worker {
         let resume = task.resume_positions().clone();
         for c in &mut slot.channels {
             let a = &c.assigned;
-            let start = match (resume.get(&c.channel), c.committed) {
-                (Some(&r), _) => r,
-                (None, committed) if committed >= 0 => committed,
-                _ => match policy {
-                    StartPolicy::Earliest => a.log_start,
-                    StartPolicy::Latest => a.end,
+            // Where the stage's own history says to go on, if it has one.
+            let consumed = match (resume.get(&c.channel), c.committed) {
+                (Some(&r), _) => Some(r),
+                (None, committed) if committed >= 0 => Some(committed),
+                _ => None,
+            };
+            let start = match consumed {
+                Some(at) if at < a.log_start => match on_loss {
+                    OnRetentionLoss::Fail => {
+                        return Err(WorkerError::RetentionLoss {
+                            task: id.clone(),
+                            topic: c.topic.clone(),
+                            partition: c.partition,
+                            committed: at,
+                            log_start: a.log_start,
+                        });
+                    }
+                    OnRetentionLoss::ResumeAtLogStart => {
+                        warn!(task = %id, topic = %c.topic, partition = c.partition, committed = at, log_start = a.log_start,
+                            lost = a.log_start - at, "records removed by retention before this stage read them; going on from the log start, as configured");
+                        self.stats.retention_losses += 1;
+                        a.log_start
+                    }
+                },
+                Some(at) => at,
+                None => match (policy, a.end) {
+                    (StartPolicy::Earliest, _) => a.log_start,
+                    (StartPolicy::Latest, Some(end)) => end,
+                    (StartPolicy::Latest, None) => {
+                        return Err(WorkerError::EndUnknown {
+                            task: id.clone(),
+                            topic: c.topic.clone(),
+                            partition: c.partition,
+                        });
+                    }
                 },
             };
             // H6: never below the log start.
@@ -746,6 +846,90 @@ impl Worker {
         }
         if new_work || task.has_work() {
             self.dirty = true;
+        }
+        Ok(())
+    }
+
+    /// The consumer stopped fetching a partition because its fetch offset
+    /// is out of range (librdkafka's `auto.offset.reset=error`, which the
+    /// Kafka runtime sets): retention or DeleteRecords removed records
+    /// this thread had not read yet, or the log was truncated. The worker
+    /// looks up the log start of every channel of its running tasks; each
+    /// channel whose position lies below its log start has lost records,
+    /// and [`WorkerConfig::on_retention_loss`] decides: fail with
+    /// [`WorkerError::RetentionLoss`], or go on from the log start (a seek
+    /// to ask for, the frontier moved past the loss). When no channel is
+    /// below its log start the cause is unknown, and the worker fails with
+    /// [`WorkerError::OffsetOutOfRange`] rather than guess.
+    ///
+    /// A channel below its log start whose records still sit in the
+    /// consumer's buffer counts as lost too: what is below the log start
+    /// is gone from the cluster, and a restart could not read it again.
+    pub fn offset_out_of_range(&mut self, cluster: &dyn Cluster) -> Result<(), WorkerError> {
+        self.ready()?;
+        let ids: BTreeSet<parsley_protocol::TopicId> = self
+            .tasks
+            .values()
+            .flat_map(|s| s.channels.iter().map(|c| c.channel.topic))
+            .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let starts = match cluster.log_starts(&ids) {
+            Ok(s) => s,
+            // A failed lookup cannot tell a loss from anything else; the
+            // consumer stays stopped on that partition, so fail loudly.
+            Err(e) => return self.poison(WorkerError::LogStartUnknown(e.to_string())),
+        };
+        let on_loss = self.config.on_retention_loss;
+        let mut lost = 0;
+        for (id, slot) in &mut self.tasks {
+            let Some(task) = slot.task.as_mut() else {
+                continue;
+            };
+            for c in &mut slot.channels {
+                let log_start = match starts.get(&c.channel.topic) {
+                    Some(parsley_protocol::TopicOffsets::Present(p)) => {
+                        p.get(&c.partition).copied().unwrap_or(0)
+                    }
+                    _ => continue,
+                };
+                if c.position >= log_start {
+                    continue;
+                }
+                lost += 1;
+                match on_loss {
+                    OnRetentionLoss::Fail => {
+                        let e = WorkerError::RetentionLoss {
+                            task: id.clone(),
+                            topic: c.topic.clone(),
+                            partition: c.partition,
+                            committed: c.position,
+                            log_start,
+                        };
+                        self.state = State::MustAbort(e.to_string());
+                        return Err(e);
+                    }
+                    OnRetentionLoss::ResumeAtLogStart => {
+                        warn!(task = %id, topic = %c.topic, partition = c.partition, committed = c.position, log_start,
+                            lost = log_start - c.position, "records removed by retention before this stage read them; going on from the log start, as configured");
+                        self.stats.retention_losses += 1;
+                        c.position = log_start;
+                        c.pending = None;
+                        c.awaiting_seek = Some(log_start);
+                        self.seeks.push(Seek {
+                            topic: c.topic.clone(),
+                            partition: c.partition,
+                            offset: log_start,
+                        });
+                        task.position_advance(c.channel, log_start)?;
+                        self.dirty = true;
+                    }
+                }
+            }
+        }
+        if lost == 0 {
+            return self.poison(WorkerError::OffsetOutOfRange);
         }
         Ok(())
     }

@@ -1434,7 +1434,7 @@ impl TestDriver {
                     partition: *p,
                     committed: self.group_offsets.get(&(topic.clone(), *p)).copied(),
                     log_start: 0,
-                    end,
+                    end: Some(end),
                 });
             }
         }

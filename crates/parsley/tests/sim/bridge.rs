@@ -261,7 +261,7 @@ impl StreamThread for Thread {
                 partition: a.partition,
                 committed: a.committed,
                 log_start: a.log_start,
-                end: a.end,
+                end: Some(a.end),
             })
             .collect();
         let r = self.worker.assign(parts, &View(broker), now).map_err(err);
