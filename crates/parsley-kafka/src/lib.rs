@@ -55,4 +55,4 @@ pub use parsley::{HeldRecord, probe_cluster};
 #[cfg(feature = "streams")]
 pub use policy::{ErrorHandler, ErrorResponse};
 #[cfg(feature = "streams")]
-pub use streams::{CausalStreams, StreamsError, StreamsOptions, StreamsState};
+pub use streams::{Backoff, CausalStreams, StreamsError, StreamsOptions, StreamsState};

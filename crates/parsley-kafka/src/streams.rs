@@ -76,6 +76,10 @@ pub struct StreamsOptions {
     pub on_retention_loss: OnRetentionLoss,
     /// How long one cluster lookup may take.
     pub request_timeout: Duration,
+    /// How long a stream thread waits before it joins the group again,
+    /// after a failure the error handler answered with
+    /// [`ErrorResponse::ReplaceThread`] or after being fenced.
+    pub rejoin_backoff: Backoff,
     /// This instance's identity within the application: it names the
     /// stream threads' transactional ids (`<app>-<instance>-<thread>`), so
     /// it must be the same when an instance restarts (its new producers
@@ -95,8 +99,40 @@ impl Default for StreamsOptions {
             start_policy: StartPolicy::Earliest,
             on_retention_loss: OnRetentionLoss::Fail,
             request_timeout: Duration::from_secs(30),
+            rejoin_backoff: Backoff::default(),
             instance_id: None,
         }
+    }
+}
+
+/// How long a stream thread waits before it joins its group again:
+/// `initial` after the first failure (or fencing), doubling with each one
+/// in a row, up to `max`. A membership that lasted longer than `max` starts
+/// the count again. Every join is a rebalance of the group, so a failure
+/// that recurs at once (a record the logic cannot handle) costs one
+/// rebalance per step, not one per retry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// The wait after the first failure.
+    pub initial: Duration,
+    /// The longest wait.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Backoff {
+    /// The wait after `in_a_row` earlier failures in a row.
+    pub fn step(&self, in_a_row: u32) -> Duration {
+        let factor = 1u32.checked_shl(in_a_row.min(31)).unwrap_or(u32::MAX);
+        self.initial.saturating_mul(factor).min(self.max)
     }
 }
 
@@ -1178,15 +1214,32 @@ impl StreamThread {
     /// is unknown) has already dropped its tasks, and joins again with a new
     /// producer and consumer. Any other failure stops the thread.
     fn run(self) -> Result<(), StreamsError> {
+        let backoff = self.options.rejoin_backoff;
+        // Failures and rejoins in a row, for the backoff.
+        let mut in_a_row = 0;
         loop {
+            let began = Instant::now();
             let session = self.session();
             // A thread that left the group runs no tasks until it joins again.
             lock(&self.reports).remove(&self.index);
+            if began.elapsed() > backoff.max {
+                // It ran long enough that this is not the same failure again.
+                in_a_row = 0;
+            }
             let e = match session {
                 Ok(Session::Closed) => return Ok(()),
                 Ok(Session::Rejoin) => {
                     self.rejoins.fetch_add(1, Ordering::SeqCst);
-                    info!(thread = self.index, "stream thread rejoins the group");
+                    let wait = backoff.step(in_a_row);
+                    in_a_row += 1;
+                    info!(
+                        thread = self.index,
+                        ?wait,
+                        "stream thread rejoins the group"
+                    );
+                    if !self.pause(wait) {
+                        return Ok(());
+                    }
                     continue;
                 }
                 Err(e) => e,
@@ -1198,9 +1251,15 @@ impl StreamThread {
             match policy::decide(self.handler.as_ref(), self.index, &e) {
                 ErrorResponse::ReplaceThread => {
                     self.replacements.fetch_add(1, Ordering::SeqCst);
-                    warn!(thread = self.index, error = %e, "stream thread failed; replacing it");
-                    // Not a hot loop on a failure that recurs at once.
-                    std::thread::sleep(Duration::from_millis(500));
+                    // A failure that recurs at once is reported once per
+                    // step of the backoff, and joins the group once per
+                    // step: never a rebalance loop.
+                    let wait = backoff.step(in_a_row);
+                    in_a_row += 1;
+                    warn!(thread = self.index, error = %e, ?wait, failures_in_a_row = in_a_row, "stream thread failed; replacing it after a pause");
+                    if !self.pause(wait) {
+                        return Ok(());
+                    }
                 }
                 ErrorResponse::ShutdownClient => {
                     error!(thread = self.index, error = %e, "stream thread failed; shutting the instance down");
@@ -1225,6 +1284,23 @@ impl StreamThread {
                 }
             }
         }
+    }
+
+    /// Waits `wait`, or less if the application closes meanwhile; says
+    /// whether to go on.
+    fn pause(&self, wait: Duration) -> bool {
+        let until = Instant::now() + wait;
+        while Instant::now() < until {
+            if self.stop.load(Ordering::SeqCst) {
+                return false;
+            }
+            std::thread::sleep(
+                until
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(20)),
+            );
+        }
+        !self.stop.load(Ordering::SeqCst)
     }
 
     fn thread_report(&self, published: &Published) -> ThreadReport {
@@ -1440,6 +1516,17 @@ mod tests {
             .build()
             .unwrap();
         Parsley::named("app", [stage]).unwrap()
+    }
+
+    #[test]
+    fn the_backoff_doubles_per_failure_in_a_row_up_to_its_cap() {
+        let b = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_millis(500),
+        };
+        let steps: Vec<u128> = (0..5).map(|n| b.step(n).as_millis()).collect();
+        assert_eq!(steps, [100, 200, 400, 500, 500]);
+        assert_eq!(b.step(u32::MAX), Duration::from_millis(500), "no overflow");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{config, create_topics, unique};
 use parsley::*;
-use parsley_kafka::{CausalStreams, ErrorResponse, StreamsOptions, StreamsState};
+use parsley_kafka::{Backoff, CausalStreams, ErrorResponse, StreamsOptions, StreamsState};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 type T = Topic<String, String>;
@@ -190,4 +190,65 @@ fn shutting_the_application_down_stops_every_instance() {
     );
     let _ = a.close(Duration::from_secs(30));
     let _ = b.close(Duration::from_secs(30));
+}
+
+/// A failure that recurs at once (a record the logic always refuses) under
+/// `ReplaceThread`: each replacement waits one step of the backoff longer
+/// than the one before, so the group rebalances once per step, not in a
+/// loop, and the handler hears of each failure once.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_recurring_failure_is_replaced_once_per_backoff_step() {
+    let (i, o) = (unique("in"), unique("out"));
+    create_topics(&[(&i, 1), (&o, 1)]);
+    let app = echo(
+        &unique("app"),
+        &topic(&i),
+        &topic(&o),
+        Arc::new(AtomicBool::new(true)),
+        false,
+    );
+    let backoff = Backoff {
+        initial: Duration::from_millis(1_000),
+        max: Duration::from_millis(4_000),
+    };
+    let mut s = CausalStreams::new(&app, config())
+        .unwrap()
+        .with_options(StreamsOptions {
+            commit_interval: Duration::from_millis(50),
+            instance_id: Some("a".to_owned()),
+            rejoin_backoff: backoff,
+            ..StreamsOptions::default()
+        });
+    let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = failures.clone();
+    s.set_uncaught_error_handler(move |_| {
+        seen.lock().unwrap().push(Instant::now());
+        ErrorResponse::ReplaceThread
+    });
+    s.start().unwrap();
+    produce(&i, 0, "poison");
+    wait_for("four failures", || failures.lock().unwrap().len() >= 4);
+    s.close(Duration::from_secs(30)).unwrap();
+    let at = failures.lock().unwrap().clone();
+    // Between failure k and k+1 the thread paused step(k), then joined,
+    // restored and met the record again.
+    for (k, pair) in at.windows(2).take(3).enumerate() {
+        let gap = pair[1] - pair[0];
+        let step = backoff.step(u32::try_from(k).unwrap());
+        assert!(
+            gap >= step,
+            "failure {k} -> {}: {gap:?} < the step {step:?}",
+            k + 1
+        );
+    }
+    assert_eq!(
+        s.replaced_threads() as usize,
+        at.len(),
+        "one replacement (one join) per failure"
+    );
+    assert!(
+        common::read_committed(&o, 1, 1, Duration::from_secs(2)).is_empty(),
+        "the failing record was never committed"
+    );
 }
