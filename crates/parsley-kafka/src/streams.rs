@@ -218,6 +218,13 @@ impl From<WorkerError> for StreamsError {
     }
 }
 
+/// What a stream thread is doing, for a close that cannot finish to name.
+type Phase = Arc<Mutex<&'static str>>;
+
+fn set_phase(phase: &Phase, now: &'static str) {
+    *lock(phase) = now;
+}
+
 /// What each stream thread last published (metrics and held heads), by
 /// thread index. A thread writes its entry on its sampling punctuation
 /// (every 500 ms); readers take the lock only to copy it.
@@ -275,6 +282,8 @@ pub struct CausalStreams {
     watcher: Option<JoinHandle<()>>,
     state: Arc<StateCell>,
     threads: Vec<JoinHandle<Result<(), StreamsError>>>,
+    /// What each stream thread is doing.
+    phases: Vec<Phase>,
 }
 
 impl std::fmt::Debug for CausalStreams {
@@ -361,6 +370,7 @@ impl CausalStreams {
             watcher: None,
             state: Arc::new(StateCell::default()),
             threads: Vec::new(),
+            phases: Vec::new(),
         })
     }
 
@@ -466,10 +476,16 @@ impl CausalStreams {
                 handler: self.handler.clone(),
                 replacements: self.replacements.clone(),
                 failure: self.failure.clone(),
+                phase: Arc::new(Mutex::new("starting")),
             };
+            self.phases.push(thread.phase.clone());
             let state = self.state.clone();
             let handle = std::thread::Builder::new()
-                .name(format!("parsley-{}-{index}", self.app.application_id()))
+                .name(format!(
+                    "parsley-{}-{}-{index}",
+                    self.app.application_id(),
+                    self.instance
+                ))
                 .spawn(move || {
                     let r = thread.run();
                     if let Err(e) = &r {
@@ -696,9 +712,10 @@ impl CausalStreams {
                 std::thread::sleep(Duration::from_millis(10));
             }
             if !h.is_finished() {
+                let phase = self.phases.get(i).map_or("running", |p| *lock(p));
                 first.get_or_insert(StreamsError::Thread {
                     thread: i,
-                    message: format!("did not stop within {timeout:?}"),
+                    message: format!("did not stop within {timeout:?}; it was {phase}"),
                 });
                 continue;
             }
@@ -743,6 +760,10 @@ struct Shared {
     /// position report.
     last_fed: BTreeMap<String, BTreeMap<i32, i64>>,
     error: Option<StreamsError>,
+    /// The instance is closing: the thread takes no new tasks.
+    stop: Arc<AtomicBool>,
+    /// What the thread is doing.
+    phase: Phase,
     /// The worker was fenced (or a commit's fate is unknown) and dropped
     /// every task: the thread leaves the group and joins again as a new
     /// member, with a new producer, as the simulator's members do.
@@ -781,12 +802,26 @@ impl ConsumerContext for ThreadContext {
             let _ = consumer.unassign();
             return;
         }
-        let r = match err {
-            rdkafka_sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                shared.on_assign(consumer, tpl)
-            }
-            _ => shared.on_revoke(consumer, tpl),
+        let assigning =
+            err == rdkafka_sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
+        if assigning && shared.stop.load(Ordering::SeqCst) {
+            // Closing: the partitions wait for this member to leave, and
+            // no task starts (or restores) only to be dropped.
+            info!(
+                partitions = tpl.count(),
+                "closing: the assignment is left untaken"
+            );
+            let _ = consumer.unassign();
+            return;
+        }
+        let r = if assigning {
+            set_phase(&shared.phase, "starting tasks (lookups and restores)");
+            shared.on_assign(consumer, tpl)
+        } else {
+            set_phase(&shared.phase, "revoking tasks");
+            shared.on_revoke(consumer, tpl)
         };
+        set_phase(&shared.phase, "polling");
         if let Err(e) = r {
             warn!(error = %e, "rebalance failed; the stream thread stops");
             let _ = consumer.unassign();
@@ -819,6 +854,11 @@ impl Shared {
         let committed = loop {
             match consumer.committed_offsets(tpl.clone(), self.timeout) {
                 Ok(c) => break c,
+                Err(_) if self.stop.load(Ordering::SeqCst) => {
+                    info!("closing: the assignment is left untaken");
+                    consumer.unassign()?;
+                    return Ok(());
+                }
                 Err(e) if Instant::now() < deadline => {
                     warn!(error = %e, "committed offsets not available yet; retrying");
                     std::thread::sleep(LOOKUP_RETRY);
@@ -859,6 +899,11 @@ impl Shared {
                     .fetch_watermarks(&topic, p, self.timeout)
                 {
                     Ok(w) => break w,
+                    Err(_) if self.stop.load(Ordering::SeqCst) => {
+                        info!("closing: the assignment is left untaken");
+                        consumer.unassign()?;
+                        return Ok(());
+                    }
                     Err(e) if Instant::now() < deadline => {
                         warn!(%topic, partition = p, error = %e, "watermarks not available yet; retrying");
                         std::thread::sleep(LOOKUP_RETRY);
@@ -1198,6 +1243,8 @@ struct StreamThread {
     /// The first failure that shut the instance down, for every thread to
     /// see.
     failure: Arc<Mutex<Option<String>>>,
+    /// What this thread is doing.
+    phase: Phase,
 }
 
 /// How one membership of a stream thread ended.
@@ -1289,6 +1336,7 @@ impl StreamThread {
     /// Waits `wait`, or less if the application closes meanwhile; says
     /// whether to go on.
     fn pause(&self, wait: Duration) -> bool {
+        set_phase(&self.phase, "waiting to join the group again (backoff)");
         let until = Instant::now() + wait;
         while Instant::now() < until {
             if self.stop.load(Ordering::SeqCst) {
@@ -1318,6 +1366,10 @@ impl StreamThread {
     }
 
     fn session(&self) -> Result<Session, StreamsError> {
+        set_phase(
+            &self.phase,
+            "joining the group (producer and consumer set-up)",
+        );
         let timeout = self.options.request_timeout;
         let cluster = KafkaCluster::new(&self.config, timeout)?;
         let mut producer_config = settings::for_producer(&self.config);
@@ -1356,6 +1408,8 @@ impl StreamThread {
                 timeout,
                 last_fed: BTreeMap::new(),
                 error: None,
+                stop: self.stop.clone(),
+                phase: self.phase.clone(),
                 rejoin: None,
             }),
         };
@@ -1379,6 +1433,7 @@ impl StreamThread {
         }
         consumer.subscribe(&topics)?;
         info!(thread = self.index, transactional_id = %self.transactional_id, "stream thread started");
+        set_phase(&self.phase, "polling");
         let mut last_report = Instant::now();
         let mut published_at = 0;
         let mut publisher = Publisher::new(
@@ -1473,18 +1528,22 @@ impl StreamThread {
             }
             shared.apply_seeks(&consumer)?;
             if let Some(txn) = shared.worker.poll_transaction(now)? {
+                set_phase(&self.phase, "committing");
                 shared.commit(&consumer, txn)?;
                 shared.apply_seeks(&consumer)?;
+                set_phase(&self.phase, "polling");
             }
         }
         // Graceful close: commit what is open, then leave the group.
         {
+            set_phase(&self.phase, "closing: committing the open transaction");
             let mut shared = lock(&consumer.context().shared);
             shared.report_positions(&consumer)?;
             if let Some(txn) = shared.worker.flush()? {
                 shared.commit(&consumer, txn)?;
             }
         }
+        set_phase(&self.phase, "closing: leaving the group");
         consumer.unsubscribe();
         // Serve the revocation the unsubscribe triggers.
         let deadline = Instant::now() + Duration::from_secs(5);
