@@ -202,6 +202,21 @@ pub enum StreamsError {
     /// The application is not in a state for this call.
     #[error("the application is {0:?}")]
     State(StreamsState),
+    /// The broker (or the client) refused one of a transaction's records:
+    /// a record-level failure, such as a record larger than the topic's
+    /// `max.message.bytes`. The transaction was aborted, so nothing of it
+    /// was committed; the same record fails the same way on a retry.
+    #[error(
+        "a record for {topic}:{partition} could not be produced: {error}; the transaction was aborted and nothing of it committed (a record the broker refuses fails the same way on every retry)"
+    )]
+    Produce {
+        /// The topic the record was for.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+        /// Why it was refused.
+        error: String,
+    },
     /// A stream thread failed.
     #[error("stream thread {thread} failed: {message}")]
     Thread {
@@ -217,6 +232,57 @@ impl From<WorkerError> for StreamsError {
         StreamsError::Worker(Box::new(e))
     }
 }
+
+/// One record the producer could not produce.
+#[derive(Clone, Debug)]
+struct RecordFailure {
+    topic: String,
+    partition: i32,
+    error: String,
+}
+
+/// The transactional producer's context: it keeps the first record-level
+/// failure its delivery reports (or a refused send) carry, for the commit
+/// to turn into [`StreamsError::Produce`] instead of an abort-and-retry
+/// loop on the same record.
+#[derive(Default)]
+struct Deliveries {
+    failed: Mutex<Option<RecordFailure>>,
+}
+
+impl Deliveries {
+    fn record(&self, failure: RecordFailure) {
+        lock(&self.failed).get_or_insert(failure);
+    }
+
+    fn take(&self) -> Option<RecordFailure> {
+        lock(&self.failed).take()
+    }
+}
+
+impl ClientContext for Deliveries {}
+
+impl rdkafka::producer::ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, _: ()) {
+        use rdkafka::types::RDKafkaErrorCode::{PurgeInflight, PurgeQueue};
+        if let Err((e, m)) = result {
+            // Records purged because the transaction failed are its
+            // consequence, not its cause.
+            if matches!(e.rdkafka_error_code(), Some(PurgeQueue | PurgeInflight)) {
+                return;
+            }
+            self.record(RecordFailure {
+                topic: m.topic().to_owned(),
+                partition: m.partition(),
+                error: e.to_string(),
+            });
+        }
+    }
+}
+
+type TxnProducer = BaseProducer<Deliveries>;
 
 /// What a stream thread is doing, for a close that cannot finish to name.
 type Phase = Arc<Mutex<&'static str>>;
@@ -753,7 +819,7 @@ impl CausalStreams {
 struct Shared {
     worker: Worker,
     start_policy: StartPolicy,
-    producer: BaseProducer,
+    producer: TxnProducer,
     cluster: KafkaCluster,
     timeout: Duration,
     /// The highest offset handed to the worker per partition since the last
@@ -1090,6 +1156,11 @@ impl Shared {
         txn: Transaction,
     ) -> Result<(), StreamsError> {
         let r = self.try_commit(consumer, &txn);
+        if r.is_err()
+            && let Some(failure) = self.producer.context().take()
+        {
+            return self.abort_for(&txn, failure);
+        }
         match r {
             Ok(()) => {
                 self.worker
@@ -1140,6 +1211,30 @@ impl Shared {
         }
     }
 
+    /// A record of the transaction was refused: abort it (the worker rolls
+    /// back) and fail with the record's topic and the reason, for the
+    /// error handler to decide; retrying at once would meet the same
+    /// record again.
+    fn abort_for(&mut self, txn: &Transaction, failure: RecordFailure) -> Result<(), StreamsError> {
+        warn!(txn = txn.id, topic = %failure.topic, partition = failure.partition, error = %failure.error,
+            "a record could not be produced; the transaction aborts and the stream thread fails");
+        let _ = await_deliveries(&self.producer, self.timeout);
+        if let Err(abort) = self.producer.abort_transaction(self.timeout) {
+            warn!(txn = txn.id, error = %abort, "the abort failed; the stream thread rejoins the group");
+            self.worker
+                .commit_outcome(CommitOutcome::Fenced, &self.cluster)?;
+            self.rejoin = Some(abort);
+            return Ok(());
+        }
+        self.worker
+            .commit_outcome(CommitOutcome::Aborted, &self.cluster)?;
+        Err(StreamsError::Produce {
+            topic: failure.topic,
+            partition: failure.partition,
+            error: failure.error,
+        })
+    }
+
     fn try_commit(
         &mut self,
         consumer: &BaseConsumer<ThreadContext>,
@@ -1181,7 +1276,14 @@ impl Shared {
                         self.producer.poll(Duration::from_millis(10));
                         record = back;
                     }
-                    Err((e, _)) => return Err(e),
+                    Err((e, _)) => {
+                        self.producer.context().record(RecordFailure {
+                            topic: r.topic.clone(),
+                            partition: r.partition,
+                            error: e.to_string(),
+                        });
+                        return Err(e);
+                    }
                 }
             }
         }
@@ -1214,7 +1316,7 @@ const DELIVERY_POLL: Duration = Duration::from_millis(1);
 /// then took at least 100 ms (measured: median 103 ms, minimum 101.7 ms,
 /// for an EndTxn round trip of about 3 ms). With nothing left in flight,
 /// the flush inside `commit_transaction` returns at once.
-fn await_deliveries(producer: &BaseProducer, timeout: Duration) -> Result<(), KafkaError> {
+fn await_deliveries(producer: &TxnProducer, timeout: Duration) -> Result<(), KafkaError> {
     let deadline = Instant::now() + timeout;
     while producer.in_flight_count() > 0 {
         if Instant::now() >= deadline {
@@ -1383,7 +1485,7 @@ impl StreamThread {
         if producer_config.get("linger.ms").is_none() {
             producer_config.set("linger.ms", "0");
         }
-        let producer: BaseProducer = producer_config.create()?;
+        let producer: TxnProducer = producer_config.create_with_context(Deliveries::default())?;
         // Fences any earlier producer of this thread's id (this thread's own
         // previous membership among them) and aborts what it left open.
         producer.init_transactions(timeout)?;

@@ -252,3 +252,63 @@ fn a_recurring_failure_is_replaced_once_per_backoff_step() {
         "the failing record was never committed"
     );
 }
+
+/// A record the broker (or the client) refuses, here an output larger than
+/// the sink's `max.message.bytes`, and one larger than the client's
+/// `message.max.bytes`: the transaction aborts and the thread fails with
+/// the sink and the reason, for the error handler to decide (by default the
+/// instance stops). Before, the first made the thread abort and retry the
+/// same record in a loop, and the second made it rejoin the group in one.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_record_the_broker_refuses_fails_the_thread_with_its_sink_and_reason() {
+    use parsley_kafka::KafkaCluster;
+    use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+    let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
+    for (size, name) in [(4_000, "broker"), (2_000_000, "client")] {
+        let (i, o) = (unique(&format!("big-in-{name}")), unique("big-out"));
+        create_topics(&[(&i, 1)]);
+        let sink =
+            NewTopic::new(&o, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "1024");
+        for r in
+            futures_executor::block_on(cluster.admin().create_topics([&sink], &AdminOptions::new()))
+                .unwrap()
+        {
+            r.unwrap();
+        }
+        wait_for("the sink topic", || {
+            parsley::task::TopicMetadata::describe(&cluster, &o).is_ok()
+        });
+        let (input, output) = (topic(&i), topic(&o));
+        let mut builder = Stage::named("grow");
+        let out = builder.add_sink(&output);
+        let stage = builder
+            .on(&input, move |m: &Message<String, String>| {
+                let v = m.value().cloned().unwrap_or_default();
+                let v = if v == "big" { "x".repeat(size) } else { v };
+                vec![out.send(m.key().cloned(), v)]
+            })
+            .build()
+            .unwrap();
+        let app = Parsley::named(unique("app").as_str(), [stage]).unwrap();
+        let mut s = streams(&app, "a");
+        s.start().unwrap();
+        produce(&i, 0, "small");
+        assert_eq!(values(&o, 1, 1), vec!["small"]);
+        produce(&i, 0, "big");
+        produce(&i, 0, "after");
+        wait_for("the failure", || {
+            matches!(s.state(), StreamsState::Failed(_))
+        });
+        let err = s.close(Duration::from_secs(30)).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("{o}:0")) && err.to_lowercase().contains("too large"),
+            "{name}: the error names the sink and the reason: {err}"
+        );
+        assert_eq!(
+            common::read_committed(&o, 1, 2, Duration::from_secs(2)).len(),
+            1,
+            "{name}: nothing of the failed transaction was committed"
+        );
+    }
+}
