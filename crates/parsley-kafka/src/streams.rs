@@ -1302,6 +1302,14 @@ impl Shared {
     }
 }
 
+/// Whether an error the consumer's poll returned ends the consumer: a fatal
+/// error (librdkafka will not recover it) fails the stream thread; the
+/// others are retried by librdkafka and only logged.
+fn consumer_error_is_fatal(e: &KafkaError) -> bool {
+    matches!(e, KafkaError::MessageConsumptionFatal(_))
+        || e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::Fatal)
+}
+
 /// How long one wait for delivery reports lasts before the count of
 /// unacknowledged records is read again.
 const DELIVERY_POLL: Duration = Duration::from_millis(1);
@@ -1595,7 +1603,14 @@ impl StreamThread {
                         shared.apply_seeks(&consumer)?;
                         break true;
                     }
+                    Some(Err(e)) if consumer_error_is_fatal(&e) => {
+                        // librdkafka gives up on this consumer: the thread
+                        // fails, for the error handler to decide.
+                        return Err(e.into());
+                    }
                     Some(Err(e)) => {
+                        // librdkafka retries these itself (a broker
+                        // connection, a leader moving).
                         warn!(error = %e, "consumer error");
                         break true;
                     }
@@ -1677,6 +1692,23 @@ mod tests {
             .build()
             .unwrap();
         Parsley::named("app", [stage]).unwrap()
+    }
+
+    #[test]
+    fn only_fatal_consumer_errors_fail_the_thread() {
+        use rdkafka::types::RDKafkaErrorCode;
+        assert!(consumer_error_is_fatal(
+            &KafkaError::MessageConsumptionFatal(RDKafkaErrorCode::Fatal)
+        ));
+        assert!(consumer_error_is_fatal(&KafkaError::MessageConsumption(
+            RDKafkaErrorCode::Fatal
+        )));
+        assert!(!consumer_error_is_fatal(&KafkaError::MessageConsumption(
+            RDKafkaErrorCode::BrokerTransportFailure
+        )));
+        assert!(!consumer_error_is_fatal(&KafkaError::MessageConsumption(
+            RDKafkaErrorCode::AllBrokersDown
+        )));
     }
 
     #[test]
