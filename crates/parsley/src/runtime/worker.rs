@@ -444,6 +444,21 @@ struct ChannelSlot {
     assigned: AssignedPartition,
 }
 
+impl ChannelSlot {
+    /// Moves the channel to `offset` and asks the host for the seek there;
+    /// its records are refused until the host confirms it.
+    fn restart_at(&mut self, offset: i64, seeks: &mut Vec<Seek>) {
+        self.position = offset;
+        self.pending = None;
+        self.awaiting_seek = Some(offset);
+        seeks.push(Seek {
+            topic: self.topic.clone(),
+            partition: self.partition,
+            offset,
+        });
+    }
+}
+
 struct Slot {
     task: Option<Task>,
     meters: TaskMeters,
@@ -831,14 +846,7 @@ impl Worker {
             };
             // H6: never below the log start.
             let start = start.max(a.log_start);
-            c.position = start;
-            c.pending = None;
-            c.awaiting_seek = Some(start);
-            self.seeks.push(Seek {
-                topic: c.topic.clone(),
-                partition: c.partition,
-                offset: start,
-            });
+            c.restart_at(start, &mut self.seeks);
             debug!(task = %id, topic = %c.topic, partition = c.partition, start, "channel starts");
         }
         for c in &slot.channels {
@@ -914,14 +922,7 @@ impl Worker {
                         warn!(task = %id, topic = %c.topic, partition = c.partition, committed = c.position, log_start,
                             lost = log_start - c.position, "records removed by retention before this stage read them; going on from the log start, as configured");
                         self.stats.retention_losses += 1;
-                        c.position = log_start;
-                        c.pending = None;
-                        c.awaiting_seek = Some(log_start);
-                        self.seeks.push(Seek {
-                            topic: c.topic.clone(),
-                            partition: c.partition,
-                            offset: log_start,
-                        });
+                        c.restart_at(log_start, &mut self.seeks);
                         task.position_advance(c.channel, log_start)?;
                         self.dirty = true;
                     }
