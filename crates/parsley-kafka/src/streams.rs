@@ -881,6 +881,7 @@ impl ConsumerContext for ThreadContext {
             return;
         }
         let r = if assigning {
+            info!(partitions = tpl.count(), "assignment taken");
             set_phase(&shared.phase, "starting tasks (lookups and restores)");
             shared.on_assign(consumer, tpl)
         } else {
@@ -992,6 +993,12 @@ impl Shared {
                 log_start: low,
                 end,
             });
+        }
+        if self.stop.load(Ordering::SeqCst) {
+            // The instance began to close during the lookups: start nothing.
+            info!("closing: the assignment is left untaken");
+            consumer.unassign()?;
+            return Ok(());
         }
         self.worker.assign(parts, &self.cluster, now_ms())?;
         // Assign with the worker's starts instead of seeking afterwards.

@@ -25,8 +25,11 @@ use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-/// Every "task started" event: when, and on which thread (stream threads
-/// are named `parsley-<application>-<instance>-<index>`).
+/// Every "assignment taken" event (a stream thread starts the tasks of a
+/// new assignment): when, and on which thread (stream threads are named
+/// `parsley-<application>-<instance>-<index>`). An assignment taken before
+/// a close began may still be restoring when it begins; one taken after
+/// would be a closing thread taking new tasks.
 fn starts() -> &'static Mutex<Vec<(Instant, String)>> {
     static STARTS: OnceLock<Mutex<Vec<(Instant, String)>>> = OnceLock::new();
     STARTS.get_or_init(|| {
@@ -53,12 +56,12 @@ impl<S: tracing::Subscriber> Layer<S> for Capture {
     }
 }
 
-/// Whether an event's message is "task started".
+/// Whether an event's message is "assignment taken".
 struct TaskStarted(bool);
 
 impl Visit for TaskStarted {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" && format!("{value:?}") == "task started" {
+        if field.name() == "message" && format!("{value:?}") == "assignment taken" {
             self.0 = true;
         }
     }
@@ -132,7 +135,10 @@ fn instances_closed_together_return_in_time_and_take_no_new_tasks() {
             "round {round}: every record went through before the close"
         );
         let started_before = starts.lock().unwrap().len();
-        assert!(started_before > 0, "tasks started (the capture works)");
+        assert!(
+            started_before > 0,
+            "assignments were taken (the capture works)"
+        );
 
         // Close them all at once.
         let closed: Vec<(String, Instant, Duration, Result<(), String>)> =
@@ -162,7 +168,7 @@ fn instances_closed_together_return_in_time_and_take_no_new_tasks() {
                 .collect();
             assert!(
                 late.is_empty(),
-                "round {round}: {name} started {} task(s) while closing",
+                "round {round}: {name} took {} assignment(s) while closing",
                 late.len()
             );
         }
