@@ -56,6 +56,11 @@ pub(crate) fn replay(
         .set("enable.partition.eof", "true")
         .set("enable.auto.commit", "false")
         .set("group.id", "parsley-changelog-restore")
+        // A replay reads to the end as fast as the broker serves it:
+        // librdkafka's defaults make the broker hold an empty fetch for
+        // 500 ms and the fetcher pause 1 s whenever its queue is full.
+        .set("fetch.wait.max.ms", "10")
+        .set("fetch.queue.backoff.ms", "1")
         .remove("transactional.id");
     let consumer: BaseConsumer<ReplayContext> = config
         .create_with_context(ReplayContext)
