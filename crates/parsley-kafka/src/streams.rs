@@ -873,11 +873,7 @@ impl ConsumerContext for ThreadContext {
         if assigning && shared.stop.load(Ordering::SeqCst) {
             // Closing: the partitions wait for this member to leave, and
             // no task starts (or restores) only to be dropped.
-            info!(
-                partitions = tpl.count(),
-                "closing: the assignment is left untaken"
-            );
-            let _ = consumer.unassign();
+            let _ = leave_untaken(consumer);
             return;
         }
         let r = if assigning {
@@ -921,11 +917,7 @@ impl Shared {
         let committed = loop {
             match consumer.committed_offsets(tpl.clone(), self.timeout) {
                 Ok(c) => break c,
-                Err(_) if self.stop.load(Ordering::SeqCst) => {
-                    info!("closing: the assignment is left untaken");
-                    consumer.unassign()?;
-                    return Ok(());
-                }
+                Err(_) if self.stop.load(Ordering::SeqCst) => return leave_untaken(consumer),
                 Err(e) if Instant::now() < deadline => {
                     warn!(error = %e, "committed offsets not available yet; retrying");
                     std::thread::sleep(LOOKUP_RETRY);
@@ -966,11 +958,7 @@ impl Shared {
                     .fetch_watermarks(&topic, p, self.timeout)
                 {
                     Ok(w) => break w,
-                    Err(_) if self.stop.load(Ordering::SeqCst) => {
-                        info!("closing: the assignment is left untaken");
-                        consumer.unassign()?;
-                        return Ok(());
-                    }
+                    Err(_) if self.stop.load(Ordering::SeqCst) => return leave_untaken(consumer),
                     Err(e) if Instant::now() < deadline => {
                         warn!(%topic, partition = p, error = %e, "watermarks not available yet; retrying");
                         std::thread::sleep(LOOKUP_RETRY);
@@ -996,9 +984,7 @@ impl Shared {
         }
         if self.stop.load(Ordering::SeqCst) {
             // The instance began to close during the lookups: start nothing.
-            info!("closing: the assignment is left untaken");
-            consumer.unassign()?;
-            return Ok(());
+            return leave_untaken(consumer);
         }
         self.worker.assign(parts, &self.cluster, now_ms())?;
         // Assign with the worker's starts instead of seeking afterwards.
@@ -1181,26 +1167,7 @@ impl Shared {
             }
             Err(KafkaError::Transaction(e)) if e.txn_requires_abort() => {
                 warn!(txn = txn.id, error = %e, "transaction aborted; the tasks roll back");
-                // librdkafka aborts only once the delivery reports of the
-                // records already sent have been served.
-                let _ = await_deliveries(&self.producer, self.timeout);
-                match self.producer.abort_transaction(self.timeout) {
-                    Ok(()) => {
-                        self.worker
-                            .commit_outcome(CommitOutcome::Aborted, &self.cluster)?;
-                    }
-                    Err(abort) => {
-                        // The coordinator may already have ended the
-                        // transaction (a member that froze past its
-                        // transaction timeout): whatever state the producer
-                        // is in, a new one fences it and aborts what it left
-                        // open. Rejoin, as after any fencing.
-                        warn!(txn = txn.id, error = %abort, "the abort failed; the stream thread rejoins the group");
-                        self.worker
-                            .commit_outcome(CommitOutcome::Fenced, &self.cluster)?;
-                        self.rejoin = Some(abort);
-                    }
-                }
+                self.abort_open(&txn)?;
                 Ok(())
             }
             Err(e) => {
@@ -1218,6 +1185,32 @@ impl Shared {
         }
     }
 
+    /// Aborts the open transaction and tells the worker, which rolls back;
+    /// says whether the abort went through. When it fails, the coordinator
+    /// may already have ended the transaction (a member that froze past its
+    /// transaction timeout): whatever state the producer is in, a new one
+    /// fences it and aborts what it left open, so the thread rejoins, as
+    /// after any fencing.
+    fn abort_open(&mut self, txn: &Transaction) -> Result<bool, StreamsError> {
+        // librdkafka aborts only once the delivery reports of the records
+        // already sent have been served.
+        let _ = await_deliveries(&self.producer, self.timeout);
+        match self.producer.abort_transaction(self.timeout) {
+            Ok(()) => {
+                self.worker
+                    .commit_outcome(CommitOutcome::Aborted, &self.cluster)?;
+                Ok(true)
+            }
+            Err(abort) => {
+                warn!(txn = txn.id, error = %abort, "the abort failed; the stream thread rejoins the group");
+                self.worker
+                    .commit_outcome(CommitOutcome::Fenced, &self.cluster)?;
+                self.rejoin = Some(abort);
+                Ok(false)
+            }
+        }
+    }
+
     /// A record of the transaction was refused: abort it (the worker rolls
     /// back) and fail with the record's topic and the reason, for the
     /// error handler to decide; retrying at once would meet the same
@@ -1225,16 +1218,9 @@ impl Shared {
     fn abort_for(&mut self, txn: &Transaction, failure: RecordFailure) -> Result<(), StreamsError> {
         warn!(txn = txn.id, topic = %failure.topic, partition = failure.partition, error = %failure.error,
             "a record could not be produced; the transaction aborts and the stream thread fails");
-        let _ = await_deliveries(&self.producer, self.timeout);
-        if let Err(abort) = self.producer.abort_transaction(self.timeout) {
-            warn!(txn = txn.id, error = %abort, "the abort failed; the stream thread rejoins the group");
-            self.worker
-                .commit_outcome(CommitOutcome::Fenced, &self.cluster)?;
-            self.rejoin = Some(abort);
+        if !self.abort_open(txn)? {
             return Ok(());
         }
-        self.worker
-            .commit_outcome(CommitOutcome::Aborted, &self.cluster)?;
         Err(StreamsError::Produce {
             topic: failure.topic,
             partition: failure.partition,
@@ -1307,6 +1293,14 @@ impl Shared {
         debug!(txn = txn.id, "transaction ending");
         self.producer.commit_transaction(self.timeout)
     }
+}
+
+/// Leaves an assignment that arrived while the instance closes untaken:
+/// its partitions wait for this member to leave the group.
+fn leave_untaken(consumer: &BaseConsumer<ThreadContext>) -> Result<(), StreamsError> {
+    info!("closing: the assignment is left untaken");
+    consumer.unassign()?;
+    Ok(())
 }
 
 /// Whether an error the consumer's poll returned ends the consumer: a fatal

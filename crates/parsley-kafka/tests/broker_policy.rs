@@ -57,11 +57,16 @@ fn produce(topic: &str, partition: i32, value: &str) {
 fn streams(app: &Parsley, instance: &str) -> CausalStreams {
     CausalStreams::new(app, config())
         .unwrap()
-        .with_options(StreamsOptions {
-            commit_interval: Duration::from_millis(50),
-            instance_id: Some(instance.to_owned()),
-            ..StreamsOptions::default()
-        })
+        .with_options(options(instance))
+}
+
+/// The tests' options: short commits, the given instance id.
+fn options(instance: &str) -> StreamsOptions {
+    StreamsOptions {
+        commit_interval: Duration::from_millis(50),
+        instance_id: Some(instance.to_owned()),
+        ..StreamsOptions::default()
+    }
 }
 
 fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
@@ -215,10 +220,8 @@ fn a_recurring_failure_is_replaced_once_per_backoff_step() {
     let mut s = CausalStreams::new(&app, config())
         .unwrap()
         .with_options(StreamsOptions {
-            commit_interval: Duration::from_millis(50),
-            instance_id: Some("a".to_owned()),
             rejoin_backoff: backoff,
-            ..StreamsOptions::default()
+            ..options("a")
         });
     let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = failures.clone();

@@ -77,6 +77,18 @@ fn options(on_retention_loss: OnRetentionLoss) -> StreamsOptions {
     }
 }
 
+/// Waits (a minute at most) until the instance failed.
+fn wait_until_failed(streams: &CausalStreams) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !matches!(streams.state(), StreamsState::Failed(_)) {
+        assert!(
+            Instant::now() < deadline,
+            "the task did not fail on the loss"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// What the runtime logged, for the WARN the opt-in writes.
 #[derive(Clone, Default)]
 struct Log(Arc<Mutex<Vec<u8>>>);
@@ -143,14 +155,7 @@ fn records_removed_before_they_were_read_fail_the_task_unless_told_to_resume() {
         .unwrap()
         .with_options(options(OnRetentionLoss::Fail));
     second.start().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !matches!(second.state(), StreamsState::Failed(_)) {
-        assert!(
-            Instant::now() < deadline,
-            "the task did not fail on the loss"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_failed(&second);
     let err = second
         .close(Duration::from_secs(30))
         .unwrap_err()
@@ -233,14 +238,7 @@ fn retention_overtaking_a_running_stage_fails_it_unless_told_to_resume() {
         STUCK.store(false, Ordering::SeqCst);
         match on_loss {
             OnRetentionLoss::Fail => {
-                let deadline = Instant::now() + Duration::from_secs(60);
-                while !matches!(streams.state(), StreamsState::Failed(_)) {
-                    assert!(
-                        Instant::now() < deadline,
-                        "the task did not fail on the loss"
-                    );
-                    std::thread::sleep(Duration::from_millis(50));
-                }
+                wait_until_failed(&streams);
                 let err = streams
                     .close(Duration::from_secs(30))
                     .unwrap_err()

@@ -91,6 +91,36 @@ pub enum OnRetentionLoss {
     ResumeAtLogStart,
 }
 
+/// A channel consumed up to `at` whose partition now starts at
+/// `log_start` (above it) lost records it never read. Under
+/// [`OnRetentionLoss::Fail`] that is the error to fail with; under
+/// [`OnRetentionLoss::ResumeAtLogStart`] it is logged and counted, and the
+/// channel goes on from the log start, which this returns.
+fn retention_loss(
+    on_loss: OnRetentionLoss,
+    stats: &mut WorkerStats,
+    task: &TaskId,
+    c: &ChannelSlot,
+    at: i64,
+    log_start: i64,
+) -> Result<i64, WorkerError> {
+    match on_loss {
+        OnRetentionLoss::Fail => Err(WorkerError::RetentionLoss {
+            task: task.clone(),
+            topic: c.topic.clone(),
+            partition: c.partition,
+            committed: at,
+            log_start,
+        }),
+        OnRetentionLoss::ResumeAtLogStart => {
+            warn!(%task, topic = %c.topic, partition = c.partition, committed = at, log_start,
+                lost = log_start - at, "records removed by retention before this stage read them; going on from the log start, as configured");
+            stats.retention_losses += 1;
+            Ok(log_start)
+        }
+    }
+}
+
 /// How a worker paces its work.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerConfig {
@@ -814,23 +844,9 @@ impl Worker {
                 _ => None,
             };
             let start = match consumed {
-                Some(at) if at < a.log_start => match on_loss {
-                    OnRetentionLoss::Fail => {
-                        return Err(WorkerError::RetentionLoss {
-                            task: id.clone(),
-                            topic: c.topic.clone(),
-                            partition: c.partition,
-                            committed: at,
-                            log_start: a.log_start,
-                        });
-                    }
-                    OnRetentionLoss::ResumeAtLogStart => {
-                        warn!(task = %id, topic = %c.topic, partition = c.partition, committed = at, log_start = a.log_start,
-                            lost = a.log_start - at, "records removed by retention before this stage read them; going on from the log start, as configured");
-                        self.stats.retention_losses += 1;
-                        a.log_start
-                    }
-                },
+                Some(at) if at < a.log_start => {
+                    retention_loss(on_loss, &mut self.stats, id, c, at, a.log_start)?
+                }
                 Some(at) => at,
                 None => match (policy, a.end) {
                     (StartPolicy::Earliest, _) => a.log_start,
@@ -906,25 +922,16 @@ impl Worker {
                     continue;
                 }
                 lost += 1;
-                match on_loss {
-                    OnRetentionLoss::Fail => {
-                        let e = WorkerError::RetentionLoss {
-                            task: id.clone(),
-                            topic: c.topic.clone(),
-                            partition: c.partition,
-                            committed: c.position,
-                            log_start,
-                        };
+                let at = c.position;
+                match retention_loss(on_loss, &mut self.stats, id, c, at, log_start) {
+                    Ok(start) => {
+                        c.restart_at(start, &mut self.seeks);
+                        task.position_advance(c.channel, start)?;
+                        self.dirty = true;
+                    }
+                    Err(e) => {
                         self.state = State::MustAbort(e.to_string());
                         return Err(e);
-                    }
-                    OnRetentionLoss::ResumeAtLogStart => {
-                        warn!(task = %id, topic = %c.topic, partition = c.partition, committed = c.position, log_start,
-                            lost = log_start - c.position, "records removed by retention before this stage read them; going on from the log start, as configured");
-                        self.stats.retention_losses += 1;
-                        c.restart_at(log_start, &mut self.seeks);
-                        task.position_advance(c.channel, log_start)?;
-                        self.dirty = true;
                     }
                 }
             }
