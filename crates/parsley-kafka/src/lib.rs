@@ -4,8 +4,12 @@
 //! application on a cluster under exactly-once v2: one OS thread per stream
 //! thread, each with a consumer in the application's group and a
 //! transactional producer, driving the host core
-//! ([`parsley::runtime::worker::Worker`]) and making no decisions of its
-//! own, so the simulator has judged every one of them.
+//! ([`parsley::runtime::worker::Worker`]) and making almost no decisions
+//! of its own, so the simulator has judged them. Two still sit here until
+//! they move into the worker: a record the broker or the client refuses
+//! aborts the transaction and fails the stream thread
+//! ([`StreamsError::Produce`]), and a closing thread leaves an assignment
+//! that arrives meanwhile untaken.
 //!
 //! * [`CausalStreams`]: `new(&app, client_config)`, `start()`,
 //!   `wait_until_running`, `state()`, `close(timeout)`.
