@@ -57,6 +57,8 @@ pub use cluster::KafkaCluster;
 #[cfg(feature = "streams")]
 pub use parsley::{HeldRecord, probe_cluster};
 #[cfg(feature = "streams")]
-pub use policy::{ErrorHandler, ErrorResponse};
+pub use policy::{
+    ErrorHandler, ErrorResponse, ProductionHandler, ProductionResponse, RefusedRecord,
+};
 #[cfg(feature = "streams")]
 pub use streams::{Backoff, CausalStreams, StreamsError, StreamsOptions, StreamsState};

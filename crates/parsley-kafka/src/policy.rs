@@ -18,6 +18,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tracing::{error, info, warn};
 
 use crate::streams::StreamsError;
+pub use parsley::runtime::worker::RefusedRecord;
 
 /// What to do after a stream thread fails.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -37,6 +38,45 @@ pub enum ErrorResponse {
 
 /// The uncaught error handler: given a thread's failure, the response.
 pub type ErrorHandler = Arc<dyn Fn(&StreamsError) -> ErrorResponse + Send + Sync>;
+
+/// What to do with an emission the broker or the client refused (larger
+/// than the sink's `max.message.bytes`, say). The transaction it was in
+/// has aborted either way; nothing of it was committed.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum ProductionResponse {
+    /// Fail the task that made it: the uncaught error handler decides what
+    /// follows. The default.
+    Fail,
+    /// Send the emission to this dead-letter topic instead of its sink,
+    /// and go on. It goes there unstamped, with its own headers and the
+    /// `parsley.dlq.*` headers naming the delivery that made it, the sink
+    /// (`parsley.dlq.sink`) and the reason; the delivery commits with it,
+    /// once. A record that is not an emission (a changelog record, a tick)
+    /// cannot go elsewhere and fails its task; so does an emission the
+    /// dead-letter topic refuses in turn.
+    DeadLetter(String),
+}
+
+/// The production error handler: given a refused record, the response.
+pub type ProductionHandler = Arc<dyn Fn(&RefusedRecord) -> ProductionResponse + Send + Sync>;
+
+/// The production handler's response to `refused`; a handler that panics
+/// resolves to [`ProductionResponse::Fail`], logged.
+pub(crate) fn decide_production(
+    handler: Option<&ProductionHandler>,
+    refused: &RefusedRecord,
+) -> ProductionResponse {
+    let Some(handler) = handler else {
+        return ProductionResponse::Fail;
+    };
+    match catch_unwind(AssertUnwindSafe(|| handler(refused))) {
+        Ok(response) => response,
+        Err(_) => {
+            error!(topic = %refused.topic, partition = refused.partition, "the production error handler panicked; the task fails");
+            ProductionResponse::Fail
+        }
+    }
+}
 
 /// The handler's response to `error`. A handler that panics resolves to
 /// [`ErrorResponse::ShutdownClient`], with both the failure and the

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures_executor::block_on;
 use parsley::runtime::metrics::{Published, TaskMetrics};
 use parsley::runtime::worker::{
-    AssignedPartition, CommitOutcome, OnRetentionLoss, PolledRecord, RevokePlan, StartPolicy,
-    Transaction, Worker, WorkerConfig, WorkerError,
+    AssignedPartition, CommitOutcome, Directive, Fault, OnRetentionLoss, PolledRecord, RevokePlan,
+    StartPolicy, TaskFailure, Transaction, Worker, WorkerConfig, WorkerError,
 };
 use parsley::task::{MetadataError, TopicMetadata};
 use parsley::{HeldRecord, Parsley};
@@ -35,7 +35,9 @@ use tracing::{debug, error, info, warn};
 
 use crate::KafkaCluster;
 use crate::diagnostics::{HoldReport, Publisher, ThreadReport, diagnostics_topic};
-use crate::policy::{self, ErrorHandler, ErrorResponse};
+use crate::policy::{
+    self, ErrorHandler, ErrorResponse, ProductionHandler, ProductionResponse, RefusedRecord,
+};
 use crate::settings;
 
 /// Records a stream thread takes from its consumer's buffer before it
@@ -80,6 +82,11 @@ pub struct StreamsOptions {
     /// after a failure the error handler answered with
     /// [`ErrorResponse::ReplaceThread`] or after being fenced.
     pub rejoin_backoff: Backoff,
+    /// How long a failed task waits before it restarts in place, after a
+    /// failure the error handler answered with
+    /// [`ErrorResponse::ReplaceThread`]. The task's partitions stay with
+    /// its thread meanwhile, so the group does not rebalance.
+    pub task_backoff: Backoff,
     /// This instance's identity within the application: it names the
     /// stream threads' transactional ids (`<app>-<instance>-<thread>`), so
     /// it must be the same when an instance restarts (its new producers
@@ -100,41 +107,16 @@ impl Default for StreamsOptions {
             on_retention_loss: OnRetentionLoss::Fail,
             request_timeout: Duration::from_secs(30),
             rejoin_backoff: Backoff::default(),
+            task_backoff: Backoff::default(),
             instance_id: None,
         }
     }
 }
 
-/// How long a stream thread waits before it joins its group again:
-/// `initial` after the first failure (or fencing), doubling with each one
-/// in a row, up to `max`. A membership that lasted longer than `max` starts
-/// the count again. Every join is a rebalance of the group, so a failure
-/// that recurs at once (a record the logic cannot handle) costs one
-/// rebalance per step, not one per retry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    /// The wait after the first failure.
-    pub initial: Duration,
-    /// The longest wait.
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            initial: Duration::from_millis(500),
-            max: Duration::from_secs(30),
-        }
-    }
-}
-
-impl Backoff {
-    /// The wait after `in_a_row` earlier failures in a row.
-    pub fn step(&self, in_a_row: u32) -> Duration {
-        let factor = 1u32.checked_shl(in_a_row.min(31)).unwrap_or(u32::MAX);
-        self.initial.saturating_mul(factor).min(self.max)
-    }
-}
+/// How long a stream thread waits before it joins its group again, and a
+/// failed task before it restarts (the worker's type): `initial` after the
+/// first failure, doubling with each one in a row, up to `max`.
+pub use parsley::runtime::worker::Backoff;
 
 /// Where a running application is.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -202,20 +184,16 @@ pub enum StreamsError {
     /// The application is not in a state for this call.
     #[error("the application is {0:?}")]
     State(StreamsState),
-    /// The broker (or the client) refused one of a transaction's records:
-    /// a record-level failure, such as a record larger than the topic's
-    /// `max.message.bytes`. The transaction was aborted, so nothing of it
-    /// was committed; the same record fails the same way on a retry.
-    #[error(
-        "a record for {topic}:{partition} could not be produced: {error}; the transaction was aborted and nothing of it committed (a record the broker refuses fails the same way on every retry)"
-    )]
-    Produce {
-        /// The topic the record was for.
-        topic: String,
-        /// Its partition.
-        partition: i32,
-        /// Why it was refused.
+    /// A task failed and stopped (its error aborted the thread's open
+    /// transaction; the thread's other tasks went on).
+    #[error("task {task} failed ({} failure(s) in a row): {error}", .earlier_in_a_row + 1)]
+    Task {
+        /// The task.
+        task: parsley::TaskId,
+        /// Why it failed.
         error: String,
+        /// Its failures in a row before this one.
+        earlier_in_a_row: u32,
     },
     /// A stream thread failed.
     #[error("stream thread {thread} failed: {message}")]
@@ -233,18 +211,19 @@ impl From<WorkerError> for StreamsError {
     }
 }
 
-/// One record the producer could not produce.
+/// One record the producer could not produce: its index in the
+/// transaction, and the client's or the broker's reason.
 #[derive(Clone, Debug)]
 struct RecordFailure {
-    topic: String,
-    partition: i32,
+    record: usize,
     error: String,
 }
 
 /// The transactional producer's context: it keeps the first record-level
-/// failure its delivery reports (or a refused send) carry, for the commit
-/// to turn into [`StreamsError::Produce`] instead of an abort-and-retry
-/// loop on the same record.
+/// failure its delivery reports carry (each record's opaque is its index in
+/// the transaction), for the commit to hand to the worker as
+/// [`Fault::RecordRefused`] instead of an abort-and-retry loop on the same
+/// record.
 #[derive(Default)]
 struct Deliveries {
     failed: Mutex<Option<RecordFailure>>,
@@ -263,19 +242,18 @@ impl Deliveries {
 impl ClientContext for Deliveries {}
 
 impl rdkafka::producer::ProducerContext for Deliveries {
-    type DeliveryOpaque = ();
+    type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, _: ()) {
+    fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, record: usize) {
         use rdkafka::types::RDKafkaErrorCode::{PurgeInflight, PurgeQueue};
-        if let Err((e, m)) = result {
+        if let Err((e, _)) = result {
             // Records purged because the transaction failed are its
             // consequence, not its cause.
             if matches!(e.rdkafka_error_code(), Some(PurgeQueue | PurgeInflight)) {
                 return;
             }
             self.record(RecordFailure {
-                topic: m.topic().to_owned(),
-                partition: m.partition(),
+                record,
                 error: e.to_string(),
             });
         }
@@ -343,7 +321,10 @@ pub struct CausalStreams {
     rejoins: Arc<AtomicU64>,
     reports: Reports,
     handler: Option<ErrorHandler>,
+    production_handler: Option<ProductionHandler>,
     replacements: Arc<AtomicU64>,
+    task_restarts: Arc<AtomicU64>,
+    dead_lettered: Arc<AtomicU64>,
     failure: Arc<Mutex<Option<String>>>,
     watcher: Option<JoinHandle<()>>,
     state: Arc<StateCell>,
@@ -432,6 +413,9 @@ impl CausalStreams {
             reports: Reports::default(),
             handler: None,
             replacements: Arc::new(AtomicU64::new(0)),
+            task_restarts: Arc::new(AtomicU64::new(0)),
+            dead_lettered: Arc::new(AtomicU64::new(0)),
+            production_handler: None,
             failure: Arc::new(Mutex::new(None)),
             watcher: None,
             state: Arc::new(StateCell::default()),
@@ -465,6 +449,30 @@ impl CausalStreams {
     /// ([`ErrorResponse::ReplaceThread`]).
     pub fn replaced_threads(&self) -> u64 {
         self.replacements.load(Ordering::SeqCst)
+    }
+
+    /// Sets the production error handler, which decides what happens to
+    /// an emission the broker or the client refuses: fail its task (the
+    /// default, without a handler) or send it to a dead-letter topic. Set
+    /// it before [`start`](Self::start).
+    pub fn set_production_error_handler(
+        &mut self,
+        handler: impl Fn(&RefusedRecord) -> ProductionResponse + Send + Sync + 'static,
+    ) {
+        self.production_handler = Some(Arc::new(handler));
+    }
+
+    /// How many refused emissions went to a dead-letter topic
+    /// ([`ProductionResponse::DeadLetter`]).
+    pub fn dead_lettered(&self) -> u64 {
+        self.dead_lettered.load(Ordering::SeqCst)
+    }
+
+    /// How many times a failed task was restarted in place
+    /// ([`ErrorResponse::ReplaceThread`] answering a task's failure): its
+    /// thread and the group membership stayed.
+    pub fn restarted_tasks(&self) -> u64 {
+        self.task_restarts.load(Ordering::SeqCst)
     }
 
     /// Every task's metrics on this instance, as last sampled by its stream
@@ -541,6 +549,9 @@ impl CausalStreams {
                 reports: self.reports.clone(),
                 handler: self.handler.clone(),
                 replacements: self.replacements.clone(),
+                task_restarts: self.task_restarts.clone(),
+                production_handler: self.production_handler.clone(),
+                dead_lettered: self.dead_lettered.clone(),
                 failure: self.failure.clone(),
                 phase: Arc::new(Mutex::new("starting")),
             };
@@ -833,7 +844,7 @@ struct Shared {
     /// The worker was fenced (or a commit's fate is unknown) and dropped
     /// every task: the thread leaves the group and joins again as a new
     /// member, with a new producer, as the simulator's members do.
-    rejoin: Option<KafkaError>,
+    rejoin: Option<String>,
 }
 
 struct ThreadContext {
@@ -1016,11 +1027,17 @@ impl Shared {
     ) -> Result<(), StreamsError> {
         match self.worker.revoke_plan(consumer.assignment_lost()) {
             RevokePlan::Nothing => {}
-            RevokePlan::Commit => {
-                if let Some(txn) = self.worker.flush()? {
-                    self.commit(consumer, txn)?;
+            RevokePlan::Commit => match self.worker.flush() {
+                Ok(Some(txn)) => self.commit(consumer, txn)?,
+                Ok(None) => {}
+                // A task failed taking its commit: it stops (and leaves with
+                // its partitions); the other tasks roll back.
+                Err(_) if self.worker.failing_task().is_some() => {
+                    self.worker.abort(&self.cluster)?;
+                    self.worker.take_seeks();
                 }
-            }
+                Err(e) => return Err(e.into()),
+            },
             RevokePlan::Abort => {
                 self.worker.abort(&self.cluster)?;
                 self.worker.take_seeks();
@@ -1088,7 +1105,40 @@ impl Shared {
         Ok(())
     }
 
+    /// A failure inside a turn of the poll loop. A task's error aborted
+    /// nothing on the broker yet (records are produced only at a commit):
+    /// the worker rolls back, stopping that task, and the loop goes on. Any
+    /// other failure ends the membership.
+    fn recover(
+        &mut self,
+        consumer: &BaseConsumer<ThreadContext>,
+        e: StreamsError,
+    ) -> Result<(), StreamsError> {
+        if self.worker.failing_task().is_none() || self.worker.in_flight() {
+            return Err(e);
+        }
+        debug!(error = %e, "a task failed; the open work rolls back");
+        self.worker.abort(&self.cluster)?;
+        self.apply_seeks(consumer)
+    }
+
     fn apply_seeks(&mut self, consumer: &BaseConsumer<ThreadContext>) -> Result<(), StreamsError> {
+        for f in self.worker.take_flow_changes() {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&f.topic, f.partition);
+            // A partition no longer assigned refuses; nothing to do then.
+            let r = if f.paused {
+                consumer.pause(&tpl)
+            } else {
+                consumer.resume(&tpl)
+            };
+            if let Err(e) = r {
+                debug!(topic = %f.topic, partition = f.partition, paused = f.paused, error = %e, "fetch pause or resume refused");
+            }
+            if let Some(fed) = self.last_fed.get_mut(&f.topic) {
+                fed.remove(&f.partition);
+            }
+        }
         for s in self.worker.take_seeks() {
             if let Err(e) = consumer.seek(
                 &s.topic,
@@ -1139,22 +1189,17 @@ impl Shared {
     }
 
     /// Produces the transaction's records, sends its offsets with the
-    /// consumer's group metadata, and commits. An abortable failure aborts
-    /// (the worker rolls back and asks for seeks). Fencing, a fatal producer
-    /// error or a commit whose fate is unknown drops every task in the
-    /// worker and marks the thread for a rejoin.
+    /// consumer's group metadata, and commits. A step that fails is handed
+    /// to the worker as a [`Fault`] of the client's own class, and the
+    /// worker's [`Directive`] is followed: retry the step, abort (the worker
+    /// rolls back and asks for seeks; a refused record stops its task),
+    /// rejoin the group, or fail the thread.
     fn commit(
         &mut self,
         consumer: &BaseConsumer<ThreadContext>,
         txn: Transaction,
     ) -> Result<(), StreamsError> {
-        let r = self.try_commit(consumer, &txn);
-        if r.is_err()
-            && let Some(failure) = self.producer.context().take()
-        {
-            return self.abort_for(&txn, failure);
-        }
-        match r {
+        match self.try_commit(consumer, &txn) {
             Ok(()) => {
                 self.worker
                     .commit_outcome(CommitOutcome::Committed, &self.cluster)?;
@@ -1165,33 +1210,33 @@ impl Shared {
                 );
                 Ok(())
             }
-            Err(KafkaError::Transaction(e)) if e.txn_requires_abort() => {
-                warn!(txn = txn.id, error = %e, "transaction aborted; the tasks roll back");
-                self.abort_open(&txn)?;
-                Ok(())
+            Err(Directive::Abort) => {
+                warn!(txn = txn.id, "transaction aborted; the tasks roll back");
+                self.abort_open(&txn)
             }
-            Err(e) => {
-                // Fenced, fatal, or a commit whose fate is unknown: the worker
-                // drops every task; the thread rejoins as a new member.
-                let outcome = match &e {
-                    KafkaError::Transaction(t) if t.is_retriable() => CommitOutcome::Unknown,
-                    _ => CommitOutcome::Fenced,
-                };
-                warn!(txn = txn.id, error = %e, ?outcome, "transaction lost; the stream thread rejoins the group");
-                self.worker.commit_outcome(outcome, &self.cluster)?;
-                self.rejoin = Some(e);
-                Ok(())
-            }
+            Err(d) => self.follow(d),
         }
     }
 
-    /// Aborts the open transaction and tells the worker, which rolls back;
-    /// says whether the abort went through. When it fails, the coordinator
-    /// may already have ended the transaction (a member that froze past its
-    /// transaction timeout): whatever state the producer is in, a new one
-    /// fences it and aborts what it left open, so the thread rejoins, as
-    /// after any fencing.
-    fn abort_open(&mut self, txn: &Transaction) -> Result<bool, StreamsError> {
+    /// Follows a directive that ends the transaction without an abort.
+    fn follow(&mut self, d: Directive) -> Result<(), StreamsError> {
+        match d {
+            Directive::Rejoin => {
+                self.rejoin = Some("the worker dropped every task".to_owned());
+                Ok(())
+            }
+            Directive::Fail(e) => Err((*e).into()),
+            // Handled where they arise.
+            Directive::Abort | Directive::Retry { .. } | Directive::Continue => Ok(()),
+        }
+    }
+
+    /// Aborts the open transaction and tells the worker, which rolls back.
+    /// When the abort fails, the coordinator may already have ended the
+    /// transaction (a member that froze past its transaction timeout):
+    /// the worker hears [`Fault::AbortFailed`], and a new producer fences
+    /// whatever state this one is in.
+    fn abort_open(&mut self, txn: &Transaction) -> Result<(), StreamsError> {
         // librdkafka aborts only once the delivery reports of the records
         // already sent have been served.
         let _ = await_deliveries(&self.producer, self.timeout);
@@ -1199,40 +1244,56 @@ impl Shared {
             Ok(()) => {
                 self.worker
                     .commit_outcome(CommitOutcome::Aborted, &self.cluster)?;
-                Ok(true)
+                Ok(())
             }
             Err(abort) => {
-                warn!(txn = txn.id, error = %abort, "the abort failed; the stream thread rejoins the group");
-                self.worker
-                    .commit_outcome(CommitOutcome::Fenced, &self.cluster)?;
-                self.rejoin = Some(abort);
-                Ok(false)
+                warn!(txn = txn.id, error = %abort, "the abort failed");
+                let d = self.worker.on_fault(Fault::AbortFailed(abort.to_string()));
+                self.follow(d)
             }
         }
     }
 
-    /// A record of the transaction was refused: abort it (the worker rolls
-    /// back) and fail with the record's topic and the reason, for the
-    /// error handler to decide; retrying at once would meet the same
-    /// record again.
-    fn abort_for(&mut self, txn: &Transaction, failure: RecordFailure) -> Result<(), StreamsError> {
-        warn!(txn = txn.id, topic = %failure.topic, partition = failure.partition, error = %failure.error,
-            "a record could not be produced; the transaction aborts and the stream thread fails");
-        if !self.abort_open(txn)? {
-            return Ok(());
+    /// The fault a failed step of `txn` is: a record the delivery reports
+    /// refused, if one was; else the error's own class.
+    fn fault_of(&self, txn: &Transaction, e: &KafkaError) -> Fault {
+        if let Some(f) = self.producer.context().take()
+            && let Some(r) = txn.records.get(f.record)
+        {
+            return Fault::RecordRefused {
+                record: f.record,
+                topic: r.topic.clone(),
+                partition: r.partition,
+                origin: r.origin,
+                reason: f.error,
+            };
         }
-        Err(StreamsError::Produce {
-            topic: failure.topic,
-            partition: failure.partition,
-            error: failure.error,
-        })
+        classify(e)
+    }
+
+    /// Runs one step of a commit, retrying it as long as the worker says.
+    fn step(
+        &mut self,
+        txn: &Transaction,
+        mut f: impl FnMut(&TxnProducer) -> Result<(), KafkaError>,
+    ) -> Result<(), Directive> {
+        loop {
+            let Err(e) = f(&self.producer) else {
+                return Ok(());
+            };
+            let fault = self.fault_of(txn, &e);
+            match self.worker.on_fault(fault) {
+                Directive::Retry { after } => std::thread::sleep(after),
+                d => return Err(d),
+            }
+        }
     }
 
     fn try_commit(
         &mut self,
         consumer: &BaseConsumer<ThreadContext>,
         txn: &Transaction,
-    ) -> Result<(), KafkaError> {
+    ) -> Result<(), Directive> {
         // The commit's steps are DEBUG events, so a latency breakdown (the
         // throughput example's) can time them with a tracing layer.
         debug!(
@@ -1240,8 +1301,8 @@ impl Shared {
             records = txn.records.len(),
             "transaction producing"
         );
-        self.producer.begin_transaction()?;
-        for r in &txn.records {
+        self.step(txn, |p| p.begin_transaction())?;
+        for (i, r) in txn.records.iter().enumerate() {
             let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
             for h in &r.headers {
                 headers = headers.insert(rdkafka::message::Header {
@@ -1249,7 +1310,7 @@ impl Shared {
                     value: h.value.as_deref(),
                 });
             }
-            let mut record = BaseRecord::<[u8], [u8]>::to(&r.topic)
+            let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(&r.topic, i)
                 .partition(r.partition)
                 .timestamp(r.timestamp)
                 .headers(headers);
@@ -1270,28 +1331,64 @@ impl Shared {
                         record = back;
                     }
                     Err((e, _)) => {
-                        self.producer.context().record(RecordFailure {
+                        // The client refused the record itself (larger than
+                        // its message.max.bytes, say).
+                        return Err(self.worker.on_fault(Fault::RecordRefused {
+                            record: i,
                             topic: r.topic.clone(),
                             partition: r.partition,
-                            error: e.to_string(),
-                        });
-                        return Err(e);
+                            origin: r.origin,
+                            reason: e.to_string(),
+                        }));
                     }
                 }
             }
         }
         let mut offsets = TopicPartitionList::new();
         for o in &txn.offsets {
-            offsets.add_partition_offset(&o.topic, o.partition, Offset::Offset(o.offset))?;
+            if let Err(e) =
+                offsets.add_partition_offset(&o.topic, o.partition, Offset::Offset(o.offset))
+            {
+                return Err(self.worker.on_fault(classify(&e)));
+            }
         }
-        let metadata = consumer.group_metadata().ok_or_else(|| {
-            KafkaError::Subscription("the consumer has no group metadata".to_owned())
+        let Some(metadata) = consumer.group_metadata() else {
+            return Err(self.worker.on_fault(Fault::Fenced(
+                "the consumer has no group metadata: it is not a member of the group".to_owned(),
+            )));
+        };
+        let timeout = self.timeout;
+        self.step(txn, |p| {
+            p.send_offsets_to_transaction(&offsets, &metadata, timeout)
         })?;
-        self.producer
-            .send_offsets_to_transaction(&offsets, &metadata, self.timeout)?;
-        await_deliveries(&self.producer, self.timeout)?;
+        self.step(txn, |p| await_deliveries(p, timeout))?;
         debug!(txn = txn.id, "transaction ending");
-        self.producer.commit_transaction(self.timeout)
+        self.step(txn, |p| p.commit_transaction(timeout))
+    }
+}
+
+/// Sorts a client error into the worker's fault classes by the client's
+/// own flags and codes, and nothing more: fencing codes, then librdkafka's
+/// fatal, abortable and retriable flags. A transaction error with none of
+/// them (a call in the wrong state) counts as fatal; the delivery wait
+/// running out is abortable (the abort purges what is in flight).
+fn classify(e: &KafkaError) -> Fault {
+    use rdkafka::types::RDKafkaErrorCode::{
+        Fenced, InvalidProducerEpoch, OperationTimedOut, ProducerFenced,
+    };
+    let message = e.to_string();
+    if matches!(
+        e.rdkafka_error_code(),
+        Some(Fenced | ProducerFenced | InvalidProducerEpoch)
+    ) {
+        return Fault::Fenced(message);
+    }
+    match e {
+        KafkaError::Transaction(t) if t.is_fatal() => Fault::Fatal(message),
+        KafkaError::Transaction(t) if t.txn_requires_abort() => Fault::Abortable(message),
+        KafkaError::Transaction(t) if t.is_retriable() => Fault::Retriable(message),
+        KafkaError::Flush(OperationTimedOut) => Fault::Abortable(message),
+        _ => Fault::Fatal(message),
     }
 }
 
@@ -1303,9 +1400,8 @@ fn leave_untaken(consumer: &BaseConsumer<ThreadContext>) -> Result<(), StreamsEr
     Ok(())
 }
 
-/// Whether an error the consumer's poll returned ends the consumer: a fatal
-/// error (librdkafka will not recover it) fails the stream thread; the
-/// others are retried by librdkafka and only logged.
+/// Whether librdkafka flags an error the consumer's poll returned as fatal
+/// (it will not recover the consumer); the others it retries itself.
 fn consumer_error_is_fatal(e: &KafkaError) -> bool {
     matches!(e, KafkaError::MessageConsumptionFatal(_))
         || e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::Fatal)
@@ -1351,6 +1447,9 @@ struct StreamThread {
     reports: Reports,
     handler: Option<ErrorHandler>,
     replacements: Arc<AtomicU64>,
+    task_restarts: Arc<AtomicU64>,
+    production_handler: Option<ProductionHandler>,
+    dead_lettered: Arc<AtomicU64>,
     /// The first failure that shut the instance down, for every thread to
     /// see.
     failure: Arc<Mutex<Option<String>>>,
@@ -1364,6 +1463,8 @@ enum Session {
     Closed,
     /// Fenced: join again as a new member.
     Rejoin,
+    /// A failure the error handler already answered (a task's).
+    Failed(StreamsError, ErrorResponse),
 }
 
 impl StreamThread {
@@ -1400,13 +1501,17 @@ impl StreamThread {
                     }
                     continue;
                 }
-                Err(e) => e,
+                Ok(Session::Failed(e, response)) => (e, Some(response)),
+                Err(e) => (e, None),
             };
+            let (e, decided) = e;
             if self.stop.load(Ordering::SeqCst) {
                 // Already shutting down (another thread's failure, or close).
                 return Err(e);
             }
-            match policy::decide(self.handler.as_ref(), self.index, &e) {
+            let response =
+                decided.unwrap_or_else(|| policy::decide(self.handler.as_ref(), self.index, &e));
+            match response {
                 ErrorResponse::ReplaceThread => {
                     self.replacements.fetch_add(1, Ordering::SeqCst);
                     // A failure that recurs at once is reported once per
@@ -1441,6 +1546,70 @@ impl StreamThread {
                     return Err(e);
                 }
             }
+        }
+    }
+
+    /// A task failed and stopped (the worker aborted for it). The error
+    /// handler hears of it once: `ReplaceThread` restarts the task in place
+    /// after its backoff step, with no rebalance; the other responses end
+    /// the membership, already decided.
+    fn task_failed(
+        &self,
+        consumer: &BaseConsumer<ThreadContext>,
+        failure: TaskFailure,
+    ) -> Option<Session> {
+        if let Some(refused) = &failure.refused
+            && let ProductionResponse::DeadLetter(topic) =
+                policy::decide_production(self.production_handler.as_ref(), refused)
+        {
+            let mut shared = lock(&consumer.context().shared);
+            let Shared {
+                worker, cluster, ..
+            } = &mut *shared;
+            let r = worker.divert(&failure.task, refused, &topic, cluster);
+            let r = r.map_err(StreamsError::from).and_then(|diverted| {
+                // The task restarted at once: its seeks go out now.
+                shared.apply_seeks(consumer).map(|()| diverted)
+            });
+            match r {
+                Ok(_) => {
+                    self.dead_lettered.fetch_add(1, Ordering::SeqCst);
+                    return None;
+                }
+                Err(e) => {
+                    drop(shared);
+                    let response = policy::decide(self.handler.as_ref(), self.index, &e);
+                    return Some(Session::Failed(e, response));
+                }
+            }
+        }
+        let e = StreamsError::Task {
+            task: failure.task.clone(),
+            error: failure.error,
+            earlier_in_a_row: failure.earlier_in_a_row,
+        };
+        let response = policy::decide(self.handler.as_ref(), self.index, &e);
+        if response != ErrorResponse::ReplaceThread {
+            return Some(Session::Failed(e, response));
+        }
+        let mut shared = lock(&consumer.context().shared);
+        let Shared {
+            worker, cluster, ..
+        } = &mut *shared;
+        let r = worker.restart_task(&failure.task, cluster);
+        // A restart without a wait happened now: its seeks go out now.
+        let r = r
+            .map_err(StreamsError::from)
+            .and_then(|wait| shared.apply_seeks(consumer).map(|()| wait));
+        match r {
+            Ok(Some(wait)) => {
+                self.task_restarts.fetch_add(1, Ordering::SeqCst);
+                warn!(thread = self.index, error = %e, ?wait, "task failed; restarting it in place after a pause");
+                None
+            }
+            // Revoked meanwhile: whoever owns it now starts it.
+            Ok(None) => None,
+            Err(restart) => Some(Session::Failed(restart, ErrorResponse::ShutdownClient)),
         }
     }
 
@@ -1505,9 +1674,11 @@ impl StreamThread {
                 truncation_interval: self.options.truncation_interval,
                 start_policy: self.options.start_policy,
                 on_retention_loss: self.options.on_retention_loss,
+                task_backoff: self.options.task_backoff,
                 thread_id: format!("{}-{}", self.instance, self.index),
                 // Nothing here reads what the tasks did record by record.
                 events: false,
+                ..WorkerConfig::default()
             },
         );
         let context = ThreadContext {
@@ -1563,93 +1734,118 @@ impl StreamThread {
             }
         };
         while !self.stop.load(Ordering::SeqCst) {
-            // A batch of what the consumer has buffered: the first poll
-            // waits, the rest take only what is already fetched. Each
-            // record is handed over (and any seek it asks for made) before
-            // the next poll, as position reports require; the per-batch
-            // work (positions, the clock, transactions) is paid once per
-            // batch instead of once per record.
-            // The wait for the first record ends no later than the
-            // worker's next commit is due.
-            let wait = lock(&consumer.context().shared)
-                .worker
-                .commit_due_in(now_ms())
-                .map_or(POLL_WAIT, |due| due.min(POLL_WAIT));
-            let mut polled = consumer.poll(wait);
-            let mut batch = 0;
-            let idle = loop {
-                let mut shared = lock(&consumer.context().shared);
-                if let Some(e) = shared.error.take() {
-                    return Err(e);
-                }
-                if let Some(e) = shared.rejoin.take() {
-                    warn!(thread = self.index, error = %e, "fenced; leaving the group to join again");
+            let mut turn = || -> Result<Option<Session>, StreamsError> {
+                // A batch of what the consumer has buffered: the first poll
+                // waits, the rest take only what is already fetched. Each
+                // record is handed over (and any seek it asks for made) before
+                // the next poll, as position reports require; the per-batch
+                // work (positions, the clock, transactions) is paid once per
+                // batch instead of once per record.
+                // The wait for the first record ends no later than the
+                // worker's next commit is due.
+                let wait = {
+                    let shared = lock(&consumer.context().shared);
+                    let now = now_ms();
+                    [
+                        shared.worker.commit_due_in(now),
+                        shared.worker.restart_due_in(now),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .fold(POLL_WAIT, Duration::min)
+                };
+                let mut polled = consumer.poll(wait);
+                let mut batch = 0;
+                let idle = loop {
+                    let mut shared = lock(&consumer.context().shared);
+                    if let Some(e) = shared.error.take() {
+                        return Err(e);
+                    }
+                    if let Some(e) = shared.rejoin.take() {
+                        warn!(thread = self.index, error = %e, "fenced; leaving the group to join again");
+                        drop(shared);
+                        leave(&mut publisher);
+                        return Ok(Some(Session::Rejoin));
+                    }
+                    match polled {
+                        None => break true,
+                        Some(Ok(m)) => {
+                            shared.on_message(&m)?;
+                            shared.apply_seeks(&consumer)?;
+                        }
+                        Some(Err(KafkaError::MessageConsumption(
+                            rdkafka::types::RDKafkaErrorCode::AutoOffsetReset,
+                        ))) => {
+                            let Shared {
+                                worker, cluster, ..
+                            } = &mut *shared;
+                            worker.offset_out_of_range(cluster)?;
+                            shared.apply_seeks(&consumer)?;
+                            break true;
+                        }
+                        Some(Err(e)) => {
+                            // The client says whether it gives up on the
+                            // consumer; the worker decides what follows.
+                            let fault = Fault::Poll {
+                                fatal: consumer_error_is_fatal(&e),
+                                message: e.to_string(),
+                            };
+                            let d = shared.worker.on_fault(fault);
+                            shared.follow(d)?;
+                            break true;
+                        }
+                    }
+                    batch += 1;
+                    if batch == POLL_BATCH {
+                        break false;
+                    }
                     drop(shared);
-                    leave(&mut publisher);
-                    return Ok(Session::Rejoin);
+                    polled = consumer.poll(Duration::ZERO);
+                };
+                // Every poll above was followed by the error and rejoin checks.
+                let mut shared = lock(&consumer.context().shared);
+                let now = now_ms();
+                if idle || last_report.elapsed() > Duration::from_millis(50) {
+                    shared.report_positions(&consumer)?;
+                    last_report = Instant::now();
                 }
-                match polled {
-                    None => break true,
-                    Some(Ok(m)) => {
-                        shared.on_message(&m)?;
-                        shared.apply_seeks(&consumer)?;
-                    }
-                    Some(Err(KafkaError::MessageConsumption(
-                        rdkafka::types::RDKafkaErrorCode::AutoOffsetReset,
-                    ))) => {
-                        let Shared {
-                            worker, cluster, ..
-                        } = &mut *shared;
-                        worker.offset_out_of_range(cluster)?;
-                        shared.apply_seeks(&consumer)?;
-                        break true;
-                    }
-                    Some(Err(e)) if consumer_error_is_fatal(&e) => {
-                        // librdkafka gives up on this consumer: the thread
-                        // fails, for the error handler to decide.
-                        return Err(e.into());
-                    }
-                    Some(Err(e)) => {
-                        // librdkafka retries these itself (a broker
-                        // connection, a leader moving).
-                        warn!(error = %e, "consumer error");
-                        break true;
+                {
+                    let Shared {
+                        worker, cluster, ..
+                    } = &mut *shared;
+                    worker.punctuate(now, cluster)?;
+                    if worker.published().at != published_at {
+                        published_at = worker.published().at;
+                        let published = worker.published().clone();
+                        if let Some(p) = publisher.as_mut() {
+                            p.publish(&self.thread_report(&published));
+                        }
+                        lock(&self.reports).insert(self.index, published);
                     }
                 }
-                batch += 1;
-                if batch == POLL_BATCH {
-                    break false;
-                }
-                drop(shared);
-                polled = consumer.poll(Duration::ZERO);
-            };
-            // Every poll above was followed by the error and rejoin checks.
-            let mut shared = lock(&consumer.context().shared);
-            let now = now_ms();
-            if idle || last_report.elapsed() > Duration::from_millis(50) {
-                shared.report_positions(&consumer)?;
-                last_report = Instant::now();
-            }
-            {
-                let Shared {
-                    worker, cluster, ..
-                } = &mut *shared;
-                worker.punctuate(now, cluster)?;
-                if worker.published().at != published_at {
-                    published_at = worker.published().at;
-                    let published = worker.published().clone();
-                    if let Some(p) = publisher.as_mut() {
-                        p.publish(&self.thread_report(&published));
-                    }
-                    lock(&self.reports).insert(self.index, published);
-                }
-            }
-            shared.apply_seeks(&consumer)?;
-            if let Some(txn) = shared.worker.poll_transaction(now)? {
-                set_phase(&self.phase, "committing");
-                shared.commit(&consumer, txn)?;
                 shared.apply_seeks(&consumer)?;
-                set_phase(&self.phase, "polling");
+                if let Some(txn) = shared.worker.poll_transaction(now)? {
+                    set_phase(&self.phase, "committing");
+                    shared.commit(&consumer, txn)?;
+                    shared.apply_seeks(&consumer)?;
+                    set_phase(&self.phase, "polling");
+                }
+                Ok(None)
+            };
+            let r = turn();
+            match r {
+                Ok(Some(session)) => return Ok(session),
+                Ok(None) => {}
+                Err(e) => lock(&consumer.context().shared).recover(&consumer, e)?,
+            }
+            // A task that failed stopped alone; the handler decides what
+            // follows.
+            let failures = lock(&consumer.context().shared).worker.take_task_failures();
+            for failure in failures {
+                if let Some(session) = self.task_failed(&consumer, failure) {
+                    leave(&mut publisher);
+                    return Ok(session);
+                }
             }
         }
         // Graceful close: commit what is open, then leave the group.
@@ -1710,17 +1906,6 @@ mod tests {
         assert!(!consumer_error_is_fatal(&KafkaError::MessageConsumption(
             RDKafkaErrorCode::AllBrokersDown
         )));
-    }
-
-    #[test]
-    fn the_backoff_doubles_per_failure_in_a_row_up_to_its_cap() {
-        let b = Backoff {
-            initial: Duration::from_millis(100),
-            max: Duration::from_millis(500),
-        };
-        let steps: Vec<u128> = (0..5).map(|n| b.step(n).as_millis()).collect();
-        assert_eq!(steps, [100, 200, 400, 500, 500]);
-        assert_eq!(b.step(u32::MAX), Duration::from_millis(500), "no overflow");
     }
 
     #[test]

@@ -11,7 +11,8 @@
 
 mod common;
 
-use std::sync::{Mutex, OnceLock};
+use common::assignments;
+
 use std::time::{Duration, Instant};
 
 use common::{config, create_topics, unique};
@@ -19,54 +20,6 @@ use common::{config, create_topics, unique};
 use parsley::*;
 use parsley_kafka::{CausalStreams, StreamsOptions};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use tracing::field::{Field, Visit};
-use tracing_subscriber::Layer;
-use tracing_subscriber::filter::Targets;
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
-
-/// Every "assignment taken" event (a stream thread starts the tasks of a
-/// new assignment): when, and on which thread (stream threads are named
-/// `parsley-<application>-<instance>-<index>`). An assignment taken before
-/// a close began may still be restoring when it begins; one taken after
-/// would be a closing thread taking new tasks.
-fn starts() -> &'static Mutex<Vec<(Instant, String)>> {
-    static STARTS: OnceLock<Mutex<Vec<(Instant, String)>>> = OnceLock::new();
-    STARTS.get_or_init(|| {
-        tracing_subscriber::registry()
-            .with(Capture.with_filter(Targets::new().with_target("parsley", tracing::Level::INFO)))
-            .init();
-        Mutex::new(Vec::new())
-    })
-}
-
-struct Capture;
-
-impl<S: tracing::Subscriber> Layer<S> for Capture {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        let mut message = TaskStarted(false);
-        event.record(&mut message);
-        if message.0 {
-            let thread = std::thread::current().name().unwrap_or("").to_owned();
-            starts()
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push((Instant::now(), thread));
-        }
-    }
-}
-
-/// Whether an event's message is "assignment taken".
-struct TaskStarted(bool);
-
-impl Visit for TaskStarted {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" && format!("{value:?}") == "assignment taken" {
-            self.0 = true;
-        }
-    }
-}
-
 type T = Topic<String, String>;
 
 fn topic(name: &str) -> T {
@@ -106,7 +59,7 @@ fn instances_closed_together_return_in_time_and_take_no_new_tasks() {
     const INSTANCES: usize = 5;
     const PARTITIONS: i32 = 6;
     let timeout = Duration::from_secs(60);
-    let starts = starts();
+    let starts = assignments::taken();
     let (i, o) = (unique("close-in"), unique("close-out"));
     create_topics(&[(&i, PARTITIONS), (&o, 1)]);
     let app = counting(&unique("app"), &topic(&i), &topic(&o));

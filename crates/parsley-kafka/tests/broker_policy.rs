@@ -1,10 +1,15 @@
-//! The uncaught error handler on a real broker: replacing a thread after a
-//! transient failure, shutting the client down (also when the handler
-//! itself panics), and shutting the whole application down across
-//! instances.
+//! The uncaught error handler on a real broker: restarting a failed task
+//! in place after a transient failure, shutting the client down (also when
+//! the handler itself panics), and shutting the whole application down
+//! across instances; rebalances counted under each, with a record the
+//! logic refuses and with a corrupt clock.
+//!
+//! This file counts rebalances through a process-wide tracing subscriber
+//! (`common::assignments`), so it is a test binary of its own.
 
 mod common;
 
+use common::assignments;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -54,14 +59,37 @@ fn produce(topic: &str, partition: i32, value: &str) {
     producer.flush(Duration::from_secs(20)).unwrap();
 }
 
+/// Writes a record whose `vc` header is not a clock.
+fn produce_with_clock(topic: &str, partition: i32, vc: &[u8]) {
+    use rdkafka::message::{Header, OwnedHeaders};
+    let producer: BaseProducer = config().create().unwrap();
+    producer
+        .send(
+            BaseRecord::to(topic)
+                .partition(partition)
+                .key("k")
+                .payload("corrupt")
+                .headers(OwnedHeaders::new().insert(Header {
+                    key: "vc",
+                    value: Some(vc),
+                })),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    producer.flush(Duration::from_secs(20)).unwrap();
+}
+
 fn streams(app: &Parsley, instance: &str) -> CausalStreams {
     CausalStreams::new(app, config())
         .unwrap()
         .with_options(options(instance))
 }
 
-/// The tests' options: short commits, the given instance id.
+/// The tests' options: short commits, the given instance id. Every test
+/// builds its instances with these, so the rebalance count is installed
+/// before any stream thread starts.
 fn options(instance: &str) -> StreamsOptions {
+    assignments::taken();
     StreamsOptions {
         commit_interval: Duration::from_millis(50),
         instance_id: Some(instance.to_owned()),
@@ -84,15 +112,16 @@ fn values(topic: &str, partitions: i32, n: usize) -> Vec<String> {
         .collect()
 }
 
-/// A transient failure with `ReplaceThread`: the thread is replaced, the
-/// failed step aborted, and the retry processes the record exactly once.
+/// A transient failure with `ReplaceThread`: the failed task restarts in
+/// place (no new thread, no rebalance), the failed step aborted, and the
+/// retry processes the record exactly once.
 #[test]
 #[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
-fn a_replaced_thread_retries_the_failed_record_exactly_once() {
-    let (i, o) = (unique("in"), unique("out"));
+fn a_restarted_task_retries_the_failed_record_exactly_once() {
+    let (i, o, app_id) = (unique("in"), unique("out"), unique("app"));
     create_topics(&[(&i, 1), (&o, 1)]);
     let app = echo(
-        &unique("app"),
+        &app_id,
         &topic(&i),
         &topic(&o),
         Arc::new(AtomicBool::new(true)),
@@ -119,7 +148,13 @@ fn a_replaced_thread_retries_the_failed_record_exactly_once() {
         1,
         "the handler saw the failure"
     );
-    assert_eq!(s.replaced_threads(), 1);
+    assert_eq!(s.restarted_tasks(), 1);
+    assert_eq!(s.replaced_threads(), 0, "the thread stayed");
+    assert_eq!(
+        assignments::count(&app_id),
+        1,
+        "no rebalance after the join"
+    );
     assert_eq!(s.state(), StreamsState::Running);
     s.close(Duration::from_secs(30)).unwrap();
     assert_eq!(values(&o, 1, 4).len(), 3, "exactly once");
@@ -198,16 +233,17 @@ fn shutting_the_application_down_stops_every_instance() {
 }
 
 /// A failure that recurs at once (a record the logic always refuses) under
-/// `ReplaceThread`: each replacement waits one step of the backoff longer
-/// than the one before, so the group rebalances once per step, not in a
-/// loop, and the handler hears of each failure once.
+/// `ReplaceThread`: the task restarts in place, each time one step of the
+/// task backoff later than the time before, and the handler hears of each
+/// failure once; the group never rebalances, and the thread's other task
+/// goes on meanwhile.
 #[test]
 #[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
-fn a_recurring_failure_is_replaced_once_per_backoff_step() {
-    let (i, o) = (unique("in"), unique("out"));
-    create_topics(&[(&i, 1), (&o, 1)]);
+fn a_recurring_failure_restarts_its_task_once_per_backoff_step_without_a_rebalance() {
+    let (i, o, app_id) = (unique("in"), unique("out"), unique("app"));
+    create_topics(&[(&i, 2), (&o, 1)]);
     let app = echo(
-        &unique("app"),
+        &app_id,
         &topic(&i),
         &topic(&o),
         Arc::new(AtomicBool::new(true)),
@@ -220,7 +256,7 @@ fn a_recurring_failure_is_replaced_once_per_backoff_step() {
     let mut s = CausalStreams::new(&app, config())
         .unwrap()
         .with_options(StreamsOptions {
-            rejoin_backoff: backoff,
+            task_backoff: backoff,
             ..options("a")
         });
     let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -230,12 +266,16 @@ fn a_recurring_failure_is_replaced_once_per_backoff_step() {
         ErrorResponse::ReplaceThread
     });
     s.start().unwrap();
-    produce(&i, 0, "poison");
+    produce(&i, 1, "poison");
+    wait_for("two failures", || failures.lock().unwrap().len() >= 2);
+    // The other task still runs.
+    produce(&i, 0, "fine");
+    assert_eq!(values(&o, 1, 1), vec!["fine"]);
     wait_for("four failures", || failures.lock().unwrap().len() >= 4);
     s.close(Duration::from_secs(30)).unwrap();
     let at = failures.lock().unwrap().clone();
-    // Between failure k and k+1 the thread paused step(k), then joined,
-    // restored and met the record again.
+    // Between failure k and k+1 the task waited step(k), then restarted
+    // and met the record again.
     for (k, pair) in at.windows(2).take(3).enumerate() {
         let gap = pair[1] - pair[0];
         let step = backoff.step(u32::try_from(k).unwrap());
@@ -246,72 +286,245 @@ fn a_recurring_failure_is_replaced_once_per_backoff_step() {
         );
     }
     assert_eq!(
-        s.replaced_threads() as usize,
+        s.restarted_tasks() as usize,
         at.len(),
-        "one replacement (one join) per failure"
+        "one restart per failure"
     );
-    assert!(
-        common::read_committed(&o, 1, 1, Duration::from_secs(2)).is_empty(),
+    assert_eq!(s.replaced_threads(), 0);
+    assert_eq!(
+        assignments::count(&app_id),
+        1,
+        "the group rebalanced only for the join"
+    );
+    assert_eq!(
+        common::read_committed(&o, 1, 2, Duration::from_secs(2)).len(),
+        1,
         "the failing record was never committed"
     );
 }
 
-/// A record the broker (or the client) refuses, here an output larger than
-/// the sink's `max.message.bytes`, and one larger than the client's
-/// `message.max.bytes`: the transaction aborts and the thread fails with
-/// the sink and the reason, for the error handler to decide (by default the
-/// instance stops). Before, the first made the thread abort and retry the
-/// same record in a loop, and the second made it rejoin the group in one.
+/// A record with a corrupt `vc` header fails its task closed under every
+/// response of the handler, with at most one rebalance per backoff step:
+/// `ReplaceThread` restarts the task in place (none at all), and the two
+/// shutdowns stop the instance (which leaves the group once).
 #[test]
 #[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
-fn a_record_the_broker_refuses_fails_the_thread_with_its_sink_and_reason() {
-    use parsley_kafka::KafkaCluster;
+fn a_corrupt_clock_fails_its_task_without_a_rebalance_loop_under_every_response() {
+    for response in [
+        ErrorResponse::ReplaceThread,
+        ErrorResponse::ShutdownClient,
+        ErrorResponse::ShutdownApplication,
+    ] {
+        let (i, o, app_id) = (unique("in"), unique("out"), unique("app"));
+        create_topics(&[(&i, 2), (&o, 1)]);
+        let app = echo(
+            &app_id,
+            &topic(&i),
+            &topic(&o),
+            Arc::new(AtomicBool::new(false)),
+            false,
+        );
+        let mut s = CausalStreams::new(&app, config())
+            .unwrap()
+            .with_options(StreamsOptions {
+                task_backoff: Backoff {
+                    initial: Duration::from_millis(200),
+                    max: Duration::from_millis(800),
+                },
+                ..options("a")
+            });
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let heard = seen.clone();
+        s.set_uncaught_error_handler(move |e| {
+            heard.lock().unwrap().push(e.to_string());
+            response
+        });
+        s.start().unwrap();
+        s.wait_until_running(Duration::from_secs(30)).unwrap();
+        produce(&i, 0, "before");
+        assert_eq!(values(&o, 1, 1), vec!["before"]);
+        produce_with_clock(&i, 1, b"\xff\x00 not a clock");
+        let began = Instant::now();
+        wait_for("the handler", || !seen.lock().unwrap().is_empty());
+        let first = seen.lock().unwrap()[0].clone();
+        assert!(
+            first.contains("corrupt causal headers") && first.contains(&format!("{i}:1@0")),
+            "{response:?}: the error names the record: {first}"
+        );
+        if response == ErrorResponse::ReplaceThread {
+            // Keeps failing, once per step, while the other task runs.
+            wait_for("three failures", || seen.lock().unwrap().len() >= 3);
+            produce(&i, 0, "after");
+            assert_eq!(values(&o, 1, 2), vec!["before", "after"]);
+            assert_eq!(s.state(), StreamsState::Running);
+            let failures = seen.lock().unwrap().len();
+            // Steps of 200, 400, 800, 800... ms: no more failures than the
+            // steps that fit in the time that passed.
+            let mut budget = began.elapsed();
+            let mut steps = 1;
+            for k in 0.. {
+                let step = Duration::from_millis(200u64 << k.min(2));
+                if step > budget {
+                    break;
+                }
+                budget -= step;
+                steps += 1;
+            }
+            assert!(
+                failures <= steps,
+                "{failures} failures in {:?} (at most {steps})",
+                began.elapsed()
+            );
+        } else {
+            wait_for("the instance to fail", || {
+                matches!(s.state(), StreamsState::Failed(_))
+            });
+            assert_eq!(seen.lock().unwrap().len(), 1, "{response:?}: heard once");
+        }
+        let _ = s.close(Duration::from_secs(30));
+        assert_eq!(
+            assignments::count(&app_id),
+            1,
+            "{response:?}: no rebalance but the join"
+        );
+        assert_eq!(
+            common::read_committed(&o, 1, 3, Duration::from_secs(2)).len(),
+            if response == ErrorResponse::ReplaceThread {
+                2
+            } else {
+                1
+            },
+            "{response:?}: the corrupt record delivered nothing"
+        );
+    }
+}
+
+/// A record the broker (or the client) refuses, here an output larger than
+/// the sink's `max.message.bytes`, and one larger than the client's
+/// `message.max.bytes`, under each choice of the production error handler:
+/// by default the transaction aborts and the task fails with the sink and
+/// the reason (the instance stops); sent to a dead-letter topic, the
+/// emission lands there once, unstamped and with the dead-letter headers,
+/// the stage goes on, and the group never rebalances.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_record_the_broker_refuses_fails_its_task_or_goes_to_the_dead_letter_topic() {
+    use parsley_kafka::{KafkaCluster, ProductionResponse};
     use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
     let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
     for (size, name) in [(4_000, "broker"), (2_000_000, "client")] {
-        let (i, o) = (unique(&format!("big-in-{name}")), unique("big-out"));
-        create_topics(&[(&i, 1)]);
-        let sink =
-            NewTopic::new(&o, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "1024");
-        for r in
-            futures_executor::block_on(cluster.admin().create_topics([&sink], &AdminOptions::new()))
-                .unwrap()
-        {
-            r.unwrap();
+        for dead_letter in [false, true] {
+            let (i, o, dlq, app_id) = (
+                unique(&format!("big-in-{name}")),
+                unique("big-out"),
+                unique("big-dlq"),
+                unique("app"),
+            );
+            create_topics(&[(&i, 1)]);
+            let sink =
+                NewTopic::new(&o, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "1024");
+            // The dead-letter topic takes what the sink refused.
+            let dead = NewTopic::new(&dlq, 2, TopicReplication::Fixed(1))
+                .set("max.message.bytes", "5000000");
+            for r in futures_executor::block_on(
+                cluster
+                    .admin()
+                    .create_topics([&sink, &dead], &AdminOptions::new()),
+            )
+            .unwrap()
+            {
+                r.unwrap();
+            }
+            wait_for("the topics", || {
+                parsley::task::TopicMetadata::describe(&cluster, &o).is_ok()
+                    && parsley::task::TopicMetadata::describe(&cluster, &dlq).is_ok()
+            });
+            let (input, output) = (topic(&i), topic(&o));
+            let mut builder = Stage::named("grow");
+            let out = builder.add_sink(&output);
+            let stage = builder
+                .on(&input, move |m: &Message<String, String>| {
+                    let v = m.value().cloned().unwrap_or_default();
+                    let v = if v == "big" { "x".repeat(size) } else { v };
+                    vec![out.send(m.key().cloned(), v)]
+                })
+                .build()
+                .unwrap();
+            let app = Parsley::named(app_id.as_str(), [stage]).unwrap();
+            let mut s = streams(&app, "a");
+            let refused = Arc::new(std::sync::Mutex::new(Vec::new()));
+            if dead_letter {
+                let (seen, dlq) = (refused.clone(), dlq.clone());
+                s.set_production_error_handler(move |r| {
+                    seen.lock().unwrap().push(r.clone());
+                    ProductionResponse::DeadLetter(dlq.clone())
+                });
+            }
+            s.start().unwrap();
+            produce(&i, 0, "small");
+            assert_eq!(values(&o, 1, 1), vec!["small"]);
+            produce(&i, 0, "big");
+            produce(&i, 0, "after");
+            // The client refuses its record for the dead-letter topic too:
+            // that fails the task (no second diversion, no loop).
+            let fails = !dead_letter || name == "client";
+            if fails {
+                wait_for("the failure", || {
+                    matches!(s.state(), StreamsState::Failed(_))
+                });
+                let err = s.close(Duration::from_secs(30)).unwrap_err().to_string();
+                let named = if dead_letter {
+                    err.contains(&dlq) && err.contains("dead-letter topic")
+                } else {
+                    err.contains(&format!("{o}:0"))
+                };
+                assert!(
+                    named && err.to_lowercase().contains("too large"),
+                    "{name}: the error names the topic and the reason: {err}"
+                );
+                assert_eq!(
+                    common::read_committed(&o, 1, 2, Duration::from_secs(2)).len(),
+                    1,
+                    "{name}: nothing of the failed transaction was committed"
+                );
+                continue;
+            }
+            let got = values(&o, 1, 2);
+            assert_eq!(got, vec!["small", "after"], "{name}");
+            let dead = common::read_committed(&dlq, 2, 1, Duration::from_secs(30));
+            assert_eq!(dead.len(), 1, "{name}: one dead letter");
+            assert_eq!(dead[0].value.len(), size, "{name}: the emission itself");
+            let header = |n: &str| {
+                dead[0]
+                    .headers
+                    .iter()
+                    .find(|(k, _)| k == n)
+                    .and_then(|(_, v)| v.clone())
+                    .map(|v| String::from_utf8(v).unwrap())
+            };
+            assert_eq!(header("parsley.dlq.sink").as_deref(), Some(o.as_str()));
+            assert_eq!(header("parsley.dlq.topic").as_deref(), Some(i.as_str()));
+            assert_eq!(header("parsley.dlq.offset").as_deref(), Some("1"));
+            assert!(
+                header("parsley.dlq.error").is_some_and(|e| e.to_lowercase().contains("too large")),
+                "{name}: {:?}",
+                dead[0].headers
+            );
+            assert!(header("vc").is_none(), "{name}: unstamped");
+            assert_eq!(refused.lock().unwrap().len(), 1, "{name}: asked once");
+            assert_eq!(s.dead_lettered(), 1);
+            assert_eq!(s.state(), StreamsState::Running);
+            s.close(Duration::from_secs(30)).unwrap();
+            assert_eq!(
+                common::read_committed(&dlq, 2, 2, Duration::from_secs(2)).len(),
+                1,
+                "{name}: exactly once"
+            );
+            assert_eq!(
+                assignments::count(&app_id),
+                1,
+                "{name}: no rebalance but the join"
+            );
         }
-        wait_for("the sink topic", || {
-            parsley::task::TopicMetadata::describe(&cluster, &o).is_ok()
-        });
-        let (input, output) = (topic(&i), topic(&o));
-        let mut builder = Stage::named("grow");
-        let out = builder.add_sink(&output);
-        let stage = builder
-            .on(&input, move |m: &Message<String, String>| {
-                let v = m.value().cloned().unwrap_or_default();
-                let v = if v == "big" { "x".repeat(size) } else { v };
-                vec![out.send(m.key().cloned(), v)]
-            })
-            .build()
-            .unwrap();
-        let app = Parsley::named(unique("app").as_str(), [stage]).unwrap();
-        let mut s = streams(&app, "a");
-        s.start().unwrap();
-        produce(&i, 0, "small");
-        assert_eq!(values(&o, 1, 1), vec!["small"]);
-        produce(&i, 0, "big");
-        produce(&i, 0, "after");
-        wait_for("the failure", || {
-            matches!(s.state(), StreamsState::Failed(_))
-        });
-        let err = s.close(Duration::from_secs(30)).unwrap_err().to_string();
-        assert!(
-            err.contains(&format!("{o}:0")) && err.to_lowercase().contains("too large"),
-            "{name}: the error names the sink and the reason: {err}"
-        );
-        assert_eq!(
-            common::read_committed(&o, 1, 2, Duration::from_secs(2)).len(),
-            1,
-            "{name}: nothing of the failed transaction was committed"
-        );
     }
 }

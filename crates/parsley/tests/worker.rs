@@ -668,7 +668,189 @@ fn a_task_failure_requires_an_abort_and_the_abandoned_records_come_back() {
         "good's emission was produced and aborted"
     );
     assert_eq!(abandoned[0].topic, "out");
+    // The failed task stopped: no seek until it restarts.
+    assert!(seek(&mut w).is_empty());
+    let failures = w.take_task_failures();
+    assert_eq!(failures.len(), 1);
+    assert!(failures[0].error.contains("no"), "{:?}", failures[0]);
+    assert_eq!(
+        w.restart_task(&failures[0].task, &cluster).unwrap(),
+        Some(Duration::from_millis(500)),
+        "the default backoff's first step"
+    );
+    w.punctuate(500, &cluster).unwrap();
     assert_eq!(seek(&mut w)[&("a".to_owned(), 0)], 0);
+}
+
+/// A stage over `a` whose handler fails on key "bad" while `failing` is
+/// set, echoing everything else to `out`.
+fn failing_app(failing: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Parsley {
+    use std::sync::atomic::Ordering;
+    let (a, out) = (topic("a"), topic("out"));
+    let o = out.clone();
+    let stage = Stage::named("s")
+        .on(
+            &a,
+            move |m: &Message<String, String>| -> Result<Vec<Emission>, String> {
+                if m.key().map(String::as_str) == Some("bad") && failing.load(Ordering::SeqCst) {
+                    return Err("refused".into());
+                }
+                Ok(vec![o.send(m.key().cloned(), m.key().cloned())])
+            },
+        )
+        .sink(&out)
+        .build()
+        .unwrap();
+    Parsley::named("app", [stage]).unwrap()
+}
+
+fn failing_cluster() -> Cluster {
+    Cluster::with(&[("a", 2), ("out", 1), ("app-s-state-changelog", 2)])
+}
+
+fn backoff_worker(app: &Parsley, cluster: &Cluster) -> Worker {
+    let mut w = Worker::new(
+        app,
+        WorkerConfig {
+            commit_interval: Duration::from_millis(100),
+            task_backoff: Backoff {
+                initial: Duration::from_millis(100),
+                max: Duration::from_millis(1_000),
+            },
+            ..WorkerConfig::default()
+        },
+    );
+    w.assign(vec![part("a", 0), part("a", 1)], cluster, 0)
+        .unwrap();
+    seek(&mut w);
+    commit(&mut w, cluster);
+    w
+}
+
+fn task(stage: &str, partition: i32) -> TaskId {
+    TaskId {
+        stage: stage.to_owned(),
+        partition,
+    }
+}
+
+/// One task's failure stops that task alone: the other task goes on and
+/// commits, the failed one's records are dropped and its position is not
+/// committed past the failing record, and it restarts only when asked, one
+/// backoff step later, from its committed position.
+#[test]
+fn a_failed_task_stops_alone_and_restarts_after_its_backoff() {
+    let failing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let app = failing_app(failing.clone());
+    let cluster = failing_cluster();
+    let mut w = backoff_worker(&app, &cluster);
+    w.on_record(rec("a", 0, 0, "good")).unwrap();
+    w.on_record(rec("a", 1, 0, "ok")).unwrap();
+    assert!(w.on_record(rec("a", 1, 1, "bad")).is_err());
+    w.abort(&cluster).unwrap();
+    let seeks = seek(&mut w);
+    assert_eq!(seeks.get(&("a".to_owned(), 0)), Some(&0), "s[0] rolls back");
+    assert!(
+        !seeks.contains_key(&("a".to_owned(), 1)),
+        "s[1] stopped: {seeks:?}"
+    );
+    assert_eq!(
+        w.take_task_failures()
+            .iter()
+            .map(|f| f.task.clone())
+            .collect::<Vec<_>>(),
+        vec![task("s", 1)]
+    );
+    assert_eq!(
+        w.stopped_tasks().cloned().collect::<Vec<_>>(),
+        vec![task("s", 1)]
+    );
+    // s[0] carries on; s[1]'s records are dropped.
+    w.on_record(rec("a", 0, 0, "good")).unwrap();
+    w.on_record(rec("a", 1, 0, "ok")).unwrap();
+    let txn = commit(&mut w, &cluster);
+    assert_eq!(delivered(&txn), vec!["s[0]:a:0@0"]);
+    assert!(
+        txn.offsets.iter().all(|o| o.partition == 0),
+        "nothing is committed for the stopped task: {:?}",
+        txn.offsets
+    );
+    assert_eq!(w.stats().task_failures, 1);
+    // Not restarted without the handler's word, however long it waits.
+    w.punctuate(5_000, &cluster).unwrap();
+    assert!(w.tasks().all(|t| t.partition == 0));
+    // Asked to: one step of the backoff later, from its committed position.
+    let wait = w.restart_task(&task("s", 1), &cluster).unwrap();
+    assert_eq!(wait, Some(Duration::from_millis(100)));
+    assert_eq!(w.restart_due_in(5_000), Some(Duration::from_millis(100)));
+    w.punctuate(5_099, &cluster).unwrap();
+    assert_eq!(w.stopped_tasks().count(), 1, "not due yet");
+    failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    w.punctuate(5_100, &cluster).unwrap();
+    assert_eq!(w.stopped_tasks().count(), 0);
+    assert_eq!(w.stats().task_restarts, 1);
+    assert_eq!(seek(&mut w).get(&("a".to_owned(), 1)), Some(&0));
+    w.on_record(rec("a", 1, 0, "ok")).unwrap();
+    w.on_record(rec("a", 1, 1, "bad")).unwrap();
+    let txn = commit(&mut w, &cluster);
+    assert_eq!(delivered(&txn), vec!["s[1]:a:1@0", "s[1]:a:1@1"]);
+}
+
+/// A failure that recurs at once waits one step longer each time; a task
+/// that then runs longer than the cap starts the count again.
+#[test]
+fn a_recurring_task_failure_backs_off_step_by_step() {
+    let failing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let app = failing_app(failing.clone());
+    let cluster = failing_cluster();
+    let mut w = backoff_worker(&app, &cluster);
+    let mut now = 0;
+    let mut waits = Vec::new();
+    for _ in 0..6 {
+        seek(&mut w);
+        assert!(w.on_record(rec("a", 1, 0, "bad")).is_err());
+        w.abort(&cluster).unwrap();
+        let f = w.take_task_failures();
+        assert_eq!(f.len(), 1, "one report per failure");
+        let wait = w.restart_task(&f[0].task, &cluster).unwrap().unwrap();
+        waits.push(wait.as_millis());
+        now += i64::try_from(wait.as_millis()).unwrap();
+        w.punctuate(now, &cluster).unwrap();
+        assert_eq!(w.stopped_tasks().count(), 0);
+    }
+    assert_eq!(waits, [100, 200, 400, 800, 1_000, 1_000]);
+    // It runs for longer than the cap, then fails: the first step again.
+    now += 1_001;
+    w.punctuate(now, &cluster).unwrap();
+    seek(&mut w);
+    assert!(w.on_record(rec("a", 1, 0, "bad")).is_err());
+    w.abort(&cluster).unwrap();
+    let f = w.take_task_failures();
+    assert_eq!(f[0].earlier_in_a_row, 0);
+    assert_eq!(
+        w.restart_task(&f[0].task, &cluster).unwrap(),
+        Some(Duration::from_millis(100))
+    );
+}
+
+/// A stopped task whose partitions are revoked is gone: a restart asked
+/// for afterwards does nothing, and a new assignment starts it afresh.
+#[test]
+fn a_stopped_task_leaves_with_its_partitions() {
+    let failing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let app = failing_app(failing);
+    let cluster = failing_cluster();
+    let mut w = backoff_worker(&app, &cluster);
+    assert!(w.on_record(rec("a", 1, 0, "bad")).is_err());
+    w.abort(&cluster).unwrap();
+    seek(&mut w);
+    let f = w.take_task_failures();
+    assert_eq!(w.revoke_plan(false), RevokePlan::Nothing);
+    w.revoke(&[("a".to_owned(), 1)]).unwrap();
+    assert_eq!(w.stopped_tasks().count(), 0);
+    assert_eq!(w.restart_task(&f[0].task, &cluster).unwrap(), None);
+    w.assign(vec![part("a", 1)], &cluster, 0).unwrap();
+    assert!(w.tasks().any(|t| *t == task("s", 1)));
 }
 
 #[test]
@@ -1434,6 +1616,7 @@ fn a_commit_is_empty_only_without_records_changelog_and_events() {
         value: None,
         headers: Vec::new(),
         timestamp: 0,
+        origin: None,
     };
     let with = |r: bool, c: bool, e: bool| TaskCommit {
         records: if r { vec![record.clone()] } else { vec![] },
@@ -1763,4 +1946,292 @@ fn an_out_of_range_fetch_is_a_loss_to_fail_on_or_to_resume_past_as_configured() 
     w.on_record(rec("a", 0, 5, "k")).unwrap();
     let txn = commit(&mut w, &cluster);
     assert_eq!(delivered(&txn).len(), 4, "a@0..2, then a@5");
+}
+
+/// A worker with work in flight: one record of `a:0` handled and its
+/// transaction handed over.
+fn in_flight(app: &Parsley, cluster: &Cluster) -> (Worker, Transaction) {
+    let mut w = started(app, cluster);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    let txn = w.flush().unwrap().unwrap();
+    (w, txn)
+}
+
+/// Each fault class gets its directive: fencing, a failed abort, a fatal
+/// client and a fatal poll drop every task; an abortable error aborts; a
+/// retriable one retries with a doubling wait, up to the configured count,
+/// after which the commit's fate is unknown and every task is dropped; a
+/// transient poll error changes nothing.
+#[test]
+fn each_fault_class_gets_its_directive() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let fenced = |fault: Fault| {
+        let (mut w, _) = in_flight(&app, &cluster);
+        let d = w.on_fault(fault);
+        (d, w.tasks().count(), w.assignment().count())
+    };
+    for fault in [
+        Fault::Fenced("fenced".into()),
+        Fault::AbortFailed("abort failed".into()),
+    ] {
+        let (d, tasks, assigned) = fenced(fault.clone());
+        assert!(matches!(d, Directive::Rejoin), "{fault:?}: {d:?}");
+        assert_eq!((tasks, assigned), (0, 0), "{fault:?} drops every task");
+    }
+    for fault in [
+        Fault::Fatal("dead".into()),
+        Fault::Poll {
+            fatal: true,
+            message: "dead".into(),
+        },
+    ] {
+        let (d, tasks, _) = fenced(fault.clone());
+        match d {
+            Directive::Fail(e) => assert!(
+                matches!(*e, WorkerError::Client { .. }) && e.to_string().contains("dead"),
+                "{e}"
+            ),
+            other => panic!("{fault:?}: {other:?}"),
+        }
+        assert_eq!(tasks, 0, "{fault:?} drops every task");
+    }
+    let (mut w, _) = in_flight(&app, &cluster);
+    assert!(matches!(
+        w.on_fault(Fault::Abortable("abort".into())),
+        Directive::Abort
+    ));
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    assert_eq!(w.tasks().count(), 1, "an abort keeps the tasks");
+    assert!(
+        w.take_task_failures().is_empty(),
+        "and no task failed: {:?}",
+        w.stopped_tasks().collect::<Vec<_>>()
+    );
+    assert!(matches!(
+        w.on_fault(Fault::Poll {
+            fatal: false,
+            message: "broker down".into()
+        }),
+        Directive::Continue
+    ));
+    assert_eq!(w.tasks().count(), 1);
+    // Retries: 100, 200, 400 ms (three, the default), then unknown.
+    let (mut w, _) = in_flight(&app, &cluster);
+    let mut waits = Vec::new();
+    loop {
+        match w.on_fault(Fault::Retriable("timed out".into())) {
+            Directive::Retry { after } => waits.push(after.as_millis()),
+            Directive::Rejoin => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(waits, [100, 200, 400]);
+    assert_eq!(w.tasks().count(), 0, "fate unknown: every task dropped");
+    assert_eq!(w.stats().commit_retries, 3);
+    // A retry that works commits as usual; the count starts again with
+    // the next transaction.
+    let (mut w, _) = in_flight(&app, &cluster);
+    assert!(matches!(
+        w.on_fault(Fault::Retriable("timed out".into())),
+        Directive::Retry { .. }
+    ));
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    w.flush().unwrap().unwrap();
+    let d = w.on_fault(Fault::Retriable("timed out".into()));
+    assert!(
+        matches!(d, Directive::Retry { after } if after == Duration::from_millis(100)),
+        "{d:?}"
+    );
+}
+
+/// A stage that echoes `a` to `out`, its value as the emission's.
+fn echo_app() -> Parsley {
+    let (a, out) = (topic("a"), topic("out"));
+    let o = out.clone();
+    let stage = Stage::named("s")
+        .on(&a, move |m: &Message<String, String>| {
+            vec![
+                o.send(m.key().cloned(), m.key().cloned())
+                    .with_header("h", "1"),
+            ]
+        })
+        .sink(&out)
+        .build()
+        .unwrap();
+    Parsley::named("app", [stage]).unwrap()
+}
+
+fn seq(r: &OutgoingRecord) -> Option<i64> {
+    let causal = parsley::protocol::CausalHeaders::decode(
+        r.headers.iter().map(|h| (h.name(), h.value.as_deref())),
+    )
+    .unwrap();
+    causal.sender.map(|t| t.seq)
+}
+
+fn refused_in(w: &mut Worker, txn: &Transaction, i: usize) -> Directive {
+    let r = &txn.records[i];
+    w.on_fault(Fault::RecordRefused {
+        record: i,
+        topic: r.topic.clone(),
+        partition: r.partition,
+        origin: r.origin,
+        reason: "too large".into(),
+    })
+}
+
+/// A refused emission aborts the transaction and stops the task that made
+/// it, naming the record; sent to a dead-letter topic, it goes there
+/// unstamped with the dead-letter headers, takes no send sequence (the
+/// task's next emission has the next one), and the thread's other task is
+/// unaffected.
+#[test]
+fn a_refused_emission_stops_its_task_and_can_go_to_a_dead_letter_topic() {
+    let app = echo_app();
+    let cluster = Cluster::with(&[
+        ("a", 2),
+        ("out", 1),
+        ("app-s-state-changelog", 2),
+        ("dlq", 3),
+    ]);
+    let mut w = worker(&app);
+    w.assign(vec![part("a", 0), part("a", 1)], &cluster, 0)
+        .unwrap();
+    seek(&mut w);
+    commit(&mut w, &cluster);
+    w.on_record(rec("a", 1, 0, "first")).unwrap();
+    let first = commit(&mut w, &cluster);
+    let first_seq = seq(&first.records[0]).unwrap();
+    w.on_record(rec("a", 0, 0, "other")).unwrap();
+    w.on_record(rec("a", 1, 1, "big")).unwrap();
+    let txn = w.flush().unwrap().unwrap();
+    let big = txn
+        .records
+        .iter()
+        .position(|r| r.key.as_deref() == Some(b"big"))
+        .unwrap();
+    assert!(matches!(refused_in(&mut w, &txn, big), Directive::Abort));
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    let failures = w.take_task_failures();
+    assert_eq!(failures.len(), 1);
+    let f = &failures[0];
+    assert_eq!(f.task, task("s", 1));
+    assert!(
+        f.error.contains("out:0") && f.error.contains("too large"),
+        "{}",
+        f.error
+    );
+    let refused = f.refused.clone().expect("the refused record");
+    assert_eq!(
+        refused.origin.map(|o| (o.offset, o.ordinal)),
+        Some((1, 0)),
+        "the first emission of a:1@1"
+    );
+    assert!(w.divert(&f.task, &refused, "dlq", &cluster).unwrap());
+    assert_eq!(w.stopped_tasks().count(), 0, "restarted at once");
+    let seeks = seek(&mut w);
+    assert_eq!(seeks[&("a".to_owned(), 1)], 1);
+    assert_eq!(seeks[&("a".to_owned(), 0)], 0);
+    w.on_record(rec("a", 0, 0, "other")).unwrap();
+    w.on_record(rec("a", 1, 1, "big")).unwrap();
+    w.on_record(rec("a", 1, 2, "after")).unwrap();
+    let txn = commit(&mut w, &cluster);
+    let to = |topic: &str| -> Vec<&OutgoingRecord> {
+        txn.records.iter().filter(|r| r.topic == topic).collect()
+    };
+    let dlq = to("dlq");
+    assert_eq!(dlq.len(), 1);
+    let d = dlq[0];
+    assert_eq!(d.key.as_deref(), Some(&b"big"[..]));
+    assert_eq!(seq(d), None, "unstamped");
+    let header = |name: &str| {
+        d.headers
+            .iter()
+            .find(|h| h.name() == name)
+            .and_then(|h| h.value.clone())
+            .map(|v| String::from_utf8(v).unwrap())
+    };
+    assert_eq!(
+        header("h").as_deref(),
+        Some("1"),
+        "the emission's own header"
+    );
+    assert_eq!(header(DEAD_LETTER_TOPIC).as_deref(), Some("a"));
+    assert_eq!(header(DEAD_LETTER_PARTITION).as_deref(), Some("1"));
+    assert_eq!(header(DEAD_LETTER_OFFSET).as_deref(), Some("1"));
+    assert_eq!(
+        header(parsley::task::DEAD_LETTER_SINK).as_deref(),
+        Some("out")
+    );
+    assert!(header(DEAD_LETTER_ERROR).unwrap().contains("too large"));
+    let out: Vec<(Vec<u8>, Option<i64>)> = to("out")
+        .iter()
+        .map(|r| (r.key.clone().unwrap(), seq(r)))
+        .collect();
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(out.contains(&(b"other".to_vec(), out[0].1)));
+    let after = out.iter().find(|(k, _)| k == b"after").unwrap();
+    assert_eq!(
+        after.1,
+        Some(first_seq + 1),
+        "the diverted emission took no send sequence"
+    );
+    assert_eq!(
+        delivered(&txn),
+        vec!["s[0]:a:0@0", "s[1]:a:1@1", "s[1]:a:1@2"]
+    );
+    assert_eq!(w.task(&task("s", 1)).unwrap().stats().diverted, 1);
+}
+
+/// What cannot go to a dead-letter topic fails its task: an emission the
+/// dead-letter topic refuses in turn (no second diversion), and a record
+/// that is not an emission (a changelog record).
+#[test]
+fn a_refused_dead_letter_or_changelog_record_fails_its_task() {
+    let app = echo_app();
+    let cluster = Cluster::with(&[
+        ("a", 1),
+        ("out", 1),
+        ("app-s-state-changelog", 1),
+        ("dlq", 1),
+    ]);
+    let mut w = worker(&app);
+    w.assign(vec![part("a", 0)], &cluster, 0).unwrap();
+    seek(&mut w);
+    let init = w.flush().unwrap().unwrap();
+    // The init transaction holds only changelog records.
+    assert!(matches!(refused_in(&mut w, &init, 0), Directive::Abort));
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    let f = w.take_task_failures().remove(0);
+    let refused = f.refused.unwrap();
+    assert_eq!(refused.origin, None);
+    assert!(matches!(
+        w.divert(&f.task, &refused, "dlq", &cluster),
+        Err(WorkerError::NotAnEmission { .. })
+    ));
+    w.restart_task(&f.task, &cluster).unwrap();
+    w.punctuate(10_000, &cluster).unwrap();
+    seek(&mut w);
+    commit(&mut w, &cluster);
+    w.on_record(rec("a", 0, 0, "big")).unwrap();
+    let txn = w.flush().unwrap().unwrap();
+    refused_in(&mut w, &txn, 0);
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    let f = w.take_task_failures().remove(0);
+    assert!(
+        w.divert(&f.task, &f.refused.unwrap(), "dlq", &cluster)
+            .unwrap()
+    );
+    seek(&mut w);
+    w.on_record(rec("a", 0, 0, "big")).unwrap();
+    let txn = w.flush().unwrap().unwrap();
+    assert_eq!(txn.records[0].topic, "dlq");
+    assert!(matches!(refused_in(&mut w, &txn, 0), Directive::Abort));
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    let f = w.take_task_failures().remove(0);
+    assert!(f.refused.is_none(), "not sent anywhere else");
+    assert!(f.error.contains("dead-letter topic"), "{}", f.error);
 }

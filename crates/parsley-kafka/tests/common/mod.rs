@@ -2,6 +2,8 @@
 //! creation, and a `read_committed` reader.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+pub mod assignments;
+
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_executor::block_on;

@@ -153,7 +153,6 @@ impl<K: Payload, V: Payload> Topic<K, V> {
     }
 }
 
-/// The bytes of an encoded emission, ready to partition and stamp.
 /// Header naming why a dead-lettered record failed (see
 /// [`Emission::dead_letter`]).
 pub const DEAD_LETTER_ERROR: &str = "parsley.dlq.error";
@@ -248,6 +247,7 @@ fn intern(name: &str) -> &'static str {
     n
 }
 
+/// The bytes of an encoded emission, ready to partition and stamp.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub(crate) struct EncodedEmission {
     pub(crate) key: Option<Vec<u8>>,

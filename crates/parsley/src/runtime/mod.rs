@@ -5,12 +5,15 @@
 //!   fencing, punctuation. Every host drives it.
 //! * [`task`]: one stage task, sans I/O (decode, gate, logic, fold state,
 //!   ticks, partitioning, stamping).
+//! * [`failure`]: what a failure does: the task that failed stops, the
+//!   others go on, and a restart waits one step of its backoff.
 //! * [`changelog`]: how a task's stores travel through changelog topics and
 //!   come back.
 //! * [`partition`]: Kafka's default partitioner; [`identity`]: sender
 //!   identities; [`holds`]: hold diagnostics.
 
 pub mod changelog;
+pub mod failure;
 pub mod holds;
 pub mod identity;
 pub mod metrics;

@@ -129,6 +129,37 @@ pub struct FetchedRecord {
     pub headers: Vec<Header>,
 }
 
+/// Where an emission came from: the delivered record (or tick) whose logic
+/// made it, and its place among that delivery's emissions (from 0). The
+/// same delivery, handled again after an abort, makes the same emissions
+/// in the same places, as long as the logic is deterministic.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct EmissionOrigin {
+    /// The delivered record's channel.
+    pub channel: Channel,
+    /// Its offset.
+    pub offset: i64,
+    /// The emission's place among those the delivery made.
+    pub ordinal: u32,
+}
+
+/// An emission to send to a dead-letter topic instead of its sink: the
+/// sink (or the client) refused it, and the host's production error
+/// handler chose the dead-letter topic.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Diversion {
+    /// The dead-letter topic.
+    pub topic: String,
+    /// Its partition count.
+    pub partitions: i32,
+    /// Why the sink refused the emission.
+    pub reason: String,
+}
+
+/// Header naming the sink a dead-lettered emission was refused by (the
+/// other `parsley.dlq.*` headers name the delivery that made it).
+pub const DEAD_LETTER_SINK: &str = "parsley.dlq.sink";
+
 /// A record the host must append: partitioned, stamped and encoded.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct OutgoingRecord {
@@ -142,8 +173,11 @@ pub struct OutgoingRecord {
     pub value: Option<Vec<u8>>,
     /// The record timestamp.
     pub timestamp: i64,
-    /// The headers: `vc`, `vc-sender`, `vc-seq`.
+    /// The headers: `vc`, `vc-sender`, `vc-seq`, then the emission's own.
     pub headers: Vec<Header>,
+    /// The emission it is, if it is one (not a changelog record or a
+    /// tick).
+    pub origin: Option<EmissionOrigin>,
 }
 
 /// Something a task did, in the order it happened.
@@ -165,6 +199,17 @@ pub enum TaskEvent {
         partition: i32,
         /// True for a tick.
         tick: bool,
+    },
+    /// An emission went to a dead-letter topic instead of its sink, as the
+    /// host asked ([`Diversion`]): unstamped, so it claims nothing and
+    /// nothing claims it.
+    Diverted {
+        /// The dead-letter topic.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+        /// The sink it was meant for.
+        sink: String,
     },
 }
 
@@ -208,6 +253,10 @@ pub struct TaskStores {
     pub protocol: MemStore,
     /// The fold store.
     pub fold: FoldStore,
+    /// Emissions to send to a dead-letter topic instead of their sink. Not
+    /// a store: the host sets them after a refusal, until the delivery that
+    /// makes them commits.
+    pub diverted: BTreeMap<EmissionOrigin, Diversion>,
 }
 
 /// The writes of a transaction handed to the host and not yet known to be
@@ -479,6 +528,8 @@ pub struct TaskStats {
     /// `vc-hold-*` warnings logged (one per hold that outlived the
     /// stage's threshold).
     pub hold_warnings: u64,
+    /// Emissions sent to a dead-letter topic instead of their sink.
+    pub diverted: u64,
 }
 
 /// One stage task, sans I/O. See the [module documentation](self).
@@ -879,6 +930,7 @@ impl Task {
             value: value.map(<[u8]>::to_vec),
             timestamp: self.wall_clock,
             headers: Vec::new(),
+            origin: None,
         }
     }
 
@@ -1285,8 +1337,13 @@ impl Task {
                 StateWrite::Delete => self.pending_fold.delete(key),
             }
         }
-        for emission in outcome.emissions {
-            self.send(&emission, timestamp, at)?;
+        for (ordinal, emission) in outcome.emissions.iter().enumerate() {
+            let origin = EmissionOrigin {
+                channel: at.0,
+                offset: at.1,
+                ordinal: u32::try_from(ordinal).unwrap_or(u32::MAX),
+            };
+            self.send(emission, timestamp, origin)?;
         }
         Ok(())
     }
@@ -1296,8 +1353,9 @@ impl Task {
         &mut self,
         emission: &Emission,
         default_timestamp: i64,
-        at: (Channel, i64),
+        origin: EmissionOrigin,
     ) -> Result<(), TaskError> {
+        let at = (origin.channel, origin.offset);
         let topic = emission.topic();
         // `sinks` holds exactly the stage's declared sinks (the tick topic
         // is routed separately).
@@ -1363,6 +1421,10 @@ impl Task {
                 timestamp,
             });
         }
+        if let Some(d) = self.stores.diverted.get(&origin).cloned() {
+            self.divert(emission, encoded, timestamp, origin, &d);
+            return Ok(());
+        }
         let partition = partition_for(encoded.key.as_deref(), self.id.partition, sink.partitions);
         let stamp = self
             .node
@@ -1388,8 +1450,60 @@ impl Task {
                 headers.extend(emission.headers().iter().cloned());
                 headers
             },
+            origin: Some(origin),
         });
         Ok(())
+    }
+
+    /// Sends an emission the sink refused to its dead-letter topic instead:
+    /// unstamped (it takes no send sequence, so no record's claims wait for
+    /// it), with the emission's own headers and where it came from and why.
+    fn divert(
+        &mut self,
+        emission: &Emission,
+        encoded: crate::topic::EncodedEmission,
+        timestamp: i64,
+        origin: EmissionOrigin,
+        d: &Diversion,
+    ) {
+        let coordinate = self.coordinate((origin.channel, origin.offset));
+        let sink = emission.topic().to_owned();
+        let partition = partition_for(encoded.key.as_deref(), self.id.partition, d.partitions);
+        warn!(task = %self.id, %coordinate, %sink, dead_letter = %d.topic, reason = %d.reason,
+            "an emission the sink refused goes to the dead-letter topic instead");
+        self.stats.diverted += 1;
+        let mut headers: Vec<Header> = emission.headers().to_vec();
+        for (name, value) in [
+            (crate::topic::DEAD_LETTER_ERROR, d.reason.clone()),
+            (crate::topic::DEAD_LETTER_TOPIC, coordinate.topic.clone()),
+            (
+                crate::topic::DEAD_LETTER_PARTITION,
+                coordinate.partition.to_string(),
+            ),
+            (
+                crate::topic::DEAD_LETTER_OFFSET,
+                coordinate.offset.to_string(),
+            ),
+            (DEAD_LETTER_SINK, sink.clone()),
+        ] {
+            headers.push(Header::new(name, value.into_bytes()));
+        }
+        if self.record_events {
+            self.events.push(TaskEvent::Diverted {
+                topic: d.topic.clone(),
+                partition,
+                sink,
+            });
+        }
+        self.outgoing.push(OutgoingRecord {
+            topic: d.topic.clone(),
+            partition,
+            key: encoded.key,
+            value: encoded.value,
+            timestamp,
+            headers,
+            origin: Some(origin),
+        });
     }
 
     fn emit_tick(&mut self) -> Result<(), TaskError> {
@@ -1417,6 +1531,7 @@ impl Task {
             value: None,
             timestamp: self.wall_clock,
             headers: stamp_headers(&stamp),
+            origin: None,
         });
         Ok(())
     }

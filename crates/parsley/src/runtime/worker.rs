@@ -52,9 +52,12 @@ use tracing::{debug, info, warn};
 use crate::app::Parsley;
 use crate::message::Header;
 use crate::runtime::changelog::{self, ChangelogError, ChangelogReader};
+pub use crate::runtime::failure::{Backoff, Directive, Fault, RefusedRecord, TaskFailure};
+use crate::runtime::failure::{Stopped, Streak};
 use crate::runtime::metrics::{Published, SAMPLE_INTERVAL, TaskMeters};
 use crate::runtime::task::{
-    FetchedRecord, OutgoingRecord, Task, TaskError, TaskEvent, TaskId, TaskStats, TopicMetadata,
+    Diversion, EmissionOrigin, FetchedRecord, OutgoingRecord, Task, TaskError, TaskEvent, TaskId,
+    TaskStats, TopicMetadata,
 };
 
 /// Everything the worker may ask of the cluster: topic metadata, broker
@@ -136,6 +139,13 @@ pub struct WorkerConfig {
     pub start_policy: StartPolicy,
     /// What a channel committed below its log start does.
     pub on_retention_loss: OnRetentionLoss,
+    /// How many times a commit step that failed with a retriable error is
+    /// retried (waiting 100 ms, then doubling) before the commit's fate
+    /// counts as unknown.
+    pub commit_retries: u32,
+    /// How long a failed task waits before it restarts, once the host's
+    /// error handler asked for a restart ([`Worker::restart_task`]).
+    pub task_backoff: Backoff,
     /// The `thread-id` label of this worker's metrics.
     pub thread_id: String,
     /// Whether transactions list what each task did
@@ -153,6 +163,8 @@ impl Default for WorkerConfig {
             truncation_interval: Duration::from_secs(600),
             start_policy: StartPolicy::Earliest,
             on_retention_loss: OnRetentionLoss::Fail,
+            commit_retries: 3,
+            task_backoff: Backoff::default(),
             thread_id: "0".to_owned(),
             events: true,
         }
@@ -226,6 +238,17 @@ pub struct ConsumedOffset {
     pub partition: i32,
     /// The next offset to fetch.
     pub offset: i64,
+}
+
+/// A partition whose fetching pauses or resumes.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct FlowChange {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// True to pause fetching, false to resume it.
+    pub paused: bool,
 }
 
 /// One transaction: produce the records, commit the offsets with the
@@ -305,6 +328,14 @@ pub struct WorkerStats {
     /// removed before the stage read them
     /// ([`OnRetentionLoss::ResumeAtLogStart`]).
     pub retention_losses: u64,
+    /// Tasks that failed and were stopped.
+    pub task_failures: u64,
+    /// Stopped tasks restarted.
+    pub task_restarts: u64,
+    /// Faults the host reported ([`Worker::on_fault`]).
+    pub faults: u64,
+    /// Commit steps retried after a retriable fault.
+    pub commit_retries: u64,
 }
 
 /// What the worker refuses.
@@ -358,6 +389,28 @@ pub enum WorkerError {
         "the consumer reported a fetch offset out of range, and the log starts that would tell whether records were lost could not be looked up: {0}"
     )]
     LogStartUnknown(String),
+    /// The Kafka client failed and will not recover (the host passes the
+    /// client's own words).
+    #[error("the Kafka client failed ({class}): {message}")]
+    Client {
+        /// The fault's class ([`Fault::class`]).
+        class: &'static str,
+        /// The client's error.
+        message: String,
+    },
+    /// A refused record that is not an emission (a changelog record or a
+    /// tick) cannot go to a dead-letter topic.
+    #[error(
+        "task {task}: the record refused for {topic} is not an emission (a changelog record or a tick), so it cannot go to a dead-letter topic: {reason}"
+    )]
+    NotAnEmission {
+        /// The task.
+        task: TaskId,
+        /// The topic it was for.
+        topic: String,
+        /// Why it was refused.
+        reason: String,
+    },
     /// A partition of a topic no stage of the application consumes.
     #[error(
         "partition {topic}:{partition} is not consumed by any stage of application {application:?}; subscribe only to the application's source and tick topics"
@@ -449,6 +502,14 @@ pub enum WorkerError {
     NoTransaction,
 }
 
+/// The task an abort is owed to, and why.
+#[derive(Debug)]
+struct Failing {
+    task: TaskId,
+    reason: String,
+    refused: Option<RefusedRecord>,
+}
+
 #[derive(Debug)]
 enum State {
     Open,
@@ -506,6 +567,23 @@ pub struct Worker {
     /// Tasks whose start failed on a transient lookup, retried at each
     /// punctuation.
     waiting: BTreeSet<TaskId>,
+    /// The task whose error poisoned the open transaction, if a task's did.
+    failing: Option<Failing>,
+    /// Tasks that failed and stopped; their partitions stay assigned here.
+    stopped: BTreeMap<TaskId, Stopped>,
+    /// Failures not yet taken by the host.
+    failures: Vec<TaskFailure>,
+    /// Each task's failures in a row.
+    streaks: BTreeMap<TaskId, Streak>,
+    /// Fetch pauses and resumes the host has not taken yet.
+    flow: Vec<FlowChange>,
+    /// Emissions each task sends to a dead-letter topic instead of its sink.
+    diversions: BTreeMap<TaskId, BTreeMap<EmissionOrigin, Diversion>>,
+    /// Which task made which records of the transaction in flight: per
+    /// task, the end (exclusive) of its records.
+    owners: Vec<(usize, TaskId)>,
+    /// Retries of the in-flight transaction's commit so far.
+    commit_retries: u32,
     routes: BTreeMap<(String, i32), (TaskId, usize)>,
     state: State,
     /// When the last transaction was handed over, by the host's clock.
@@ -529,6 +607,9 @@ impl std::fmt::Debug for Worker {
     }
 }
 
+/// The first wait before a commit step is retried.
+const COMMIT_RETRY: Duration = Duration::from_millis(100);
+
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -542,6 +623,14 @@ impl Worker {
             assigned: BTreeMap::new(),
             tasks: BTreeMap::new(),
             waiting: BTreeSet::new(),
+            failing: None,
+            stopped: BTreeMap::new(),
+            failures: Vec::new(),
+            streaks: BTreeMap::new(),
+            flow: Vec::new(),
+            diversions: BTreeMap::new(),
+            owners: Vec::new(),
+            commit_retries: 0,
             routes: BTreeMap::new(),
             state: State::Open,
             last_handed: None,
@@ -632,6 +721,18 @@ impl Worker {
         Err(e)
     }
 
+    /// A task's own error: it poisons the open transaction like any other,
+    /// and the abort that follows stops that task alone.
+    fn fail_task<T>(&mut self, id: TaskId, e: impl Into<WorkerError>) -> Result<T, WorkerError> {
+        let e = e.into();
+        self.failing = Some(Failing {
+            task: id,
+            reason: e.to_string(),
+            refused: None,
+        });
+        self.poison(e)
+    }
+
     /// The group assigned these partitions (in addition to what this worker
     /// holds). Starts every task they complete, restoring its stores from
     /// its changelogs, and queues the consumer seeks.
@@ -658,7 +759,10 @@ impl Worker {
             incoming.insert((p.topic.clone(), p.partition));
         }
         for id in &touched {
-            if self.tasks.contains_key(id) || self.waiting.contains(id) {
+            if self.tasks.contains_key(id)
+                || self.waiting.contains(id)
+                || self.stopped.contains_key(id)
+            {
                 continue;
             }
             let needed = self.needed(id);
@@ -678,7 +782,10 @@ impl Worker {
             self.assigned.insert((p.topic.clone(), p.partition), p);
         }
         for id in touched {
-            if self.tasks.contains_key(&id) || self.waiting.contains(&id) {
+            if self.tasks.contains_key(&id)
+                || self.waiting.contains(&id)
+                || self.stopped.contains_key(&id)
+            {
                 continue;
             }
             self.try_start(id, cluster)?;
@@ -709,6 +816,136 @@ impl Worker {
     /// Tasks still waiting to start.
     pub fn waiting_tasks(&self) -> impl Iterator<Item = &TaskId> {
         self.waiting.iter()
+    }
+
+    /// Takes a failed task out of the running set after the abort its
+    /// error required: its records are dropped (and fetched again from its
+    /// committed position when it restarts) and the failure is queued for
+    /// the host.
+    fn stop_task(&mut self, slot: Slot, failing: Failing) {
+        let Failing {
+            task: id,
+            reason,
+            refused,
+        } = failing;
+        for c in &slot.channels {
+            self.routes.remove(&(c.topic.clone(), c.partition));
+            // Nothing reads them until the task restarts.
+            self.flow.push(FlowChange {
+                topic: c.topic.clone(),
+                partition: c.partition,
+                paused: true,
+            });
+        }
+        let earlier = self
+            .streaks
+            .entry(id.clone())
+            .or_default()
+            .fail(self.now, &self.config.task_backoff);
+        self.stats.task_failures += 1;
+        warn!(task = %id, error = %reason, failures_in_a_row = earlier + 1,
+            "task failed and stopped; nothing past the failing record is committed for it, and the thread's other tasks go on");
+        self.stopped
+            .insert(id.clone(), Stopped { restart_at: None });
+        self.failures.push(TaskFailure {
+            task: id,
+            error: reason,
+            earlier_in_a_row: earlier,
+            refused,
+        });
+    }
+
+    /// The tasks that failed since the last call, in the order they failed:
+    /// each is stopped until [`restart_task`](Self::restart_task) (the
+    /// host's error handler decides), its partitions still assigned here.
+    pub fn take_task_failures(&mut self) -> Vec<TaskFailure> {
+        std::mem::take(&mut self.failures)
+    }
+
+    /// The fetch pauses and resumes to make, in order, before the seeks
+    /// ([`take_seeks`](Self::take_seeks)): a stopped task's partitions
+    /// pause, and resume when it restarts.
+    pub fn take_flow_changes(&mut self) -> Vec<FlowChange> {
+        std::mem::take(&mut self.flow)
+    }
+
+    /// The task whose error the open transaction must be aborted for, if
+    /// a task's error poisoned it (the abort stops that task).
+    pub fn failing_task(&self) -> Option<&TaskId> {
+        self.failing.as_ref().map(|f| &f.task)
+    }
+
+    /// The tasks stopped after a failure.
+    pub fn stopped_tasks(&self) -> impl Iterator<Item = &TaskId> {
+        self.stopped.keys()
+    }
+
+    /// Restarts a stopped task after one step of
+    /// [`WorkerConfig::task_backoff`] (for its failures in a row), from its
+    /// changelogs and committed positions; at once when the step is zero.
+    /// Returns the wait, or `None` when the task is not stopped here (its
+    /// partitions were revoked meanwhile).
+    pub fn restart_task(
+        &mut self,
+        id: &TaskId,
+        cluster: &dyn Cluster,
+    ) -> Result<Option<Duration>, WorkerError> {
+        let earlier = self
+            .streaks
+            .get(id)
+            .map_or(0, |s| s.failures.saturating_sub(1));
+        let wait = self.config.task_backoff.step(earlier);
+        let now = self.now;
+        let Some(stopped) = self.stopped.get_mut(id) else {
+            return Ok(None);
+        };
+        stopped.restart_at = Some(now.saturating_add(ms(wait)));
+        info!(task = %id, ?wait, "the stopped task restarts after its backoff");
+        if wait.is_zero() {
+            self.restart_due(cluster)?;
+        }
+        Ok(Some(wait))
+    }
+
+    /// How long from `now` until a stopped task is due to restart, if one
+    /// is to. A host that waits for records waits no longer than this.
+    pub fn restart_due_in(&self, now: i64) -> Option<Duration> {
+        self.stopped
+            .values()
+            .filter_map(|s| s.restart_at)
+            .min()
+            .map(|at| Duration::from_millis(u64::try_from(at - now.max(self.now)).unwrap_or(0)))
+    }
+
+    /// Starts every stopped task whose restart is due.
+    fn restart_due(&mut self, cluster: &dyn Cluster) -> Result<(), WorkerError> {
+        if !matches!(self.state, State::Open) {
+            // A transaction in flight, or one to abort: the next
+            // punctuation restarts it.
+            return Ok(());
+        }
+        let now = self.now;
+        let due: Vec<TaskId> = self
+            .stopped
+            .iter()
+            .filter(|(_, s)| s.restart_at.is_some_and(|at| at <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            self.stopped.remove(&id);
+            self.stats.task_restarts += 1;
+            self.streaks.entry(id.clone()).or_default().restarted_at = Some(now);
+            info!(task = %id, "stopped task restarting");
+            for (topic, partition) in self.needed(&id) {
+                self.flow.push(FlowChange {
+                    topic,
+                    partition,
+                    paused: false,
+                });
+            }
+            self.try_start(id, cluster)?;
+        }
+        Ok(())
     }
 
     /// The partitions a task consumes: partition `p` of every source and of
@@ -758,7 +995,7 @@ impl Worker {
             }
             None => 0,
         };
-        let stores = changelog::restore(
+        let mut stores = changelog::restore(
             id,
             &names.state_changelog,
             names.fold_changelog.as_deref(),
@@ -766,6 +1003,9 @@ impl Worker {
             cluster,
             cluster,
         )?;
+        if let Some(d) = self.diversions.get(id) {
+            stores.diverted = d.clone();
+        }
         let mut task = Task::init(
             &self.app,
             &id.stage,
@@ -930,6 +1170,11 @@ impl Worker {
                         self.dirty = true;
                     }
                     Err(e) => {
+                        self.failing = Some(Failing {
+                            task: id.clone(),
+                            reason: e.to_string(),
+                            refused: None,
+                        });
                         self.state = State::MustAbort(e.to_string());
                         return Err(e);
                     }
@@ -986,6 +1231,11 @@ impl Worker {
             return Err(WorkerError::OpenTransaction);
         }
         let mut closing = BTreeSet::new();
+        self.flow.retain(|f| {
+            !partitions
+                .iter()
+                .any(|(t, p)| *t == f.topic && *p == f.partition)
+        });
         for key in partitions {
             self.assigned.remove(key);
             if let Some((id, _)) = self.routes.get(key) {
@@ -993,6 +1243,10 @@ impl Worker {
             }
             if let Some(id) = self.task_of(&key.0, key.1) {
                 self.waiting.remove(&id);
+                if self.stopped.remove(&id).is_some() {
+                    info!(task = %id, "stopped task revoked");
+                }
+                self.diversions.remove(&id);
             }
         }
         for id in closing {
@@ -1087,7 +1341,7 @@ impl Worker {
             headers: record.headers,
         });
         if let Err(e) = r {
-            return self.poison(e);
+            return self.fail_task(id, e);
         }
         slot.meters.count(task);
         self.dirty = true;
@@ -1165,7 +1419,7 @@ impl Worker {
         let r = task.position_advance(channel, position);
         slot.meters.count(task);
         if let Err(e) = r {
-            return self.poison(e);
+            return self.fail_task(id.clone(), e);
         }
         if advanced || task.has_work() {
             self.dirty = true;
@@ -1182,6 +1436,7 @@ impl Worker {
         for id in std::mem::take(&mut self.waiting) {
             self.try_start(id, cluster)?;
         }
+        self.restart_due(cluster)?;
         let interval = ms(self.config.truncation_interval);
         let mut failed = None;
         for (id, slot) in &mut self.tasks {
@@ -1191,7 +1446,7 @@ impl Worker {
             let r = task.punctuate(now);
             slot.meters.count(task);
             if let Err(e) = r {
-                failed = Some(e);
+                failed = Some((id.clone(), e));
                 break;
             }
             if task.has_work() {
@@ -1215,8 +1470,8 @@ impl Worker {
                 }
             }
         }
-        if let Some(e) = failed {
-            return self.poison(e);
+        if let Some((id, e)) = failed {
+            return self.fail_task(id, e);
         }
         if now >= self.next_sample_at {
             self.next_sample_at = now.saturating_add(ms(SAMPLE_INTERVAL));
@@ -1302,6 +1557,8 @@ impl Worker {
 
     fn take_transaction(&mut self) -> Result<Transaction, WorkerError> {
         let id = self.next_txn;
+        self.owners.clear();
+        self.commit_retries = 0;
         let mut txn = Transaction {
             id,
             ..Transaction::default()
@@ -1321,6 +1578,7 @@ impl Worker {
                         txn.records.extend(commit.records);
                     }
                     txn.records.extend(commit.changelog);
+                    self.owners.push((txn.records.len(), task_id.clone()));
                     txn.events
                         .extend(commit.events.into_iter().map(|event| WorkerEvent {
                             task: task_id.clone(),
@@ -1328,7 +1586,7 @@ impl Worker {
                         }));
                 }
                 Err(e) => {
-                    failed = Some(e);
+                    failed = Some((task_id.clone(), e));
                     break;
                 }
             }
@@ -1345,8 +1603,8 @@ impl Worker {
                 }
             }
         }
-        if let Some(e) = failed {
-            return self.poison(e);
+        if let Some((id, e)) = failed {
+            return self.fail_task(id, e);
         }
         self.next_txn += 1;
         self.state = State::InFlight;
@@ -1381,6 +1639,7 @@ impl Worker {
                 self.stats.commits += 1;
                 self.state = State::Open;
                 self.dirty = false;
+                self.prune_diversions();
                 Ok(())
             }
             CommitOutcome::Aborted => {
@@ -1394,6 +1653,177 @@ impl Worker {
         }
     }
 
+    /// A failure the host's client reported, by class; the answer is what
+    /// the host does next:
+    ///
+    /// | fault | what the worker does | directive |
+    /// |-------|----------------------|-----------|
+    /// | [`Fault::Fenced`], [`Fault::AbortFailed`] | drops every task | [`Directive::Rejoin`] |
+    /// | [`Fault::Fatal`] | drops every task | [`Directive::Fail`] (the error handler decides) |
+    /// | [`Fault::Abortable`] | nothing yet | [`Directive::Abort`]; report the abort as usual |
+    /// | [`Fault::Retriable`] in a commit | counts the retry | [`Directive::Retry`], up to [`WorkerConfig::commit_retries`] times; then the commit's fate is unknown: drops every task, [`Directive::Rejoin`] |
+    /// | [`Fault::RecordRefused`] | marks the task that made the record | [`Directive::Abort`]; the abort stops that task, and its [`TaskFailure::refused`] names the record |
+    /// | [`Fault::Poll`], not fatal | nothing (the client retries) | [`Directive::Continue`] |
+    /// | [`Fault::Poll`], fatal | drops every task | [`Directive::Fail`] |
+    pub fn on_fault(&mut self, fault: Fault) -> Directive {
+        self.stats.faults += 1;
+        let class = fault.class();
+        match fault {
+            Fault::Poll {
+                fatal: false,
+                message,
+            } => {
+                warn!(class, error = %message, "consumer error; the client retries it");
+                Directive::Continue
+            }
+            Fault::Fenced(message) | Fault::AbortFailed(message) => {
+                warn!(class, error = %message, "another owner has the tasks now; rejoining");
+                self.fenced();
+                Directive::Rejoin
+            }
+            Fault::Fatal(message)
+            | Fault::Poll {
+                fatal: true,
+                message,
+            } => {
+                self.fenced();
+                Directive::Fail(Box::new(WorkerError::Client { class, message }))
+            }
+            Fault::Abortable(message) => {
+                debug!(class, error = %message, "the transaction aborts");
+                Directive::Abort
+            }
+            Fault::Retriable(message) => {
+                let in_flight = matches!(self.state, State::InFlight);
+                if in_flight && self.commit_retries < self.config.commit_retries {
+                    let after = COMMIT_RETRY.saturating_mul(1 << self.commit_retries.min(16));
+                    self.commit_retries += 1;
+                    self.stats.commit_retries += 1;
+                    warn!(class, error = %message, attempt = self.commit_retries, ?after, "a commit step failed in a way that may pass on a retry; retrying it");
+                    Directive::Retry { after }
+                } else {
+                    warn!(class, error = %message, "the commit's fate is unknown after its retries; dropping every task and rejoining");
+                    self.fenced();
+                    Directive::Rejoin
+                }
+            }
+            Fault::RecordRefused {
+                record,
+                topic,
+                partition,
+                origin,
+                reason,
+            } => {
+                let owner = self
+                    .owners
+                    .iter()
+                    .find(|(end, _)| record < *end)
+                    .map(|(_, id)| id.clone());
+                let Some(task) = owner else {
+                    // Not a record of the transaction in flight: nothing to
+                    // pin it on, so nothing is safe to keep.
+                    self.fenced();
+                    return Directive::Fail(Box::new(WorkerError::Client {
+                        class,
+                        message: format!(
+                            "record {record} for {topic}:{partition} was refused ({reason}), but the transaction in flight has no such record"
+                        ),
+                    }));
+                };
+                let diverted = origin.is_some_and(|o| {
+                    self.diversions
+                        .get(&task)
+                        .is_some_and(|d| d.contains_key(&o))
+                });
+                let why = if diverted {
+                    format!(
+                        "the dead-letter topic {topic:?} refused the emission sent there instead of its sink: {reason}"
+                    )
+                } else {
+                    format!("a record for {topic}:{partition} could not be produced: {reason}")
+                };
+                self.failing = Some(Failing {
+                    task,
+                    reason: why,
+                    // A dead-letter record refused in turn is not sent
+                    // anywhere else: the task fails.
+                    refused: (!diverted).then_some(RefusedRecord {
+                        topic,
+                        partition,
+                        reason,
+                        origin,
+                    }),
+                });
+                Directive::Abort
+            }
+        }
+    }
+
+    /// After a refused record stopped its task ([`TaskFailure::refused`]),
+    /// sends that emission to `topic`, a dead-letter topic, instead of its
+    /// sink, and restarts the task at once (no backoff: this is a fix, not
+    /// a retry). The emission goes there unstamped, with its own headers
+    /// and the `parsley.dlq.*` headers naming the delivery that made it,
+    /// the sink and the reason. Returns false when the task is not stopped
+    /// here (revoked meanwhile).
+    pub fn divert(
+        &mut self,
+        task: &TaskId,
+        refused: &RefusedRecord,
+        topic: &str,
+        cluster: &dyn Cluster,
+    ) -> Result<bool, WorkerError> {
+        let Some(origin) = refused.origin else {
+            return Err(WorkerError::NotAnEmission {
+                task: task.clone(),
+                topic: refused.topic.clone(),
+                reason: refused.reason.clone(),
+            });
+        };
+        if !self.stopped.contains_key(task) {
+            return Ok(false);
+        }
+        let partitions = cluster
+            .describe(topic)
+            .map_err(|cause| TaskError::Metadata {
+                task: task.clone(),
+                cause,
+            })?
+            .partitions;
+        self.diversions.entry(task.clone()).or_default().insert(
+            origin,
+            Diversion {
+                topic: topic.to_owned(),
+                partitions,
+                reason: refused.reason.clone(),
+            },
+        );
+        if let Some(s) = self.stopped.get_mut(task) {
+            s.restart_at = Some(self.now);
+        }
+        self.restart_due(cluster)?;
+        Ok(true)
+    }
+
+    /// Drops the diversions whose delivery is committed (it will not be
+    /// handled again).
+    fn prune_diversions(&mut self) {
+        let tasks = &self.tasks;
+        self.diversions.retain(|id, d| {
+            let Some(slot) = tasks.get(id) else {
+                // Stopped (or waiting): kept for its restart.
+                return true;
+            };
+            d.retain(|o, _| {
+                slot.channels
+                    .iter()
+                    .find(|c| c.channel == o.channel)
+                    .is_none_or(|c| o.offset >= c.committed)
+            });
+            !d.is_empty()
+        });
+    }
+
     /// Drops every task and the whole assignment: the producer or the group
     /// membership was fenced (also outside a commit), or a commit's fate is
     /// unknown. The host rejoins the group; nothing here is committed.
@@ -1402,6 +1832,11 @@ impl Worker {
         warn!("fenced or commit fate unknown: dropping every task; rejoin the group");
         self.tasks.clear();
         self.waiting.clear();
+        self.failing = None;
+        self.stopped.clear();
+        self.flow.clear();
+        self.diversions.clear();
+        self.owners.clear();
         self.routes.clear();
         self.assigned.clear();
         self.seeks.clear();
@@ -1427,6 +1862,14 @@ impl Worker {
         self.dirty = false;
         self.seeks.clear();
         let mut abandoned = Vec::new();
+        if let Some(failing) = self.failing.take()
+            && let Some(mut slot) = self.tasks.remove(&failing.task)
+        {
+            if let Some(old) = slot.task.as_mut() {
+                abandoned.extend(old.take_abandoned());
+            }
+            self.stop_task(slot, failing);
+        }
         let ids: Vec<TaskId> = self.tasks.keys().cloned().collect();
         let mut failed = None;
         for id in &ids {

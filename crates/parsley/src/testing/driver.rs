@@ -671,6 +671,9 @@ fn driver_config() -> WorkerConfig {
     WorkerConfig {
         commit_interval: Duration::ZERO,
         truncation_interval: Duration::from_secs(600),
+        // A failed step is retried at the next call, as before the task
+        // backoff existed: the driver's clock moves only when told.
+        task_backoff: crate::runtime::failure::Backoff::NONE,
         ..WorkerConfig::default()
     }
 }
@@ -1616,6 +1619,13 @@ impl TestDriver {
         }
         for (topic, partition) in touched {
             self.log.append_marker(&topic, partition);
+        }
+        // The failed task restarts from its committed state at once: the
+        // next run retries the step that failed.
+        for failure in self.worker.take_task_failures() {
+            if let Err(e) = self.worker.restart_task(&failure.task, &self.log) {
+                return e.into();
+            }
         }
         self.seek();
         error.into()

@@ -192,7 +192,7 @@ impl Thread {
                         topic,
                         partition,
                     }),
-                    TaskEvent::Held { .. } => None,
+                    TaskEvent::Held { .. } | TaskEvent::Diverted { .. } => None,
                 })
                 .collect(),
         }

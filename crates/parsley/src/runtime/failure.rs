@@ -1,0 +1,237 @@
+//! What the worker does when something fails: the backoff it waits before
+//! a retry, and the record of a task that failed.
+//!
+//! A task's failure stays at that task. The worker aborts the open
+//! transaction (it spans every task of the thread, so every task returns to
+//! its committed state), but only the failed task stops: its partitions
+//! stay assigned to the thread and their records are dropped until it
+//! restarts, so nothing past the failing record is committed for it. The
+//! other tasks carry on from their committed positions, and the group does
+//! not rebalance.
+//!
+//! Whether the failed task restarts is the host's error handler's call
+//! ([`Worker::restart_task`](crate::runtime::worker::Worker::restart_task));
+//! when it does, the worker restarts it after one step of the task
+//! backoff, so a failure that recurs at once (a record the logic always
+//! refuses) is met, and reported, once per step instead of in a loop.
+
+use std::time::Duration;
+
+use crate::task::TaskId;
+
+/// How long to wait before a retry: `initial` after the first failure,
+/// doubling with each further failure in a row, up to `max`. A run that
+/// lasted longer than `max` since the last retry starts the count again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// The wait after the first failure.
+    pub initial: Duration,
+    /// The longest wait.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Backoff {
+    /// No wait at all (a test host that retries at once).
+    pub const NONE: Backoff = Backoff {
+        initial: Duration::ZERO,
+        max: Duration::ZERO,
+    };
+
+    /// The wait after `in_a_row` earlier failures in a row.
+    pub fn step(&self, in_a_row: u32) -> Duration {
+        let factor = 1u32.checked_shl(in_a_row.min(31)).unwrap_or(u32::MAX);
+        self.initial.saturating_mul(factor).min(self.max)
+    }
+}
+
+/// A failure the host's Kafka client reported, sorted by the client's own
+/// classification of its error and nothing more: what follows is the
+/// worker's decision ([`Worker::on_fault`](crate::runtime::worker::Worker::on_fault)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The producer was fenced by a newer one with its transactional id
+    /// (or its epoch is stale), or the group moved on without this member:
+    /// another owner has the tasks now.
+    Fenced(String),
+    /// The client reports an error it will not recover from (the producer
+    /// or consumer must be recreated).
+    Fatal(String),
+    /// The open transaction cannot commit and must be aborted; the client
+    /// itself can go on.
+    Abortable(String),
+    /// A transactional call failed in a way the client says may succeed
+    /// if called again (a timeout among them): its effect is not known.
+    Retriable(String),
+    /// One record of the transaction handed over last was refused by the
+    /// client or the broker (too large, say): `record` is its index in
+    /// [`Transaction::records`](crate::runtime::worker::Transaction::records).
+    RecordRefused {
+        /// The record's index.
+        record: usize,
+        /// The topic it was for.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+        /// The emission it was, if it was one
+        /// ([`OutgoingRecord::origin`](crate::task::OutgoingRecord::origin)).
+        origin: Option<crate::task::EmissionOrigin>,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// Aborting the open transaction failed.
+    AbortFailed(String),
+    /// The consumer's poll reported an error; `fatal` as the client says.
+    Poll {
+        /// Whether the client gave up on the consumer.
+        fatal: bool,
+        /// The error.
+        message: String,
+    },
+}
+
+impl Fault {
+    /// The class's name, for logs and counters.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Fault::Fenced(_) => "fenced",
+            Fault::Fatal(_) => "fatal",
+            Fault::Abortable(_) => "abortable",
+            Fault::Retriable(_) => "retriable",
+            Fault::RecordRefused { .. } => "record-refused",
+            Fault::AbortFailed(_) => "abort-failed",
+            Fault::Poll { fatal: true, .. } => "poll-fatal",
+            Fault::Poll { fatal: false, .. } => "poll",
+        }
+    }
+}
+
+/// What the worker tells its host to do about a [`Fault`].
+#[derive(Debug)]
+pub enum Directive {
+    /// Call the step that failed again, after `after`.
+    Retry {
+        /// The wait first.
+        after: Duration,
+    },
+    /// Abort the open transaction, then report it
+    /// ([`CommitOutcome::Aborted`](crate::runtime::worker::CommitOutcome::Aborted)).
+    /// Every task returns to its committed state; for a refused record, the
+    /// task that made it stops ([`TaskFailure::refused`]).
+    Abort,
+    /// The worker dropped every task: leave the group and join again as a
+    /// new member, with a new producer.
+    Rejoin,
+    /// Stop the stream thread with this error; the error handler decides
+    /// what follows.
+    Fail(Box<crate::runtime::worker::WorkerError>),
+    /// Nothing to do: the client recovers by itself.
+    Continue,
+}
+
+/// A record of a task's transaction that the client or the broker
+/// refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefusedRecord {
+    /// The topic it was for.
+    pub topic: String,
+    /// Its partition.
+    pub partition: i32,
+    /// Why it was refused.
+    pub reason: String,
+    /// The emission it was, when it was one: which delivery made it, and
+    /// which of that delivery's emissions it was. Changelog records and
+    /// ticks have none, and cannot be sent elsewhere.
+    pub origin: Option<crate::task::EmissionOrigin>,
+}
+
+/// A task that failed and was stopped, for the host's error handler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskFailure {
+    /// The task.
+    pub task: TaskId,
+    /// Why it failed.
+    pub error: String,
+    /// Failures of this task in a row before this one (0 for the first).
+    pub earlier_in_a_row: u32,
+    /// The refused record, when that was the failure.
+    pub refused: Option<RefusedRecord>,
+}
+
+/// A stopped task, kept until it restarts or its partitions leave.
+#[derive(Clone, Debug)]
+pub(crate) struct Stopped {
+    /// When the host's handler asked for a restart, the time it is due.
+    pub(crate) restart_at: Option<i64>,
+}
+
+/// A task's failures in a row, kept across its restarts.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Streak {
+    /// Failures in a row so far.
+    pub(crate) failures: u32,
+    /// When the task last restarted after one.
+    pub(crate) restarted_at: Option<i64>,
+}
+
+impl Streak {
+    /// Counts a failure at `now`; returns the failures in a row before it.
+    /// A task that ran longer than the backoff's cap since its last restart
+    /// starts the count again.
+    pub(crate) fn fail(&mut self, now: i64, backoff: &Backoff) -> u32 {
+        let cap = i64::try_from(backoff.max.as_millis()).unwrap_or(i64::MAX);
+        if self
+            .restarted_at
+            .is_some_and(|at| now.saturating_sub(at) > cap)
+        {
+            self.failures = 0;
+        }
+        let earlier = self.failures;
+        self.failures = self.failures.saturating_add(1);
+        earlier
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_per_failure_in_a_row_up_to_its_cap() {
+        let b = Backoff {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(30),
+        };
+        let steps: Vec<u64> = (0..9).map(|k| b.step(k).as_millis() as u64).collect();
+        assert_eq!(
+            steps,
+            [
+                500, 1_000, 2_000, 4_000, 8_000, 16_000, 30_000, 30_000, 30_000
+            ]
+        );
+        assert_eq!(b.step(u32::MAX), b.max);
+        assert_eq!(Backoff::NONE.step(7), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_streak_starts_again_after_a_run_longer_than_the_cap() {
+        let b = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_millis(1_000),
+        };
+        let mut s = Streak::default();
+        assert_eq!(s.fail(0, &b), 0);
+        s.restarted_at = Some(100);
+        assert_eq!(s.fail(200, &b), 1, "failed again soon after the restart");
+        s.restarted_at = Some(500);
+        assert_eq!(s.fail(1_501, &b), 0, "ran longer than the cap");
+    }
+}
