@@ -117,6 +117,13 @@ pub enum TaskAct {
         /// Its offset.
         offset: i64,
     },
+    /// The task sent an emission to the dead-letter topic instead of its
+    /// sink: the next record of the transaction on the dead-letter topic,
+    /// unstamped, and no causal send.
+    DeadLettered {
+        /// The task.
+        task: String,
+    },
     /// The task sent a record (an emission or a tick): the next record of
     /// the transaction that is not a changelog record.
     Sent {
@@ -162,6 +169,65 @@ pub enum BeforeRevoke {
     Abort,
 }
 
+/// A failure the world injects at a thread's client, by class: what the
+/// host reports to its core, which decides what follows.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SimFault {
+    /// The producer was fenced by another with its transactional id.
+    Fenced,
+    /// The client failed for good.
+    Fatal,
+    /// The transaction must be aborted.
+    Abortable,
+    /// A commit step failed in a way that may pass on a retry.
+    Retriable,
+    /// One record of the transaction was refused; `dead_letter` says
+    /// whether the host's production handler sends it to the world's
+    /// dead-letter topic (else the task fails and restarts).
+    RecordRefused {
+        /// The record's index in the transaction.
+        record: usize,
+        /// The production handler's choice.
+        dead_letter: bool,
+    },
+    /// The consumer's poll reported an error.
+    Poll {
+        /// Whether the client gave up on the consumer.
+        fatal: bool,
+    },
+}
+
+/// What a thread's core told its host to do about a fault.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SimDirective {
+    /// Retry the step.
+    Retry,
+    /// Abort the transaction.
+    Abort,
+    /// Leave the group and join again as a new member.
+    Rejoin,
+    /// The thread failed (its replacement joins the group).
+    Fail,
+    /// Nothing to do.
+    Continue,
+}
+
+impl SimFault {
+    /// Whether `d` is a safe answer to this fault: one that never lets a
+    /// transaction of unknown fate, or a fenced producer, go on.
+    fn allows(self, d: SimDirective) -> bool {
+        use SimDirective::*;
+        match self {
+            SimFault::Fenced => d == Rejoin,
+            SimFault::Fatal => matches!(d, Fail | Rejoin),
+            SimFault::Abortable | SimFault::RecordRefused { .. } => d == Abort,
+            SimFault::Retriable => matches!(d, Retry | Rejoin),
+            SimFault::Poll { fatal: true } => matches!(d, Fail | Rejoin),
+            SimFault::Poll { fatal: false } => d == Continue,
+        }
+    }
+}
+
 /// One stream thread's host core, as the world drives it. Errors are the
 /// host's refusals; the world reports them as failures (a correct host in a
 /// correct world never refuses).
@@ -172,8 +238,9 @@ pub trait StreamThread {
     fn before_revoke(&self) -> BeforeRevoke;
     /// Partitions revoked.
     fn revoke(&mut self, parts: &[(String, i32)]) -> Result<(), String>;
-    /// One polled record handed over.
-    fn on_record(&mut self, record: Fetched) -> Result<(), String>;
+    /// One polled record handed over. A task's failure is the host's to
+    /// handle (abort, and its error handler), not a refusal.
+    fn on_record(&mut self, record: Fetched, broker: &SimBroker) -> Result<(), String>;
     /// The consumer position after a poll, with the highest offset the
     /// polls returned there.
     fn on_position(
@@ -182,13 +249,18 @@ pub trait StreamThread {
         partition: i32,
         position: i64,
         last_returned: Option<i64>,
+        broker: &SimBroker,
     ) -> Result<(), String>;
     /// The wall clock.
     fn punctuate(&mut self, now: i64, broker: &SimBroker) -> Result<(), String>;
     /// The open transaction if it is due.
-    fn poll_transaction(&mut self, now: i64) -> Result<Option<HostTransaction>, String>;
+    fn poll_transaction(
+        &mut self,
+        now: i64,
+        broker: &SimBroker,
+    ) -> Result<Option<HostTransaction>, String>;
     /// The open transaction now, if any.
-    fn flush(&mut self) -> Result<Option<HostTransaction>, String>;
+    fn flush(&mut self, broker: &SimBroker) -> Result<Option<HostTransaction>, String>;
     /// How the transaction handed over last ended.
     fn outcome(&mut self, outcome: Outcome, broker: &SimBroker) -> Result<(), String>;
     /// The host aborted the open (not handed over) work.
@@ -204,6 +276,21 @@ pub trait StreamThread {
     /// turn; the world offers a punctuation without moving the clock.
     fn needs_punctuation(&self) -> bool {
         false
+    }
+    /// A fault at the thread's client; the answer is what the host does.
+    /// Commit faults come while the transaction handed over last is in
+    /// flight. A host whose answer stops a task (a refused record) also
+    /// handles that task's failure, as its error handlers would.
+    fn fault(&mut self, fault: SimFault, broker: &SimBroker) -> Result<SimDirective, String>;
+    /// How long from `now` until the thread has timed work (a stopped
+    /// task's restart), if any: the world lets that much time pass.
+    fn wake_in(&self, _now: i64) -> Option<i64> {
+        None
+    }
+    /// Fetch pauses (`true`) and resumes to make, in order, before the
+    /// seeks.
+    fn take_flow(&mut self) -> Vec<(String, i32, bool)> {
+        Vec::new()
     }
 }
 
@@ -240,6 +327,10 @@ pub struct AppBudget {
     pub retention: u32,
     /// Outages of log-start lookups.
     pub lookup_failures: u32,
+    /// Client faults injected into commits (each of a random class).
+    pub faults: u32,
+    /// Consumer poll errors injected.
+    pub poll_faults: u32,
 }
 
 impl Default for AppBudget {
@@ -254,6 +345,8 @@ impl Default for AppBudget {
             clock_moves: 0,
             retention: 0,
             lookup_failures: 0,
+            faults: 0,
+            poll_faults: 0,
         }
     }
 }
@@ -295,6 +388,9 @@ pub struct AppWorldConfig {
     pub clock_step_ms: i64,
     /// Feedback hops of edge-produced records.
     pub hops: u32,
+    /// The topic refused records may be sent to instead of their sink (a
+    /// topic of `topics`), if any.
+    pub dead_letter_topic: Option<String>,
     /// Budgets.
     pub budget: AppBudget,
 }
@@ -336,6 +432,16 @@ pub struct AppStats {
     pub retention_moves: u64,
     /// Log-start lookup outages.
     pub lookup_failures: u64,
+    /// Faults injected, by class: fenced, fatal, abortable, retriable,
+    /// refused (failed), refused (dead-lettered), poll, fatal poll.
+    pub faults: [u64; 8],
+    /// Retriable faults whose retries ran out (the commit's fate unknown),
+    /// then committed by the coordinator, and then aborted.
+    pub unknown_fates: [u64; 2],
+    /// Dead letters committed.
+    pub dead_letters: u64,
+    /// Times the world let time pass for a thread's timed work.
+    pub wakes: u64,
 }
 
 impl AppStats {
@@ -358,6 +464,14 @@ impl AppStats {
         self.clock_moves += o.clock_moves;
         self.retention_moves += o.retention_moves;
         self.lookup_failures += o.lookup_failures;
+        for (a, b) in self.faults.iter_mut().zip(o.faults) {
+            *a += b;
+        }
+        for (a, b) in self.unknown_fates.iter_mut().zip(o.unknown_fates) {
+            *a += b;
+        }
+        self.dead_letters += o.dead_letters;
+        self.wakes += o.wakes;
     }
 }
 
@@ -392,6 +506,7 @@ struct Member {
     positions: BTreeMap<(String, i32), i64>,
     buffer: VecDeque<Fetched>,
     zombie: bool,
+    paused: BTreeSet<(String, i32)>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -407,6 +522,8 @@ enum Action {
     Zombie(usize),
     Retain(Channel, i64),
     LookupOutage,
+    PollFault(usize),
+    Wake(usize, i64),
 }
 
 /// A seeded application world. See the [module documentation](self).
@@ -560,6 +677,7 @@ impl AppWorld {
             positions: BTreeMap::new(),
             buffer: VecDeque::new(),
             zombie: false,
+            paused: BTreeSet::new(),
         });
     }
 
@@ -649,9 +767,10 @@ impl AppWorld {
             match self.members[i].thread.before_revoke() {
                 BeforeRevoke::Nothing => {}
                 BeforeRevoke::Commit => {
+                    let broker = &self.broker;
                     let txn = self.members[i]
                         .thread
-                        .flush()
+                        .flush(broker)
                         .map_err(|e| self.fail(format!("member {i}: flush refused: {e}")))?;
                     if let Some(txn) = txn {
                         self.commit(i, txn, CommitFate::Commit)?;
@@ -672,6 +791,7 @@ impl AppWorld {
                 .map_err(|e| self.fail(format!("member {i}: revoke refused: {e}")))?;
             self.members[i].buffer.clear();
             self.members[i].positions.clear();
+            self.members[i].paused.clear();
         }
         // The revocations ran under the old generation; the assignment is
         // the new one.
@@ -739,6 +859,13 @@ impl AppWorld {
     }
 
     fn apply_seeks(&mut self, i: usize) -> Result<(), AppFailure> {
+        for (t, p, paused) in self.members[i].thread.take_flow() {
+            if paused {
+                self.members[i].paused.insert((t, p));
+            } else {
+                self.members[i].paused.remove(&(t, p));
+            }
+        }
         for (t, p, offset) in self.members[i].thread.take_seeks() {
             let Some(c) = self.channel(&t, p) else {
                 return Err(self.fail(format!("seek to unknown topic {t}")));
@@ -796,7 +923,7 @@ impl AppWorld {
                     continue;
                 };
                 let pos = m.positions.get(&(t.clone(), *p)).copied().unwrap_or(0);
-                if pos < self.broker.end_offset(c) {
+                if pos < self.broker.end_offset(c) && !m.paused.contains(&(t.clone(), *p)) {
                     out.push((4, Action::Poll(i, k)));
                 }
             }
@@ -811,6 +938,12 @@ impl AppWorld {
             }
             if m.thread.needs_punctuation() {
                 out.push((2, Action::Retry(i)));
+            }
+            if let Some(wait) = m.thread.wake_in(self.now) {
+                out.push((2, Action::Wake(i, wait.max(0))));
+            }
+            if self.budget.poll_faults > 0 {
+                out.push((1, Action::PollFault(i)));
             }
             if self.budget.crashes > 0 {
                 out.push((1, Action::Crash(i)));
@@ -880,9 +1013,10 @@ impl AppWorld {
                 let Some(record) = self.members[i].buffer.pop_front() else {
                     return Ok(());
                 };
+                let broker = &self.broker;
                 self.members[i]
                     .thread
-                    .on_record(record)
+                    .on_record(record, broker)
                     .map_err(|e| self.fail(format!("member {i}: record refused: {e}")))?;
             }
             Action::Clock(i) => {
@@ -907,14 +1041,29 @@ impl AppWorld {
             }
             Action::Commit(i) => {
                 let now = self.now + self.config.clock_step_ms;
+                let broker = &self.broker;
                 let txn = if self.rng.random_bool(0.5) {
-                    self.members[i].thread.poll_transaction(now)
+                    self.members[i].thread.poll_transaction(now, broker)
                 } else {
-                    self.members[i].thread.flush()
+                    self.members[i].thread.flush(broker)
                 }
                 .map_err(|e| self.fail(format!("member {i}: transaction refused: {e}")))?;
                 if let Some(txn) = txn {
-                    let fate = if self.budget.aborts > 0 && self.rng.random_bool(0.3) {
+                    let fate = if self.budget.faults > 0 && self.rng.random_bool(0.3) {
+                        self.budget.faults -= 1;
+                        let fault = match self.rng.random_range(0..5) {
+                            0 => SimFault::Fenced,
+                            1 => SimFault::Fatal,
+                            2 => SimFault::Abortable,
+                            3 => SimFault::Retriable,
+                            _ => SimFault::RecordRefused {
+                                record: self.refusable(&txn),
+                                dead_letter: self.config.dead_letter_topic.is_some()
+                                    && self.rng.random_bool(0.5),
+                            },
+                        };
+                        CommitFate::Fault(fault)
+                    } else if self.budget.aborts > 0 && self.rng.random_bool(0.3) {
                         self.budget.aborts -= 1;
                         CommitFate::Abort
                     } else if self.budget.crashes > 0 && self.rng.random_bool(0.1) {
@@ -945,6 +1094,27 @@ impl AppWorld {
                 let start = self.broker.log_start(c);
                 let to = self.rng.random_range(start + 1..=bound);
                 self.broker.advance_log_start(c, to);
+            }
+            Action::PollFault(i) => {
+                self.budget.poll_faults -= 1;
+                let fatal = self.rng.random_bool(0.3);
+                let fault = SimFault::Poll { fatal };
+                self.stats.faults[if fatal { 7 } else { 6 }] += 1;
+                let d = self.answer(i, fault)?;
+                if d != SimDirective::Continue {
+                    // The thread failed, or rejoins: nothing was in flight.
+                    self.replace(i)?;
+                }
+            }
+            Action::Wake(i, wait) => {
+                self.stats.wakes += 1;
+                self.now += wait;
+                let now = self.now;
+                let broker = &self.broker;
+                self.members[i]
+                    .thread
+                    .punctuate(now, broker)
+                    .map_err(|e| self.fail(format!("member {i}: punctuate refused: {e}")))?;
             }
             Action::LookupOutage => {
                 self.budget.lookup_failures -= 1;
@@ -1022,9 +1192,10 @@ impl AppWorld {
         if buffered_before > 0 {
             self.stats.early_positions += 1;
         }
+        let broker = &self.broker;
         self.members[i]
             .thread
-            .on_position(&t, p, position, last_returned)
+            .on_position(&t, p, position, last_returned, broker)
             .map_err(|e| self.fail(format!("member {i}: position refused: {e}")))
     }
 
@@ -1040,12 +1211,144 @@ impl AppWorld {
 
     /// Commits (or aborts, or crashes during) a transaction of member `i`,
     /// judging it through the oracle when it commits.
+    /// A record of `txn` to refuse: mostly an emission (a record that is
+    /// not a changelog record), sometimes any record.
+    fn refusable(&mut self, txn: &HostTransaction) -> usize {
+        let emissions: Vec<usize> = txn
+            .records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.topic.ends_with("-changelog"))
+            .map(|(i, _)| i)
+            .collect();
+        if !emissions.is_empty() && self.rng.random_bool(0.75) {
+            emissions[self.rng.random_range(0..emissions.len())]
+        } else {
+            self.rng.random_range(0..txn.records.len().max(1))
+        }
+    }
+
+    /// Asks member `i`'s thread what to do about `fault`, and checks the
+    /// answer is a safe one for its class.
+    fn answer(&mut self, i: usize, fault: SimFault) -> Result<SimDirective, AppFailure> {
+        let broker = &self.broker;
+        let d = self.members[i]
+            .thread
+            .fault(fault, broker)
+            .map_err(|e| self.fail(format!("member {i}: fault {fault:?} refused: {e}")))?;
+        if !fault.allows(d) {
+            return Err(self.fail(format!(
+                "member {i}: {fault:?} answered with {d:?}, which lets an unsafe transaction or client go on"
+            )));
+        }
+        Ok(d)
+    }
+
+    /// Member `i`'s thread is gone (it failed, or left to rejoin): a new
+    /// member takes its place, and the group rebalances.
+    fn replace(&mut self, i: usize) -> Result<(), AppFailure> {
+        self.members.remove(i);
+        self.add_member();
+        self.rebalance(None)
+    }
+
+    /// Leaves a transaction's records in the log as aborted records.
+    fn abort_records(&mut self, txn: &HostTransaction) -> Result<(), AppFailure> {
+        let touched: BTreeSet<(String, i32)> = txn
+            .records
+            .iter()
+            .map(|r| (r.topic.clone(), r.partition))
+            .collect();
+        for r in &txn.records {
+            let Some(c) = self.channel(&r.topic, r.partition) else {
+                return Err(self.fail(format!("produce to unknown topic {}", r.topic)));
+            };
+            let record = self.stored(r, usize::MAX)?;
+            self.broker.append(c, record, false);
+            self.stats.aborted_records += 1;
+        }
+        for (t, p) in &touched {
+            if let Some(c) = self.channel(t, *p) {
+                self.broker.append_marker(c, false);
+            }
+        }
+        Ok(())
+    }
+
+    /// A commit of member `i` meets a client fault; the thread's answer is
+    /// carried out as a host would.
+    fn faulted(
+        &mut self,
+        i: usize,
+        txn: HostTransaction,
+        fault: SimFault,
+    ) -> Result<(), AppFailure> {
+        let class = match fault {
+            SimFault::Fenced => 0,
+            SimFault::Fatal => 1,
+            SimFault::Abortable => 2,
+            SimFault::Retriable => 3,
+            SimFault::RecordRefused {
+                dead_letter: false, ..
+            } => 4,
+            SimFault::RecordRefused { .. } => 5,
+            SimFault::Poll { fatal: false } => 6,
+            SimFault::Poll { fatal: true } => 7,
+        };
+        let fault = match fault {
+            SimFault::RecordRefused { .. } if txn.records.is_empty() => SimFault::Abortable,
+            other => other,
+        };
+        self.stats.faults[class] += 1;
+        let stale = self.members[i].generation != self.generation || self.members[i].zombie;
+        loop {
+            match self.answer(i, fault)? {
+                SimDirective::Retry => {
+                    if self.rng.random_bool(0.3) {
+                        // The retried step went through.
+                        return self.commit(i, txn, CommitFate::Commit);
+                    }
+                }
+                SimDirective::Abort => {
+                    self.abort_records(&txn)?;
+                    self.stats.aborts += 1;
+                    let broker = &self.broker;
+                    self.members[i]
+                        .thread
+                        .outcome(Outcome::Aborted, broker)
+                        .map_err(|e| self.fail(format!("member {i}: abort refused: {e}")))?;
+                    return self.apply_seeks(i);
+                }
+                SimDirective::Rejoin | SimDirective::Fail => {
+                    if fault == SimFault::Retriable && !stale && self.rng.random_bool(0.5) {
+                        // The commit's fate was unknown to the thread; the
+                        // coordinator had recorded it.
+                        self.stats.unknown_fates[0] += 1;
+                        self.judge(&txn)?;
+                    } else {
+                        if fault == SimFault::Retriable {
+                            self.stats.unknown_fates[1] += 1;
+                        }
+                        self.abort_records(&txn)?;
+                    }
+                    return self.replace(i);
+                }
+                SimDirective::Continue => {
+                    return Err(self.fail(format!("member {i}: {fault:?} answered Continue")));
+                }
+            }
+        }
+    }
+
     fn commit(
         &mut self,
         i: usize,
         txn: HostTransaction,
         fate: CommitFate,
     ) -> Result<(), AppFailure> {
+        if let CommitFate::Fault(fault) = fate {
+            return self.faulted(i, txn, fault);
+        }
         // EOS v2 fences a zombie through the offset commit, which carries
         // the member's group generation: a transaction without offsets is
         // not fenced (a host must never send one).
@@ -1059,25 +1362,8 @@ impl AppWorld {
             return self.crash(i);
         }
         let holding = !self.members[i].thread.held_heads().is_empty();
-        let touched: BTreeSet<(String, i32)> = txn
-            .records
-            .iter()
-            .map(|r| (r.topic.clone(), r.partition))
-            .collect();
         if stale || fate != CommitFate::Commit {
-            for r in &txn.records {
-                let Some(c) = self.channel(&r.topic, r.partition) else {
-                    return Err(self.fail(format!("produce to unknown topic {}", r.topic)));
-                };
-                let record = self.stored(r, usize::MAX)?;
-                self.broker.append(c, record, false);
-                self.stats.aborted_records += 1;
-            }
-            for (t, p) in &touched {
-                if let Some(c) = self.channel(t, *p) {
-                    self.broker.append_marker(c, false);
-                }
-            }
+            self.abort_records(&txn)?;
             let broker = &self.broker;
             if stale {
                 self.stats.fenced += 1;
@@ -1105,7 +1391,22 @@ impl AppWorld {
                 .map_err(|e| self.fail(format!("member {i}: abort refused: {e}")))?;
             return self.apply_seeks(i);
         }
-        // Judge, then append and commit.
+        self.judge(&txn)?;
+        let broker = &self.broker;
+        self.members[i]
+            .thread
+            .outcome(Outcome::Committed, broker)
+            .map_err(|e| self.fail(format!("member {i}: commit refused: {e}")))
+    }
+
+    /// Judges a committed transaction through the oracle,
+    /// then appends it and commits its offsets.
+    fn judge(&mut self, txn: &HostTransaction) -> Result<(), AppFailure> {
+        let touched: BTreeSet<(String, i32)> = txn
+            .records
+            .iter()
+            .map(|r| (r.topic.clone(), r.partition))
+            .collect();
         let mut staged: BTreeSet<ActorId> = BTreeSet::new();
         let mut pending: VecDeque<(ActorId, PendingSend, String, i32)> = VecDeque::new();
         let mut delivered: Vec<(String, (String, i32, i64))> = Vec::new();
@@ -1113,6 +1414,7 @@ impl AppWorld {
         for act in &txn.acts {
             let task = match act {
                 TaskAct::Delivered { task, .. } | TaskAct::Sent { task, .. } => task,
+                TaskAct::DeadLettered { .. } => continue,
             };
             let Some(&actor) = self.task_actor.get(task) else {
                 result = Err(format!("unknown task {task}"));
@@ -1150,6 +1452,7 @@ impl AppWorld {
                     let p = self.oracle.emit(actor);
                     pending.push_back((actor, p, topic.clone(), *partition));
                 }
+                TaskAct::DeadLettered { .. } => {}
             }
         }
         if let Err(message) = result {
@@ -1164,7 +1467,17 @@ impl AppWorld {
                 return Err(self.fail(format!("produce to unknown topic {}", r.topic)));
             };
             let mut oracle_id = usize::MAX;
-            if !changelog(&r.topic) {
+            if self.config.dead_letter_topic.as_deref() == Some(r.topic.as_str()) {
+                // Unstamped, and no causal send: the oracle never hears of
+                // it, and nothing waits for it.
+                if r.headers.iter().any(|h| h.name() == "vc") {
+                    return Err(self.fail(format!(
+                        "a dead letter on {}:{} carries a clock",
+                        r.topic, r.partition
+                    )));
+                }
+                self.stats.dead_letters += 1;
+            } else if !changelog(&r.topic) {
                 let Some((_, p, t, part)) = pending.pop_front() else {
                     return Err(self.fail(format!(
                         "a record to {}:{} with no task send behind it",
@@ -1206,11 +1519,7 @@ impl AppWorld {
             self.oracle.commit(a);
         }
         self.stats.commits += 1;
-        let broker = &self.broker;
-        self.members[i]
-            .thread
-            .outcome(Outcome::Committed, broker)
-            .map_err(|e| self.fail(format!("member {i}: commit refused: {e}")))
+        Ok(())
     }
 
     fn stored(&self, r: &Produced, oracle_id: usize) -> Result<StoredRecord, AppFailure> {
@@ -1240,4 +1549,5 @@ enum CommitFate {
     Commit,
     Abort,
     Crash,
+    Fault(SimFault),
 }

@@ -59,6 +59,8 @@ struct App {
     /// Stateful stages and, per source topic, whether it folds.
     folds: Vec<(&'static str, Vec<&'static str>, bool)>,
     edges: Vec<EdgeSpec>,
+    /// The dead-letter topic refused emissions may go to.
+    dead_letter: Option<String>,
 }
 
 impl App {
@@ -110,7 +112,50 @@ fn settlement() -> App {
         ],
         folds: vec![("ledger", vec!["order-log", "payments"], false)],
         edges: vec![EdgeSpec::producer("shop", &[("orders", 0), ("orders", 1)])],
+        dead_letter: None,
     }
+}
+
+/// The settlement shape with a checkout whose logic fails now and then (a
+/// passing failure: three times per world, on keys divisible by five), and
+/// a dead-letter topic for refused emissions.
+fn faulty_settlement() -> App {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let mut a = settlement();
+    let (orders, log, payments) = (topic("orders"), topic("order-log"), topic("payments"));
+    let (l, p) = (log.clone(), payments.clone());
+    let flaky = Arc::new(AtomicU32::new(3));
+    let checkout = Stage::named("checkout")
+        .on(
+            &orders,
+            move |m: &Message<K, V>| -> Result<Vec<Emission>, String> {
+                if m.key().is_some_and(|k| k % 5 == 0)
+                    && flaky
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok()
+                {
+                    return Err("a passing failure".into());
+                }
+                Ok(vec![
+                    l.send(m.key().copied(), m.value().cloned()),
+                    p.send(m.key().copied(), m.value().cloned()),
+                ])
+            },
+        )
+        .sink(&log)
+        .sink(&payments)
+        .build()
+        .unwrap();
+    let ledger = a
+        .app
+        .stage("ledger")
+        .cloned()
+        .expect("the settlement has a ledger");
+    a.app = Parsley::named("shop", [checkout, ledger]).unwrap();
+    a.topics.push(("dead".into(), 2));
+    a.dead_letter = Some("dead".into());
+    a
 }
 
 /// A stateful stage with a tick fold: per-key chains plus a tick counter
@@ -147,6 +192,7 @@ fn ticking() -> App {
             "source",
             &[("events", 0), ("events", 1)],
         )],
+        dead_letter: None,
     }
 }
 
@@ -206,6 +252,7 @@ fn diamond() -> App {
         topics,
         folds: vec![("join", vec!["joined-l", "joined-r"], false)],
         edges: vec![EdgeSpec::producer("source", &[("src", 0), ("src", 1)])],
+        dead_letter: None,
     }
 }
 
@@ -249,6 +296,7 @@ fn cycle() -> App {
         ],
         folds: vec![("tally", vec!["echo"], false)],
         edges: vec![EdgeSpec::producer("source", &[("ping", 0), ("ping", 1)])],
+        dead_letter: None,
     }
 }
 
@@ -256,6 +304,10 @@ fn worker_config() -> WorkerConfig {
     WorkerConfig {
         commit_interval: Duration::from_millis(50),
         truncation_interval: Duration::from_millis(400),
+        task_backoff: parsley::runtime::worker::Backoff {
+            initial: Duration::from_millis(50),
+            max: Duration::from_millis(400),
+        },
         ..WorkerConfig::default()
     }
 }
@@ -271,6 +323,8 @@ fn full_budget() -> AppBudget {
         clock_moves: 30,
         retention: 12,
         lookup_failures: 3,
+        faults: 0,
+        poll_faults: 0,
     }
 }
 
@@ -298,6 +352,7 @@ fn world_config(a: &App, budget: AppBudget, hops: u32) -> AppWorldConfig {
         poll_batch: 3,
         clock_step_ms: 120,
         hops,
+        dead_letter_topic: a.dead_letter.clone(),
         budget,
     }
 }
@@ -312,8 +367,14 @@ fn world(
     let stats: Rc<RefCell<BridgeStats>> = Rc::default();
     let app = a.app.clone();
     let s = stats.clone();
-    let factory: ThreadFactory =
-        Box::new(move |_| Box::new(Thread::new(&app, worker_config(), fault, s.clone())));
+    let dead_letter = a.dead_letter.clone();
+    let factory: ThreadFactory = Box::new(move |_| {
+        let t = Thread::new(&app, worker_config(), fault, s.clone());
+        Box::new(match &dead_letter {
+            Some(topic) => t.with_dead_letter(topic),
+            None => t,
+        })
+    });
     let w = AppWorld::new(world_config(a, budget, hops), factory, seed)?;
     Ok((w, stats))
 }
@@ -498,6 +559,60 @@ fn settlement_pipeline() {
         "task starts retried after a failed lookup",
         |r| r.bridge.start_retries > 0,
     );
+}
+
+/// Every class of client fault, injected into commits and polls, with
+/// logic that fails now and then: each fault's answer is checked for safety
+/// by the world, and every committed delivery by the oracle. A failed task
+/// stops alone and restarts after its backoff; refused emissions fail their
+/// task or go to the dead-letter topic; a commit whose retries run out has
+/// an unknown fate, and the world commits or aborts it.
+#[test]
+fn faults_of_every_class() {
+    let budget = AppBudget {
+        faults: 20,
+        poll_faults: 4,
+        ..full_budget()
+    };
+    let name = "faults";
+    let runs = sweep(name, faulty_settlement, budget, 0);
+    common_floors(name, &runs);
+    for (class, what) in [
+        (0, "fenced producers"),
+        (1, "fatal client errors"),
+        (2, "abortable errors"),
+        (3, "retriable commit errors"),
+        (4, "refused records that failed their task"),
+        (5, "refused records sent to the dead-letter topic"),
+        (6, "transient poll errors"),
+        (7, "fatal poll errors"),
+    ] {
+        floor(name, &runs, what, |r| r.world.faults[class] > 0);
+    }
+    floor(
+        name,
+        &runs,
+        "commits of unknown fate that had committed",
+        |r| r.world.unknown_fates[0] > 0,
+    );
+    floor(
+        name,
+        &runs,
+        "commits of unknown fate that had aborted",
+        |r| r.world.unknown_fates[1] > 0,
+    );
+    floor(name, &runs, "dead letters committed", |r| {
+        r.world.dead_letters > 0
+    });
+    floor(
+        name,
+        &runs,
+        "failed tasks restarted after their backoff",
+        |r| r.bridge.task_restarts > 0 && r.world.wakes > 0,
+    );
+    floor(name, &runs, "task failures from the logic", |r| {
+        r.bridge.task_failures > r.world.faults[4] + r.world.faults[5]
+    });
 }
 
 #[test]

@@ -1003,8 +1003,17 @@ impl Worker {
             cluster,
             cluster,
         )?;
-        if let Some(d) = self.diversions.get(id) {
-            stores.diverted = d.clone();
+        if let Some(diversions) = self.diversions.get_mut(id) {
+            for d in diversions.values_mut() {
+                d.partitions = cluster
+                    .describe(&d.topic)
+                    .map_err(|cause| TaskError::Metadata {
+                        task: id.clone(),
+                        cause,
+                    })?
+                    .partitions;
+            }
+            stores.diverted = diversions.clone();
         }
         let mut task = Task::init(
             &self.app,
@@ -1783,18 +1792,13 @@ impl Worker {
         if !self.stopped.contains_key(task) {
             return Ok(false);
         }
-        let partitions = cluster
-            .describe(topic)
-            .map_err(|cause| TaskError::Metadata {
-                task: task.clone(),
-                cause,
-            })?
-            .partitions;
+        // The topic's partition count is looked up when the task starts,
+        // where a failed lookup is retried.
         self.diversions.entry(task.clone()).or_default().insert(
             origin,
             Diversion {
                 topic: topic.to_owned(),
-                partitions,
+                partitions: 0,
                 reason: refused.reason.clone(),
             },
         );

@@ -11,10 +11,11 @@ use parsley::Parsley;
 use parsley::protocol::{BrokerOffsets, BrokerOffsetsError, Channel, TopicId, TopicOffsets};
 use parsley::runtime::changelog::{ChangelogReader, ChangelogRecord};
 use parsley::runtime::worker::*;
+use parsley::task::EmissionOrigin;
 use parsley::task::{MetadataError, TaskEvent, TopicDescription, TopicMetadata};
 use parsley_sim::{
-    Assigned, BeforeRevoke, Fetched, HostTransaction, Outcome, Produced, SimBroker, StreamThread,
-    TaskAct, TaskSpec,
+    Assigned, BeforeRevoke, Fetched, HostTransaction, Outcome, Produced, SimBroker, SimDirective,
+    SimFault, StreamThread, TaskAct, TaskSpec,
 };
 
 /// The simulated broker as the worker sees a cluster.
@@ -112,6 +113,12 @@ pub struct BridgeStats {
     pub restored_with_held: u64,
     /// Task starts retried after a failed lookup.
     pub start_retries: u64,
+    /// Tasks that failed and stopped.
+    pub task_failures: u64,
+    /// Stopped tasks restarted.
+    pub task_restarts: u64,
+    /// Refused emissions sent to the dead-letter topic.
+    pub diverted: u64,
 }
 
 /// One stream thread: a worker and its fault, if any.
@@ -122,6 +129,12 @@ pub struct Thread {
     stats: Rc<RefCell<BridgeStats>>,
     seen: WorkerStats,
     just_aborted: bool,
+    /// The last transaction's records, as (topic, partition, origin).
+    last: Vec<(String, i32, Option<EmissionOrigin>)>,
+    /// The dead-letter topic, if the production handler uses one.
+    dead_letter: Option<String>,
+    /// The production handler's choice for the record refused last.
+    divert_next: bool,
 }
 
 impl Thread {
@@ -138,6 +151,60 @@ impl Thread {
             stats,
             seen: WorkerStats::default(),
             just_aborted: false,
+            last: Vec::new(),
+            dead_letter: None,
+            divert_next: false,
+        }
+    }
+
+    /// A production error handler that may send refused emissions to
+    /// `topic`.
+    pub fn with_dead_letter(mut self, topic: &str) -> Thread {
+        self.dead_letter = Some(topic.to_owned());
+        self
+    }
+
+    /// What a host does after an abort: every task that failed meets the
+    /// handlers. A refused emission goes to the dead-letter topic when the
+    /// production handler chose it; everything else restarts after its
+    /// backoff (the uncaught error handler's `ReplaceThread`).
+    fn handle_failures(&mut self, broker: &SimBroker) -> Result<(), String> {
+        for f in self.worker.take_task_failures() {
+            self.stats.borrow_mut().task_failures += 1;
+            if let (Some(refused), Some(topic), true) =
+                (&f.refused, self.dead_letter.clone(), self.divert_next)
+                && refused.origin.is_some()
+            {
+                self.worker
+                    .divert(&f.task, refused, &topic, &View(broker))
+                    .map_err(err)?;
+                self.stats.borrow_mut().diverted += 1;
+                continue;
+            }
+            if self
+                .worker
+                .restart_task(&f.task, &View(broker))
+                .map_err(err)?
+                .is_some()
+            {
+                self.stats.borrow_mut().task_restarts += 1;
+            }
+        }
+        self.divert_next = false;
+        Ok(())
+    }
+
+    /// A refusal from the worker: a task's failure is aborted and handled
+    /// (as a host does); anything else is the host's refusal.
+    fn recover(&mut self, r: Result<(), WorkerError>, broker: &SimBroker) -> Result<(), String> {
+        match r {
+            Ok(()) => Ok(()),
+            Err(_) if self.worker.failing_task().is_some() && !self.worker.in_flight() => {
+                self.just_aborted = true;
+                self.worker.abort(&View(broker)).map_err(err)?;
+                self.handle_failures(broker)
+            }
+            Err(e) => Err(err(e)),
         }
     }
 
@@ -154,8 +221,14 @@ impl Thread {
         self.seen = now;
     }
 
-    fn convert(&self, txn: Transaction) -> HostTransaction {
+    fn convert(&mut self, txn: Transaction) -> HostTransaction {
         let skip = self.fault == Some(HostFault::SkipChangelogWrites);
+        self.last = txn
+            .records
+            .iter()
+            .filter(|r| !(skip && r.topic.ends_with("-changelog")))
+            .map(|r| (r.topic.clone(), r.partition, r.origin))
+            .collect();
         HostTransaction {
             records: txn
                 .records
@@ -192,7 +265,10 @@ impl Thread {
                         topic,
                         partition,
                     }),
-                    TaskEvent::Held { .. } | TaskEvent::Diverted { .. } => None,
+                    TaskEvent::Diverted { .. } => Some(TaskAct::DeadLettered {
+                        task: e.task.to_string(),
+                    }),
+                    TaskEvent::Held { .. } => None,
                 })
                 .collect(),
         }
@@ -290,18 +366,17 @@ impl StreamThread for Thread {
         self.worker.revoke(&all).map_err(err)
     }
 
-    fn on_record(&mut self, r: Fetched) -> Result<(), String> {
-        self.worker
-            .on_record(PolledRecord {
-                topic: r.topic,
-                partition: r.partition,
-                offset: r.offset,
-                timestamp: r.timestamp,
-                key: r.key,
-                value: r.value,
-                headers: r.headers,
-            })
-            .map_err(err)
+    fn on_record(&mut self, r: Fetched, broker: &SimBroker) -> Result<(), String> {
+        let result = self.worker.on_record(PolledRecord {
+            topic: r.topic,
+            partition: r.partition,
+            offset: r.offset,
+            timestamp: r.timestamp,
+            key: r.key,
+            value: r.value,
+            headers: r.headers,
+        });
+        self.recover(result, broker)
     }
 
     fn on_position(
@@ -310,34 +385,42 @@ impl StreamThread for Thread {
         partition: i32,
         position: i64,
         last_returned: Option<i64>,
+        broker: &SimBroker,
     ) -> Result<(), String> {
         let last = if self.fault == Some(HostFault::EarlyPositionReport) {
             None
         } else {
             last_returned
         };
-        let r = self
-            .worker
-            .on_position(topic, partition, position, last)
-            .map_err(err);
+        let r = self.worker.on_position(topic, partition, position, last);
+        let r = self.recover(r, broker);
         self.account();
         r
     }
 
     fn punctuate(&mut self, now: i64, broker: &SimBroker) -> Result<(), String> {
-        let r = self.worker.punctuate(now, &View(broker)).map_err(err);
+        let r = self.worker.punctuate(now, &View(broker));
+        let r = self.recover(r, broker);
         self.account();
         r
     }
 
-    fn poll_transaction(&mut self, now: i64) -> Result<Option<HostTransaction>, String> {
-        let t = self.worker.poll_transaction(now).map_err(err)?;
-        Ok(t.map(|t| self.convert(t)))
+    fn poll_transaction(
+        &mut self,
+        now: i64,
+        broker: &SimBroker,
+    ) -> Result<Option<HostTransaction>, String> {
+        match self.worker.poll_transaction(now) {
+            Ok(t) => Ok(t.map(|t| self.convert(t))),
+            Err(e) => self.recover(Err(e), broker).map(|()| None),
+        }
     }
 
-    fn flush(&mut self) -> Result<Option<HostTransaction>, String> {
-        let t = self.worker.flush().map_err(err)?;
-        Ok(t.map(|t| self.convert(t)))
+    fn flush(&mut self, broker: &SimBroker) -> Result<Option<HostTransaction>, String> {
+        match self.worker.flush() {
+            Ok(t) => Ok(t.map(|t| self.convert(t))),
+            Err(e) => self.recover(Err(e), broker).map(|()| None),
+        }
     }
 
     fn outcome(&mut self, outcome: Outcome, broker: &SimBroker) -> Result<(), String> {
@@ -349,12 +432,64 @@ impl StreamThread for Thread {
         self.just_aborted = o == CommitOutcome::Aborted;
         let r = self.worker.commit_outcome(o, &View(broker)).map_err(err);
         self.account();
-        r
+        r?;
+        self.handle_failures(broker)
     }
 
     fn abort(&mut self, broker: &SimBroker) -> Result<(), String> {
         self.just_aborted = true;
-        self.worker.abort(&View(broker)).map(|_| ()).map_err(err)
+        self.worker.abort(&View(broker)).map(|_| ()).map_err(err)?;
+        self.handle_failures(broker)
+    }
+
+    fn fault(&mut self, fault: SimFault, _broker: &SimBroker) -> Result<SimDirective, String> {
+        let fault = match fault {
+            SimFault::Fenced => Fault::Fenced("producer fenced (simulated)".into()),
+            SimFault::Fatal => Fault::Fatal("client failed (simulated)".into()),
+            SimFault::Abortable => Fault::Abortable("abortable (simulated)".into()),
+            SimFault::Retriable => Fault::Retriable("timed out (simulated)".into()),
+            SimFault::RecordRefused {
+                record,
+                dead_letter,
+            } => {
+                self.divert_next = dead_letter;
+                let Some((topic, partition, origin)) = self.last.get(record).cloned() else {
+                    return Err(format!("no record {record} in the transaction"));
+                };
+                Fault::RecordRefused {
+                    record,
+                    topic,
+                    partition,
+                    origin,
+                    reason: "too large (simulated)".into(),
+                }
+            }
+            SimFault::Poll { fatal } => Fault::Poll {
+                fatal,
+                message: "poll error (simulated)".into(),
+            },
+        };
+        Ok(match self.worker.on_fault(fault) {
+            Directive::Retry { .. } => SimDirective::Retry,
+            Directive::Abort => SimDirective::Abort,
+            Directive::Rejoin => SimDirective::Rejoin,
+            Directive::Fail(_) => SimDirective::Fail,
+            Directive::Continue => SimDirective::Continue,
+        })
+    }
+
+    fn wake_in(&self, now: i64) -> Option<i64> {
+        self.worker
+            .restart_due_in(now)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    }
+
+    fn take_flow(&mut self) -> Vec<(String, i32, bool)> {
+        self.worker
+            .take_flow_changes()
+            .into_iter()
+            .map(|f| (f.topic, f.partition, f.paused))
+            .collect()
     }
 
     fn take_seeks(&mut self) -> Vec<(String, i32, i64)> {
