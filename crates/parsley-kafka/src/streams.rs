@@ -634,6 +634,7 @@ impl CausalStreams {
             let mut topics: Vec<&str> = stage.source_topics();
             topics.extend(stage.sink_topics());
             topics.extend(tick);
+            topics.extend(stage.corrupt_headers_dead_letter());
             for t in topics {
                 match cluster.describe(t) {
                     Ok(d) => {

@@ -528,3 +528,62 @@ fn a_record_the_broker_refuses_fails_its_task_or_goes_to_the_dead_letter_topic()
         }
     }
 }
+
+/// With the stage's opt-in, a record with a corrupt `vc` header goes to the
+/// dead-letter topic, bytes and headers unchanged, and the stage goes on
+/// past it: no failure, no rebalance, counted in the task's metrics.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_corrupt_clock_with_the_opt_in_goes_to_the_dead_letter_topic_and_the_stage_goes_on() {
+    let (i, o, dlq, app_id) = (unique("in"), unique("out"), unique("dlq"), unique("app"));
+    create_topics(&[(&i, 2), (&o, 1), (&dlq, 1)]);
+    let (input, output) = (topic(&i), topic(&o));
+    let mut builder = Stage::named("echo");
+    let out = builder.add_sink(&output);
+    let stage = builder
+        .on(&input, move |m: &Message<String, String>| {
+            vec![out.send(m.key().cloned(), m.value().cloned())]
+        })
+        .dead_letter_corrupt_headers(dlq.as_str())
+        .build()
+        .unwrap();
+    let app = Parsley::named(app_id.as_str(), [stage]).unwrap();
+    let mut s = streams(&app, "a");
+    let failures = Arc::new(AtomicUsize::new(0));
+    let seen = failures.clone();
+    s.set_uncaught_error_handler(move |_| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        ErrorResponse::ShutdownClient
+    });
+    s.start().unwrap();
+    s.wait_until_running(Duration::from_secs(30)).unwrap();
+    produce(&i, 1, "before");
+    assert_eq!(values(&o, 1, 1), vec!["before"]);
+    produce_with_clock(&i, 1, b"\xff\x00 not a clock");
+    produce(&i, 1, "after");
+    assert_eq!(values(&o, 1, 2), vec!["before", "after"]);
+    let dead = common::read_committed(&dlq, 1, 1, Duration::from_secs(30));
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].value, "corrupt");
+    let header = |n: &str| {
+        dead[0]
+            .headers
+            .iter()
+            .find(|(k, _)| k == n)
+            .and_then(|(_, v)| v.clone())
+    };
+    assert_eq!(header("vc"), Some(b"\xff\x00 not a clock".to_vec()), "unchanged");
+    assert_eq!(header("parsley.dlq.offset"), Some(b"1".to_vec()));
+    assert_eq!(header("parsley.dlq.topic"), Some(i.clone().into_bytes()));
+    wait_for("the metric", || {
+        s.metrics()
+            .iter()
+            .map(|m| m.records_dead_lettered_total)
+            .sum::<u64>()
+            == 1
+    });
+    assert_eq!(failures.load(Ordering::SeqCst), 0, "nothing failed");
+    assert_eq!(s.state(), StreamsState::Running);
+    s.close(Duration::from_secs(30)).unwrap();
+    assert_eq!(assignments::count(&app_id), 1, "no rebalance but the join");
+}

@@ -14,7 +14,7 @@ pub enum ProtocolError {
     UnconsumedChannel {
         /// The channel named by the host.
         channel: Channel,
-        /// `"record"` or `"position advance"`.
+        /// `"record"`, `"position advance"` or `"step past"`.
         operation: &'static str,
     },
     /// A send to a topic that is not a declared sink.

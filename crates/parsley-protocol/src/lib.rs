@@ -96,4 +96,6 @@ pub use node::{
 };
 pub use protocol::DeliveryProtocol;
 pub use record::{Delivery, Header, InboundRecord};
-pub use store::{KeyText, MemStore, StateKey, StoreRead, WriteBatch, WriteBatchIntoIter};
+pub use store::{
+    KeyText, MemStore, StateKey, SteppedPast, StoreRead, WriteBatch, WriteBatchIntoIter,
+};

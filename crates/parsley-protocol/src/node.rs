@@ -45,7 +45,7 @@ use crate::headers::{CausalHeaders, SenderTag};
 use crate::ids::{Channel, SenderId, TopicId};
 use crate::record::{Delivery, InboundRecord};
 use crate::restore::Persisted;
-use crate::store::{ScopeRecord, StateKey, StoreRead, WriteBatch, encode_envelope};
+use crate::store::{ScopeRecord, StateKey, SteppedPast, StoreRead, WriteBatch, encode_envelope};
 
 /// What a node is: who it is, what it consumes, where it may send.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -310,6 +310,8 @@ pub struct CausalNode {
     resume: BTreeMap<Channel, i64>,
     held: usize,
     stamp_base: Option<VectorClock>,
+    /// Records stepped past instead of delivered, per channel and offset.
+    stepped: BTreeMap<Channel, BTreeMap<i64, SteppedPast>>,
     stats: NodeStats,
 }
 
@@ -366,6 +368,9 @@ impl CausalNode {
             }
             for sender in p.skips.remove(&ch).unwrap_or_default().into_keys() {
                 pending.delete(StateKey::SkipMark(ch, sender));
+            }
+            for offset in p.stepped.remove(&ch).unwrap_or_default().into_keys() {
+                pending.delete(StateKey::Stepped(ch, offset));
             }
             report.shrunk.push(ch);
         }
@@ -542,6 +547,7 @@ impl CausalNode {
             resume,
             held: 0,
             stamp_base: None,
+            stepped: std::mem::take(&mut p.stepped),
             stats: NodeStats::default(),
         };
         // Restored records are gated (lazily, head first) against the
@@ -819,6 +825,41 @@ impl CausalNode {
     /// policy, for a joining channel the node's past says nothing about).
     pub fn resume_positions(&self) -> &BTreeMap<Channel, i64> {
         &self.resume
+    }
+
+    /// Whether the record at `offset` of `channel` was stepped past (see
+    /// [`step_past`](Self::step_past)), and where it went.
+    pub fn stepped_past(&self, channel: Channel, offset: i64) -> Option<&SteppedPast> {
+        self.stepped.get(&channel)?.get(&offset)
+    }
+
+    /// Records that the record at `offset` of `channel` is stepped past
+    /// instead of delivered: the host hands it to the node no more, so to
+    /// the gate it is like an offset the consumer skips (a transaction
+    /// marker). Its sender's sequence on the channel is not learned from
+    /// it. Persisted with the step, so a restore that meets the record
+    /// again steps past it again.
+    pub fn step_past(
+        &mut self,
+        channel: Channel,
+        offset: i64,
+        stepped: SteppedPast,
+    ) -> Result<(), ProtocolError> {
+        self.index_of(channel, "step past")?;
+        self.pending
+            .put(StateKey::Stepped(channel, offset), stepped.encode());
+        self.stepped
+            .entry(channel)
+            .or_default()
+            .insert(offset, stepped);
+        Ok(())
+    }
+
+    /// Every record stepped past, as (channel, offset, where it went).
+    pub fn stepped(&self) -> impl Iterator<Item = (Channel, i64, &SteppedPast)> {
+        self.stepped
+            .iter()
+            .flat_map(|(c, m)| m.iter().map(move |(o, s)| (*c, *o, s)))
     }
 
     /// Everything that changed since the last call (or since init), for the

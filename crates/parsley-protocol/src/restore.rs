@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::store::SteppedPast;
+
 use crate::clock::VectorClock;
 use crate::error::ProtocolError;
 use crate::ids::{Channel, SenderId};
@@ -27,6 +29,8 @@ pub(crate) struct Persisted {
     pub(crate) delivered: BTreeMap<Channel, BTreeMap<SenderId, DeliveredMark>>,
     /// Skip marks of joined inputs: per sender, (sequence, end bound).
     pub(crate) skips: BTreeMap<Channel, BTreeMap<SenderId, SkipMark>>,
+    /// Records stepped past, per channel and offset.
+    pub(crate) stepped: BTreeMap<Channel, BTreeMap<i64, SteppedPast>>,
 }
 
 impl Persisted {
@@ -94,6 +98,10 @@ impl Persisted {
                     .or_default()
                     .insert(sender, DeliveredMark { seq, offset });
             }
+            StateKey::Stepped(c, offset) => {
+                let stepped = SteppedPast::decode(value).map_err(bad)?;
+                self.stepped.entry(c).or_default().insert(offset, stepped);
+            }
             StateKey::SkipMark(c, sender) => {
                 let (seq, bound) = decode_pair(value).map_err(bad)?;
                 self.skips
@@ -121,7 +129,8 @@ impl Persisted {
                     || !entries.is_empty()
                     || !self.send_seq.is_empty()
                     || !self.delivered.is_empty()
-                    || !self.skips.is_empty();
+                    || !self.skips.is_empty()
+                    || !self.stepped.is_empty();
                 if anything {
                     return Err(CorruptState::new(
                         StateKey::Scope,
@@ -149,6 +158,10 @@ impl Persisted {
                 .copied()
                 .unwrap_or(SenderId::from_u128(0));
             return Err(outside(StateKey::SkipMark(*c, sender)).into());
+        }
+        if let Some((c, offsets)) = self.stepped.iter().find(|(c, _)| !is_input(c)) {
+            let offset = offsets.keys().next().copied().unwrap_or(0);
+            return Err(outside(StateKey::Stepped(*c, offset)).into());
         }
         if let Some(c) = self.queue_meta.keys().find(|c| !is_input(c)) {
             return Err(outside(StateKey::QueueMeta(*c)).into());

@@ -120,6 +120,10 @@ pub enum StateKey {
     /// the node's past already claimed by sequence (this implementation's
     /// own key; see `docs/decisions.md`).
     SkipMark(Channel, SenderId),
+    /// `st/<channel>/<offset>`: a record the node stepped past instead of
+    /// delivering (sent to a dead-letter topic by an operator's or the
+    /// stage's choice; this implementation's own key).
+    Stepped(Channel, i64),
 }
 
 impl fmt::Display for StateKey {
@@ -134,6 +138,7 @@ impl fmt::Display for StateKey {
             StateKey::SendSeq(c) => write!(f, "sq/{c}"),
             StateKey::DeliveredSeq(c, s) => write!(f, "ds/{c}/{s}"),
             StateKey::SkipMark(c, s) => write!(f, "sk/{c}/{s}"),
+            StateKey::Stepped(c, o) => write!(f, "st/{c}/{:016x}", *o as u64),
         }
     }
 }
@@ -170,12 +175,13 @@ impl StateKey {
                 s.push(b"q/");
                 s.push_channel(c);
                 s.push(b"/e/");
-                let v = index as u64;
-                let mut hex = [0u8; 16];
-                for (i, h) in hex.iter_mut().enumerate() {
-                    *h = HEX[((v >> ((15 - i) * 4)) & 0xf) as usize];
-                }
-                s.push(&hex);
+                s.push(&hex16(index));
+            }
+            StateKey::Stepped(c, offset) => {
+                s.push(b"st/");
+                s.push_channel(c);
+                s.push(b"/");
+                s.push(&hex16(offset));
             }
             StateKey::SendSeq(c) => {
                 s.push(b"sq/");
@@ -200,6 +206,29 @@ impl StateKey {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
+/// A non-negative index or offset as 16 lower-case hex digits (keys of one
+/// channel then sort in numeric order).
+fn hex16(v: i64) -> [u8; 16] {
+    let v = v as u64;
+    let mut hex = [0u8; 16];
+    for (i, h) in hex.iter_mut().enumerate() {
+        *h = HEX[((v >> ((15 - i) * 4)) & 0xf) as usize];
+    }
+    hex
+}
+
+/// Parses [`hex16`]'s form back (lower case only: one spelling per key).
+fn parse_hex16(b: &[u8]) -> Option<i64> {
+    if b.len() != 16 {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &c in b {
+        v = (v << 4) | u64::from(hex_digit(c)?);
+    }
+    i64::try_from(v).ok()
+}
+
 /// Every byte's two lower-case hex digits.
 const HEX_PAIRS: [[u8; 2]; 256] = {
     let mut t = [[0u8; 2]; 256];
@@ -211,7 +240,8 @@ const HEX_PAIRS: [[u8; 2]; 256] = {
     t
 };
 
-/// The longest key: `ds/<uuid>:<-2147483648>/<uuid>` is 88 bytes.
+/// The longest key: `ds/<uuid>:<-2147483648>/<uuid>` is 88 bytes
+/// (`st/<uuid>:<-2147483648>/<16 hex>` is 68).
 const KEY_TEXT_CAPACITY: usize = 96;
 
 /// A state key's text held on the stack (see [`StateKey::text`]).
@@ -324,6 +354,8 @@ fn parse_key(b: &[u8]) -> Option<StateKey> {
         (b'd', r)
     } else if let Some(r) = b.strip_prefix(b"sk/") {
         (b'k', r)
+    } else if let Some(r) = b.strip_prefix(b"st/") {
+        (b't', r)
     } else {
         return None;
     };
@@ -341,17 +373,12 @@ fn parse_key(b: &[u8]) -> Option<StateKey> {
             SenderId::from_u128(parse_hyphenated_canonical(sender)?),
         )),
         (b'q', b"/m") => Some(StateKey::QueueMeta(channel)),
-        (b'q', [b'/', b'e', b'/', index @ ..]) if index.len() == 16 => {
-            let mut v: u64 = 0;
-            for &c in index {
-                // Lower-case only (`hex_digit` refuses upper case): the
-                // index is written in exactly one form.
-                v = (v << 4) | u64::from(hex_digit(c)?);
-            }
-            i64::try_from(v)
-                .ok()
-                .map(|i| StateKey::QueueEntry(channel, i))
+        // Lower-case hex only (`hex_digit` refuses upper case): the index
+        // and the offset are written in exactly one form.
+        (b'q', [b'/', b'e', b'/', index @ ..]) => {
+            parse_hex16(index).map(|i| StateKey::QueueEntry(channel, i))
         }
+        (b't', [b'/', offset @ ..]) => parse_hex16(offset).map(|o| StateKey::Stepped(channel, o)),
         _ => None,
     }
 }
@@ -467,6 +494,48 @@ pub fn decode_pair(bytes: &[u8]) -> Result<(i64, i64), String> {
         return Err(format!("negative value in ({a}, {b})"));
     }
     Ok((a, b))
+}
+
+/// A record a node stepped past instead of delivering (`st/…`): the
+/// dead-letter topic it went to, and why.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct SteppedPast {
+    /// The dead-letter topic.
+    pub dead_letter: String,
+    /// Why the record was stepped past.
+    pub reason: String,
+}
+
+impl SteppedPast {
+    /// `i32` length and UTF-8 of the topic, then of the reason.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + self.dead_letter.len() + self.reason.len());
+        for part in [&self.dead_letter, &self.reason] {
+            out.extend_from_slice(&(part.len() as i32).to_be_bytes());
+            out.extend_from_slice(part.as_bytes());
+        }
+        out
+    }
+
+    /// Decodes [`encode`](Self::encode)'s form; the topic must not be empty.
+    pub fn decode(bytes: &[u8]) -> Result<SteppedPast, String> {
+        let mut r = Reader::new(bytes);
+        let mut text = || -> Result<String, String> {
+            let n = usize::try_from(need(r.i32())?).map_err(|_| "negative length".to_owned())?;
+            let b = need(r.take(n))?;
+            String::from_utf8(b.to_vec()).map_err(|_| "not UTF-8".to_owned())
+        };
+        let dead_letter = text()?;
+        let reason = text()?;
+        finish(&r)?;
+        if dead_letter.is_empty() {
+            return Err("no dead-letter topic".to_owned());
+        }
+        Ok(SteppedPast {
+            dead_letter,
+            reason,
+        })
+    }
 }
 
 /// Encodes a held record's envelope. The record's channel is not part of the

@@ -355,6 +355,180 @@ fn corrupt_stamps_fail_the_task() {
     );
 }
 
+/// With the opt-in, a record with a corrupt clock is stepped past: it goes,
+/// bytes and headers unchanged, to the dead-letter topic with the reason and
+/// its coordinate; the stage goes on (a record on another channel whose
+/// clock claims the stepped-past offset is delivered once the channel
+/// passes it); the step is in the protocol store, so a restart that meets
+/// the record again steps past it again, without a second dead letter for
+/// what was committed.
+#[test]
+fn a_stage_can_step_past_corrupt_stamps_to_a_dead_letter_topic() {
+    let (c1, c2, out) = (topic("c1"), topic("c2"), topic("out"));
+    let o = out.clone();
+    let stage = Stage::named("s")
+        .on(&c1, {
+            let o = o.clone();
+            move |m: &Message<String, String>| vec![o.send(m.key().cloned(), m.value().cloned())]
+        })
+        .on(&c2, move |m: &Message<String, String>| {
+            vec![o.send(m.key().cloned(), m.value().cloned())]
+        })
+        .sink(&out)
+        .dead_letter_corrupt_headers("dead")
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    assert!(app.topics().contains(&"dead"));
+    let mut d = TestDriver::new(&app).unwrap();
+    d.pipe(&c1, "a", "first").unwrap();
+    let bad = d
+        .pipe_input(
+            &c1,
+            Input::new("b", "corrupt")
+                .header("vc", vec![9, 9])
+                .header("mine", "kept"),
+        )
+        .unwrap();
+    // A cause on c2 that claims c1 up to the stepped-past offset.
+    let mut claim = parsley::protocol::VectorClock::new();
+    claim.claim_offset(d.channel("c1", 0).unwrap(), bad.offset);
+    d.pipe_input(&c2, Input::new("c", "waits").clock(&claim))
+        .unwrap();
+    d.pipe(&c1, "d", "after").unwrap();
+    assert_eq!(d.values(&out).unwrap(), ["first", "waits", "after"]);
+    let dead = d.raw_records("dead").unwrap();
+    assert_eq!(dead.len(), 1);
+    let r = &dead[0];
+    assert_eq!(r.value.as_deref(), Some(&b"corrupt"[..]), "bytes unchanged");
+    assert_eq!(r.key.as_deref(), Some(&b"b"[..]));
+    let header = |n: &str| {
+        r.headers
+            .iter()
+            .find(|h| h.name == n)
+            .and_then(|h| h.value.clone())
+    };
+    assert_eq!(header("vc"), Some(vec![9, 9]), "headers unchanged");
+    assert_eq!(header("mine").as_deref(), Some(&b"kept"[..]));
+    assert_eq!(header(DEAD_LETTER_TOPIC).as_deref(), Some(&b"c1"[..]));
+    assert_eq!(
+        header(DEAD_LETTER_OFFSET),
+        Some(bad.offset.to_string().into_bytes())
+    );
+    assert!(
+        String::from_utf8(header(DEAD_LETTER_ERROR).unwrap())
+            .unwrap()
+            .contains("corrupt causal headers")
+    );
+    let stats = d.task_stats();
+    assert_eq!(stats[0].1.stepped_past, 1);
+    assert_eq!(d.metrics()[0].records_dead_lettered_total, 1);
+    // Restarted from the changelogs: the step is remembered, nothing is
+    // delivered or dead-lettered twice.
+    d.restart().unwrap();
+    assert_eq!(d.values(&out).unwrap().len(), 3);
+    assert_eq!(d.raw_records("dead").unwrap().len(), 1);
+}
+
+/// An operator's step past (what `parsley skip` writes): a record of the
+/// task's state changelog, appended while the application is stopped,
+/// makes the restored task send a poison record (here one its logic
+/// refuses) to the dead-letter topic instead of failing on it. A step for a
+/// channel the task does not consume, or for a task that never ran, is
+/// refused before anything is written.
+#[test]
+fn a_recorded_step_past_lets_a_restored_task_go_on_past_a_poison_record() {
+    use parsley::protocol::SteppedPast;
+    use parsley::runtime::changelog::{ChangelogRecord, StepError, step_past_record};
+    let (c1, out) = (topic("c1"), topic("out"));
+    let o = out.clone();
+    let stage = Stage::named("s")
+        .on(
+            &c1,
+            move |m: &Message<String, String>| -> Result<Vec<Emission>, String> {
+                if m.value().map(String::as_str) == Some("poison") {
+                    return Err("cannot handle this".into());
+                }
+                Ok(vec![o.send(m.key().cloned(), m.value().cloned())])
+            },
+        )
+        .sink(&out)
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    let mut d = TestDriver::builder(&app)
+        .partitions("dead", 1)
+        .build()
+        .unwrap();
+    let task = TaskId {
+        stage: "s".into(),
+        partition: 0,
+    };
+    let changelog = "app-s-state-changelog";
+    let current = |d: &TestDriver| -> Vec<ChangelogRecord> {
+        d.raw_records(changelog)
+            .unwrap()
+            .into_iter()
+            .map(|r| ChangelogRecord {
+                key: r.key,
+                value: r.value,
+            })
+            .collect()
+    };
+    let channel = d.channel("c1", 0).unwrap();
+    let stepped = SteppedPast {
+        dead_letter: "dead".into(),
+        reason: "skipped by the operator".into(),
+    };
+    // A task that never ran (an empty changelog partition).
+    assert!(matches!(
+        step_past_record(&task, Vec::new(), channel, 1, &stepped),
+        Err(StepError::NoScope { .. })
+    ));
+    d.pipe(&c1, "a", "first").unwrap();
+    let poison = d.next_coordinate(&c1, "b").unwrap();
+    assert!(d.pipe(&c1, "b", "poison").is_err(), "the logic refuses it");
+    let other = d.channel("out", 0).unwrap();
+    assert!(matches!(
+        step_past_record(&task, current(&d), other, poison.offset, &stepped),
+        Err(StepError::NotAnInput { .. })
+    ));
+    let r = step_past_record(&task, current(&d), channel, poison.offset, &stepped).unwrap();
+    d.append_raw(changelog, 0, r.key, r.value, 0, Vec::new())
+        .unwrap();
+    d.restart().unwrap();
+    d.pipe(&c1, "c", "after").unwrap();
+    assert_eq!(d.values(&out).unwrap(), ["first", "after"]);
+    let dead = d.raw_records("dead").unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].value.as_deref(), Some(&b"poison"[..]));
+    let reason = dead[0]
+        .headers
+        .iter()
+        .find(|h| h.name == DEAD_LETTER_ERROR)
+        .and_then(|h| h.value.clone());
+    assert_eq!(reason.as_deref(), Some(&b"skipped by the operator"[..]));
+}
+
+/// Without the opt-in the same record fails the task, and nothing is
+/// dead-lettered.
+#[test]
+fn a_stage_without_the_opt_in_fails_on_corrupt_stamps_and_dead_letters_nothing() {
+    let c1 = topic("c1");
+    let stage = Stage::named("s")
+        .on(&c1, |_m: &Message<String, String>| Vec::<Emission>::new())
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    assert!(app.stages()[0].corrupt_headers_dead_letter().is_none());
+    let mut d = TestDriver::new(&app).unwrap();
+    assert!(
+        d.pipe_input(&c1, Input::new("k", "v").header("vc", vec![9, 9]))
+            .is_err()
+    );
+    assert_eq!(d.task_stats()[0].1.stepped_past, 0);
+}
+
 // ---------------------------------------------------------------- ticks
 
 #[test]

@@ -278,6 +278,16 @@ impl Parsley {
                 }
             }
         }
+        // A stage's dead-letter topic is used, not consumed or stamped.
+        for s in &stages {
+            if let Some(t) = s.corrupt_headers_dead_letter() {
+                topics.entry(t.to_owned()).or_insert_with(|| TopicUse {
+                    topic: None,
+                    source_of: None,
+                    ticks_of: None,
+                });
+            }
+        }
         for (&tick_topic, &i) in &reserved {
             topics.insert(
                 tick_topic.to_owned(),
@@ -328,7 +338,8 @@ impl Parsley {
         self.owned_names(stage)?.tick_topic.as_deref()
     }
 
-    /// Every topic the application uses (sources, sinks, tick topics), sorted.
+    /// Every topic the application uses (sources, sinks, tick topics,
+    /// dead-letter topics), sorted.
     pub fn topics(&self) -> Vec<&str> {
         self.def.topics.keys().map(String::as_str).collect()
     }

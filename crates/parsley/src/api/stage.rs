@@ -111,6 +111,7 @@ pub(crate) struct StageDef {
     pub(crate) sinks: Vec<AnyTopic>,
     pub(crate) ticks: Option<TickDecl>,
     pub(crate) hold_warning_after: Option<Duration>,
+    pub(crate) corrupt_headers_dead_letter: Option<String>,
 }
 
 /// A built stage: a name, its sources with their logic, its sinks, and
@@ -163,6 +164,7 @@ impl Stage {
             sinks: Vec::new(),
             ticks: Vec::new(),
             hold_warning_after: Some(DEFAULT_HOLD_WARNING_AFTER),
+            corrupt_headers_dead_letter: None,
             errors: Vec::new(),
             mode: Stateless,
         }
@@ -197,6 +199,13 @@ impl Stage {
     /// The hold-warning threshold; `None` when disabled.
     pub fn hold_warning_after(&self) -> Option<Duration> {
         self.def.hold_warning_after
+    }
+
+    /// Where a record with corrupt causal headers goes instead of failing
+    /// the task, if the stage opted in
+    /// ([`StageBuilder::dead_letter_corrupt_headers`]).
+    pub fn corrupt_headers_dead_letter(&self) -> Option<&str> {
+        self.def.corrupt_headers_dead_letter.as_deref()
     }
 }
 
@@ -360,6 +369,7 @@ pub struct StageBuilder<M = Stateless> {
     sinks: Vec<AnyTopic>,
     ticks: Vec<TickDecl>,
     hold_warning_after: Option<Duration>,
+    corrupt_headers_dead_letter: Option<String>,
     errors: Vec<StageError>,
     mode: M,
 }
@@ -569,6 +579,26 @@ impl<M: StateMode> StageBuilder<M> {
         self
     }
 
+    /// Steps past a record whose causal headers (`vc`, `vc-sender`,
+    /// `vc-seq`) are corrupt instead of failing the task: the record goes,
+    /// bytes and headers unchanged, to the dead-letter topic `topic`, with
+    /// `parsley.dlq.error`, `parsley.dlq.topic`, `parsley.dlq.partition`
+    /// and `parsley.dlq.offset` headers saying why and where it came from;
+    /// the stage logs a WARN naming the coordinate, counts it, and goes on
+    /// as if the record had never been written (a claim on its offset is
+    /// met once the channel passes it). The step is recorded in the
+    /// protocol store with the transaction, so a restore steps past it
+    /// again.
+    ///
+    /// Off by default: a corrupt clock fails the task, since nothing can
+    /// say what the record depended on. Opting in trades that record's
+    /// causal order (it is never delivered) for the channel's progress.
+    /// The topic must exist; it is not a sink (nothing is stamped there).
+    pub fn dead_letter_corrupt_headers(mut self, topic: impl Into<String>) -> Self {
+        self.corrupt_headers_dead_letter = Some(topic.into());
+        self
+    }
+
     /// Validates the stage and freezes it.
     pub fn build(self) -> Result<Stage, StageError> {
         if let Some(reason) = name_problem(&self.name) {
@@ -606,6 +636,15 @@ impl<M: StateMode> StageBuilder<M> {
                 });
             }
         }
+        if let Some(topic) = &self.corrupt_headers_dead_letter
+            && let Some(reason) = name_problem(topic)
+        {
+            return Err(StageError::InvalidTopicName {
+                stage: self.name,
+                topic: topic.clone(),
+                reason,
+            });
+        }
         if self.ticks.len() > 1 {
             return Err(StageError::DuplicateTicks { stage: self.name });
         }
@@ -625,6 +664,7 @@ impl<M: StateMode> StageBuilder<M> {
                 sinks,
                 ticks: self.ticks.into_iter().next(),
                 hold_warning_after: self.hold_warning_after,
+                corrupt_headers_dead_letter: self.corrupt_headers_dead_letter,
             }),
         })
     }
@@ -706,6 +746,7 @@ impl StageBuilder<Stateless> {
             sinks: self.sinks,
             ticks: self.ticks,
             hold_warning_after: self.hold_warning_after,
+            corrupt_headers_dead_letter: self.corrupt_headers_dead_letter,
             errors: self.errors,
             mode: Stateful {
                 codec,

@@ -47,6 +47,9 @@ pub const REPLAYS_SKIPPED_TOTAL: &str = "replays-skipped-total";
 pub const TRUNCATION_SWEEPS_SKIPPED_TOTAL: &str = "truncation-sweeps-skipped-total";
 /// Tick records emitted (counter).
 pub const TICKS_EMITTED_TOTAL: &str = "ticks-emitted-total";
+/// Records sent to a dead-letter topic (counter): emissions a sink
+/// refused, and input records stepped past.
+pub const RECORDS_DEAD_LETTERED_TOTAL: &str = "records-dead-lettered-total";
 /// Offset entries in the stamp-side clock (gauge).
 pub const STAMP_OFFSET_ENTRIES: &str = "stamp-offset-entries";
 /// Sequence entries in the stamp-side clock (gauge).
@@ -76,6 +79,8 @@ pub struct TaskMetrics {
     pub truncation_sweeps_skipped_total: u64,
     /// [`TICKS_EMITTED_TOTAL`].
     pub ticks_emitted_total: u64,
+    /// [`RECORDS_DEAD_LETTERED_TOTAL`].
+    pub records_dead_lettered_total: u64,
     /// [`STAMP_OFFSET_ENTRIES`].
     pub stamp_offset_entries: u64,
     /// [`STAMP_SEQUENCE_ENTRIES`].
@@ -147,6 +152,11 @@ fn describe() {
         Unit::Count,
         "Tick records emitted to the stage's tick topic."
     );
+    describe_counter!(
+        RECORDS_DEAD_LETTERED_TOTAL,
+        Unit::Count,
+        "Records sent to a dead-letter topic: emissions a sink refused, and input records stepped past."
+    );
     describe_gauge!(
         STAMP_OFFSET_ENTRIES,
         Unit::Count,
@@ -164,6 +174,7 @@ struct Totals {
     delivered: u64,
     replays: u64,
     ticks: u64,
+    dead_lettered: u64,
 }
 
 /// A task's registered series and what has been counted so far.
@@ -173,6 +184,7 @@ pub(crate) struct TaskMeters {
     replays: Counter,
     sweeps_skipped: Counter,
     ticks: Counter,
+    dead_lettered: Counter,
     held: Gauge,
     age: Gauge,
     rate: Gauge,
@@ -219,6 +231,7 @@ impl TaskMeters {
             replays: counter(REPLAYS_SKIPPED_TOTAL),
             sweeps_skipped: counter(TRUNCATION_SWEEPS_SKIPPED_TOTAL),
             ticks: counter(TICKS_EMITTED_TOTAL),
+            dead_lettered: counter(RECORDS_DEAD_LETTERED_TOTAL),
             held: gauge(RECORDS_HELD),
             age: gauge(RECORDS_HELD_AGE_MAX_MS),
             rate: gauge(RECORDS_DELIVERED_RATE),
@@ -244,6 +257,7 @@ impl TaskMeters {
             delivered: node.delivered_total,
             replays: node.replays_skipped_total,
             ticks: task.stats().ticks_emitted,
+            dead_lettered: task.stats().diverted + task.stats().stepped_past,
         };
         if now == self.exported {
             return;
@@ -257,9 +271,12 @@ impl TaskMeters {
         self.delivered.increment(delivered);
         self.replays.increment(replays);
         self.ticks.increment(ticks);
+        let dead_lettered = d(now.dead_lettered, self.exported.dead_lettered);
+        self.dead_lettered.increment(dead_lettered);
         self.cumulative.delivered += delivered;
         self.cumulative.replays += replays;
         self.cumulative.ticks += ticks;
+        self.cumulative.dead_lettered += dead_lettered;
         self.exported = now;
     }
 
@@ -310,6 +327,7 @@ impl TaskMeters {
             replays_skipped_total: self.cumulative.replays,
             truncation_sweeps_skipped_total: self.sweeps_skipped_total,
             ticks_emitted_total: self.cumulative.ticks,
+            records_dead_lettered_total: self.cumulative.dead_lettered,
             stamp_offset_entries: offsets as u64,
             stamp_sequence_entries: sequences as u64,
             topics,

@@ -49,8 +49,8 @@ use std::time::Duration;
 use parsley_protocol::headers::is_causal_header;
 use parsley_protocol::{
     BrokerOffsets, CausalHeaders, CausalNode, Channel, CorruptHeader, Delivery, Header,
-    InboundRecord, MemStore, NodeConfig, ProtocolError, TopicId, TruncationReport, VectorClock,
-    WriteBatch,
+    InboundRecord, MemStore, NodeConfig, ProtocolError, SteppedPast, TopicId, TruncationReport,
+    VectorClock, WriteBatch,
 };
 use tracing::{debug, info, warn};
 
@@ -199,6 +199,16 @@ pub enum TaskEvent {
         partition: i32,
         /// True for a tick.
         tick: bool,
+    },
+    /// An input record was stepped past: sent, unchanged, to a dead-letter
+    /// topic instead of delivered.
+    SteppedPast {
+        /// The record.
+        coordinate: Coordinate,
+        /// The dead-letter topic.
+        topic: String,
+        /// Its partition.
+        partition: i32,
     },
     /// An emission went to a dead-letter topic instead of its sink, as the
     /// host asked ([`Diversion`]): unstamped, so it claims nothing and
@@ -530,6 +540,9 @@ pub struct TaskStats {
     pub hold_warnings: u64,
     /// Emissions sent to a dead-letter topic instead of their sink.
     pub diverted: u64,
+    /// Input records stepped past (sent to a dead-letter topic instead of
+    /// delivered).
+    pub stepped_past: u64,
 }
 
 /// One stage task, sans I/O. See the [module documentation](self).
@@ -565,6 +578,9 @@ pub struct Task {
     holds: BTreeMap<Channel, HoldTrack>,
     poisoned: bool,
     stats: TaskStats,
+    /// Partition counts of the dead-letter topics records are stepped past
+    /// to.
+    dead_letters: BTreeMap<String, i32>,
 }
 
 impl fmt::Debug for Task {
@@ -738,7 +754,27 @@ impl Task {
             holds: BTreeMap::new(),
             poisoned: false,
             stats: TaskStats::default(),
+            dead_letters: BTreeMap::new(),
         };
+        // The dead-letter topics this task may step records past to: the
+        // stage's own, and any an operator recorded in the store.
+        let mut dead: Vec<String> = task
+            .node
+            .stepped()
+            .map(|(_, _, s)| s.dead_letter.clone())
+            .collect();
+        dead.extend(task.stage.corrupt_headers_dead_letter().map(str::to_owned));
+        for topic in dead {
+            if !task.dead_letters.contains_key(&topic) {
+                let d = metadata
+                    .describe(&topic)
+                    .map_err(|cause| TaskError::Metadata {
+                        task: task.id.clone(),
+                        cause,
+                    })?;
+                task.dead_letters.insert(topic, d.partitions);
+            }
+        }
         for d in init.deliveries {
             task.process(d)?;
         }
@@ -1138,16 +1174,40 @@ impl Task {
     }
 
     fn on_record_inner(&mut self, record: FetchedRecord) -> Result<(), TaskError> {
-        let causal =
-            causal_headers(&record.headers).map_err(|source| TaskError::CorruptHeaders {
-                task: self.id.clone(),
-                coordinate: Coordinate::new(
+        if let Some(stepped) = self
+            .node
+            .stepped_past(record.channel, record.offset)
+            .cloned()
+        {
+            // Stepped past before (an operator's skip, or a step an aborted
+            // transaction made and this one repeats from the store).
+            return self.dead_letter_input(record, &stepped);
+        }
+        let causal = match causal_headers(&record.headers) {
+            Ok(c) => c,
+            Err(source) => {
+                let coordinate = Coordinate::new(
                     self.topic_name(record.channel.topic),
                     record.channel.partition,
                     record.offset,
-                ),
-                cause: source,
-            })?;
+                );
+                let Some(topic) = self.stage.corrupt_headers_dead_letter() else {
+                    return Err(TaskError::CorruptHeaders {
+                        task: self.id.clone(),
+                        coordinate,
+                        cause: source,
+                    });
+                };
+                let stepped = SteppedPast {
+                    dead_letter: topic.to_owned(),
+                    reason: format!("corrupt causal headers: {source}"),
+                };
+                self.node
+                    .step_past(record.channel, record.offset, stepped.clone())
+                    .map_err(|e| self.protocol(e))?;
+                return self.dead_letter_input(record, &stepped);
+            }
+        };
         let headers = record
             .headers
             .into_iter()
@@ -1199,6 +1259,64 @@ impl Task {
         }
         self.deliveries = deliveries;
         self.refresh_holds();
+        Ok(())
+    }
+
+    /// Sends an input record, bytes and headers unchanged, to the
+    /// dead-letter topic it is stepped past to, with the `parsley.dlq.*`
+    /// headers saying where it came from and why; it never reaches the
+    /// node, so to the gate its offset is like a transaction marker's.
+    fn dead_letter_input(
+        &mut self,
+        record: FetchedRecord,
+        stepped: &SteppedPast,
+    ) -> Result<(), TaskError> {
+        let coordinate = self.coordinate((record.channel, record.offset));
+        let Some(&partitions) = self.dead_letters.get(&stepped.dead_letter) else {
+            return Err(TaskError::Config {
+                task: self.id.clone(),
+                message: format!(
+                    "record {coordinate} is to be stepped past to {:?}, a topic this task did not look up",
+                    stepped.dead_letter
+                ),
+            });
+        };
+        warn!(task = %self.id, %coordinate, dead_letter = %stepped.dead_letter, reason = %stepped.reason,
+            "record stepped past: sent to the dead-letter topic instead of delivered");
+        let partition = partition_for(record.key.as_deref(), self.id.partition, partitions);
+        let mut headers = record.headers;
+        for (name, value) in [
+            (crate::topic::DEAD_LETTER_ERROR, stepped.reason.clone()),
+            (crate::topic::DEAD_LETTER_TOPIC, coordinate.topic.clone()),
+            (
+                crate::topic::DEAD_LETTER_PARTITION,
+                coordinate.partition.to_string(),
+            ),
+            (
+                crate::topic::DEAD_LETTER_OFFSET,
+                coordinate.offset.to_string(),
+            ),
+        ] {
+            headers.push(Header::new(name, value.into_bytes()));
+        }
+        self.stats.stepped_past += 1;
+        self.acted = true;
+        if self.record_events {
+            self.events.push(TaskEvent::SteppedPast {
+                coordinate,
+                topic: stepped.dead_letter.clone(),
+                partition,
+            });
+        }
+        self.outgoing.push(OutgoingRecord {
+            topic: stepped.dead_letter.clone(),
+            partition,
+            key: record.key,
+            value: record.value,
+            timestamp: record.timestamp,
+            headers,
+            origin: None,
+        });
         Ok(())
     }
 

@@ -265,9 +265,11 @@ impl Thread {
                         topic,
                         partition,
                     }),
-                    TaskEvent::Diverted { .. } => Some(TaskAct::DeadLettered {
-                        task: e.task.to_string(),
-                    }),
+                    TaskEvent::Diverted { .. } | TaskEvent::SteppedPast { .. } => {
+                        Some(TaskAct::DeadLettered {
+                            task: e.task.to_string(),
+                        })
+                    }
                     TaskEvent::Held { .. } => None,
                 })
                 .collect(),
