@@ -5,6 +5,7 @@
 //! * [`inspect`]: a live topic's records with their causal headers.
 //! * [`holds`]: what a running application holds and why.
 //! * [`probe`]: the cluster contract probes for a described application.
+//! * [`skip`]: steps a stopped application's task past one named record.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(
@@ -16,3 +17,4 @@ pub mod demo;
 pub mod holds;
 pub mod inspect;
 pub mod probe;
+pub mod skip;

@@ -8,6 +8,8 @@
 //! parsley inspect --bootstrap B --topic T # a live topic's records and their claims
 //! parsley holds --bootstrap B --app APP    # what a running application holds, and why
 //! parsley probe --bootstrap B --app FILE   # the cluster contract probes, before a start
+//! parsley skip --bootstrap B --app APP --stage S --topic T --partition P --offset O --dead-letter D
+//!                                          # step a stopped application past one record
 //! ```
 //!
 //! Failures exit non-zero with one line on stderr and nothing on stdout.
@@ -93,6 +95,36 @@ enum Command {
         #[arg(long)]
         app: String,
     },
+    /// Step a stopped application's task past one record (a poison record
+    /// its logic cannot handle): the task sends it to a dead-letter topic
+    /// instead of delivering it, when the application next starts.
+    #[command(after_help = SKIP_HELP)]
+    Skip {
+        /// Bootstrap servers of the cluster.
+        #[arg(long)]
+        bootstrap: String,
+        /// The application id.
+        #[arg(long)]
+        app: String,
+        /// The stage consuming the record.
+        #[arg(long)]
+        stage: String,
+        /// The record's topic.
+        #[arg(long)]
+        topic: String,
+        /// Its partition.
+        #[arg(long)]
+        partition: i32,
+        /// Its offset.
+        #[arg(long)]
+        offset: i64,
+        /// The topic it goes to instead (it must exist).
+        #[arg(long)]
+        dead_letter: String,
+        /// Why, for the dead letter's parsley.dlq.error header.
+        #[arg(long, default_value = "stepped past by an operator (parsley skip)")]
+        reason: String,
+    },
     /// Show what a running application's tasks hold and why, from any
     /// machine that reaches the cluster.
     #[command(after_help = HOLDS_HELP)]
@@ -119,6 +151,23 @@ non-zero when there is one. Read-only: nothing is created or changed.
 
 Example:
   parsley probe --bootstrap localhost:9092 --app payments-app.json";
+
+const SKIP_HELP: &str = "\
+For a record that fails its task every time (a logic error, a codec error,
+corrupt causal headers): stop every instance of the application, run this,
+start it again. The step is written to the task's state changelog, so the
+task reads it when it restores; it then sends that record, bytes and
+headers unchanged, to the dead-letter topic with parsley.dlq.* headers, and
+goes on as if the record had never been written. The record is never
+delivered, so what depended on it loses its causal order with it.
+
+Refused, with nothing written, when the application's consumer group has
+members, when a topic is missing, when the record is already consumed or
+not in the log, or when the task's recorded state does not consume it.
+
+Example:
+  parsley skip --bootstrap localhost:9092 --app payments-app --stage ledger \\
+    --topic payments --partition 3 --offset 8810 --dead-letter payments-dead";
 
 const HOLDS_HELP: &str = "\
 Each stream thread of a running application publishes what its tasks hold
@@ -191,6 +240,25 @@ fn main() -> ExitCode {
         Command::Clock(ClockCommand::Decode { hex }) => clock::decode(hex),
         Command::Clock(ClockCommand::Encode) => clock::encode(),
         Command::Probe { bootstrap, app } => return probe(&bootstrap, &app),
+        Command::Skip {
+            bootstrap,
+            app,
+            stage,
+            topic,
+            partition,
+            offset,
+            dead_letter,
+            reason,
+        } => parsley_cli::skip::run(&parsley_cli::skip::Skip {
+            bootstrap,
+            app,
+            stage,
+            topic,
+            partition,
+            offset,
+            dead_letter,
+            reason,
+        }),
         Command::Holds { bootstrap, app } => {
             parsley_cli::holds::run(&bootstrap, &app).map(|lines| lines.join("\n"))
         }

@@ -572,7 +572,11 @@ fn a_corrupt_clock_with_the_opt_in_goes_to_the_dead_letter_topic_and_the_stage_g
             .find(|(k, _)| k == n)
             .and_then(|(_, v)| v.clone())
     };
-    assert_eq!(header("vc"), Some(b"\xff\x00 not a clock".to_vec()), "unchanged");
+    assert_eq!(
+        header("vc"),
+        Some(b"\xff\x00 not a clock".to_vec()),
+        "unchanged"
+    );
     assert_eq!(header("parsley.dlq.offset"), Some(b"1".to_vec()));
     assert_eq!(header("parsley.dlq.topic"), Some(i.clone().into_bytes()));
     wait_for("the metric", || {
