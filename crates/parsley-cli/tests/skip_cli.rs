@@ -26,9 +26,12 @@ fn produce(topic: &str, value: &str) {
     producer.flush(Duration::from_secs(20)).unwrap();
 }
 
+/// A read record: its value and its headers.
+type Read = (String, Vec<(String, Vec<u8>)>);
+
 /// Committed values of partition 0 of `topic`, waiting up to `within` for
 /// `n`, with each record's headers.
-fn read(topic: &str, n: usize, within: Duration) -> Vec<(String, Vec<(String, Vec<u8>)>)> {
+fn read(topic: &str, n: usize, within: Duration) -> Vec<Read> {
     let mut c = config();
     c.set("isolation.level", "read_committed")
         .set("group.id", unique("reader"))
