@@ -5,11 +5,14 @@
 //! thread, each with a consumer in the application's group and a
 //! transactional producer, driving the host core
 //! ([`parsley::runtime::worker::Worker`]) and making almost no decisions
-//! of its own, so the simulator has judged them. Two still sit here until
-//! they move into the worker: a record the broker or the client refuses
-//! aborts the transaction and fails the stream thread
-//! ([`StreamsError::Produce`]), and a closing thread leaves an assignment
-//! that arrives meanwhile untaken.
+//! of its own, so the simulator has judged them. It sorts each client
+//! error by librdkafka's own flags and codes into a
+//! [`Fault`](parsley::runtime::worker::Fault) and does what the worker
+//! answers; what a task's failure leads to is the error handlers' call
+//! ([`CausalStreams::set_uncaught_error_handler`],
+//! [`CausalStreams::set_production_error_handler`]). One decision still
+//! sits here: a closing thread leaves an assignment that arrives meanwhile
+//! untaken (and abandons the lookups of one it was starting).
 //!
 //! * [`CausalStreams`]: `new(&app, client_config)`, `start()`,
 //!   `wait_until_running`, `state()`, `close(timeout)`.
@@ -25,8 +28,9 @@
 //!   builds without `parsley` itself.
 //! * [`probe_cluster`]: the cluster contract probes (topics exist, sources
 //!   co-partitioned, tick topics as wide as their widest source), read-only.
-//! * Operating it: [`CausalStreams::metrics`], [`CausalStreams::explain_holds`]
-//!   and [`CausalStreams::set_uncaught_error_handler`].
+//! * Operating it: [`CausalStreams::metrics`], [`CausalStreams::explain_holds`],
+//!   [`CausalStreams::set_uncaught_error_handler`] and
+//!   [`CausalStreams::set_production_error_handler`].
 //!
 //! ## Tests against a broker
 //!

@@ -455,10 +455,12 @@ fn a_record_the_broker_refuses_fails_its_task_or_goes_to_the_dead_letter_topic()
             let refused = Arc::new(std::sync::Mutex::new(Vec::new()));
             if dead_letter {
                 let (seen, dlq) = (refused.clone(), dlq.clone());
+                // ANCHOR: production_handler
                 s.set_production_error_handler(move |r| {
                     seen.lock().unwrap().push(r.clone());
                     ProductionResponse::DeadLetter(dlq.clone())
                 });
+                // ANCHOR_END: production_handler
             }
             s.start().unwrap();
             produce(&i, 0, "small");

@@ -366,6 +366,7 @@ fn corrupt_stamps_fail_the_task() {
 fn a_stage_can_step_past_corrupt_stamps_to_a_dead_letter_topic() {
     let (c1, c2, out) = (topic("c1"), topic("c2"), topic("out"));
     let o = out.clone();
+    // ANCHOR: step-past-corrupt
     let stage = Stage::named("s")
         .on(&c1, {
             let o = o.clone();
@@ -378,6 +379,7 @@ fn a_stage_can_step_past_corrupt_stamps_to_a_dead_letter_topic() {
         .dead_letter_corrupt_headers("dead")
         .build()
         .unwrap();
+    // ANCHOR_END: step-past-corrupt
     let app = Parsley::named("app", [stage]).unwrap();
     assert!(app.topics().contains(&"dead"));
     let mut d = TestDriver::new(&app).unwrap();
