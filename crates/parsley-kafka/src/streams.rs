@@ -1573,8 +1573,12 @@ impl StreamThread {
                 shared.apply_seeks(consumer).map(|()| diverted)
             });
             match r {
-                Ok(_) => {
-                    self.dead_lettered.fetch_add(1, Ordering::SeqCst);
+                Ok(diverted) => {
+                    // Not diverted: the task was revoked meanwhile, and its
+                    // new owner meets the refusal on its own.
+                    if diverted {
+                        self.dead_lettered.fetch_add(1, Ordering::SeqCst);
+                    }
                     return None;
                 }
                 Err(e) => {
