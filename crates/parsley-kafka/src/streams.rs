@@ -61,6 +61,20 @@ const OWNED: &[(&str, &str)] = &[
     ("partition.assignment.strategy", "range"),
 ];
 
+/// The settings of the changelog topics the runtime creates. Compaction
+/// never touches a partition's active segment, and with Kafka's defaults
+/// (1 GiB segments, rolled weekly) a changelog under a gigabyte never
+/// compacts at all: every superseded version stays, and a restore from
+/// empty reads them all. Small segments rolled every ten minutes, cleaned
+/// once a fifth of the log is superseded, keep a restore near one record
+/// per live key. (A changelog you create yourself keeps your settings.)
+const CHANGELOG_SETTINGS: &[(&str, &str)] = &[
+    ("cleanup.policy", "compact"),
+    ("segment.bytes", "67108864"),
+    ("segment.ms", "600000"),
+    ("min.cleanable.dirty.ratio", "0.2"),
+];
+
 /// How the runtime runs an application.
 #[derive(Clone, Debug)]
 pub struct StreamsOptions {
@@ -681,7 +695,7 @@ impl CausalStreams {
                     t.set("cleanup.policy", "delete")
                         .set("retention.ms", "86400000")
                 } else {
-                    t.set("cleanup.policy", "compact")
+                    CHANGELOG_SETTINGS.iter().fold(t, |t, (k, v)| t.set(k, v))
                 }
             })
             .collect();

@@ -691,14 +691,18 @@ fn an_unusable_changelog_fails_start_and_created_ones_are_compacted() {
                 .describe_configs([&ResourceSpecifier::Topic(changelog)], &AdminOptions::new()),
         )
         .unwrap();
-        let policy = r[0]
-            .as_ref()
-            .unwrap()
-            .get("cleanup.policy")
-            .unwrap()
-            .value
-            .clone();
-        assert_eq!(policy.as_deref(), Some("compact"), "{changelog}");
+        let config = r[0].as_ref().unwrap();
+        let setting = |k: &str| config.get(k).unwrap().value.clone();
+        assert_eq!(
+            setting("cleanup.policy").as_deref(),
+            Some("compact"),
+            "{changelog}"
+        );
+        // Segments small enough, and rolled often enough, for compaction
+        // to run on a changelog of any size.
+        assert_eq!(setting("segment.bytes").as_deref(), Some("67108864"));
+        assert_eq!(setting("segment.ms").as_deref(), Some("600000"));
+        assert_eq!(setting("min.cleanable.dirty.ratio").as_deref(), Some("0.2"));
     }
     let mut second = start(&app);
     second.close(Duration::from_secs(30)).unwrap();
