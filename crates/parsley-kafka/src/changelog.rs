@@ -38,53 +38,147 @@ impl ClientContext for ReplayContext {
 
 impl ConsumerContext for ReplayContext {}
 
-/// Replays one changelog partition; fails (never returns a partial store)
-/// when the end is not reached within `timeout`.
-pub(crate) fn replay(
-    base: &ClientConfig,
-    topic: &str,
-    partition: i32,
-    timeout: Duration,
-) -> Result<Vec<ChangelogRecord>, MetadataError> {
-    let failed = |message: String| MetadataError::Failed {
-        topic: topic.to_owned(),
-        message,
-    };
-    let mut config = crate::settings::for_consumer(base);
-    config
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .set("enable.auto.commit", "false")
-        .set("group.id", "parsley-changelog-restore")
-        // A replay reads to the end as fast as the broker serves it:
-        // librdkafka's defaults make the broker hold an empty fetch for
-        // 500 ms and the fetcher pause 1 s whenever its queue is full.
-        .set("fetch.wait.max.ms", "10")
-        .set("fetch.queue.backoff.ms", "1")
-        .remove("transactional.id");
-    let consumer: BaseConsumer<ReplayContext> = config
-        .create_with_context(ReplayContext)
-        .map_err(|e| failed(e.to_string()))?;
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, partition, Offset::Beginning)
-        .map_err(|e| failed(e.to_string()))?;
-    consumer.assign(&tpl).map_err(|e| failed(e.to_string()))?;
-    let deadline = Instant::now() + timeout;
-    let mut out = Vec::new();
-    loop {
-        if Instant::now() > deadline {
-            return Err(failed(format!(
-                "the changelog's end was not reached within {timeout:?}"
-            )));
+/// A replay consumer, made once and reused for every changelog partition a
+/// stream thread restores: a new client per partition cost about 0.6 s of
+/// set-up (connections, metadata) even for an empty partition.
+pub(crate) struct Replayer {
+    consumer: BaseConsumer<ReplayContext>,
+}
+
+impl Replayer {
+    pub(crate) fn new(base: &ClientConfig) -> Result<Replayer, KafkaError> {
+        let mut config = crate::settings::for_consumer(base);
+        config
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .set("enable.auto.commit", "false")
+            .set("group.id", "parsley-changelog-restore")
+            // A replay reads to the end as fast as the broker serves it:
+            // librdkafka's defaults make the broker hold an empty fetch for
+            // 500 ms and the fetcher pause 1 s whenever its queue is full.
+            .set("fetch.wait.max.ms", "10")
+            .set("fetch.queue.backoff.ms", "1")
+            .remove("transactional.id");
+        Ok(Replayer {
+            consumer: config.create_with_context(ReplayContext)?,
+        })
+    }
+
+    /// Replays one changelog partition from its log start to its end (the
+    /// last stable offset), handing each record to `apply`; returns how
+    /// many it read. A replay that keeps making progress never times out;
+    /// one that receives nothing for `stall` while the end lies ahead fails
+    /// with [`MetadataError::Stalled`], naming where it stood. It never
+    /// returns a partial store as complete.
+    pub(crate) fn replay(
+        &self,
+        topic: &str,
+        partition: i32,
+        stall: Duration,
+        apply: &mut dyn FnMut(ChangelogRecord),
+    ) -> Result<u64, MetadataError> {
+        let failed = |message: String| MetadataError::Failed {
+            topic: topic.to_owned(),
+            message,
+        };
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, Offset::Beginning)
+            .map_err(|e| failed(e.to_string()))?;
+        self.consumer
+            .assign(&tpl)
+            .map_err(|e| failed(e.to_string()))?;
+        let r = self.read(topic, partition, stall, apply);
+        // Whatever happened, the next replay starts from a clean slate.
+        let _ = self.consumer.unassign();
+        r
+    }
+
+    fn read(
+        &self,
+        topic: &str,
+        partition: i32,
+        stall: Duration,
+        apply: &mut dyn FnMut(ChangelogRecord),
+    ) -> Result<u64, MetadataError> {
+        let mut progress = Instant::now();
+        let mut read = 0u64;
+        let mut next = -1;
+        loop {
+            match self.consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    progress = Instant::now();
+                    read += 1;
+                    next = m.offset() + 1;
+                    apply(ChangelogRecord {
+                        key: m.key().map(<[u8]>::to_vec),
+                        value: m.payload().map(<[u8]>::to_vec),
+                    });
+                    continue;
+                }
+                Some(Err(KafkaError::PartitionEOF(p))) if p == partition => return Ok(read),
+                Some(Err(e)) if crate::streams::consumer_error_is_fatal(&e) => {
+                    return Err(MetadataError::Failed {
+                        topic: topic.to_owned(),
+                        message: e.to_string(),
+                    });
+                }
+                // librdkafka retries the others itself (a broker
+                // connection, a leader moving); they count towards the
+                // stall.
+                Some(Err(e)) => {
+                    debug!(error = %e, %topic, partition, "changelog replay: a consumer error the client retries");
+                }
+                None => {}
+            }
+            if progress.elapsed() > stall {
+                let end = self
+                    .consumer
+                    .fetch_watermarks(topic, partition, Duration::from_secs(2))
+                    .map_or(-1, |(_, high)| high);
+                return Err(MetadataError::Stalled {
+                    topic: topic.to_owned(),
+                    partition,
+                    at: next,
+                    end,
+                    stalled_for: stall,
+                });
+            }
         }
-        match consumer.poll(Duration::from_millis(100)) {
-            None => continue,
-            Some(Ok(m)) => out.push(ChangelogRecord {
-                key: m.key().map(<[u8]>::to_vec),
-                value: m.payload().map(<[u8]>::to_vec),
-            }),
-            Some(Err(KafkaError::PartitionEOF(p))) if p == partition => return Ok(out),
-            Some(Err(e)) => return Err(failed(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replay that receives nothing (here: no broker listens at the
+    /// address) fails once `stall` has passed without progress, naming the
+    /// partition, instead of waiting forever or returning an empty store.
+    #[test]
+    fn a_replay_without_progress_fails_after_the_stall_time_naming_the_partition() {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("log_level", "0");
+        let replayer = Replayer::new(&config).unwrap();
+        let started = Instant::now();
+        let mut applied = 0;
+        let err = replayer
+            .replay(
+                "app-s-state-changelog",
+                3,
+                Duration::from_millis(300),
+                &mut |_| applied += 1,
+            )
+            .unwrap_err();
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert_eq!(applied, 0);
+        match &err {
+            MetadataError::Stalled {
+                topic, partition, ..
+            } => assert_eq!((topic.as_str(), *partition), ("app-s-state-changelog", 3)),
+            other => panic!("{other}"),
         }
+        assert!(err.to_string().contains("made no progress"), "{err}");
     }
 }

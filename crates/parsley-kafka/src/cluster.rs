@@ -35,6 +35,10 @@ pub struct KafkaCluster {
     timeout: Duration,
     /// Topic names by id, as last described.
     names: Mutex<BTreeMap<TopicId, String>>,
+    /// The changelog replay consumer, made at the first replay.
+    replayer: Mutex<Option<crate::changelog::Replayer>>,
+    /// How long a replay may receive nothing before it fails.
+    restore_stall: Duration,
 }
 
 impl std::fmt::Debug for KafkaCluster {
@@ -60,7 +64,17 @@ impl KafkaCluster {
             admin: admin.create()?,
             timeout,
             names: Mutex::new(BTreeMap::new()),
+            replayer: Mutex::new(None),
+            restore_stall: timeout.saturating_mul(3),
         })
+    }
+
+    /// How long a changelog replay may receive nothing, while its
+    /// partition's end lies ahead, before it fails (three lookup timeouts
+    /// unless set). A replay that makes progress never times out.
+    pub fn with_restore_stall(mut self, stall: Duration) -> KafkaCluster {
+        self.restore_stall = stall;
+        self
     }
 
     /// The admin client (for tests and tools that create or delete topics).
@@ -167,12 +181,33 @@ impl ChangelogReader for KafkaCluster {
         topic: &str,
         partition: i32,
     ) -> Result<Vec<ChangelogRecord>, MetadataError> {
-        crate::changelog::replay(
-            &self.config,
-            topic,
-            partition,
-            self.timeout.saturating_mul(3),
-        )
+        let mut out = Vec::new();
+        self.replay_changelog(topic, partition, &mut |r| out.push(r))?;
+        Ok(out)
+    }
+
+    fn replay_changelog(
+        &self,
+        topic: &str,
+        partition: i32,
+        apply: &mut dyn FnMut(ChangelogRecord),
+    ) -> Result<(), MetadataError> {
+        let mut replayer = self.replayer.lock().unwrap_or_else(|p| p.into_inner());
+        let r = match &mut *replayer {
+            Some(r) => r,
+            slot @ None => {
+                slot.insert(crate::changelog::Replayer::new(&self.config).map_err(|e| {
+                    MetadataError::Failed {
+                        topic: topic.to_owned(),
+                        message: e.to_string(),
+                    }
+                })?)
+            }
+        };
+        let started = std::time::Instant::now();
+        let records = r.replay(topic, partition, self.restore_stall, apply)?;
+        tracing::debug!(%topic, partition, records, elapsed = ?started.elapsed(), "changelog partition replayed");
+        Ok(())
     }
 }
 

@@ -92,6 +92,11 @@ pub struct StreamsOptions {
     pub on_retention_loss: OnRetentionLoss,
     /// How long one cluster lookup may take.
     pub request_timeout: Duration,
+    /// How long a changelog replay may receive nothing, while its
+    /// partition's end lies ahead, before its task fails with
+    /// `MetadataError::Stalled` (naming the partition and offsets). A
+    /// replay that makes progress never times out.
+    pub restore_stall_timeout: Duration,
     /// How long a stream thread waits before it joins the group again,
     /// after a failure the error handler answered with
     /// [`ErrorResponse::ReplaceThread`] or after being fenced.
@@ -120,6 +125,7 @@ impl Default for StreamsOptions {
             start_policy: StartPolicy::Earliest,
             on_retention_loss: OnRetentionLoss::Fail,
             request_timeout: Duration::from_secs(30),
+            restore_stall_timeout: Duration::from_secs(90),
             rejoin_backoff: Backoff::default(),
             task_backoff: Backoff::default(),
             instance_id: None,
@@ -1417,7 +1423,7 @@ fn leave_untaken(consumer: &BaseConsumer<ThreadContext>) -> Result<(), StreamsEr
 
 /// Whether librdkafka flags an error the consumer's poll returned as fatal
 /// (it will not recover the consumer); the others it retries itself.
-fn consumer_error_is_fatal(e: &KafkaError) -> bool {
+pub(crate) fn consumer_error_is_fatal(e: &KafkaError) -> bool {
     matches!(e, KafkaError::MessageConsumptionFatal(_))
         || e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::Fatal)
 }
@@ -1670,7 +1676,8 @@ impl StreamThread {
             "joining the group (producer and consumer set-up)",
         );
         let timeout = self.options.request_timeout;
-        let cluster = KafkaCluster::new(&self.config, timeout)?;
+        let cluster = KafkaCluster::new(&self.config, timeout)?
+            .with_restore_stall(self.options.restore_stall_timeout);
         let mut producer_config = settings::for_producer(&self.config);
         producer_config.set("transactional.id", &self.transactional_id);
         // A transaction left open by a frozen or dead instance holds back

@@ -33,6 +33,22 @@ pub trait ChangelogReader {
         topic: &str,
         partition: i32,
     ) -> Result<Vec<ChangelogRecord>, MetadataError>;
+
+    /// The same records, handed to `apply` one by one as they arrive, so a
+    /// restore keeps only the live state, never every superseded version
+    /// at once. The default reads them all first; a host that can stream
+    /// overrides it.
+    fn replay_changelog(
+        &self,
+        topic: &str,
+        partition: i32,
+        apply: &mut dyn FnMut(ChangelogRecord),
+    ) -> Result<(), MetadataError> {
+        for r in self.read_changelog(topic, partition)? {
+            apply(r);
+        }
+        Ok(())
+    }
 }
 
 /// A changelog that cannot be used to restore a task.
@@ -86,22 +102,27 @@ pub fn restore(
     reader: &dyn ChangelogReader,
 ) -> Result<TaskStores, ChangelogError> {
     let mut stores = TaskStores::default();
-    let records = read(task, state_changelog, tasks, metadata, reader)?;
-    stores.protocol = protocol_store(task, state_changelog, records)?;
+    let mut protocol = ProtocolApply::default();
+    replay(task, state_changelog, tasks, metadata, reader, &mut |r| {
+        protocol.apply(r)
+    })?;
+    stores.protocol = protocol.finish(task, state_changelog)?;
     if let Some(topic) = fold_changelog {
-        let records = read(task, topic, tasks, metadata, reader)?;
-        stores.fold = fold_store(task, topic, records)?;
+        let mut fold = FoldApply::default();
+        replay(task, topic, tasks, metadata, reader, &mut |r| fold.apply(r))?;
+        stores.fold = fold.finish(task, topic)?;
     }
     Ok(stores)
 }
 
-fn read(
+fn replay(
     task: &TaskId,
     topic: &str,
     tasks: i32,
     metadata: &dyn TopicMetadata,
     reader: &dyn ChangelogReader,
-) -> Result<Vec<ChangelogRecord>, ChangelogError> {
+    apply: &mut dyn FnMut(ChangelogRecord),
+) -> Result<(), ChangelogError> {
     let unavailable = |source| ChangelogError::Unavailable {
         task: task.clone(),
         topic: topic.to_owned(),
@@ -117,8 +138,89 @@ fn read(
         });
     }
     reader
-        .read_changelog(topic, task.partition)
+        .replay_changelog(topic, task.partition, apply)
         .map_err(unavailable)
+}
+
+/// A protocol store rebuilt record by record; the first record no store
+/// wrote is kept as the error, and the rest are ignored.
+#[derive(Default)]
+struct ProtocolApply {
+    store: MemStore,
+    corrupt: Option<String>,
+}
+
+impl ProtocolApply {
+    fn apply(&mut self, r: ChangelogRecord) {
+        if self.corrupt.is_some() {
+            return;
+        }
+        let Some(key) = r.key else {
+            self.corrupt = Some("a record without a key".to_owned());
+            return;
+        };
+        let Ok(key) = std::str::from_utf8(&key) else {
+            self.corrupt = Some("a protocol store key that is not UTF-8".to_owned());
+            return;
+        };
+        match r.value {
+            Some(v) => {
+                self.store.insert_raw(key, v);
+            }
+            None => {
+                self.store.remove_raw(key);
+            }
+        }
+    }
+
+    fn finish(self, task: &TaskId, topic: &str) -> Result<MemStore, ChangelogError> {
+        match self.corrupt {
+            Some(reason) => Err(ChangelogError::Corrupt {
+                task: task.clone(),
+                topic: topic.to_owned(),
+                reason,
+            }),
+            None => Ok(self.store),
+        }
+    }
+}
+
+/// A fold store rebuilt record by record (see [`ProtocolApply`]).
+#[derive(Default)]
+struct FoldApply {
+    store: FoldStore,
+    corrupt: Option<String>,
+}
+
+impl FoldApply {
+    fn apply(&mut self, r: ChangelogRecord) {
+        if self.corrupt.is_some() {
+            return;
+        }
+        let Some(key) = r.key else {
+            self.corrupt = Some("a record without a key".to_owned());
+            return;
+        };
+        if crate::fold::FoldKey::from_bytes(&key).is_none() {
+            self.corrupt = Some(format!("{} key bytes that name no fold slot", key.len()));
+            return;
+        }
+        match r.value {
+            Some(v) => self.store.put_bytes(key, v),
+            None => self.store.remove_bytes(&key),
+        }
+    }
+
+    fn finish(self, task: &TaskId, topic: &str) -> Result<FoldStore, ChangelogError> {
+        match self.corrupt {
+            Some(reason) => Err(ChangelogError::Corrupt {
+                task: task.clone(),
+                topic: topic.to_owned(),
+                reason,
+            }),
+            None => Ok(self.store),
+        }
+    }
 }
 
 fn protocol_store(
@@ -126,57 +228,11 @@ fn protocol_store(
     topic: &str,
     records: Vec<ChangelogRecord>,
 ) -> Result<MemStore, ChangelogError> {
-    let corrupt = |reason: String| ChangelogError::Corrupt {
-        task: task.clone(),
-        topic: topic.to_owned(),
-        reason,
-    };
-    let mut store = MemStore::new();
+    let mut p = ProtocolApply::default();
     for r in records {
-        let Some(key) = r.key else {
-            return Err(corrupt("a record without a key".to_owned()));
-        };
-        let key = std::str::from_utf8(&key)
-            .map_err(|_| corrupt("a protocol store key that is not UTF-8".to_owned()))?;
-        match r.value {
-            Some(v) => {
-                store.insert_raw(key, v);
-            }
-            None => {
-                store.remove_raw(key);
-            }
-        }
+        p.apply(r);
     }
-    Ok(store)
-}
-
-fn fold_store(
-    task: &TaskId,
-    topic: &str,
-    records: Vec<ChangelogRecord>,
-) -> Result<FoldStore, ChangelogError> {
-    let mut store = FoldStore::new();
-    for r in records {
-        let Some(key) = r.key else {
-            return Err(ChangelogError::Corrupt {
-                task: task.clone(),
-                topic: topic.to_owned(),
-                reason: "a record without a key".to_owned(),
-            });
-        };
-        if crate::fold::FoldKey::from_bytes(&key).is_none() {
-            return Err(ChangelogError::Corrupt {
-                task: task.clone(),
-                topic: topic.to_owned(),
-                reason: format!("{} key bytes that name no fold slot", key.len()),
-            });
-        }
-        match r.value {
-            Some(v) => store.put_bytes(key, v),
-            None => store.remove_bytes(&key),
-        }
-    }
-    Ok(store)
+    p.finish(task, topic)
 }
 
 /// Why a step past cannot be recorded for a task ([`step_past_record`]).

@@ -87,6 +87,25 @@ pub enum MetadataError {
         /// What went wrong.
         message: String,
     },
+    /// A changelog replay stopped making progress: nothing arrived for
+    /// `stalled_for` while the partition's end lay ahead (an upstream
+    /// transaction left open blocks a `read_committed` replay, or the
+    /// broker stopped serving it). Not retried at once: the task fails.
+    #[error(
+        "the replay of changelog {topic}:{partition} made no progress for {stalled_for:?}: it had read up to offset {at} and the partition ends at {end}"
+    )]
+    Stalled {
+        /// The changelog topic.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+        /// The next offset the replay was waiting for.
+        at: i64,
+        /// The partition's end (high watermark) when it gave up.
+        end: i64,
+        /// How long nothing arrived.
+        stalled_for: std::time::Duration,
+    },
 }
 
 /// Topic metadata by name, supplied by the host.
