@@ -1,6 +1,6 @@
 //! [`KafkaCluster`]: what the host core asks of a cluster, answered by a
 //! real one: topic ids and partition counts (DescribeTopics), end offsets
-//! and log starts (watermarks), and changelog replay.
+//! and log starts (one batched ListOffsets round), and changelog replay.
 //!
 //! End offsets are the high watermark, not the last stable offset: the
 //! own-output seed must claim every send a previous incarnation committed,
@@ -21,10 +21,11 @@ use std::time::Duration;
 use parsley::runtime::changelog::{ChangelogReader, ChangelogRecord};
 use parsley::task::{MetadataError, TopicDescription, TopicMetadata};
 use parsley_protocol::{BrokerOffsets, BrokerOffsetsError, TopicId, TopicOffsets};
-use rdkafka::ClientConfig;
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::topic_ids::{self, Described};
 
@@ -39,6 +40,8 @@ pub struct KafkaCluster {
     replayer: Mutex<Option<crate::changelog::Replayer>>,
     /// How long a replay may receive nothing before it fails.
     restore_stall: Duration,
+    /// The client for batched offset lookups, made at the first lookup.
+    lookup: Mutex<Option<BaseConsumer>>,
 }
 
 impl std::fmt::Debug for KafkaCluster {
@@ -66,6 +69,7 @@ impl KafkaCluster {
             names: Mutex::new(BTreeMap::new()),
             replayer: Mutex::new(None),
             restore_stall: timeout.saturating_mul(3),
+            lookup: Mutex::new(None),
         })
     }
 
@@ -155,23 +159,81 @@ impl KafkaCluster {
     ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
         let resolved = self.resolve(topics).map_err(BrokerOffsetsError::new)?;
         let mut out = BTreeMap::new();
+        let mut tpl = TopicPartitionList::new();
+        let at = if end { Offset::End } else { Offset::Beginning };
+        for (id, answer) in &resolved {
+            match answer {
+                None => {
+                    out.insert(*id, TopicOffsets::Absent);
+                }
+                Some((name, partitions)) => {
+                    for p in 0..*partitions {
+                        tpl.add_partition_offset(name, p, at)
+                            .map_err(|e| BrokerOffsetsError::new(format!("{name}:{p}: {e}")))?;
+                    }
+                }
+            }
+        }
+        if tpl.count() == 0 {
+            return Ok(out);
+        }
+        let listed = self.list_offsets(tpl)?;
         for (id, answer) in resolved {
             let Some((name, partitions)) = answer else {
-                out.insert(id, TopicOffsets::Absent);
                 continue;
             };
             let mut per = BTreeMap::new();
             for p in 0..partitions {
-                let (low, high) = self
-                    .admin
-                    .inner()
-                    .fetch_watermarks(&name, p, self.timeout)
-                    .map_err(|e| BrokerOffsetsError::new(format!("{name}:{p}: {e}")))?;
-                per.insert(p, if end { high } else { low });
+                let e = listed.find_partition(&name, p).ok_or_else(|| {
+                    BrokerOffsetsError::new(format!("{name}:{p}: no offset in the answer"))
+                })?;
+                if let Err(err) = e.error() {
+                    return Err(BrokerOffsetsError::new(format!("{name}:{p}: {err}")));
+                }
+                match e.offset() {
+                    Offset::Offset(o) => {
+                        per.insert(p, o);
+                    }
+                    other => {
+                        return Err(BrokerOffsetsError::new(format!(
+                            "{name}:{p}: the broker answered {other:?}"
+                        )));
+                    }
+                }
             }
             out.insert(id, TopicOffsets::Present(per));
         }
         Ok(out)
+    }
+
+    /// One ListOffsets round for every partition of `tpl` (its offsets say
+    /// which: `Offset::End`, the high watermark, or `Offset::Beginning`, the
+    /// log start): librdkafka sends one request per partition leader, where
+    /// a watermark lookup per partition cost two requests each.
+    fn list_offsets(
+        &self,
+        tpl: TopicPartitionList,
+    ) -> Result<TopicPartitionList, BrokerOffsetsError> {
+        let mut lookup = self.lookup.lock().unwrap_or_else(|p| p.into_inner());
+        let consumer = match &mut *lookup {
+            Some(c) => c,
+            slot @ None => {
+                let mut config = crate::settings::for_consumer(&self.config);
+                // The high watermark, not the last stable offset (see the
+                // module documentation).
+                config
+                    .set("isolation.level", "read_uncommitted")
+                    .set("group.id", "parsley-offset-lookups")
+                    .set("enable.auto.commit", "false")
+                    .remove("transactional.id");
+                slot.insert(config.create().map_err(|e: KafkaError| {
+                    BrokerOffsetsError::new(format!("cannot create the lookup client: {e}"))
+                })?)
+            }
+        };
+        consumer
+            .offsets_for_times(tpl, self.timeout)
+            .map_err(|e| BrokerOffsetsError::new(e.to_string()))
     }
 }
 

@@ -143,7 +143,13 @@ pub use parsley::runtime::worker::Backoff;
 pub enum StreamsState {
     /// Built, not started.
     Created,
-    /// Threads are running.
+    /// Threads are running, but at least one is joining the group, in a
+    /// rebalance, or starting the tasks of its assignment (lookups and
+    /// changelog restores).
+    Rebalancing,
+    /// Every stream thread has its assignment and processes every task of
+    /// it (a task stopped after a failure, waiting for its restart, does
+    /// not make the instance rebalance).
     Running,
     /// Closing.
     Stopping,
@@ -312,6 +318,10 @@ impl Default for StateCell {
 }
 
 impl StateCell {
+    fn get(&self) -> StreamsState {
+        lock(&self.state).clone()
+    }
+
     /// Moves to `new`; a failure is final (a later stop keeps it).
     fn set(&self, new: StreamsState) {
         let old = {
@@ -327,6 +337,45 @@ impl StateCell {
             && let Some(listener) = lock(&self.listener).as_ref()
         {
             listener(&old, &new);
+        }
+    }
+}
+
+/// Which stream threads are ready (their assignment taken and every task
+/// of it started): all of them make the instance `Running`, any other
+/// mix `Rebalancing`. Stopping, stopped and failed states are left alone.
+struct Readiness {
+    threads: Mutex<Vec<bool>>,
+    state: Arc<StateCell>,
+}
+
+impl Readiness {
+    fn new(threads: usize, state: Arc<StateCell>) -> Readiness {
+        Readiness {
+            threads: Mutex::new(vec![false; threads]),
+            state,
+        }
+    }
+
+    /// Thread `index` is ready, or not.
+    fn set(&self, index: usize, ready: bool) {
+        let mut threads = lock(&self.threads);
+        let Some(slot) = threads.get_mut(index) else {
+            return;
+        };
+        if *slot == ready {
+            return;
+        }
+        *slot = ready;
+        let all = threads.iter().all(|r| *r);
+        // Under the lock, so two threads' changes apply in order.
+        let now = self.state.get();
+        if matches!(now, StreamsState::Running | StreamsState::Rebalancing) {
+            self.state.set(if all {
+                StreamsState::Running
+            } else {
+                StreamsState::Rebalancing
+            });
         }
     }
 }
@@ -551,8 +600,10 @@ impl CausalStreams {
         let cluster = KafkaCluster::new(&self.config, self.options.request_timeout)?;
         self.prepare_topics(&cluster)?;
         self.start_watcher()?;
-        self.state.set(StreamsState::Running);
-        for index in 0..self.options.threads.max(1) {
+        self.state.set(StreamsState::Rebalancing);
+        let threads = self.options.threads.max(1);
+        let readiness = Arc::new(Readiness::new(threads, self.state.clone()));
+        for index in 0..threads {
             let thread = StreamThread {
                 app: self.app.clone(),
                 index,
@@ -574,6 +625,7 @@ impl CausalStreams {
                 dead_lettered: self.dead_lettered.clone(),
                 failure: self.failure.clone(),
                 phase: Arc::new(Mutex::new("starting")),
+                readiness: readiness.clone(),
             };
             self.phases.push(thread.phase.clone());
             let state = self.state.clone();
@@ -799,7 +851,10 @@ impl CausalStreams {
     /// Stops gracefully: each thread commits (or aborts) its open
     /// transaction and leaves the group. Returns the first thread failure.
     pub fn close(&mut self, timeout: Duration) -> Result<(), StreamsError> {
-        if matches!(self.state(), StreamsState::Running) {
+        if matches!(
+            self.state(),
+            StreamsState::Running | StreamsState::Rebalancing
+        ) {
             self.state.set(StreamsState::Stopping);
         }
         self.stop.store(true, Ordering::SeqCst);
@@ -866,10 +921,45 @@ struct Shared {
     /// every task: the thread leaves the group and joins again as a new
     /// member, with a new producer, as the simulator's members do.
     rejoin: Option<String>,
+    /// Whether an assignment was taken since the last revocation.
+    assigned: bool,
+    /// The membership is over (its consumer is being dropped).
+    ending: bool,
+    /// This thread's index, and what the threads publish (metrics and
+    /// holds), so a rebalance can say at once which tasks it holds now.
+    index: usize,
+    reports: Reports,
+    readiness: Arc<Readiness>,
+}
+
+impl Shared {
+    /// Publishes this thread's tasks as they are now (after a rebalance
+    /// changed them), and whether the thread is ready.
+    fn republish(&mut self) {
+        let published = self.worker.sample().clone();
+        lock(&self.reports).insert(self.index, published);
+        self.refresh_ready();
+    }
+
+    /// Ready: an assignment taken, and no task of it still waiting to
+    /// start.
+    fn refresh_ready(&self) {
+        let ready = self.assigned && self.worker.waiting_tasks().next().is_none();
+        self.readiness.set(self.index, ready);
+    }
 }
 
 struct ThreadContext {
     shared: Mutex<Shared>,
+}
+
+/// Marks a membership as ending when dropped (see `Shared::ending`).
+struct Ending<'a>(&'a BaseConsumer<ThreadContext>);
+
+impl Drop for Ending<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.context().shared).ending = true;
+    }
 }
 
 impl ClientContext for ThreadContext {
@@ -908,14 +998,27 @@ impl ConsumerContext for ThreadContext {
             let _ = leave_untaken(consumer);
             return;
         }
+        // Rebalancing until the new assignment's tasks have started (not
+        // when the consumer's own close revokes what it held: the thread's
+        // state is then its failure's, or the instance's close).
+        let ending = shared.ending;
+        if !ending {
+            shared.assigned = false;
+            shared.refresh_ready();
+        }
         let r = if assigning {
             info!(partitions = tpl.count(), "assignment taken");
             set_phase(&shared.phase, "starting tasks (lookups and restores)");
-            shared.on_assign(consumer, tpl)
+            let r = shared.on_assign(consumer, tpl);
+            shared.assigned = r.is_ok();
+            r
         } else {
             set_phase(&shared.phase, "revoking tasks");
             shared.on_revoke(consumer, tpl)
         };
+        if !ending {
+            shared.republish();
+        }
         set_phase(&shared.phase, "polling");
         if let Err(e) = r {
             warn!(error = %e, "rebalance failed; the stream thread stops");
@@ -941,6 +1044,7 @@ impl Shared {
         consumer: &BaseConsumer<ThreadContext>,
         tpl: &TopicPartitionList,
     ) -> Result<(), StreamsError> {
+        let began = Instant::now();
         // The group's committed offsets are unstable while a transaction
         // that sent offsets is still open (a frozen or dead member's):
         // the broker answers once it commits or aborts, which the
@@ -974,43 +1078,64 @@ impl Shared {
                 }
             }
         }
+        // Every partition's log start in one ListOffsets round (one request
+        // per leader), not a watermark lookup per partition. A partition
+        // may have no leader for a moment (just created, or a leader
+        // moving): ask again within the same bound.
+        let mut earliest = TopicPartitionList::new();
+        for (topic, p) in partitions(tpl) {
+            earliest.add_partition_offset(&topic, p, Offset::Beginning)?;
+        }
+        let starts = loop {
+            let answer = consumer.offsets_for_times(earliest.clone(), self.timeout);
+            let missing = answer.as_ref().map_or(true, |a| {
+                a.elements()
+                    .iter()
+                    .any(|e| e.error().is_err() || !matches!(e.offset(), Offset::Offset(_)))
+            });
+            match answer {
+                Ok(a) if !missing => break a,
+                _ if self.stop.load(Ordering::SeqCst) => return leave_untaken(consumer),
+                r if Instant::now() < deadline => {
+                    let error = r.map_or_else(
+                        |e| e.to_string(),
+                        |_| "a partition without an answer".to_owned(),
+                    );
+                    warn!(%error, "log starts not available yet; retrying");
+                    std::thread::sleep(LOOKUP_RETRY);
+                }
+                Err(e) => return Err(e.into()),
+                Ok(_) => {
+                    return Err(StreamsError::Metadata(MetadataError::Failed {
+                        topic: "(log starts)".to_owned(),
+                        message: "a partition's log start had no answer".to_owned(),
+                    }));
+                }
+            }
+        };
         let mut parts = Vec::new();
         for (topic, p) in partitions(tpl) {
             let committed = match committed.find_partition(&topic, p).map(|e| e.offset()) {
                 Some(Offset::Offset(o)) => Some(o),
                 _ => None,
             };
-            // A partition may have no leader for a moment (just created,
-            // or a leader moving): ask again within the same bound.
-            let (low, high) = loop {
-                match self
-                    .cluster
-                    .admin()
-                    .inner()
-                    .fetch_watermarks(&topic, p, self.timeout)
-                {
-                    Ok(w) => break w,
-                    Err(_) if self.stop.load(Ordering::SeqCst) => return leave_untaken(consumer),
-                    Err(e) if Instant::now() < deadline => {
-                        warn!(%topic, partition = p, error = %e, "watermarks not available yet; retrying");
-                        std::thread::sleep(LOOKUP_RETRY);
-                    }
-                    Err(e) => return Err(e.into()),
-                }
+            let log_start = match starts.find_partition(&topic, p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => o,
+                _ => 0,
             };
-            // The last stable offset, when the policy asked for it (the
-            // worker refuses to start a late joiner without it); the high
-            // watermark otherwise, which nothing then reads.
+            // The last stable offset, when the policy asks for it (the
+            // worker refuses to start a late joiner without it); nothing
+            // reads the end under the other policy.
             let end = if self.start_policy == StartPolicy::Latest {
                 stable.get(&(topic.clone(), p)).copied()
             } else {
-                Some(high)
+                None
             };
             parts.push(AssignedPartition {
                 topic,
                 partition: p,
                 committed,
-                log_start: low,
+                log_start,
                 end,
             });
         }
@@ -1037,7 +1162,7 @@ impl Shared {
         for s in seeks {
             self.worker.seek_applied(&s.topic, s.partition, s.offset)?;
         }
-        info!(partitions = tpl.count(), "partitions assigned");
+        info!(partitions = tpl.count(), tasks = self.worker.tasks().count(), elapsed = ?began.elapsed(), "partitions assigned");
         Ok(())
     }
 
@@ -1476,6 +1601,8 @@ struct StreamThread {
     failure: Arc<Mutex<Option<String>>>,
     /// What this thread is doing.
     phase: Phase,
+    /// Whether each thread is ready.
+    readiness: Arc<Readiness>,
 }
 
 /// How one membership of a stream thread ended.
@@ -1509,6 +1636,8 @@ impl StreamThread {
             let e = match session {
                 Ok(Session::Closed) => return Ok(()),
                 Ok(Session::Rejoin) => {
+                    // Out of the group until it joins again.
+                    self.readiness.set(self.index, false);
                     self.rejoins.fetch_add(1, Ordering::SeqCst);
                     let wait = backoff.step(in_a_row);
                     in_a_row += 1;
@@ -1534,6 +1663,7 @@ impl StreamThread {
                 decided.unwrap_or_else(|| policy::decide(self.handler.as_ref(), self.index, &e));
             match response {
                 ErrorResponse::ReplaceThread => {
+                    self.readiness.set(self.index, false);
                     self.replacements.fetch_add(1, Ordering::SeqCst);
                     // A failure that recurs at once is reported once per
                     // step of the backoff, and joins the group once per
@@ -1719,6 +1849,11 @@ impl StreamThread {
                 stop: self.stop.clone(),
                 phase: self.phase.clone(),
                 rejoin: None,
+                assigned: false,
+                ending: false,
+                index: self.index,
+                reports: self.reports.clone(),
+                readiness: self.readiness.clone(),
             }),
         };
         let mut consumer_config = settings::for_consumer(&self.config);
@@ -1732,6 +1867,9 @@ impl StreamThread {
             // error, which the worker judges; never a silent reset.
             .set("auto.offset.reset", "error");
         let consumer: BaseConsumer<ThreadContext> = consumer_config.create_with_context(context)?;
+        // Dropped before the consumer, however the membership ends: the
+        // revocation the consumer's close makes then changes no state.
+        let _ending = Ending(&consumer);
         let mut topics: Vec<&str> = Vec::new();
         for stage in self.app.stages() {
             topics.extend(stage.source_topics());
@@ -1849,6 +1987,8 @@ impl StreamThread {
                         lock(&self.reports).insert(self.index, published);
                     }
                 }
+                // A task whose start waited on a lookup may have started.
+                shared.refresh_ready();
                 shared.apply_seeks(&consumer)?;
                 if let Some(txn) = shared.worker.poll_transaction(now)? {
                     set_phase(&self.phase, "committing");

@@ -402,7 +402,11 @@ fn fails_closed_on_a_missing_topic_and_a_corrupt_header() {
     assert!(err.to_string().contains("corrupt causal headers"), "{err}");
     assert_eq!(
         *seen.lock().unwrap(),
-        vec!["Created -> Running", "Running -> Failed"],
+        vec![
+            "Created -> Rebalancing",
+            "Rebalancing -> Running",
+            "Running -> Failed"
+        ],
         "the state listener saw each change once; a failure stays final"
     );
     assert_eq!(

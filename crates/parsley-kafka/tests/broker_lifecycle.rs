@@ -1,0 +1,119 @@
+//! The lifecycle an operator sees, on a real broker: an instance is
+//! `Rebalancing` until every stream thread has its assignment and has
+//! started every task of it, and `Running` only then; a second instance
+//! joining makes the first rebalance and run again; `metrics()` lists only
+//! the tasks a thread holds now.
+//!
+//! These tests need a broker: they run when `PARSLEY_BOOTSTRAP` names one.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{config, create_topics, unique};
+use parsley::*;
+use parsley_kafka::{CausalStreams, StreamsOptions, StreamsState};
+
+type T = Topic<String, String>;
+
+fn topic(name: &str) -> T {
+    Topic::new(name, Codec::utf8(), Codec::utf8())
+}
+
+/// A stateful stage (a count per key, so every task has two changelogs to
+/// restore).
+fn counting(app_id: &str, input: &T, output: &T) -> Parsley {
+    let mut builder = Stage::named("count").state(Codec::int64(), || 0);
+    let out = builder.add_sink(output);
+    let stage = builder
+        .fold(input, move |n: i64, m: &Message<String, String>| {
+            Step::to(n + 1).emit(out.send(m.key().cloned(), (n + 1).to_string()))
+        })
+        .build()
+        .unwrap();
+    Parsley::named(app_id, [stage]).unwrap()
+}
+
+fn instance(app: &Parsley, name: &str) -> (CausalStreams, Arc<Mutex<Vec<String>>>) {
+    let mut s = CausalStreams::new(app, config())
+        .unwrap()
+        .with_options(StreamsOptions {
+            commit_interval: Duration::from_millis(50),
+            instance_id: Some(name.to_owned()),
+            ..StreamsOptions::default()
+        });
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    s.set_state_listener(move |old, new| {
+        log.lock().unwrap().push(format!("{old:?} -> {new:?}"));
+    });
+    (s, seen)
+}
+
+fn tasks(s: &CausalStreams) -> BTreeSet<String> {
+    s.metrics()
+        .into_iter()
+        .map(|m| m.task.to_string())
+        .collect()
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn running_means_every_task_started_and_a_join_rebalances_then_runs_again() {
+    let (i, o) = (unique("in"), unique("out"));
+    create_topics(&[(&i, 6), (&o, 1)]);
+    let app = counting(&unique("app"), &topic(&i), &topic(&o));
+    let (mut a, a_seen) = instance(&app, "a");
+    a.start().unwrap();
+    assert_eq!(
+        a.state(),
+        StreamsState::Rebalancing,
+        "not running before any assignment"
+    );
+    a.wait_until_running(Duration::from_secs(90)).unwrap();
+    // Running only once every task has started (and published).
+    wait_for("a's six tasks", || tasks(&a).len() == 6);
+    assert_eq!(a.state(), StreamsState::Running);
+
+    let (mut b, _) = instance(&app, "b");
+    b.start().unwrap();
+    b.wait_until_running(Duration::from_secs(90)).unwrap();
+    wait_for("both to run with the tasks split", || {
+        a.state() == StreamsState::Running
+            && b.state() == StreamsState::Running
+            && tasks(&a).len() + tasks(&b).len() == 6
+            && !tasks(&b).is_empty()
+    });
+    let (ta, tb) = (tasks(&a), tasks(&b));
+    assert!(
+        ta.is_disjoint(&tb),
+        "a task is listed by one instance: {ta:?} {tb:?}"
+    );
+    assert_eq!(ta.union(&tb).count(), 6);
+    let changes = a_seen.lock().unwrap().clone();
+    assert_eq!(
+        changes[..2],
+        ["Created -> Rebalancing", "Rebalancing -> Running"],
+        "{changes:?}"
+    );
+    assert!(
+        changes
+            .windows(2)
+            .skip(1)
+            .any(|w| w == ["Running -> Rebalancing", "Rebalancing -> Running"]),
+        "the join made a rebalance and run again: {changes:?}"
+    );
+    b.close(Duration::from_secs(30)).unwrap();
+    a.close(Duration::from_secs(30)).unwrap();
+    assert_eq!(a.state(), StreamsState::Stopped);
+}
