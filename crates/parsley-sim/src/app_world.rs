@@ -362,6 +362,20 @@ pub enum Assignor {
     /// others backwards: splits tasks (for the self-test that a host refuses
     /// a split task).
     RoundRobin,
+    /// The consumer group protocol of KIP-848 with its server-side range
+    /// assignor: the target is the range assignment, reached partition by
+    /// partition while the members go on processing. A partition leaves
+    /// its old owner before its new owner gets it; otherwise the moves come
+    /// in any order, so a member can hold some of a task's partitions
+    /// before the rest, and a task that keeps its partitions never stops.
+    Incremental,
+}
+
+/// One step of an incremental reconciliation, by member id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Move {
+    Revoke(usize, (String, i32)),
+    Assign(usize, (String, i32)),
 }
 
 /// An application world's definition.
@@ -442,6 +456,16 @@ pub struct AppStats {
     pub dead_letters: u64,
     /// Times the world let time pass for a thread's timed work.
     pub wakes: u64,
+    /// Incremental moves that left a member holding some but not all of a
+    /// task's partitions.
+    pub partial_holds: u64,
+    /// Committed deliveries made while a reconciliation was under way.
+    pub deliveries_while_reconciling: u64,
+    /// Incremental reconciliation steps carried out.
+    pub reconcile_steps: u64,
+    /// Tasks holding records that kept every partition through a
+    /// reconciliation (they never stop).
+    pub kept_while_holding: u64,
 }
 
 impl AppStats {
@@ -472,6 +496,10 @@ impl AppStats {
         }
         self.dead_letters += o.dead_letters;
         self.wakes += o.wakes;
+        self.partial_holds += o.partial_holds;
+        self.deliveries_while_reconciling += o.deliveries_while_reconciling;
+        self.reconcile_steps += o.reconcile_steps;
+        self.kept_while_holding += o.kept_while_holding;
     }
 }
 
@@ -524,6 +552,7 @@ enum Action {
     LookupOutage,
     PollFault(usize),
     Wake(usize, i64),
+    Reconcile,
 }
 
 /// A seeded application world. See the [module documentation](self).
@@ -547,6 +576,14 @@ pub struct AppWorld {
     committed_deliveries: BTreeMap<String, Vec<(String, i32, i64)>>,
     now: i64,
     stats: AppStats,
+    /// The moves an incremental reconciliation still has to make.
+    pending: Vec<Move>,
+    /// The tasks that held records when the reconciliation was planned.
+    holding_at_plan: BTreeSet<String>,
+    /// The reconciliation's target assignment, by member id.
+    target: BTreeMap<usize, Vec<(String, i32)>>,
+    /// Tasks counted as kept while holding in this reconciliation.
+    kept_this_round: BTreeSet<String>,
 }
 
 impl AppWorld {
@@ -616,6 +653,10 @@ impl AppWorld {
             committed_deliveries: BTreeMap::new(),
             now: 0,
             stats: AppStats::default(),
+            pending: Vec::new(),
+            holding_at_plan: BTreeSet::new(),
+            target: BTreeMap::new(),
+            kept_this_round: BTreeSet::new(),
         };
         for _ in 0..world.config.members {
             world.add_member();
@@ -760,6 +801,11 @@ impl AppWorld {
         if let Some(i) = missing {
             self.members[i].zombie = true;
         }
+        if self.config.assignor == Assignor::Incremental {
+            self.holding_at_plan = holding;
+            self.plan_reconciliation();
+            return Ok(());
+        }
         for i in 0..self.members.len() {
             if self.members[i].zombie {
                 continue;
@@ -844,6 +890,186 @@ impl AppWorld {
         }
         self.owners = owners;
         Ok(())
+    }
+
+    /// A new epoch: every live member learns it (its next commit carries
+    /// it), and the moves from what each holds to the range assignment are
+    /// planned, replacing any left from an earlier epoch.
+    fn plan_reconciliation(&mut self) {
+        self.generation += 1;
+        for m in &mut self.members {
+            if !m.zombie {
+                m.generation = self.generation;
+            }
+        }
+        let target = self.range_assignment();
+        self.kept_this_round.clear();
+        self.target = target.clone();
+        self.count_kept_while_holding();
+        let mut pending = Vec::new();
+        for m in &self.members {
+            if m.zombie {
+                continue;
+            }
+            let want = target.get(&m.id).cloned().unwrap_or_default();
+            for p in &m.assignment {
+                if !want.contains(p) {
+                    pending.push(Move::Revoke(m.id, p.clone()));
+                }
+            }
+            for p in want {
+                if !m.assignment.contains(&p) {
+                    pending.push(Move::Assign(m.id, p));
+                }
+            }
+        }
+        self.pending = pending;
+    }
+
+    /// Counts, once per reconciliation, each task that holds records while
+    /// its member keeps every partition of it: it runs through the
+    /// rebalance with its queues untouched.
+    fn count_kept_while_holding(&mut self) {
+        for name in self.holding_tasks() {
+            if self.kept_this_round.contains(&name) {
+                continue;
+            }
+            let Some(task) = self.config.tasks.iter().find(|t| t.name == name) else {
+                continue;
+            };
+            let kept = self.members.iter().any(|m| {
+                !m.zombie
+                    && task.inputs.iter().all(|p| {
+                        m.assignment.contains(p)
+                            && self.target.get(&m.id).is_some_and(|t| t.contains(p))
+                    })
+            });
+            if kept {
+                self.stats.kept_while_holding += 1;
+                self.kept_this_round.insert(name);
+            }
+        }
+    }
+
+    /// One move of the reconciliation, chosen at random among those the
+    /// protocol allows now (an assignment only once no live member holds
+    /// the partition).
+    fn reconcile(&mut self) -> Result<(), AppFailure> {
+        let index = |world: &AppWorld, id: usize| world.members.iter().position(|m| m.id == id);
+        self.pending.retain(|m| {
+            let id = match m {
+                Move::Revoke(id, _) | Move::Assign(id, _) => *id,
+            };
+            self.members.iter().any(|x| x.id == id && !x.zombie)
+        });
+        let allowed: Vec<usize> = (0..self.pending.len())
+            .filter(|&k| match &self.pending[k] {
+                Move::Revoke(..) => true,
+                Move::Assign(_, p) => !self
+                    .members
+                    .iter()
+                    .any(|m| !m.zombie && m.assignment.contains(p)),
+            })
+            .collect();
+        if allowed.is_empty() {
+            self.pending.clear();
+            return Ok(());
+        }
+        self.count_kept_while_holding();
+        let pick = allowed[self.rng.random_range(0..allowed.len())];
+        let step = self.pending.remove(pick);
+        self.stats.reconcile_steps += 1;
+        match step {
+            Move::Revoke(id, p) => {
+                let Some(i) = index(self, id) else {
+                    return Ok(());
+                };
+                self.before_revoke(i)?;
+                // The commit may have found it a zombie and replaced it.
+                let Some(i) = index(self, id) else {
+                    return Ok(());
+                };
+                if !self.members[i].assignment.contains(&p) {
+                    return Ok(());
+                }
+                self.members[i]
+                    .thread
+                    .revoke(std::slice::from_ref(&p))
+                    .map_err(|e| self.fail(format!("member {id}: revoke refused: {e}")))?;
+                let m = &mut self.members[i];
+                m.assignment.retain(|x| *x != p);
+                m.buffer.retain(|f| !(f.topic == p.0 && f.partition == p.1));
+                m.positions.remove(&p);
+                m.paused.remove(&p);
+                self.apply_seeks(i)
+            }
+            Move::Assign(id, p) => {
+                let Some(i) = index(self, id) else {
+                    return Ok(());
+                };
+                let c = self.channel(&p.0, p.1);
+                let assigned = Assigned {
+                    topic: p.0.clone(),
+                    partition: p.1,
+                    committed: self.group_offsets.get(&p).copied(),
+                    log_start: c.map_or(0, |c| self.broker.log_start(c)),
+                    end: c.map_or(0, |c| self.broker.end_offset(c)),
+                };
+                let now = self.now;
+                let broker = &self.broker;
+                self.members[i]
+                    .thread
+                    .assign(vec![assigned], broker, now)
+                    .map_err(|e| self.fail(format!("member {id}: assignment refused: {e}")))?;
+                self.members[i].assignment.push(p.clone());
+                if let Some(task) = self.task_of(&p.0, p.1).cloned() {
+                    let held = task
+                        .inputs
+                        .iter()
+                        .filter(|x| self.members[i].assignment.contains(x))
+                        .count();
+                    if held < task.inputs.len() {
+                        self.stats.partial_holds += 1;
+                    } else {
+                        if let Some(&old) = self.owners.get(&task.name)
+                            && old != id
+                        {
+                            self.stats.migrations += 1;
+                            if self.holding_at_plan.contains(&task.name) {
+                                self.stats.migrations_while_holding += 1;
+                            }
+                        }
+                        self.owners.insert(task.name.clone(), id);
+                    }
+                }
+                self.apply_seeks(i)
+            }
+        }
+    }
+
+    /// What member `i` does with its open work before a revocation.
+    fn before_revoke(&mut self, i: usize) -> Result<(), AppFailure> {
+        match self.members[i].thread.before_revoke() {
+            BeforeRevoke::Nothing => Ok(()),
+            BeforeRevoke::Commit => {
+                let broker = &self.broker;
+                let txn = self.members[i]
+                    .thread
+                    .flush(broker)
+                    .map_err(|e| self.fail(format!("member {i}: flush refused: {e}")))?;
+                match txn {
+                    Some(txn) => self.commit(i, txn, CommitFate::Commit),
+                    None => Ok(()),
+                }
+            }
+            BeforeRevoke::Abort => {
+                let broker = &self.broker;
+                self.members[i]
+                    .thread
+                    .abort(broker)
+                    .map_err(|e| self.fail(format!("member {i}: abort refused: {e}")))
+            }
+        }
     }
 
     fn holding_tasks(&self) -> BTreeSet<String> {
@@ -966,6 +1192,9 @@ impl AppWorld {
         }
         if self.budget.lookup_failures > 0 {
             out.push((1, Action::LookupOutage));
+        }
+        if !self.pending.is_empty() {
+            out.push((3, Action::Reconcile));
         }
         out
     }
@@ -1116,6 +1345,7 @@ impl AppWorld {
                     .punctuate(now, broker)
                     .map_err(|e| self.fail(format!("member {i}: punctuate refused: {e}")))?;
             }
+            Action::Reconcile => self.reconcile()?,
             Action::LookupOutage => {
                 self.budget.lookup_failures -= 1;
                 self.stats.lookup_failures += 1;
@@ -1324,7 +1554,7 @@ impl AppWorld {
                         // The commit's fate was unknown to the thread; the
                         // coordinator had recorded it.
                         self.stats.unknown_fates[0] += 1;
-                        self.judge(&txn)?;
+                        self.judge(i, &txn)?;
                     } else {
                         if fault == SimFault::Retriable {
                             self.stats.unknown_fates[1] += 1;
@@ -1391,7 +1621,7 @@ impl AppWorld {
                 .map_err(|e| self.fail(format!("member {i}: abort refused: {e}")))?;
             return self.apply_seeks(i);
         }
-        self.judge(&txn)?;
+        self.judge(i, &txn)?;
         let broker = &self.broker;
         self.members[i]
             .thread
@@ -1401,7 +1631,7 @@ impl AppWorld {
 
     /// Judges a committed transaction through the oracle,
     /// then appends it and commits its offsets.
-    fn judge(&mut self, txn: &HostTransaction) -> Result<(), AppFailure> {
+    fn judge(&mut self, i: usize, txn: &HostTransaction) -> Result<(), AppFailure> {
         let touched: BTreeSet<(String, i32)> = txn
             .records
             .iter()
@@ -1440,6 +1670,20 @@ impl AppWorld {
                         ));
                         break;
                     };
+                    // Never a half task: the member holds every partition
+                    // of the task whose delivery it commits.
+                    if let Some(spec) = self.config.tasks.iter().find(|t| t.name == *task)
+                        && let Some(p) = spec
+                            .inputs
+                            .iter()
+                            .find(|p| !self.members[i].assignment.contains(p))
+                    {
+                        result = Err(format!(
+                            "task {task} delivered {topic}:{partition}@{offset} on a member that does not hold its partition {}:{}",
+                            p.0, p.1
+                        ));
+                        break;
+                    }
                     if let Err(v) = self.oracle.deliver(actor, id) {
                         result = Err(v.message);
                         break;
@@ -1511,9 +1755,13 @@ impl AppWorld {
         if tasks.len() > 1 {
             self.stats.multi_task_commits += 1;
         }
+        let reconciling = !self.pending.is_empty();
         for (task, d) in delivered {
             self.committed_deliveries.entry(task).or_default().push(d);
             self.stats.deliveries += 1;
+            if reconciling {
+                self.stats.deliveries_while_reconciling += 1;
+            }
         }
         for a in staged {
             self.oracle.commit(a);

@@ -2235,3 +2235,86 @@ fn a_refused_dead_letter_or_changelog_record_fails_its_task() {
     assert!(f.refused.is_none(), "not sent anywhere else");
     assert!(f.error.contains("dead-letter topic"), "{}", f.error);
 }
+
+fn flow(w: &mut Worker) -> Vec<(String, i32, bool)> {
+    w.take_flow_changes()
+        .into_iter()
+        .map(|f| (f.topic, f.partition, f.paused))
+        .collect()
+}
+
+/// Under incremental assignment a task forms only once all its partitions
+/// are here: until then they are paused and their records dropped, so a
+/// half task never delivers; losing one partition closes the task and the
+/// rest waits paused again, with the committed state kept in the
+/// changelogs. Under complete assignment the same half arrival is refused.
+#[test]
+fn under_incremental_assignment_a_task_forms_only_with_all_its_partitions() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = Worker::new(
+        &app,
+        WorkerConfig {
+            assignment: Assignment::Incremental,
+            ..WorkerConfig::default()
+        },
+    );
+    w.assign(vec![part("a", 0)], &cluster, 0).unwrap();
+    assert_eq!(w.tasks().count(), 0, "no half task");
+    assert_eq!(w.partial_tasks().count(), 1);
+    assert_eq!(flow(&mut w), [("a".to_owned(), 0, true)]);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    assert_eq!(
+        w.stats().dropped_while_waiting,
+        1,
+        "its records are dropped"
+    );
+    assert!(!w.has_open_work());
+    w.assign(vec![part("b", 0)], &cluster, 0).unwrap();
+    assert_eq!(w.tasks().count(), 1, "formed");
+    assert_eq!(w.partial_tasks().count(), 0);
+    assert_eq!(
+        flow(&mut w),
+        [("a".to_owned(), 0, false), ("b".to_owned(), 0, false)]
+    );
+    let seeks = seek(&mut w);
+    assert_eq!(seeks.len(), 2, "both channels start from their positions");
+    commit(&mut w, &cluster);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    let txn = commit(&mut w, &cluster);
+    assert_eq!(delivered(&txn), ["count[0]:a:0@0"]);
+    // b:0 leaves: the task closes, a:0 waits paused.
+    w.revoke(&[("b".to_owned(), 0)]).unwrap();
+    assert_eq!(w.tasks().count(), 0);
+    assert_eq!(w.partial_tasks().count(), 1);
+    assert_eq!(flow(&mut w), [("a".to_owned(), 0, true)]);
+    // It comes back: the task forms again from its changelogs.
+    w.assign(
+        vec![AssignedPartition {
+            committed: Some(0),
+            ..part("b", 0)
+        }],
+        &cluster,
+        0,
+    )
+    .unwrap();
+    assert_eq!(w.tasks().count(), 1);
+    let seeks = seek(&mut w);
+    assert_eq!(
+        seeks[&("a".to_owned(), 0)],
+        1,
+        "past the committed delivery"
+    );
+    // All of it leaves: nothing is left waiting.
+    commit(&mut w, &cluster);
+    w.revoke(&[("a".to_owned(), 0), ("b".to_owned(), 0)])
+        .unwrap();
+    assert_eq!(w.partial_tasks().count() + w.tasks().count(), 0);
+    assert_eq!(w.stats().partial_tasks, 2);
+
+    let mut complete = worker(&app);
+    assert!(matches!(
+        complete.assign(vec![part("a", 0)], &cluster, 0),
+        Err(WorkerError::SplitTask { .. })
+    ));
+}

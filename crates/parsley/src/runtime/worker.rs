@@ -76,6 +76,25 @@ pub enum StartPolicy {
     Latest,
 }
 
+/// How the group hands out partitions, which decides what a task whose
+/// partitions are not all here means.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Assignment {
+    /// Each rebalance hands every member its whole assignment at once (the
+    /// classic protocol's eager range assignor): a task whose partitions
+    /// did not all land here is a misconfigured assignor, refused with
+    /// [`WorkerError::SplitTask`].
+    #[default]
+    Complete,
+    /// Partitions arrive and leave one by one as the group reconciles (the
+    /// consumer group protocol of KIP-848): a task forms only once all of
+    /// its partitions are here. Until then its partitions are paused and
+    /// their records dropped, so a half task never delivers or commits;
+    /// a task that loses one of its partitions closes, and the rest wait
+    /// the same way.
+    Incremental,
+}
+
 /// What a task does when a channel's committed position lies below the
 /// partition's log start: retention (or DeleteRecords) removed records the
 /// stage never read.
@@ -139,6 +158,8 @@ pub struct WorkerConfig {
     pub start_policy: StartPolicy,
     /// What a channel committed below its log start does.
     pub on_retention_loss: OnRetentionLoss,
+    /// How partitions arrive: whole assignments, or one by one.
+    pub assignment: Assignment,
     /// How many times a commit step that failed with a retriable error is
     /// retried (waiting 100 ms, then doubling) before the commit's fate
     /// counts as unknown.
@@ -163,6 +184,7 @@ impl Default for WorkerConfig {
             truncation_interval: Duration::from_secs(600),
             start_policy: StartPolicy::Earliest,
             on_retention_loss: OnRetentionLoss::Fail,
+            assignment: Assignment::Complete,
             commit_retries: 3,
             task_backoff: Backoff::default(),
             thread_id: "0".to_owned(),
@@ -336,6 +358,9 @@ pub struct WorkerStats {
     pub faults: u64,
     /// Commit steps retried after a retriable fault.
     pub commit_retries: u64,
+    /// Times a task was left partial: some of its partitions here, the
+    /// rest not yet ([`Assignment::Incremental`]).
+    pub partial_tasks: u64,
 }
 
 /// What the worker refuses.
@@ -577,6 +602,9 @@ pub struct Worker {
     streaks: BTreeMap<TaskId, Streak>,
     /// Fetch pauses and resumes the host has not taken yet.
     flow: Vec<FlowChange>,
+    /// Tasks some of whose partitions are here and some not
+    /// ([`Assignment::Incremental`]): their partitions are paused.
+    partial: BTreeSet<TaskId>,
     /// Emissions each task sends to a dead-letter topic instead of its sink.
     diversions: BTreeMap<TaskId, BTreeMap<EmissionOrigin, Diversion>>,
     /// Which task made which records of the transaction in flight: per
@@ -628,6 +656,7 @@ impl Worker {
             failures: Vec::new(),
             streaks: BTreeMap::new(),
             flow: Vec::new(),
+            partial: BTreeSet::new(),
             diversions: BTreeMap::new(),
             owners: Vec::new(),
             commit_retries: 0,
@@ -767,7 +796,7 @@ impl Worker {
             }
             let needed = self.needed(id);
             let here = |k: &(String, i32)| self.assigned.contains_key(k) || incoming.contains(k);
-            if !needed.iter().all(here) {
+            if self.config.assignment == Assignment::Complete && !needed.iter().all(here) {
                 let fmt =
                     |v: &[&(String, i32)]| v.iter().map(|(t, p)| format!("{t}:{p}")).collect();
                 let held: Vec<&(String, i32)> = needed.iter().filter(|k| here(k)).collect();
@@ -788,9 +817,53 @@ impl Worker {
             {
                 continue;
             }
+            let needed = self.needed(&id);
+            if !needed.iter().all(|k| self.assigned.contains_key(k)) {
+                // Only under incremental assignment (checked above): wait
+                // for the rest, fetching nothing meanwhile.
+                self.hold_partial(&id);
+                continue;
+            }
+            if self.partial.remove(&id) {
+                debug!(task = %id, "every partition of the task is here; it forms");
+                for (topic, partition) in needed {
+                    self.flow.push(FlowChange {
+                        topic,
+                        partition,
+                        paused: false,
+                    });
+                }
+            }
             self.try_start(id, cluster)?;
         }
         Ok(())
+    }
+
+    /// A task with only some of its partitions here: they are paused (and
+    /// their records dropped) until the rest arrive.
+    fn hold_partial(&mut self, id: &TaskId) {
+        if self.partial.insert(id.clone()) {
+            self.stats.partial_tasks += 1;
+        }
+        let here: Vec<(String, i32)> = self
+            .needed(id)
+            .into_iter()
+            .filter(|k| self.assigned.contains_key(k))
+            .collect();
+        debug!(task = %id, here = here.len(), "some of the task's partitions are here; it forms when the rest arrive");
+        for (topic, partition) in here {
+            self.flow.push(FlowChange {
+                topic,
+                partition,
+                paused: true,
+            });
+        }
+    }
+
+    /// Tasks waiting for the rest of their partitions
+    /// ([`Assignment::Incremental`]).
+    pub fn partial_tasks(&self) -> impl Iterator<Item = &TaskId> {
+        self.partial.iter()
     }
 
     /// Starts a task; a transient lookup failure leaves it waiting (its
@@ -1245,6 +1318,7 @@ impl Worker {
                 .iter()
                 .any(|(t, p)| *t == f.topic && *p == f.partition)
         });
+        let mut touched = BTreeSet::new();
         for key in partitions {
             self.assigned.remove(key);
             if let Some((id, _)) = self.routes.get(key) {
@@ -1256,6 +1330,7 @@ impl Worker {
                     info!(task = %id, "stopped task revoked");
                 }
                 self.diversions.remove(&id);
+                touched.insert(id);
             }
         }
         for id in closing {
@@ -1270,7 +1345,7 @@ impl Worker {
                     .map(|c| format!("{}:{}", c.topic, c.partition))
                     .collect();
                 info!(task = %id, "task revoked");
-                if !left.is_empty() {
+                if !left.is_empty() && self.config.assignment == Assignment::Complete {
                     let needed = slot
                         .channels
                         .iter()
@@ -1282,6 +1357,22 @@ impl Worker {
                         assigned: left,
                     });
                 }
+            }
+        }
+        // What is left of each touched task waits for the task to form
+        // again (incremental assignment), or is gone.
+        for id in touched {
+            if self.tasks.contains_key(&id) {
+                continue;
+            }
+            if self
+                .needed(&id)
+                .iter()
+                .any(|k| self.assigned.contains_key(k))
+            {
+                self.hold_partial(&id);
+            } else {
+                self.partial.remove(&id);
             }
         }
         Ok(())
@@ -1838,6 +1929,7 @@ impl Worker {
         self.waiting.clear();
         self.failing = None;
         self.stopped.clear();
+        self.partial.clear();
         self.flow.clear();
         self.diversions.clear();
         self.owners.clear();
