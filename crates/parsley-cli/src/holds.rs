@@ -17,6 +17,16 @@ const STALE_AFTER_MS: i64 = 60_000;
 
 /// Reads the latest report of every stream thread and describes them.
 pub fn run(bootstrap: &str, app: &str) -> Result<Vec<String>, String> {
+    let latest = latest_reports(bootstrap, app)?;
+    describe(app, &latest)
+}
+
+/// The latest report of every stream thread of `app` on its diagnostics
+/// topic, by `<instance>/<thread>`.
+pub fn latest_reports(
+    bootstrap: &str,
+    app: &str,
+) -> Result<BTreeMap<String, ThreadReport>, String> {
     let topic = diagnostics_topic(app);
     let mut config = ClientConfig::new();
     config
@@ -81,9 +91,18 @@ pub fn run(bootstrap: &str, app: &str) -> Result<Vec<String>, String> {
             }
         }
     }
-    let now = SystemTime::now()
+    Ok(latest)
+}
+
+/// The wall clock in milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn describe(app: &str, latest: &BTreeMap<String, ThreadReport>) -> Result<Vec<String>, String> {
+    let now = now_ms();
     let live: Vec<&ThreadReport> = latest
         .values()
         .filter(|r| now - r.at < STALE_AFTER_MS && !r.tasks.is_empty())

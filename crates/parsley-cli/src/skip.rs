@@ -3,9 +3,11 @@
 //! store entry, so the task reads it when it restores and sends that record
 //! to a dead-letter topic instead of delivering it.
 //!
-//! Everything is checked before anything is written: the application's
-//! consumer group has no members (a running task would not read the entry
-//! until its next restore, and could race it), the topics exist, the
+//! Everything is checked before anything is written: no stream thread of
+//! the application runs (its consumer group has no members under the
+//! classic protocol, and no thread reported on the diagnostics topic in
+//! the last 15 s: a running task would not read the entry until its next
+//! restore, and could race it), the topics exist, the
 //! record is not consumed yet, and the task's recorded scope consumes the
 //! channel (else its restore would refuse the entry).
 
@@ -67,6 +69,31 @@ pub fn run(s: &Skip) -> Result<String, String> {
             s.app,
             g.members().len()
         ));
+    }
+    // Under the consumer group protocol the classic group description
+    // above sees no members: the stream threads' own reports say whether
+    // any runs (each republishes at least every five seconds).
+    let fresh =
+        3 * i64::try_from(parsley_kafka::diagnostics::REFRESH.as_millis()).unwrap_or(15_000);
+    match crate::holds::latest_reports(&s.bootstrap, &s.app) {
+        Ok(latest) => {
+            let now = crate::holds::now_ms();
+            let running: Vec<String> = latest
+                .values()
+                .filter(|r| !r.tasks.is_empty() && now - r.at < fresh)
+                .map(|r| format!("{}/{}", r.instance, r.thread))
+                .collect();
+            if !running.is_empty() {
+                return Err(format!(
+                    "application {:?} is running: stream thread(s) {} reported in the last {} s; stop every instance first (a running task reads the step only when it restores)",
+                    s.app,
+                    running.join(", "),
+                    fresh / 1000
+                ));
+            }
+        }
+        Err(e) if e.contains("has no diagnostics topic") => {}
+        Err(e) => return Err(format!("cannot tell whether {:?} is running: {e}", s.app)),
     }
     let describe = |topic: &str| {
         cluster

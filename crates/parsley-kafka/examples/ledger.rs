@@ -56,11 +56,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // ANCHOR: streams_config
     let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", bootstrap)
-        // A crashed or frozen instance leaves the group quickly.
-        .set("session.timeout.ms", "6000")
-        .set("heartbeat.interval.ms", "1000");
+    // How soon a crashed or frozen instance leaves the group is the
+    // broker's group.consumer.session.timeout.ms under the consumer group
+    // protocol (the test broker sets 6 s).
+    config.set("bootstrap.servers", bootstrap);
     let mut streams = CausalStreams::new(&app, config)?.with_options(StreamsOptions {
         commit_interval: Duration::from_millis(50),
         instance_id: instance,

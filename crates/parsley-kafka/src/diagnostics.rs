@@ -5,10 +5,11 @@
 //!
 //! The topic is compacted with one partition; the key is
 //! `<instance>/<thread>`, the value one JSON document ([`ThreadReport`]).
-//! A thread publishes when what it holds changes, and at least every
-//! [`REFRESH`] while it holds anything, so a reader can tell a stale entry
-//! (an instance that died) by its `at`. A thread that leaves the group
-//! publishes an empty report.
+//! A thread publishes when what it holds or the tasks it runs change, and
+//! at least every [`REFRESH`], so a reader can tell a stale entry (an
+//! instance that died) by its `at`, and a running one by a fresh `at`
+//! (`parsley skip` refuses to write while one is). A thread that leaves
+//! the group publishes an empty report.
 
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-/// How often a thread that holds records republishes.
+/// How often a running thread republishes at least.
 pub const REFRESH: Duration = Duration::from_secs(5);
 
 /// The diagnostics topic of an application.
@@ -88,9 +89,7 @@ fn due(last: Option<&(i64, Shape)>, now: i64, shape: &Shape) -> bool {
     match last {
         None => true,
         Some((at, last)) => {
-            last != shape
-                || (!shape.is_empty()
-                    && now - at >= i64::try_from(REFRESH.as_millis()).unwrap_or(i64::MAX))
+            last != shape || now - at >= i64::try_from(REFRESH.as_millis()).unwrap_or(i64::MAX)
         }
     }
 }
@@ -127,10 +126,12 @@ impl Publisher {
     /// Publishes `report` if what it holds changed, or if it holds anything
     /// and the last publication is older than [`REFRESH`].
     pub(crate) fn publish(&mut self, report: &ThreadReport) {
+        // What it holds, and which tasks it runs (a rebalance changes them).
         let shape: Shape = report
             .holds
             .iter()
             .map(|h| (h.coordinate.clone(), i64::from(h.task_partition)))
+            .chain(report.tasks.iter().map(|t| (t.clone(), -1)))
             .collect();
         if !due(self.last.as_ref(), report.at, &shape) {
             self.producer.poll(Duration::ZERO);
@@ -164,7 +165,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_thread_publishes_on_change_and_refreshes_only_while_holding() {
+    fn a_thread_publishes_on_change_and_refreshes_every_interval() {
         let held: Shape = vec![("a:0@3".to_owned(), 0)];
         let none: Shape = Vec::new();
         assert!(due(None, 0, &none), "the first report");
@@ -176,9 +177,10 @@ mod tests {
         );
         assert!(due(Some(&last), 2_000, &none), "changed");
         let quiet = (1_000, none.clone());
+        assert!(!due(Some(&quiet), 2_000, &none), "quiet and fresh");
         assert!(
-            !due(Some(&quiet), 60_000, &none),
-            "holding nothing stays quiet"
+            due(Some(&quiet), 6_000, &none),
+            "holding nothing still refreshes: a fresh report says the thread runs"
         );
     }
 }

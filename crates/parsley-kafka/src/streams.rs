@@ -58,8 +58,36 @@ const OWNED: &[(&str, &str)] = &[
     ("isolation.level", "read_committed"),
     ("enable.auto.commit", "false"),
     ("enable.auto.offset.store", "false"),
-    ("partition.assignment.strategy", "range"),
 ];
+
+/// Which consumer group protocol the stream threads use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GroupProtocol {
+    /// The consumer group protocol of KIP-848 (Kafka 4.0 and later), with
+    /// the broker's range assignor: sticky, and partition `p` of
+    /// co-partitioned topics goes to one member. Partitions move one by one
+    /// as the group reconciles, so a task whose partitions stay keeps
+    /// running through a rebalance with its state, open work and hold
+    /// queues. Session and heartbeat timeouts are the broker's
+    /// (`group.consumer.session.timeout.ms`); a client configuration's
+    /// `session.timeout.ms` and `heartbeat.interval.ms` are ignored, with a
+    /// warning. The default.
+    #[default]
+    Consumer,
+    /// The classic protocol with the eager range assignor, for brokers
+    /// older than 4.0: every rebalance revokes every partition of every
+    /// member, and each task restarts from its changelogs.
+    Classic,
+}
+
+impl GroupProtocol {
+    fn name(self) -> &'static str {
+        match self {
+            GroupProtocol::Consumer => "consumer",
+            GroupProtocol::Classic => "classic",
+        }
+    }
+}
 
 /// The settings of the changelog topics the runtime creates. Compaction
 /// never touches a partition's active segment, and with Kafka's defaults
@@ -97,6 +125,8 @@ pub struct StreamsOptions {
     /// `MetadataError::Stalled` (naming the partition and offsets). A
     /// replay that makes progress never times out.
     pub restore_stall_timeout: Duration,
+    /// The consumer group protocol.
+    pub group_protocol: GroupProtocol,
     /// How long a stream thread waits before it joins the group again,
     /// after a failure the error handler answered with
     /// [`ErrorResponse::ReplaceThread`] or after being fenced.
@@ -126,6 +156,7 @@ impl Default for StreamsOptions {
             on_retention_loss: OnRetentionLoss::Fail,
             request_timeout: Duration::from_secs(30),
             restore_stall_timeout: Duration::from_secs(90),
+            group_protocol: GroupProtocol::Consumer,
             rejoin_backoff: Backoff::default(),
             task_backoff: Backoff::default(),
             instance_id: None,
@@ -450,6 +481,20 @@ impl CausalStreams {
                 });
             }
         }
+        // Partition p of every source must land on one thread: the range
+        // assignor (under the consumer group protocol, the broker's range
+        // assignor, which the runtime chooses).
+        if let Some(v) = config.get("partition.assignment.strategy")
+            && v != "range"
+        {
+            return Err(StreamsError::Config {
+                setting: "partition.assignment.strategy".to_owned(),
+                value: v.to_owned(),
+                reason:
+                    "a task's partitions must land on one stream thread: only \"range\" does that"
+                        .to_owned(),
+            });
+        }
         for setting in ["group.id", "application.id"] {
             if let Some(v) = config.get(setting)
                 && v != app.application_id()
@@ -596,6 +641,18 @@ impl CausalStreams {
     pub fn start(&mut self) -> Result<(), StreamsError> {
         if self.state() != StreamsState::Created {
             return Err(StreamsError::State(self.state()));
+        }
+        let protocol = self.options.group_protocol.name();
+        if let Some(v) = self.config.get("group.protocol")
+            && v != protocol
+        {
+            return Err(StreamsError::Config {
+                setting: "group.protocol".to_owned(),
+                value: v.to_owned(),
+                reason: format!(
+                    "the stream threads use {protocol:?} (StreamsOptions::group_protocol chooses it)"
+                ),
+            });
         }
         let cluster = KafkaCluster::new(&self.config, self.options.request_timeout)?;
         self.prepare_topics(&cluster)?;
@@ -925,6 +982,9 @@ struct Shared {
     assigned: bool,
     /// The membership is over (its consumer is being dropped).
     ending: bool,
+    /// Partitions arrive and leave one by one (the consumer group
+    /// protocol): assignments are incremental.
+    incremental: bool,
     /// This thread's index, and what the threads publish (metrics and
     /// holds), so a rebalance can say at once which tasks it holds now.
     index: usize,
@@ -986,16 +1046,21 @@ impl ConsumerContext for ThreadContext {
         tpl: &mut TopicPartitionList,
     ) {
         let mut shared = lock(&self.shared);
-        if shared.error.is_some() || shared.rejoin.is_some() {
-            let _ = consumer.unassign();
-            return;
-        }
         let assigning =
             err == rdkafka_sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
+        if shared.error.is_some() || shared.rejoin.is_some() {
+            // The membership is ending: take nothing up.
+            let _ = if assigning {
+                shared.leave_untaken(consumer, tpl)
+            } else {
+                shared.give_up(consumer, tpl).map_err(StreamsError::from)
+            };
+            return;
+        }
         if assigning && shared.stop.load(Ordering::SeqCst) {
             // Closing: the partitions wait for this member to leave, and
             // no task starts (or restores) only to be dropped.
-            let _ = leave_untaken(consumer);
+            let _ = shared.leave_untaken(consumer, tpl);
             return;
         }
         // Rebalancing until the new assignment's tasks have started (not
@@ -1022,7 +1087,7 @@ impl ConsumerContext for ThreadContext {
         set_phase(&shared.phase, "polling");
         if let Err(e) = r {
             warn!(error = %e, "rebalance failed; the stream thread stops");
-            let _ = consumer.unassign();
+            let _ = shared.give_up(consumer, tpl);
             shared.error = Some(e);
         }
     }
@@ -1045,6 +1110,10 @@ impl Shared {
         tpl: &TopicPartitionList,
     ) -> Result<(), StreamsError> {
         let began = Instant::now();
+        if tpl.count() == 0 {
+            // An incremental step that adds nothing: acknowledge it.
+            return self.take(consumer, tpl).map_err(StreamsError::from);
+        }
         // The group's committed offsets are unstable while a transaction
         // that sent offsets is still open (a frozen or dead member's):
         // the broker answers once it commits or aborts, which the
@@ -1053,7 +1122,9 @@ impl Shared {
         let committed = loop {
             match consumer.committed_offsets(tpl.clone(), self.timeout) {
                 Ok(c) => break c,
-                Err(_) if self.stop.load(Ordering::SeqCst) => return leave_untaken(consumer),
+                Err(_) if self.stop.load(Ordering::SeqCst) => {
+                    return self.leave_untaken(consumer, tpl);
+                }
                 Err(e) if Instant::now() < deadline => {
                     warn!(error = %e, "committed offsets not available yet; retrying");
                     std::thread::sleep(LOOKUP_RETRY);
@@ -1095,7 +1166,7 @@ impl Shared {
             });
             match answer {
                 Ok(a) if !missing => break a,
-                _ if self.stop.load(Ordering::SeqCst) => return leave_untaken(consumer),
+                _ if self.stop.load(Ordering::SeqCst) => return self.leave_untaken(consumer, tpl),
                 r if Instant::now() < deadline => {
                     let error = r.map_or_else(
                         |e| e.to_string(),
@@ -1141,7 +1212,7 @@ impl Shared {
         }
         if self.stop.load(Ordering::SeqCst) {
             // The instance began to close during the lookups: start nothing.
-            return leave_untaken(consumer);
+            return self.leave_untaken(consumer, tpl);
         }
         self.worker.assign(parts, &self.cluster, now_ms())?;
         // Assign with the worker's starts instead of seeking afterwards.
@@ -1158,10 +1229,20 @@ impl Shared {
                 .map_or(Offset::Beginning, |s| Offset::Offset(s.offset));
             starts.add_partition_offset(&topic, p, offset)?;
         }
-        consumer.assign(&starts)?;
+        self.take(consumer, &starts)?;
+        // Pauses of partial tasks and resumes of tasks that formed, on the
+        // assignment as it is now.
+        self.apply_flow(consumer);
+        let mut earlier = Vec::new();
         for s in seeks {
-            self.worker.seek_applied(&s.topic, s.partition, s.offset)?;
+            if starts.find_partition(&s.topic, s.partition).is_some() {
+                self.worker.seek_applied(&s.topic, s.partition, s.offset)?;
+            } else {
+                // A partition assigned before, of a task that formed now.
+                earlier.push(s);
+            }
         }
+        self.seek_to(consumer, earlier)?;
         info!(partitions = tpl.count(), tasks = self.worker.tasks().count(), elapsed = ?began.elapsed(), "partitions assigned");
         Ok(())
     }
@@ -1186,13 +1267,64 @@ impl Shared {
             },
             RevokePlan::Abort => {
                 self.worker.abort(&self.cluster)?;
-                self.worker.take_seeks();
             }
         }
+        // Seeks for the revoked partitions are dropped with them; the
+        // others (tasks that stay, rolled back by an abort) are made.
         self.worker.revoke(&partitions(tpl))?;
         self.last_fed.clear();
-        consumer.unassign()?;
-        info!(partitions = tpl.count(), "partitions revoked");
+        self.give_up(consumer, tpl)?;
+        self.apply_seeks(consumer)?;
+        info!(
+            partitions = tpl.count(),
+            tasks = self.worker.tasks().count(),
+            "partitions revoked"
+        );
+        Ok(())
+    }
+
+    /// Takes partitions into the consumer's assignment, at `starts`.
+    fn take(
+        &self,
+        consumer: &BaseConsumer<ThreadContext>,
+        starts: &TopicPartitionList,
+    ) -> Result<(), KafkaError> {
+        if self.incremental {
+            consumer.incremental_assign(starts)
+        } else {
+            consumer.assign(starts)
+        }
+    }
+
+    /// Gives partitions up (under the eager protocol, the whole assignment).
+    fn give_up(
+        &self,
+        consumer: &BaseConsumer<ThreadContext>,
+        tpl: &TopicPartitionList,
+    ) -> Result<(), KafkaError> {
+        if self.incremental {
+            consumer.incremental_unassign(tpl)
+        } else {
+            consumer.unassign()
+        }
+    }
+
+    /// Leaves an assignment that arrived while the instance closes untaken:
+    /// its partitions wait for this member to leave the group. (The
+    /// incremental protocol wants every assignment acknowledged, so there
+    /// they are taken and paused.)
+    fn leave_untaken(
+        &self,
+        consumer: &BaseConsumer<ThreadContext>,
+        tpl: &TopicPartitionList,
+    ) -> Result<(), StreamsError> {
+        info!("closing: the assignment is left untaken");
+        if self.incremental {
+            consumer.incremental_assign(tpl)?;
+            consumer.pause(tpl)?;
+        } else {
+            consumer.unassign()?;
+        }
         Ok(())
     }
 
@@ -1269,6 +1401,13 @@ impl Shared {
     }
 
     fn apply_seeks(&mut self, consumer: &BaseConsumer<ThreadContext>) -> Result<(), StreamsError> {
+        self.apply_flow(consumer);
+        let seeks = self.worker.take_seeks();
+        self.seek_to(consumer, seeks)
+    }
+
+    /// Makes the fetch pauses and resumes the worker asks for.
+    fn apply_flow(&mut self, consumer: &BaseConsumer<ThreadContext>) {
         for f in self.worker.take_flow_changes() {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition(&f.topic, f.partition);
@@ -1285,7 +1424,15 @@ impl Shared {
                 fed.remove(&f.partition);
             }
         }
-        for s in self.worker.take_seeks() {
+    }
+
+    /// Makes `seeks` and confirms each to the worker.
+    fn seek_to(
+        &mut self,
+        consumer: &BaseConsumer<ThreadContext>,
+        seeks: Vec<parsley::runtime::worker::Seek>,
+    ) -> Result<(), StreamsError> {
+        for s in seeks {
             if let Err(e) = consumer.seek(
                 &s.topic,
                 s.partition,
@@ -1318,6 +1465,19 @@ impl Shared {
         partition: i32,
         offset: i64,
     ) -> Result<(), StreamsError> {
+        if self.incremental {
+            // Only this partition: the others keep their fetch positions.
+            let mut one = TopicPartitionList::new();
+            one.add_partition(topic, partition);
+            consumer.incremental_unassign(&one)?;
+            let mut at = TopicPartitionList::new();
+            at.add_partition_offset(topic, partition, Offset::Offset(offset))?;
+            consumer.incremental_assign(&at)?;
+            if let Some(fed) = self.last_fed.get_mut(topic) {
+                fed.remove(&partition);
+            }
+            return Ok(());
+        }
         let mut tpl = TopicPartitionList::new();
         for (t, p) in partitions(&consumer.assignment()?) {
             let at = if t == topic && p == partition {
@@ -1536,14 +1696,6 @@ fn classify(e: &KafkaError) -> Fault {
         KafkaError::Flush(OperationTimedOut) => Fault::Abortable(message),
         _ => Fault::Fatal(message),
     }
-}
-
-/// Leaves an assignment that arrived while the instance closes untaken:
-/// its partitions wait for this member to leave the group.
-fn leave_untaken(consumer: &BaseConsumer<ThreadContext>) -> Result<(), StreamsError> {
-    info!("closing: the assignment is left untaken");
-    consumer.unassign()?;
-    Ok(())
 }
 
 /// Whether librdkafka flags an error the consumer's poll returned as fatal
@@ -1831,6 +1983,10 @@ impl StreamThread {
                 start_policy: self.options.start_policy,
                 on_retention_loss: self.options.on_retention_loss,
                 task_backoff: self.options.task_backoff,
+                assignment: match self.options.group_protocol {
+                    GroupProtocol::Consumer => parsley::runtime::worker::Assignment::Incremental,
+                    GroupProtocol::Classic => parsley::runtime::worker::Assignment::Complete,
+                },
                 thread_id: format!("{}-{}", self.instance, self.index),
                 // Nothing here reads what the tasks did record by record.
                 events: false,
@@ -1851,6 +2007,7 @@ impl StreamThread {
                 rejoin: None,
                 assigned: false,
                 ending: false,
+                incremental: self.options.group_protocol == GroupProtocol::Consumer,
                 index: self.index,
                 reports: self.reports.clone(),
                 readiness: self.readiness.clone(),
@@ -1859,6 +2016,32 @@ impl StreamThread {
         let mut consumer_config = settings::for_consumer(&self.config);
         for (k, v) in OWNED {
             consumer_config.set(*k, *v);
+        }
+        match self.options.group_protocol {
+            GroupProtocol::Classic => {
+                consumer_config.set("partition.assignment.strategy", "range");
+            }
+            GroupProtocol::Consumer => {
+                for setting in [
+                    "session.timeout.ms",
+                    "heartbeat.interval.ms",
+                    "partition.assignment.strategy",
+                    "group.protocol.type",
+                ] {
+                    if consumer_config.get(setting).is_some() {
+                        if self.index == 0 {
+                            warn!(
+                                setting,
+                                "ignored under the consumer group protocol (KIP-848): the broker sets it (group.consumer.session.timeout.ms, group.consumer.heartbeat.interval.ms), and assigns with its range assignor"
+                            );
+                        }
+                        consumer_config.remove(setting);
+                    }
+                }
+                consumer_config
+                    .set("group.protocol", "consumer")
+                    .set("group.remote.assignor", "range");
+            }
         }
         consumer_config
             .set("group.id", self.app.application_id())

@@ -5,8 +5,12 @@
 //! the tasks a thread holds now.
 //!
 //! These tests need a broker: they run when `PARSLEY_BOOTSTRAP` names one.
+//! This file counts task starts through a process-wide tracing subscriber
+//! (`common::assignments`), so it is a test binary of its own.
 
 mod common;
+
+use common::assignments;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -70,9 +74,10 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 #[test]
 #[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
 fn running_means_every_task_started_and_a_join_rebalances_then_runs_again() {
-    let (i, o) = (unique("in"), unique("out"));
+    assignments::taken();
+    let (i, o, app_id) = (unique("in"), unique("out"), unique("app"));
     create_topics(&[(&i, 6), (&o, 1)]);
-    let app = counting(&unique("app"), &topic(&i), &topic(&o));
+    let app = counting(&app_id, &topic(&i), &topic(&o));
     let (mut a, a_seen) = instance(&app, "a");
     a.start().unwrap();
     assert_eq!(
@@ -95,6 +100,14 @@ fn running_means_every_task_started_and_a_join_rebalances_then_runs_again() {
             && !tasks(&b).is_empty()
     });
     let (ta, tb) = (tasks(&a), tasks(&b));
+    // The consumer group protocol moves only what must move: the tasks a
+    // keeps were never stopped, so a started six tasks in all, once each.
+    assert_eq!(
+        assignments::tasks_started(&app_id, "a"),
+        6,
+        "a restarted none of the tasks it kept"
+    );
+    assert_eq!(assignments::tasks_started(&app_id, "b"), tb.len());
     assert!(
         ta.is_disjoint(&tb),
         "a task is listed by one instance: {ta:?} {tb:?}"

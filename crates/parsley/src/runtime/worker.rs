@@ -1313,6 +1313,11 @@ impl Worker {
             return Err(WorkerError::OpenTransaction);
         }
         let mut closing = BTreeSet::new();
+        self.seeks.retain(|k| {
+            !partitions
+                .iter()
+                .any(|(t, p)| *t == k.topic && *p == k.partition)
+        });
         self.flow.retain(|f| {
             !partitions
                 .iter()
