@@ -65,4 +65,6 @@ pub use policy::{
     ErrorHandler, ErrorResponse, ProductionHandler, ProductionResponse, RefusedRecord,
 };
 #[cfg(feature = "streams")]
-pub use streams::{Backoff, CausalStreams, StreamsError, StreamsOptions, StreamsState};
+pub use streams::{
+    Backoff, CausalStreams, GroupProtocol, StreamsError, StreamsOptions, StreamsState,
+};

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::{config, create_topics, unique};
 use parsley::*;
-use parsley_kafka::{CausalStreams, StreamsOptions, StreamsState};
+use parsley_kafka::{CausalStreams, GroupProtocol, StreamsOptions, StreamsState};
 
 type T = Topic<String, String>;
 
@@ -41,11 +41,20 @@ fn counting(app_id: &str, input: &T, output: &T) -> Parsley {
 }
 
 fn instance(app: &Parsley, name: &str) -> (CausalStreams, Arc<Mutex<Vec<String>>>) {
+    instance_on(app, name, GroupProtocol::Consumer)
+}
+
+fn instance_on(
+    app: &Parsley,
+    name: &str,
+    group_protocol: GroupProtocol,
+) -> (CausalStreams, Arc<Mutex<Vec<String>>>) {
     let mut s = CausalStreams::new(app, config())
         .unwrap()
         .with_options(StreamsOptions {
             commit_interval: Duration::from_millis(50),
             instance_id: Some(name.to_owned()),
+            group_protocol,
             ..StreamsOptions::default()
         });
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -129,4 +138,61 @@ fn running_means_every_task_started_and_a_join_rebalances_then_runs_again() {
     b.close(Duration::from_secs(30)).unwrap();
     a.close(Duration::from_secs(30)).unwrap();
     assert_eq!(a.state(), StreamsState::Stopped);
+}
+
+/// The classic protocol (for brokers older than 4.0) still runs: a join
+/// splits the tasks between the two instances and both run, exactly once
+/// each; but its eager range assignor revokes everything at a rebalance, so
+/// the first instance restarts the tasks it keeps (the cost the consumer
+/// group protocol removes).
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn the_classic_protocol_runs_and_restarts_every_task_at_a_join() {
+    assignments::taken();
+    let (i, o, app_id) = (unique("in"), unique("out"), unique("app"));
+    create_topics(&[(&i, 6), (&o, 1)]);
+    let app = counting(&app_id, &topic(&i), &topic(&o));
+    let (mut a, _) = instance_on(&app, "a", GroupProtocol::Classic);
+    a.start().unwrap();
+    a.wait_until_running(Duration::from_secs(90)).unwrap();
+    wait_for("a's six tasks", || tasks(&a).len() == 6);
+    let (mut b, _) = instance_on(&app, "b", GroupProtocol::Classic);
+    b.start().unwrap();
+    wait_for("both to run with the tasks split", || {
+        a.state() == StreamsState::Running
+            && b.state() == StreamsState::Running
+            && tasks(&a).len() + tasks(&b).len() == 6
+            && !tasks(&b).is_empty()
+    });
+    let (ta, tb) = (tasks(&a), tasks(&b));
+    assert!(ta.is_disjoint(&tb));
+    assert!(
+        assignments::tasks_started(&app_id, "a") > 6,
+        "the eager protocol restarted the tasks a kept"
+    );
+    // Records still go through, once each.
+    let producer: rdkafka::producer::BaseProducer = config().create().unwrap();
+    for p in 0..6 {
+        producer
+            .send(
+                rdkafka::producer::BaseRecord::to(&i)
+                    .partition(p)
+                    .key("k")
+                    .payload("v"),
+            )
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    rdkafka::producer::Producer::flush(&producer, Duration::from_secs(20)).unwrap();
+    assert_eq!(
+        common::read_committed(&o, 1, 6, Duration::from_secs(60)).len(),
+        6
+    );
+    assert_eq!(
+        common::read_committed(&o, 1, 7, Duration::from_secs(2)).len(),
+        6,
+        "exactly once"
+    );
+    b.close(Duration::from_secs(30)).unwrap();
+    a.close(Duration::from_secs(30)).unwrap();
 }
