@@ -810,26 +810,7 @@ impl AppWorld {
             if self.members[i].zombie {
                 continue;
             }
-            match self.members[i].thread.before_revoke() {
-                BeforeRevoke::Nothing => {}
-                BeforeRevoke::Commit => {
-                    let broker = &self.broker;
-                    let txn = self.members[i]
-                        .thread
-                        .flush(broker)
-                        .map_err(|e| self.fail(format!("member {i}: flush refused: {e}")))?;
-                    if let Some(txn) = txn {
-                        self.commit(i, txn, CommitFate::Commit)?;
-                    }
-                }
-                BeforeRevoke::Abort => {
-                    let broker = &self.broker;
-                    self.members[i]
-                        .thread
-                        .abort(broker)
-                        .map_err(|e| self.fail(format!("member {i}: abort refused: {e}")))?;
-                }
-            }
+            self.before_revoke(i)?;
             let revoked = std::mem::take(&mut self.members[i].assignment);
             self.members[i]
                 .thread

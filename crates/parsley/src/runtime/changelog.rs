@@ -102,14 +102,16 @@ pub fn restore(
     reader: &dyn ChangelogReader,
 ) -> Result<TaskStores, ChangelogError> {
     let mut stores = TaskStores::default();
-    let mut protocol = ProtocolApply::default();
+    let mut protocol = Rebuild::<MemStore>::default();
     replay(task, state_changelog, tasks, metadata, reader, &mut |r| {
-        protocol.apply(r)
+        protocol.apply(r, put_protocol)
     })?;
     stores.protocol = protocol.finish(task, state_changelog)?;
     if let Some(topic) = fold_changelog {
-        let mut fold = FoldApply::default();
-        replay(task, topic, tasks, metadata, reader, &mut |r| fold.apply(r))?;
+        let mut fold = Rebuild::<FoldStore>::default();
+        replay(task, topic, tasks, metadata, reader, &mut |r| {
+            fold.apply(r, put_fold)
+        })?;
         stores.fold = fold.finish(task, topic)?;
     }
     Ok(stores)
@@ -142,38 +144,35 @@ fn replay(
         .map_err(unavailable)
 }
 
-/// A protocol store rebuilt record by record; the first record no store
-/// wrote is kept as the error, and the rest are ignored.
+/// A store rebuilt record by record as a replay hands them over; the first
+/// record no store wrote is kept as the error, and the rest are ignored.
 #[derive(Default)]
-struct ProtocolApply {
-    store: MemStore,
+struct Rebuild<S> {
+    store: S,
     corrupt: Option<String>,
 }
 
-impl ProtocolApply {
-    fn apply(&mut self, r: ChangelogRecord) {
+impl<S> Rebuild<S> {
+    /// Applies one record with `put`, which refuses a record the store never
+    /// writes.
+    fn apply(
+        &mut self,
+        r: ChangelogRecord,
+        put: fn(&mut S, Vec<u8>, Option<Vec<u8>>) -> Result<(), String>,
+    ) {
         if self.corrupt.is_some() {
             return;
         }
-        let Some(key) = r.key else {
-            self.corrupt = Some("a record without a key".to_owned());
-            return;
+        let result = match r.key {
+            Some(key) => put(&mut self.store, key, r.value),
+            None => Err("a record without a key".to_owned()),
         };
-        let Ok(key) = std::str::from_utf8(&key) else {
-            self.corrupt = Some("a protocol store key that is not UTF-8".to_owned());
-            return;
-        };
-        match r.value {
-            Some(v) => {
-                self.store.insert_raw(key, v);
-            }
-            None => {
-                self.store.remove_raw(key);
-            }
+        if let Err(reason) = result {
+            self.corrupt = Some(reason);
         }
     }
 
-    fn finish(self, task: &TaskId, topic: &str) -> Result<MemStore, ChangelogError> {
+    fn finish(self, task: &TaskId, topic: &str) -> Result<S, ChangelogError> {
         match self.corrupt {
             Some(reason) => Err(ChangelogError::Corrupt {
                 task: task.clone(),
@@ -185,42 +184,31 @@ impl ProtocolApply {
     }
 }
 
-/// A fold store rebuilt record by record (see [`ProtocolApply`]).
-#[derive(Default)]
-struct FoldApply {
-    store: FoldStore,
-    corrupt: Option<String>,
+/// A protocol store record: a UTF-8 key; a tombstone deletes.
+fn put_protocol(store: &mut MemStore, key: Vec<u8>, value: Option<Vec<u8>>) -> Result<(), String> {
+    let key = std::str::from_utf8(&key)
+        .map_err(|_| "a protocol store key that is not UTF-8".to_owned())?;
+    match value {
+        Some(v) => {
+            store.insert_raw(key, v);
+        }
+        None => {
+            store.remove_raw(key);
+        }
+    }
+    Ok(())
 }
 
-impl FoldApply {
-    fn apply(&mut self, r: ChangelogRecord) {
-        if self.corrupt.is_some() {
-            return;
-        }
-        let Some(key) = r.key else {
-            self.corrupt = Some("a record without a key".to_owned());
-            return;
-        };
-        if crate::fold::FoldKey::from_bytes(&key).is_none() {
-            self.corrupt = Some(format!("{} key bytes that name no fold slot", key.len()));
-            return;
-        }
-        match r.value {
-            Some(v) => self.store.put_bytes(key, v),
-            None => self.store.remove_bytes(&key),
-        }
+/// A fold store record: a key that names a fold slot; a tombstone deletes.
+fn put_fold(store: &mut FoldStore, key: Vec<u8>, value: Option<Vec<u8>>) -> Result<(), String> {
+    if crate::fold::FoldKey::from_bytes(&key).is_none() {
+        return Err(format!("{} key bytes that name no fold slot", key.len()));
     }
-
-    fn finish(self, task: &TaskId, topic: &str) -> Result<FoldStore, ChangelogError> {
-        match self.corrupt {
-            Some(reason) => Err(ChangelogError::Corrupt {
-                task: task.clone(),
-                topic: topic.to_owned(),
-                reason,
-            }),
-            None => Ok(self.store),
-        }
+    match value {
+        Some(v) => store.put_bytes(key, v),
+        None => store.remove_bytes(&key),
     }
+    Ok(())
 }
 
 fn protocol_store(
@@ -228,9 +216,9 @@ fn protocol_store(
     topic: &str,
     records: Vec<ChangelogRecord>,
 ) -> Result<MemStore, ChangelogError> {
-    let mut p = ProtocolApply::default();
+    let mut p = Rebuild::<MemStore>::default();
     for r in records {
-        p.apply(r);
+        p.apply(r, put_protocol);
     }
     p.finish(task, topic)
 }
