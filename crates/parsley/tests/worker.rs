@@ -2318,3 +2318,33 @@ fn under_incremental_assignment_a_task_forms_only_with_all_its_partitions() {
         Err(WorkerError::SplitTask { .. })
     ));
 }
+
+/// A revocation drops the seeks still owed to the partitions it takes
+/// away, and keeps those of the tasks that stay (rolled back by an abort
+/// just before, under incremental assignment).
+#[test]
+fn a_revocation_drops_the_seeks_of_what_it_takes_and_keeps_the_others() {
+    let app = counting_app();
+    let cluster = counting_cluster(2);
+    let mut w = Worker::new(
+        &app,
+        WorkerConfig {
+            assignment: Assignment::Incremental,
+            ..WorkerConfig::default()
+        },
+    );
+    let parts = (0..2).flat_map(|p| [part("a", p), part("b", p)]).collect();
+    w.assign(parts, &cluster, 0).unwrap();
+    seek(&mut w);
+    commit(&mut w, &cluster);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    w.abort(&cluster).unwrap();
+    // Every channel owes a seek back; task 1 leaves before they are made.
+    w.revoke(&[("a".to_owned(), 1), ("b".to_owned(), 1)])
+        .unwrap();
+    let seeks: BTreeSet<(String, i32)> = seek(&mut w).into_keys().collect();
+    assert_eq!(
+        seeks,
+        BTreeSet::from([("a".to_owned(), 0), ("b".to_owned(), 0)])
+    );
+}
