@@ -144,6 +144,10 @@ fn replay(
         .map_err(unavailable)
 }
 
+/// How a store takes one changelog record (key, value or tombstone),
+/// refusing one it never writes.
+type Put<S> = fn(&mut S, Vec<u8>, Option<Vec<u8>>) -> Result<(), String>;
+
 /// A store rebuilt record by record as a replay hands them over; the first
 /// record no store wrote is kept as the error, and the rest are ignored.
 #[derive(Default)]
@@ -155,11 +159,7 @@ struct Rebuild<S> {
 impl<S> Rebuild<S> {
     /// Applies one record with `put`, which refuses a record the store never
     /// writes.
-    fn apply(
-        &mut self,
-        r: ChangelogRecord,
-        put: fn(&mut S, Vec<u8>, Option<Vec<u8>>) -> Result<(), String>,
-    ) {
+    fn apply(&mut self, r: ChangelogRecord, put: Put<S>) {
         if self.corrupt.is_some() {
             return;
         }
