@@ -243,7 +243,8 @@ pub fn changelog_restore(data: &[u8]) {
         let tail = &tail[k..];
         let v = (*vlen as usize).min(tail.len());
         let value = (flags & 2 == 0).then(|| tail[..v].to_vec());
-        records.push(ChangelogRecord { key, value });
+        let offset = i64::try_from(records.len()).unwrap_or(i64::MAX);
+        records.push(ChangelogRecord { offset, key, value });
         rest = &tail[v..];
     }
     let task = TaskId {

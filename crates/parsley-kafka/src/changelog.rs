@@ -58,15 +58,19 @@ impl Replayer {
             // 500 ms and the fetcher pause 1 s whenever its queue is full.
             .set("fetch.wait.max.ms", "10")
             .set("fetch.queue.backoff.ms", "1")
+            // A replay from a local store's checkpoint that lies below the
+            // log start (records deleted since the check) must fail, never
+            // jump to the end and skip what it had to read.
+            .set("auto.offset.reset", "error")
             .remove("transactional.id");
         Ok(Replayer {
             consumer: config.create_with_context(ReplayContext)?,
         })
     }
 
-    /// Replays one changelog partition from its log start to its end (the
-    /// last stable offset), handing each record to `apply`; returns how
-    /// many it read. A replay that keeps making progress never times out;
+    /// Replays one changelog partition from offset `from` (its log start
+    /// when that is below it) to its end (the last stable offset), handing
+    /// each record to `apply`; returns how many it read. A replay that keeps making progress never times out;
     /// one that receives nothing for `stall` while the end lies ahead fails
     /// with [`MetadataError::Stalled`], naming where it stood. It never
     /// returns a partial store as complete.
@@ -74,6 +78,7 @@ impl Replayer {
         &self,
         topic: &str,
         partition: i32,
+        from: i64,
         stall: Duration,
         apply: &mut dyn FnMut(ChangelogRecord),
     ) -> Result<u64, MetadataError> {
@@ -82,7 +87,12 @@ impl Replayer {
             message,
         };
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, partition, Offset::Beginning)
+        let start = if from > 0 {
+            Offset::Offset(from)
+        } else {
+            Offset::Beginning
+        };
+        tpl.add_partition_offset(topic, partition, start)
             .map_err(|e| failed(e.to_string()))?;
         self.consumer
             .assign(&tpl)
@@ -110,12 +120,23 @@ impl Replayer {
                     read += 1;
                     next = m.offset() + 1;
                     apply(ChangelogRecord {
+                        offset: m.offset(),
                         key: m.key().map(<[u8]>::to_vec),
                         value: m.payload().map(<[u8]>::to_vec),
                     });
                     continue;
                 }
                 Some(Err(KafkaError::PartitionEOF(p))) if p == partition => return Ok(read),
+                Some(Err(e))
+                    if e.rdkafka_error_code() == Some(RDKafkaErrorCode::OffsetOutOfRange) =>
+                {
+                    return Err(MetadataError::Failed {
+                        topic: topic.to_owned(),
+                        message: format!(
+                            "partition {partition}: the replay's start is out of range (the changelog was truncated since it was checked): {e}"
+                        ),
+                    });
+                }
                 Some(Err(e)) if crate::streams::consumer_error_is_fatal(&e) => {
                     return Err(MetadataError::Failed {
                         topic: topic.to_owned(),
@@ -167,6 +188,7 @@ mod tests {
             .replay(
                 "app-s-state-changelog",
                 3,
+                0,
                 Duration::from_millis(300),
                 &mut |_| applied += 1,
             )

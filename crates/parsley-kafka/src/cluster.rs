@@ -254,6 +254,16 @@ impl ChangelogReader for KafkaCluster {
         partition: i32,
         apply: &mut dyn FnMut(ChangelogRecord),
     ) -> Result<(), MetadataError> {
+        self.replay_changelog_from(topic, partition, 0, apply)
+    }
+
+    fn replay_changelog_from(
+        &self,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        apply: &mut dyn FnMut(ChangelogRecord),
+    ) -> Result<(), MetadataError> {
         let mut replayer = self.replayer.lock().unwrap_or_else(|p| p.into_inner());
         let r = match &mut *replayer {
             Some(r) => r,
@@ -267,8 +277,8 @@ impl ChangelogReader for KafkaCluster {
             }
         };
         let started = std::time::Instant::now();
-        let records = r.replay(topic, partition, self.restore_stall, apply)?;
-        tracing::debug!(%topic, partition, records, elapsed = ?started.elapsed(), "changelog partition replayed");
+        let records = r.replay(topic, partition, from, self.restore_stall, apply)?;
+        tracing::debug!(%topic, partition, from, records, elapsed = ?started.elapsed(), "changelog partition replayed");
         Ok(())
     }
 }

@@ -228,6 +228,24 @@ impl SimFault {
     }
 }
 
+/// A fault of a thread's local store (its state directory), armed just
+/// before a committed transaction's outcome reaches the thread, so it
+/// strikes the write that outcome makes. A thread without a local store
+/// declines it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum StoreFault {
+    /// The process dies inside the write, after the write landed (a write
+    /// is atomic: all of it or none).
+    CrashAfterWrite,
+    /// The process dies inside the write, before it landed.
+    CrashBeforeWrite,
+    /// The write fails (a full disk) and changes nothing; the process
+    /// goes on.
+    WriteFails,
+    /// The store's file is damaged, then the process dies.
+    CorruptAndCrash,
+}
+
 /// One stream thread's host core, as the world drives it. Errors are the
 /// host's refusals; the world reports them as failures (a correct host in a
 /// correct world never refuses).
@@ -292,6 +310,14 @@ pub trait StreamThread {
     fn take_flow(&mut self) -> Vec<(String, i32, bool)> {
         Vec::new()
     }
+    /// The offset each record of the transaction handed over last got,
+    /// before its committed outcome (a producer's delivery reports).
+    fn delivered(&mut self, _offsets: &[i64]) {}
+    /// Arms a local store fault for the next outcome's writes; false when
+    /// the thread keeps no local store.
+    fn store_fault(&mut self, _fault: StoreFault) -> bool {
+        false
+    }
 }
 
 /// Makes stream threads: one per member incarnation.
@@ -331,6 +357,9 @@ pub struct AppBudget {
     pub faults: u32,
     /// Consumer poll errors injected.
     pub poll_faults: u32,
+    /// Faults of a local store, around a commit's write to it (see
+    /// [`StoreFault`]).
+    pub store_faults: u32,
 }
 
 impl Default for AppBudget {
@@ -347,6 +376,7 @@ impl Default for AppBudget {
             lookup_failures: 0,
             faults: 0,
             poll_faults: 0,
+            store_faults: 0,
         }
     }
 }
@@ -466,6 +496,8 @@ pub struct AppStats {
     /// Tasks holding records that kept every partition through a
     /// reconciliation (they never stop).
     pub kept_while_holding: u64,
+    /// Local store faults carried out, by [`StoreFault`] (in its order).
+    pub store_faults: [u64; 4],
 }
 
 impl AppStats {
@@ -500,6 +532,9 @@ impl AppStats {
         self.deliveries_while_reconciling += o.deliveries_while_reconciling;
         self.reconcile_steps += o.reconcile_steps;
         self.kept_while_holding += o.kept_while_holding;
+        for (a, b) in self.store_faults.iter_mut().zip(o.store_faults) {
+            *a += b;
+        }
     }
 }
 
@@ -584,6 +619,8 @@ pub struct AppWorld {
     target: BTreeMap<usize, Vec<(String, i32)>>,
     /// Tasks counted as kept while holding in this reconciliation.
     kept_this_round: BTreeSet<String>,
+    /// The offset each record of the transaction judged last got.
+    last_offsets: Vec<i64>,
 }
 
 impl AppWorld {
@@ -657,6 +694,7 @@ impl AppWorld {
             holding_at_plan: BTreeSet::new(),
             target: BTreeMap::new(),
             kept_this_round: BTreeSet::new(),
+            last_offsets: Vec::new(),
         };
         for _ in 0..world.config.members {
             world.add_member();
@@ -1279,6 +1317,13 @@ impl AppWorld {
                     } else if self.budget.crashes > 0 && self.rng.random_bool(0.1) {
                         self.budget.crashes -= 1;
                         CommitFate::Crash
+                    } else if self.budget.store_faults > 0 && self.rng.random_bool(0.2) {
+                        CommitFate::Store(match self.rng.random_range(0..4) {
+                            0 => StoreFault::CrashAfterWrite,
+                            1 => StoreFault::CrashBeforeWrite,
+                            2 => StoreFault::WriteFails,
+                            _ => StoreFault::CorruptAndCrash,
+                        })
                     } else {
                         CommitFate::Commit
                     };
@@ -1560,6 +1605,10 @@ impl AppWorld {
         if let CommitFate::Fault(fault) = fate {
             return self.faulted(i, txn, fault);
         }
+        let (fate, store) = match fate {
+            CommitFate::Store(f) => (CommitFate::Commit, Some(f)),
+            other => (other, None),
+        };
         // EOS v2 fences a zombie through the offset commit, which carries
         // the member's group generation: a transaction without offsets is
         // not fenced (a host must never send one).
@@ -1603,11 +1652,23 @@ impl AppWorld {
             return self.apply_seeks(i);
         }
         self.judge(i, &txn)?;
+        let offsets = std::mem::take(&mut self.last_offsets);
+        self.members[i].thread.delivered(&offsets);
+        let armed = store.filter(|&f| self.members[i].thread.store_fault(f));
         let broker = &self.broker;
         self.members[i]
             .thread
             .outcome(Outcome::Committed, broker)
-            .map_err(|e| self.fail(format!("member {i}: commit refused: {e}")))
+            .map_err(|e| self.fail(format!("member {i}: commit refused: {e}")))?;
+        if let Some(f) = armed {
+            self.budget.store_faults -= 1;
+            self.stats.store_faults[f as usize] += 1;
+            if f != StoreFault::WriteFails {
+                self.stats.crashes += 1;
+                return self.crash(i);
+            }
+        }
+        Ok(())
     }
 
     /// Judges a committed transaction through the oracle,
@@ -1622,6 +1683,7 @@ impl AppWorld {
         let mut pending: VecDeque<(ActorId, PendingSend, String, i32)> = VecDeque::new();
         let mut delivered: Vec<(String, (String, i32, i64))> = Vec::new();
         let mut result = Ok(());
+        self.last_offsets.clear();
         for act in &txn.acts {
             let task = match act {
                 TaskAct::Delivered { task, .. } | TaskAct::Sent { task, .. } => task,
@@ -1719,7 +1781,8 @@ impl AppWorld {
                 oracle_id = self.oracle.register(p, c, offset);
             }
             let record = self.stored(r, oracle_id)?;
-            self.broker.append(c, record, true);
+            let offset = self.broker.append(c, record, true);
+            self.last_offsets.push(offset);
         }
         if !pending.is_empty() {
             return Err(self.fail("a task send with no record in the transaction"));
@@ -1776,6 +1839,8 @@ impl AppWorld {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum CommitFate {
     Commit,
+    /// Commits, with a fault armed for the local store writes that follow.
+    Store(StoreFault),
     Abort,
     Crash,
     Fault(SimFault),

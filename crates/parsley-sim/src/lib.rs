@@ -72,8 +72,8 @@ pub mod world;
 
 pub use app_world::{
     AppBudget, AppFailure, AppStats, AppWorld, AppWorldConfig, Assigned, Assignor, BeforeRevoke,
-    Fetched, HostTransaction, Outcome, Produced, SimDirective, SimFault, StreamThread, TaskAct,
-    TaskSpec, ThreadFactory,
+    Fetched, HostTransaction, Outcome, Produced, SimDirective, SimFault, StoreFault, StreamThread,
+    TaskAct, TaskSpec, ThreadFactory,
 };
 pub use behavior::{Behavior, Output, Payload, Route};
 pub use broker::{Entry, SimBroker, StoredRecord};

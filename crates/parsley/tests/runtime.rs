@@ -472,6 +472,7 @@ fn a_recorded_step_past_lets_a_restored_task_go_on_past_a_poison_record() {
             .unwrap()
             .into_iter()
             .map(|r| ChangelogRecord {
+                offset: r.coordinate.offset,
                 key: r.key,
                 value: r.value,
             })

@@ -19,7 +19,7 @@ use parsley::runtime::changelog;
 use parsley::runtime::worker::WorkerConfig;
 use parsley::*;
 use parsley_sim::*;
-use sim::bridge::{BridgeStats, HostFault, Thread, View, tasks};
+use sim::bridge::{BridgeStats, Disks, HostFault, Thread, View, tasks};
 
 type K = i64;
 type V = Vec<u8>;
@@ -63,6 +63,9 @@ struct App {
     dead_letter: Option<String>,
     /// How the world's group hands out partitions.
     assignor: Assignor,
+    /// Whether the stream threads keep their tasks' stores on disks that
+    /// outlive them.
+    local: bool,
 }
 
 impl App {
@@ -116,6 +119,7 @@ fn settlement() -> App {
         edges: vec![EdgeSpec::producer("shop", &[("orders", 0), ("orders", 1)])],
         dead_letter: None,
         assignor: Assignor::Range,
+        local: false,
     }
 }
 
@@ -197,6 +201,7 @@ fn ticking() -> App {
         )],
         dead_letter: None,
         assignor: Assignor::Range,
+        local: false,
     }
 }
 
@@ -258,6 +263,7 @@ fn diamond() -> App {
         edges: vec![EdgeSpec::producer("source", &[("src", 0), ("src", 1)])],
         dead_letter: None,
         assignor: Assignor::Range,
+        local: false,
     }
 }
 
@@ -303,6 +309,7 @@ fn cycle() -> App {
         edges: vec![EdgeSpec::producer("source", &[("ping", 0), ("ping", 1)])],
         dead_letter: None,
         assignor: Assignor::Range,
+        local: false,
     }
 }
 
@@ -341,6 +348,7 @@ fn full_budget() -> AppBudget {
         lookup_failures: 3,
         faults: 0,
         poll_faults: 0,
+        store_faults: 0,
     }
 }
 
@@ -379,21 +387,81 @@ fn world(
     hops: u32,
     fault: Option<HostFault>,
     seed: u64,
-) -> Result<(AppWorld, Rc<RefCell<BridgeStats>>), AppFailure> {
+) -> Result<(AppWorld, Rc<RefCell<BridgeStats>>, Disks), AppFailure> {
     let stats: Rc<RefCell<BridgeStats>> = Rc::default();
     let app = a.app.clone();
     let s = stats.clone();
     let dead_letter = a.dead_letter.clone();
     let assignor = a.assignor;
+    let disks = Disks::default();
+    let pool = a.local.then(|| disks.clone());
     let factory: ThreadFactory = Box::new(move |_| {
-        let t = Thread::new(&app, worker_config_for(assignor), fault, s.clone());
+        let mut t = Thread::new(&app, worker_config_for(assignor), fault, s.clone());
+        if let Some(pool) = &pool {
+            t = t.with_disk(pool.take());
+        }
         Box::new(match &dead_letter {
             Some(topic) => t.with_dead_letter(topic),
             None => t,
         })
     });
     let w = AppWorld::new(world_config(a, budget, hops), factory, seed)?;
-    Ok((w, stats))
+    Ok((w, stats, disks))
+}
+
+/// Every local store left on a disk holds exactly what its changelogs
+/// committed below its checkpoint: no committed write lost, nothing that
+/// did not commit, no write the changelog does not have. (A damaged store
+/// is left for the next process to wipe.) Returns the stores checked.
+fn check_disks(w: &AppWorld, disks: &Disks) -> Result<usize, String> {
+    let mut checked = 0;
+    for disk in disks.0.borrow().iter() {
+        let d = disk.lock().unwrap();
+        for (task, store) in &d.stores {
+            if store.corrupt {
+                continue;
+            }
+            let Some(identity) = &store.identity else {
+                return Err(format!("task {task}: a store without an identity was left"));
+            };
+            let mut expected: [BTreeMap<Vec<u8>, Vec<u8>>; 2] = Default::default();
+            for (i, (topic, _)) in identity.changelogs.iter().enumerate() {
+                let id = w.broker.topic_id(topic).ok_or("no such changelog")?;
+                let cp = store.checkpoint.get(topic).copied().unwrap_or(0);
+                let which = usize::from(topic.ends_with("-fold-changelog"));
+                let _ = i;
+                for (offset, r) in w
+                    .broker
+                    .committed_from_start(parsley::protocol::Channel::new(id, task.partition))
+                {
+                    if offset >= cp {
+                        break;
+                    }
+                    let Some(key) = r.key.clone() else { continue };
+                    match &r.value {
+                        Some(v) => {
+                            expected[which].insert(key, v.clone());
+                        }
+                        None => {
+                            expected[which].remove(&key);
+                        }
+                    }
+                }
+            }
+            if store.protocol != expected[0] || store.fold != expected[1] {
+                return Err(format!(
+                    "task {task}: the local store differs from its changelogs below its checkpoint {:?} ({} protocol and {} fold entries stored, {} and {} committed)",
+                    store.checkpoint,
+                    store.protocol.len(),
+                    store.fold.len(),
+                    expected[0].len(),
+                    expected[1].len()
+                ));
+            }
+            checked += 1;
+        }
+    }
+    Ok(checked)
 }
 
 /// Every stateful task's committed fold state, restored from its
@@ -468,6 +536,9 @@ struct Seeded {
     bridge: BridgeStats,
     fold_keys: usize,
     ticks_folded: usize,
+    local_stores_checked: usize,
+    /// Local store faults that struck a write, by [`StoreFault`] order.
+    struck: [u64; 4],
 }
 
 fn sweep(name: &str, build: impl Fn() -> App, budget: AppBudget, hops: u32) -> Vec<Seeded> {
@@ -476,11 +547,13 @@ fn sweep(name: &str, build: impl Fn() -> App, budget: AppBudget, hops: u32) -> V
     let mut totals = AppStats::default();
     for seed in 0..seeds() {
         let a = build();
-        let (mut w, bridge) =
+        let (mut w, bridge, disks) =
             world(&a, budget.clone(), hops, None, seed).unwrap_or_else(|f| panic!("{name}: {f}"));
         w.run().unwrap_or_else(|f| panic!("{name}: {f}"));
         let (fold_keys, ticks_folded) =
             check_folds(&a, &w).unwrap_or_else(|e| panic!("{name}: seed {seed}: {e}"));
+        let local_stores_checked =
+            check_disks(&w, &disks).unwrap_or_else(|e| panic!("{name}: seed {seed}: {e}"));
         let stats = w.stats();
         totals.add(&stats);
         out.push(Seeded {
@@ -488,6 +561,8 @@ fn sweep(name: &str, build: impl Fn() -> App, budget: AppBudget, hops: u32) -> V
             bridge: *bridge.borrow(),
             fold_keys,
             ticks_folded,
+            local_stores_checked,
+            struck: disks.struck(),
         });
     }
     let secs = start.elapsed().as_secs_f64();
@@ -645,6 +720,7 @@ fn settlement_under_incremental_assignment() {
         name,
         || App {
             assignor: Assignor::Incremental,
+            local: true,
             ..settlement()
         },
         // A sticky assignment moves tasks only when members come and go:
@@ -678,6 +754,60 @@ fn settlement_under_incremental_assignment() {
     floor(name, &runs, "tasks that moved between members", |r| {
         r.world.migrations > 0
     });
+}
+
+/// The settlement with every stream thread keeping its tasks' stores on a
+/// disk that outlives it: a process that crashes leaves its disk to the
+/// next one, which starts tasks from their stores and replays only the
+/// changelog after each checkpoint. Faults strike the store writes that
+/// follow commits: the process dies inside a write (after it landed, or
+/// before), a write fails and the process goes on, or the file is damaged
+/// and the process dies. At the end, every store left on a disk must hold
+/// exactly what its changelogs committed below its checkpoint, besides the
+/// delivery order and fold checks of every world.
+#[test]
+fn local_stores_through_crashes_and_damaged_disks() {
+    let name = "local stores";
+    let runs = sweep(
+        name,
+        || App {
+            local: true,
+            ..settlement()
+        },
+        AppBudget {
+            crashes: 5,
+            joins: 4,
+            store_faults: 8,
+            ..full_budget()
+        },
+        0,
+    );
+    common_floors(name, &runs);
+    floor(name, &runs, "tasks started from a local store", |r| {
+        r.bridge.local_starts > 0
+    });
+    floor(name, &runs, "local stores wiped and rebuilt", |r| {
+        r.bridge.local_rebuilds > 0
+    });
+    floor(name, &runs, "store writes that failed", |r| {
+        r.bridge.local_write_failures > 0 && r.struck[2] > 0
+    });
+    floor(name, &runs, "crashes inside a write that landed", |r| {
+        r.struck[0] > 0
+    });
+    floor(
+        name,
+        &runs,
+        "crashes inside a write that did not land",
+        |r| r.struck[1] > 0,
+    );
+    floor(name, &runs, "damaged stores", |r| r.struck[3] > 0);
+    floor(
+        name,
+        &runs,
+        "local stores checked against their changelogs",
+        |r| r.local_stores_checked > 0,
+    );
 }
 
 #[test]
@@ -837,7 +967,7 @@ fn the_worker_refuses_a_split_assignment() {
 fn a_seed_determines_an_application_world() {
     let run = |seed: u64| {
         let a = settlement();
-        let (mut w, _) = world(&a, full_budget(), 0, None, seed).unwrap();
+        let (mut w, _, _) = world(&a, full_budget(), 0, None, seed).unwrap();
         w.run().unwrap();
         let deliveries: Vec<_> = (0..2)
             .flat_map(|p| w.committed_deliveries(&format!("ledger[{p}]")).to_vec())

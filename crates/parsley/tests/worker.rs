@@ -45,15 +45,19 @@ impl Cluster {
 
     /// Appends a committed transaction's records (one marker per partition
     /// written, as Kafka does).
-    fn commit(&self, records: &[OutgoingRecord]) {
+    fn commit(&self, records: &[OutgoingRecord]) -> Vec<i64> {
         let mut touched = BTreeSet::new();
+        let mut offsets = Vec::new();
         for r in records {
             let key = (r.topic.clone(), r.partition);
+            let offset = self.ends.borrow().get(&key).copied().unwrap_or(0);
+            offsets.push(offset);
             self.logs
                 .borrow_mut()
                 .entry(key.clone())
                 .or_default()
                 .push(ChangelogRecord {
+                    offset,
                     key: r.key.clone(),
                     value: r.value.clone(),
                 });
@@ -63,6 +67,7 @@ impl Cluster {
         for key in touched {
             *self.ends.borrow_mut().entry(key).or_default() += 1;
         }
+        offsets
     }
 
     fn name_of(&self, id: TopicId) -> Option<(&String, i32)> {
@@ -234,7 +239,8 @@ fn started_with(cluster: &Cluster, mut w: Worker) -> Worker {
     w.assign(parts, cluster, 0).unwrap();
     seek(&mut w);
     let txn = w.flush().unwrap().expect("init writes");
-    cluster.commit(&txn.records);
+    let offsets = cluster.commit(&txn.records);
+    w.delivered(&offsets);
     w.commit_outcome(CommitOutcome::Committed, cluster).unwrap();
     w
 }
@@ -243,7 +249,8 @@ fn started_with(cluster: &Cluster, mut w: Worker) -> Worker {
 /// committed; returns it.
 fn commit(w: &mut Worker, cluster: &Cluster) -> Transaction {
     let txn = w.flush().unwrap().unwrap();
-    cluster.commit(&txn.records);
+    let offsets = cluster.commit(&txn.records);
+    w.delivered(&offsets);
     w.commit_outcome(CommitOutcome::Committed, cluster).unwrap();
     txn
 }
@@ -1147,6 +1154,7 @@ fn a_changelog_record_no_store_writes_is_refused() {
         cluster.logs.borrow_mut().insert(
             (topic.to_owned(), 0),
             vec![ChangelogRecord {
+                offset: 0,
                 key: Some(key),
                 value: Some(vec![1]),
             }],
@@ -2347,4 +2355,186 @@ fn a_revocation_drops_the_seeks_of_what_it_takes_and_keeps_the_others() {
         seeks,
         BTreeSet::from([("a".to_owned(), 0), ("b".to_owned(), 0)])
     );
+}
+
+/// A local store kept in memory, shared by the workers of a test (a state
+/// directory that outlives each process).
+#[derive(Clone, Default)]
+struct MemLocal(std::sync::Arc<std::sync::Mutex<BTreeMap<TaskId, LocalSnapshot>>>);
+
+use parsley::runtime::local::{LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, StoreKind};
+
+impl LocalStore for MemLocal {
+    fn open(&mut self, task: &TaskId) -> Result<Option<LocalSnapshot>, LocalStoreError> {
+        Ok(self.0.lock().unwrap().get(task).cloned())
+    }
+
+    fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
+        let mut all = self.0.lock().unwrap();
+        let s = all.entry(task.clone()).or_default();
+        if write.replace {
+            *s = LocalSnapshot::default();
+        }
+        s.identity = Some(write.identity);
+        s.checkpoint.extend(write.checkpoint);
+        for (kind, key, value) in write.entries {
+            let v = match kind {
+                StoreKind::Protocol => &mut s.protocol,
+                StoreKind::Fold => &mut s.fold,
+            };
+            v.retain(|(k, _)| *k != key);
+            if let Some(value) = value {
+                v.push((key, value));
+                v.sort();
+            }
+        }
+        Ok(())
+    }
+
+    fn wipe(&mut self, task: &TaskId) -> Result<(), LocalStoreError> {
+        self.0.lock().unwrap().remove(task);
+        Ok(())
+    }
+}
+
+fn local_worker(app: &Parsley, store: &MemLocal) -> Worker {
+    worker(app).with_local_store(Box::new(store.clone()))
+}
+
+/// Runs three records through a worker with a local store and commits.
+fn counted_three(app: &Parsley, cluster: &Cluster, store: &MemLocal) -> Worker {
+    let mut w = started_with(cluster, local_worker(app, store));
+    for o in 0..3 {
+        w.on_record(rec("a", 0, o, "x")).unwrap();
+    }
+    commit(&mut w, cluster);
+    w
+}
+
+fn count_of(w: &Worker) -> Option<Vec<u8>> {
+    let task = w.tasks().next()?.clone();
+    w.task(&task)?
+        .fold_state(&FoldKey::Key(b"x".to_vec()))
+        .map(<[u8]>::to_vec)
+}
+
+#[test]
+fn a_restart_with_a_local_store_replays_only_the_changelog_after_its_checkpoint() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let store = MemLocal::default();
+    let w = counted_three(&app, &cluster, &store);
+    let written = cluster.logs.borrow().values().map(Vec::len).sum::<usize>();
+    assert!(written > 0);
+    drop(w);
+
+    let mut again = local_worker(&app, &store);
+    again
+        .assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    let stats = again.stats();
+    assert_eq!(stats.local_store_starts, 1);
+    assert_eq!(
+        stats.changelog_records_replayed, 0,
+        "nothing was written after the checkpoint"
+    );
+    assert_eq!(count_of(&again), Some(3i64.to_be_bytes().to_vec()));
+
+    // Another writer's commit after the checkpoint (the task ran elsewhere
+    // meanwhile, without this store): only those records are replayed.
+    let mut elsewhere = take_over(&app, &again, &cluster);
+    seek(&mut elsewhere);
+    elsewhere.on_record(rec("a", 0, 3, "x")).unwrap();
+    let txn = commit(&mut elsewhere, &cluster);
+    let tail = txn
+        .records
+        .iter()
+        .filter(|r| r.topic.ends_with("-changelog"))
+        .count() as u64;
+    assert!(tail > 0);
+    drop(again);
+    let mut back = local_worker(&app, &store);
+    back.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    assert_eq!(back.stats().local_store_starts, 1);
+    assert_eq!(back.stats().changelog_records_replayed, tail);
+    assert_eq!(count_of(&back), Some(4i64.to_be_bytes().to_vec()));
+}
+
+#[test]
+fn a_commit_whose_offsets_were_not_reported_wipes_the_local_store() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let store = MemLocal::default();
+    let mut w = counted_three(&app, &cluster, &store);
+    w.on_record(rec("a", 0, 3, "x")).unwrap();
+    let txn = w.flush().unwrap().unwrap();
+    cluster.commit(&txn.records);
+    // No `delivered`: the store cannot say which changelog point it holds.
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    assert_eq!(w.stats().local_store_write_failures, 1);
+    assert!(store.0.lock().unwrap().is_empty());
+    drop(w);
+    let mut again = local_worker(&app, &store);
+    again
+        .assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    assert_eq!(again.stats().local_store_starts, 0);
+    assert!(again.stats().changelog_records_replayed > 0);
+    assert_eq!(count_of(&again), Some(4i64.to_be_bytes().to_vec()));
+}
+
+#[test]
+fn an_aborted_transaction_never_reaches_the_local_store() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let store = MemLocal::default();
+    let mut w = counted_three(&app, &cluster, &store);
+    let before = store.0.lock().unwrap().clone();
+    w.on_record(rec("a", 0, 3, "x")).unwrap();
+    let txn = w.flush().unwrap().unwrap();
+    let offsets: Vec<i64> = (100..100 + txn.records.len() as i64).collect();
+    w.delivered(&offsets);
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    assert_eq!(*store.0.lock().unwrap(), before);
+}
+
+#[test]
+fn a_local_store_of_a_recreated_changelog_or_below_its_log_start_is_rebuilt() {
+    let app = counting_app();
+    let mut cluster = counting_cluster(1);
+    let store = MemLocal::default();
+    drop(counted_three(&app, &cluster, &store));
+    let task = TaskId {
+        stage: "count".into(),
+        partition: 0,
+    };
+    let checkpoint = store.0.lock().unwrap()[&task].checkpoint.clone();
+
+    // The changelog's log start moved past the checkpoint.
+    let state = "app-count-state-changelog".to_owned();
+    cluster
+        .starts
+        .borrow_mut()
+        .insert((state.clone(), 0), checkpoint[&state] + 1);
+    let mut w = local_worker(&app, &store);
+    w.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    assert_eq!(w.stats().local_store_rebuilds, 1);
+    assert_eq!(w.stats().local_store_starts, 0);
+    drop(w);
+    cluster.starts.borrow_mut().clear();
+
+    // The changelog topic was deleted and created again: a new topic id.
+    let recreated = TopicId::from_u128(0x9999);
+    cluster.topics.get_mut(&state).unwrap().0 = recreated;
+    let mut w = local_worker(&app, &store);
+    w.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    assert_eq!(w.stats().local_store_rebuilds, 1);
+    assert!(w.stats().changelog_records_replayed > 0);
+    assert_eq!(count_of(&w), Some(3i64.to_be_bytes().to_vec()));
+    let rebuilt = store.0.lock().unwrap()[&task].identity.clone().unwrap();
+    assert_eq!(rebuilt.changelogs[&state], recreated);
 }

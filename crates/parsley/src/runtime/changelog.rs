@@ -10,14 +10,19 @@
 //! the task's transaction, so a `read_committed` replay to the end rebuilds
 //! exactly the committed stores.
 
+use std::collections::BTreeMap;
+
 use parsley_protocol::MemStore;
 
 use crate::fold::FoldStore;
+use crate::runtime::local::StoreKind;
 use crate::runtime::task::{MetadataError, TaskId, TaskStores, TopicMetadata};
 
 /// One committed changelog record, as read back.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct ChangelogRecord {
+    /// Its offset in the changelog partition.
+    pub offset: i64,
     /// The store key.
     pub key: Option<Vec<u8>>,
     /// The stored bytes; `None` is a tombstone.
@@ -48,6 +53,23 @@ pub trait ChangelogReader {
             apply(r);
         }
         Ok(())
+    }
+
+    /// The records at offset `from` and above, handed to `apply` in offset
+    /// order (the tail a local store's checkpoint leaves to read). The
+    /// default filters a whole replay; a host that can seek overrides it.
+    fn replay_changelog_from(
+        &self,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        apply: &mut dyn FnMut(ChangelogRecord),
+    ) -> Result<(), MetadataError> {
+        self.replay_changelog(topic, partition, &mut |r| {
+            if r.offset >= from {
+                apply(r);
+            }
+        })
     }
 }
 
@@ -101,20 +123,149 @@ pub fn restore(
     metadata: &dyn TopicMetadata,
     reader: &dyn ChangelogReader,
 ) -> Result<TaskStores, ChangelogError> {
-    let mut stores = TaskStores::default();
-    let mut protocol = Rebuild::<MemStore>::default();
-    replay(task, state_changelog, tasks, metadata, reader, &mut |r| {
-        protocol.apply(r, put_protocol)
-    })?;
-    stores.protocol = protocol.finish(task, state_changelog)?;
-    if let Some(topic) = fold_changelog {
-        let mut fold = Rebuild::<FoldStore>::default();
-        replay(task, topic, tasks, metadata, reader, &mut |r| {
-            fold.apply(r, put_fold)
-        })?;
-        stores.fold = fold.finish(task, topic)?;
+    let changelogs = Changelogs {
+        state: state_changelog,
+        fold: fold_changelog,
+        tasks,
+    };
+    restore_from(task, &changelogs, metadata, reader, None).map(|r| r.stores)
+}
+
+/// A task's changelog topics.
+#[derive(Clone, Copy, Debug)]
+pub struct Changelogs<'a> {
+    /// The state changelog (the protocol store).
+    pub state: &'a str,
+    /// The fold changelog, for a stateful stage.
+    pub fold: Option<&'a str>,
+    /// The stage's task count: each changelog's partition count.
+    pub tasks: i32,
+}
+
+/// Where a restore starts: stores read from a local store, and the first
+/// changelog offset they do not reflect, per changelog topic.
+#[derive(Debug, Default)]
+pub struct RestoreStart {
+    /// The stores as the local store held them.
+    pub stores: TaskStores,
+    /// The next offset to replay, per changelog topic (0 when absent).
+    pub from: BTreeMap<String, i64>,
+}
+
+/// What a restore rebuilt.
+#[derive(Debug, Default)]
+pub struct Restored {
+    /// The committed stores.
+    pub stores: TaskStores,
+    /// Changelog records replayed.
+    pub replayed: u64,
+    /// The next offset after the last record replayed (or where the replay
+    /// started, when it read none), per changelog topic.
+    pub next: BTreeMap<String, i64>,
+    /// The records replayed, in order, when the restore started from a
+    /// local store (for the host to bring that store up to date); empty
+    /// for a restore from nothing.
+    pub tail: Vec<crate::runtime::local::LocalEntry>,
+}
+
+/// Rebuilds a task's committed stores: from `start` and the changelog
+/// records after it, or, without a start, from the whole changelogs.
+pub fn restore_from(
+    task: &TaskId,
+    changelogs: &Changelogs<'_>,
+    metadata: &dyn TopicMetadata,
+    reader: &dyn ChangelogReader,
+    start: Option<RestoreStart>,
+) -> Result<Restored, ChangelogError> {
+    let keep_tail = start.is_some();
+    let RestoreStart { stores, from } = start.unwrap_or_default();
+    let mut out = Restored {
+        next: from,
+        ..Restored::default()
+    };
+    let TaskStores {
+        protocol,
+        fold,
+        diverted,
+    } = stores;
+    out.stores.diverted = diverted;
+    let mut rebuild = Rebuild {
+        store: protocol,
+        corrupt: None,
+    };
+    let topic = changelogs.state;
+    let mut read = Tail::new(&mut out, topic, keep_tail.then_some(StoreKind::Protocol));
+    replay(
+        task,
+        topic,
+        changelogs.tasks,
+        metadata,
+        reader,
+        read.from,
+        &mut |r| {
+            read.take(&r);
+            rebuild.apply(r, put_protocol);
+        },
+    )?;
+    read.finish();
+    out.stores.protocol = rebuild.finish(task, topic)?;
+    if let Some(topic) = changelogs.fold {
+        let mut rebuild = Rebuild {
+            store: fold,
+            corrupt: None,
+        };
+        let mut read = Tail::new(&mut out, topic, keep_tail.then_some(StoreKind::Fold));
+        replay(
+            task,
+            topic,
+            changelogs.tasks,
+            metadata,
+            reader,
+            read.from,
+            &mut |r| {
+                read.take(&r);
+                rebuild.apply(r, put_fold);
+            },
+        )?;
+        read.finish();
+        out.stores.fold = rebuild.finish(task, topic)?;
     }
-    Ok(stores)
+    Ok(out)
+}
+
+/// Counts what one changelog's replay read, and keeps its records for a
+/// local store when asked.
+struct Tail<'a> {
+    out: &'a mut Restored,
+    topic: &'a str,
+    kind: Option<StoreKind>,
+    from: i64,
+    next: i64,
+}
+
+impl<'a> Tail<'a> {
+    fn new(out: &'a mut Restored, topic: &'a str, kind: Option<StoreKind>) -> Tail<'a> {
+        let from = out.next.get(topic).copied().unwrap_or(0);
+        Tail {
+            out,
+            topic,
+            kind,
+            from,
+            next: from,
+        }
+    }
+
+    fn take(&mut self, r: &ChangelogRecord) {
+        self.out.replayed += 1;
+        self.next = self.next.max(r.offset.saturating_add(1));
+        if let (Some(kind), Some(key)) = (self.kind, &r.key) {
+            self.out.tail.push((kind, key.clone(), r.value.clone()));
+        }
+    }
+
+    fn finish(self) {
+        self.out.next.insert(self.topic.to_owned(), self.next);
+    }
 }
 
 fn replay(
@@ -123,6 +274,7 @@ fn replay(
     tasks: i32,
     metadata: &dyn TopicMetadata,
     reader: &dyn ChangelogReader,
+    from: i64,
     apply: &mut dyn FnMut(ChangelogRecord),
 ) -> Result<(), ChangelogError> {
     let unavailable = |source| ChangelogError::Unavailable {
@@ -139,9 +291,12 @@ fn replay(
             actual: d.partitions,
         });
     }
-    reader
-        .replay_changelog(topic, task.partition, apply)
-        .map_err(unavailable)
+    if from > 0 {
+        reader.replay_changelog_from(topic, task.partition, from, apply)
+    } else {
+        reader.replay_changelog(topic, task.partition, apply)
+    }
+    .map_err(unavailable)
 }
 
 /// How a store takes one changelog record (key, value or tombstone),
@@ -295,6 +450,8 @@ pub fn step_past_record(
         });
     }
     Ok(ChangelogRecord {
+        // The broker gives it its offset when it is appended.
+        offset: -1,
         key: Some(StateKey::Stepped(channel, offset).to_key().into_bytes()),
         value: Some(stepped.encode()),
     })

@@ -8,7 +8,8 @@
 //! * [`failure`]: what a failure does: the task that failed stops, the
 //!   others go on, and a restart waits one step of its backoff.
 //! * [`changelog`]: how a task's stores travel through changelog topics and
-//!   come back.
+//!   come back; [`local`]: the same stores kept on the host's disk between
+//!   runs.
 //! * [`partition`]: Kafka's default partitioner; [`identity`]: sender
 //!   identities; [`holds`]: hold diagnostics.
 
@@ -16,6 +17,7 @@ pub mod changelog;
 pub mod failure;
 pub mod holds;
 pub mod identity;
+pub mod local;
 pub mod metrics;
 pub mod partition;
 pub mod task;

@@ -999,7 +999,27 @@ impl Task {
     /// The transaction taken last was committed: its writes join the
     /// committed stores.
     pub fn commit_done(&mut self) {
+        self.commit_done_into(None);
+    }
+
+    /// As [`commit_done`](Self::commit_done), also listing the committed
+    /// writes in `out` (for a local store): puts and deletes of both
+    /// stores, protocol store first, each in key order.
+    pub fn commit_done_into(&mut self, out: Option<&mut Vec<crate::runtime::local::LocalEntry>>) {
+        use crate::runtime::local::StoreKind;
         if let Some(done) = self.in_flight.take() {
+            if let Some(out) = out {
+                for (key, value) in done.protocol.iter() {
+                    out.push((
+                        StoreKind::Protocol,
+                        key.text().as_bytes().to_vec(),
+                        value.map(<[u8]>::to_vec),
+                    ));
+                }
+                for (key, value) in done.fold.iter() {
+                    out.push((StoreKind::Fold, key.to_vec(), value.map(<[u8]>::to_vec)));
+                }
+            }
             self.stores.protocol.apply_owned(done.protocol);
             self.stores.fold.apply(&done.fold);
             self.committed_tick_at = self.in_flight_tick_at;

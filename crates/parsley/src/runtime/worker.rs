@@ -51,9 +51,12 @@ use tracing::{debug, info, warn};
 
 use crate::app::Parsley;
 use crate::message::Header;
-use crate::runtime::changelog::{self, ChangelogError, ChangelogReader};
+use crate::runtime::changelog::{self, ChangelogError, ChangelogReader, Changelogs, RestoreStart};
 pub use crate::runtime::failure::{Backoff, Directive, Fault, RefusedRecord, TaskFailure};
 use crate::runtime::failure::{Stopped, Streak};
+use crate::runtime::local::{
+    self, LocalSnapshot, LocalStore, LocalWrite, StoreIdentity, StoreKind, WipeReason,
+};
 use crate::runtime::metrics::{Published, SAMPLE_INTERVAL, TaskMeters};
 use crate::runtime::task::{
     Diversion, EmissionOrigin, FetchedRecord, OutgoingRecord, Task, TaskError, TaskEvent, TaskId,
@@ -361,6 +364,17 @@ pub struct WorkerStats {
     /// Times a task was left partial: some of its partitions here, the
     /// rest not yet ([`Assignment::Incremental`]).
     pub partial_tasks: u64,
+    /// Changelog records replayed by task starts.
+    pub changelog_records_replayed: u64,
+    /// Tasks started from their local store (replaying only the changelog
+    /// after its checkpoint).
+    pub local_store_starts: u64,
+    /// Local stores wiped and rebuilt from the whole changelog (missing
+    /// ones are not counted).
+    pub local_store_rebuilds: u64,
+    /// Local store writes that failed or could not be checkpointed (the
+    /// store was wiped).
+    pub local_store_write_failures: u64,
 }
 
 /// What the worker refuses.
@@ -580,6 +594,32 @@ struct Slot {
     meters: TaskMeters,
     channels: Vec<ChannelSlot>,
     next_sweep_at: i64,
+    local: Local,
+}
+
+/// A task's local store, as this worker keeps it.
+#[derive(Debug)]
+enum Local {
+    /// The worker has no local store.
+    Off,
+    /// Written after each commit; holds what it belongs to and its
+    /// checkpoint.
+    Writing {
+        identity: StoreIdentity,
+        checkpoint: BTreeMap<String, i64>,
+    },
+    /// A write failed or could not be checkpointed: the store was wiped,
+    /// and this task writes no more to it until it starts again.
+    Stale,
+}
+
+/// A run of one task's changelog records on one topic in the transaction
+/// in flight.
+#[derive(Debug)]
+struct Span {
+    task: TaskId,
+    topic: String,
+    end: usize,
 }
 
 /// The host core for one stream thread. See the [module
@@ -612,6 +652,14 @@ pub struct Worker {
     owners: Vec<(usize, TaskId)>,
     /// Retries of the in-flight transaction's commit so far.
     commit_retries: u32,
+    /// Where each task's changelog records lie in the transaction in
+    /// flight.
+    spans: Vec<Span>,
+    /// The checkpoint each task's changelog records reach, once the host
+    /// reported the transaction's offsets ([`Worker::delivered`]).
+    reached: BTreeMap<TaskId, BTreeMap<String, i64>>,
+    /// The host's local stores, if it keeps state on disk.
+    local: Option<Box<dyn LocalStore>>,
     routes: BTreeMap<(String, i32), (TaskId, usize)>,
     state: State,
     /// When the last transaction was handed over, by the host's clock.
@@ -660,6 +708,9 @@ impl Worker {
             diversions: BTreeMap::new(),
             owners: Vec::new(),
             commit_retries: 0,
+            spans: Vec::new(),
+            reached: BTreeMap::new(),
+            local: None,
             routes: BTreeMap::new(),
             state: State::Open,
             last_handed: None,
@@ -670,6 +721,57 @@ impl Worker {
             stats: WorkerStats::default(),
             next_sample_at: 0,
             published: Published::default(),
+        }
+    }
+
+    /// Keeps each task's stores in `store` between runs: a task that
+    /// starts reads its store and replays only the changelog after the
+    /// store's checkpoint, and each commit's writes reach the store once
+    /// the commit is known (see [`local`](crate::runtime::local) for the
+    /// rules). The host then reports each transaction's offsets
+    /// ([`delivered`](Self::delivered)).
+    pub fn with_local_store(mut self, store: Box<dyn LocalStore>) -> Worker {
+        self.local = Some(store);
+        self
+    }
+
+    /// Whether this worker keeps local stores.
+    pub fn has_local_store(&self) -> bool {
+        self.local.is_some()
+    }
+
+    /// The offset each record of the transaction handed over last got, by
+    /// index (from the producer's delivery reports), reported before its
+    /// [`commit_outcome`](Self::commit_outcome). With a local store, these
+    /// are the checkpoints the commit's writes reach; a commit whose
+    /// offsets were not reported cannot be checkpointed, and the stores of
+    /// the tasks it wrote are wiped (rebuilt at their next start).
+    pub fn delivered(&mut self, offsets: &[i64]) {
+        self.reached.clear();
+        if self.local.is_none() {
+            return;
+        }
+        let mut broken = BTreeSet::new();
+        for span in &self.spans {
+            // A partition's records get increasing offsets: the last one
+            // is the furthest.
+            match span.end.checked_sub(1).and_then(|i| offsets.get(i)) {
+                Some(&offset) if offset >= 0 => {
+                    let next = self
+                        .reached
+                        .entry(span.task.clone())
+                        .or_default()
+                        .entry(span.topic.clone())
+                        .or_insert(0);
+                    *next = (*next).max(offset.saturating_add(1));
+                }
+                _ => {
+                    broken.insert(span.task.clone());
+                }
+            }
+        }
+        for task in broken {
+            self.reached.remove(&task);
         }
     }
 
@@ -1068,14 +1170,12 @@ impl Worker {
             }
             None => 0,
         };
-        let mut stores = changelog::restore(
-            id,
-            &names.state_changelog,
-            names.fold_changelog.as_deref(),
+        let changelogs = Changelogs {
+            state: &names.state_changelog,
+            fold: names.fold_changelog.as_deref(),
             tasks,
-            cluster,
-            cluster,
-        )?;
+        };
+        let (mut stores, local) = self.restore(id, &changelogs, cluster)?;
         if let Some(diversions) = self.diversions.get_mut(id) {
             for d in diversions.values_mut() {
                 d.partitions = cluster
@@ -1136,11 +1236,125 @@ impl Worker {
                 meters,
                 channels,
                 next_sweep_at,
+                local,
             },
         );
         // A new task's init writes (its scope, at least) go into the next
         // transaction.
         self.begin_task(id, true)
+    }
+
+    /// Rebuilds a task's committed stores: from its local store and the
+    /// changelog after the store's checkpoint when the store is usable,
+    /// else from the whole changelog (wiping the store, with a WARN that
+    /// says why); then brings the local store up to the changelog's end.
+    fn restore(
+        &mut self,
+        id: &TaskId,
+        changelogs: &Changelogs<'_>,
+        cluster: &dyn Cluster,
+    ) -> Result<(crate::runtime::task::TaskStores, Local), WorkerError> {
+        let Some(store) = self.local.as_mut() else {
+            let restored = changelog::restore_from(id, changelogs, cluster, cluster, None)?;
+            self.stats.changelog_records_replayed += restored.replayed;
+            return Ok((restored.stores, Local::Off));
+        };
+        let topics: Vec<&str> = std::iter::once(changelogs.state)
+            .chain(changelogs.fold)
+            .collect();
+        let unavailable = |topic: &str, cause| ChangelogError::Unavailable {
+            task: id.clone(),
+            topic: topic.to_owned(),
+            cause,
+        };
+        let mut ids = BTreeMap::new();
+        for topic in &topics {
+            let d = cluster
+                .describe(topic)
+                .map_err(|cause| unavailable(topic, cause))?;
+            ids.insert((*topic).to_owned(), d.id);
+        }
+        let identity = StoreIdentity {
+            application: self.app.application_id().to_owned(),
+            task: id.clone(),
+            changelogs: ids,
+        };
+        let opened = store.open(id);
+        let start = match opened {
+            Ok(None) => None,
+            Ok(Some(snapshot)) => {
+                let usable = changelog_bounds(&identity, id.partition, cluster)
+                    .map_err(|(topic, message)| {
+                        unavailable(
+                            &topic,
+                            crate::runtime::task::MetadataError::Failed {
+                                topic: topic.clone(),
+                                message,
+                            },
+                        )
+                    })
+                    .map(|bounds| local::check(&snapshot, &identity, &bounds))?
+                    .and_then(|()| start_from(snapshot));
+                match usable {
+                    Ok(start) => Some(start),
+                    Err(reason) => {
+                        self.stats.local_store_rebuilds += 1;
+                        wipe(store.as_mut(), id, &reason);
+                        None
+                    }
+                }
+            }
+            Err(e) => {
+                self.stats.local_store_rebuilds += 1;
+                wipe(store.as_mut(), id, &WipeReason::Unreadable(e.to_string()));
+                None
+            }
+        };
+        let from_local = start.is_some();
+        let restored = changelog::restore_from(id, changelogs, cluster, cluster, start)?;
+        self.stats.changelog_records_replayed += restored.replayed;
+        if from_local {
+            self.stats.local_store_starts += 1;
+        }
+        info!(
+            task = %id,
+            replayed = restored.replayed,
+            from_local_store = from_local,
+            "task restored"
+        );
+        let write = LocalWrite {
+            identity: identity.clone(),
+            checkpoint: restored.next.clone(),
+            replace: !from_local,
+            entries: if from_local {
+                restored.tail
+            } else {
+                all_entries(&restored.stores)
+            },
+        };
+        let local = match store.write(id, write) {
+            Ok(()) => Local::Writing {
+                identity,
+                checkpoint: restored.next,
+            },
+            Err(e) => {
+                self.stats.local_store_write_failures += 1;
+                warn!(task = %id, error = %e, "the local store could not be written; the task runs without it until it starts again");
+                let _ = store.wipe(id);
+                Local::Stale
+            }
+        };
+        Ok((restored.stores, local))
+    }
+
+    /// The task left this worker: its local store is made durable and
+    /// released (it stays on disk for the task's return).
+    fn close_local(&mut self, id: &TaskId) {
+        if let Some(store) = self.local.as_mut()
+            && let Err(e) = store.close(id)
+        {
+            warn!(task = %id, error = %e, "the local store could not be closed");
+        }
     }
 
     /// Chooses each channel's start, queues the seeks, and reports the
@@ -1340,6 +1554,7 @@ impl Worker {
         }
         for id in closing {
             if let Some(slot) = self.tasks.remove(&id) {
+                self.close_local(&id);
                 for c in &slot.channels {
                     self.routes.remove(&(c.topic.clone(), c.partition));
                 }
@@ -1663,6 +1878,8 @@ impl Worker {
     fn take_transaction(&mut self) -> Result<Transaction, WorkerError> {
         let id = self.next_txn;
         self.owners.clear();
+        self.spans.clear();
+        self.reached.clear();
         self.commit_retries = 0;
         let mut txn = Transaction {
             id,
@@ -1682,6 +1899,21 @@ impl Worker {
                     } else {
                         txn.records.extend(commit.records);
                     }
+                    let mut run: Option<Span> = None;
+                    for (at, r) in (txn.records.len()..).zip(&commit.changelog) {
+                        match &mut run {
+                            Some(span) if span.topic == r.topic => span.end = at + 1,
+                            _ => {
+                                self.spans.extend(run.take());
+                                run = Some(Span {
+                                    task: task_id.clone(),
+                                    topic: r.topic.clone(),
+                                    end: at + 1,
+                                });
+                            }
+                        }
+                    }
+                    self.spans.extend(run);
                     txn.records.extend(commit.changelog);
                     self.owners.push((txn.records.len(), task_id.clone()));
                     txn.events
@@ -1728,9 +1960,20 @@ impl Worker {
         }
         match outcome {
             CommitOutcome::Committed => {
-                for slot in self.tasks.values_mut() {
+                let written: BTreeSet<&TaskId> = self.spans.iter().map(|s| &s.task).collect();
+                for (id, slot) in &mut self.tasks {
                     if let Some(task) = slot.task.as_mut() {
-                        task.commit_done();
+                        match (&mut self.local, &mut slot.local) {
+                            (Some(store), Local::Writing { .. }) if written.contains(id) => {
+                                let mut entries = Vec::new();
+                                task.commit_done_into(Some(&mut entries));
+                                let reached = self.reached.remove(id);
+                                if !write_committed(store.as_mut(), id, slot, entries, reached) {
+                                    self.stats.local_store_write_failures += 1;
+                                }
+                            }
+                            _ => task.commit_done(),
+                        }
                     }
                     for c in &mut slot.channels {
                         c.committed = c.position;
@@ -1744,6 +1987,8 @@ impl Worker {
                 self.stats.commits += 1;
                 self.state = State::Open;
                 self.dirty = false;
+                self.spans.clear();
+                self.reached.clear();
                 self.prune_diversions();
                 Ok(())
             }
@@ -1930,7 +2175,13 @@ impl Worker {
     pub fn fenced(&mut self) {
         self.stats.fenced += 1;
         warn!("fenced or commit fate unknown: dropping every task; rejoin the group");
+        let ids: Vec<TaskId> = self.tasks.keys().cloned().collect();
+        for id in &ids {
+            self.close_local(id);
+        }
         self.tasks.clear();
+        self.spans.clear();
+        self.reached.clear();
         self.waiting.clear();
         self.failing = None;
         self.stopped.clear();
@@ -2056,4 +2307,143 @@ fn transient_task(e: &TaskError) -> bool {
             ..
         }
     )
+}
+
+/// Each changelog's (log start, end) for the task's partition: one lookup
+/// of each kind for all of the task's changelogs. The error names the topic
+/// and what the lookup said.
+fn changelog_bounds(
+    identity: &StoreIdentity,
+    partition: i32,
+    cluster: &dyn Cluster,
+) -> Result<BTreeMap<String, (i64, i64)>, (String, String)> {
+    let ids: BTreeSet<parsley_protocol::TopicId> = identity.changelogs.values().copied().collect();
+    let first = identity
+        .changelogs
+        .keys()
+        .next()
+        .cloned()
+        .unwrap_or_default();
+    let starts = cluster
+        .log_starts(&ids)
+        .map_err(|e| (first.clone(), e.to_string()))?;
+    let ends = cluster
+        .end_offsets(&ids)
+        .map_err(|e| (first.clone(), e.to_string()))?;
+    let mut out = BTreeMap::new();
+    for (topic, tid) in &identity.changelogs {
+        let at = |answers: &BTreeMap<parsley_protocol::TopicId, parsley_protocol::TopicOffsets>| {
+            match answers.get(tid) {
+                Some(parsley_protocol::TopicOffsets::Present(by_partition)) => {
+                    by_partition.get(&partition).copied()
+                }
+                _ => None,
+            }
+        };
+        match (at(&starts), at(&ends)) {
+            (Some(start), Some(end)) => {
+                out.insert(topic.clone(), (start, end));
+            }
+            _ => {
+                return Err((
+                    topic.clone(),
+                    format!("no offsets for partition {partition}"),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The stores a usable snapshot holds, as a restore's start; a protocol
+/// key that is not UTF-8 or a fold key that names no slot makes the store
+/// unusable.
+fn start_from(snapshot: LocalSnapshot) -> Result<RestoreStart, WipeReason> {
+    let mut stores = crate::runtime::task::TaskStores::default();
+    for (key, value) in snapshot.protocol {
+        let key = String::from_utf8(key).map_err(|_| {
+            WipeReason::Unreadable("a protocol store key that is not UTF-8".to_owned())
+        })?;
+        stores.protocol.insert_raw(&key, value);
+    }
+    for (key, value) in snapshot.fold {
+        if crate::fold::FoldKey::from_bytes(&key).is_none() {
+            return Err(WipeReason::Unreadable(
+                "a fold store key that names no slot".to_owned(),
+            ));
+        }
+        stores.fold.put_bytes(key, value);
+    }
+    Ok(RestoreStart {
+        stores,
+        from: snapshot.checkpoint,
+    })
+}
+
+/// Every entry of both stores, as puts (a rebuild's write).
+fn all_entries(
+    stores: &crate::runtime::task::TaskStores,
+) -> Vec<crate::runtime::local::LocalEntry> {
+    let mut out = Vec::with_capacity(stores.protocol.len() + stores.fold.len());
+    for (key, value) in stores.protocol.iter() {
+        out.push((StoreKind::Protocol, key.into_bytes(), Some(value.to_vec())));
+    }
+    for (key, value) in stores.fold.iter() {
+        out.push((StoreKind::Fold, key.to_vec(), Some(value.to_vec())));
+    }
+    out
+}
+
+/// Wipes a store that cannot be used, saying why.
+fn wipe(store: &mut dyn LocalStore, id: &TaskId, reason: &WipeReason) {
+    warn!(task = %id, %reason, "the local store is wiped and rebuilt from the changelog");
+    if let Err(e) = store.wipe(id) {
+        warn!(task = %id, error = %e, "the local store could not be wiped");
+    }
+}
+
+/// Writes one committed transaction's writes of a task to its local store,
+/// with the checkpoint they reach. Without a checkpoint (the host did not
+/// report the offsets), or when the write fails, the store is wiped and the
+/// task writes no more to it. Returns false then.
+fn write_committed(
+    store: &mut dyn LocalStore,
+    id: &TaskId,
+    slot: &mut Slot,
+    entries: Vec<crate::runtime::local::LocalEntry>,
+    reached: Option<BTreeMap<String, i64>>,
+) -> bool {
+    let Local::Writing {
+        identity,
+        checkpoint,
+    } = &mut slot.local
+    else {
+        return true;
+    };
+    let failure = match reached {
+        None => "the commit's changelog offsets were not reported".to_owned(),
+        Some(reached) => {
+            let mut next = checkpoint.clone();
+            next.extend(reached);
+            let write = LocalWrite {
+                identity: identity.clone(),
+                checkpoint: next.clone(),
+                replace: false,
+                entries,
+            };
+            match store.write(id, write) {
+                Ok(()) => {
+                    *checkpoint = next;
+                    return true;
+                }
+                Err(e) => e.to_string(),
+            }
+        }
+    };
+    warn!(task = %id, reason = %failure, "the local store missed a commit: it is wiped, and rebuilt when the task starts again");
+    if let Err(e) = store.wipe(id) {
+        warn!(task = %id, error = %e, "the local store could not be wiped");
+    }
+    slot.local = Local::Stale;
+    false
 }

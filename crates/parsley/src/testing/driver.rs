@@ -216,8 +216,10 @@ impl ChangelogReader for Log {
             })?;
         Ok(entries
             .iter()
-            .filter_map(|e| match e {
+            .enumerate()
+            .filter_map(|(offset, e)| match e {
                 Entry::Record { record, .. } => Some(ChangelogRecord {
+                    offset: i64::try_from(offset).unwrap_or(i64::MAX),
                     key: record.key.clone(),
                     value: record.value.clone(),
                 }),

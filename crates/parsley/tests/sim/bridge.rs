@@ -10,13 +10,19 @@ use std::rc::Rc;
 use parsley::Parsley;
 use parsley::protocol::{BrokerOffsets, BrokerOffsetsError, Channel, TopicId, TopicOffsets};
 use parsley::runtime::changelog::{ChangelogReader, ChangelogRecord};
+use parsley::runtime::local::{
+    LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, StoreIdentity, StoreKind,
+};
 use parsley::runtime::worker::*;
 use parsley::task::EmissionOrigin;
+use parsley::task::TaskId;
 use parsley::task::{MetadataError, TaskEvent, TopicDescription, TopicMetadata};
 use parsley_sim::{
     Assigned, BeforeRevoke, Fetched, HostTransaction, Outcome, Produced, SimBroker, SimDirective,
-    SimFault, StreamThread, TaskAct, TaskSpec,
+    SimFault, StoreFault, StreamThread, TaskAct, TaskSpec,
 };
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 /// The simulated broker as the worker sees a cluster.
 pub struct View<'a>(pub &'a SimBroker);
@@ -77,11 +83,162 @@ impl ChangelogReader for View<'_> {
             .0
             .committed_from_start(Channel::new(id, partition))
             .into_iter()
-            .map(|(_, r)| ChangelogRecord {
+            .map(|(offset, r)| ChangelogRecord {
+                offset,
                 key: r.key.clone(),
                 value: r.value.clone(),
             })
             .collect())
+    }
+}
+
+/// One task's local store on a simulated disk.
+#[derive(Clone, Debug, Default)]
+pub struct DiskStore {
+    pub identity: Option<StoreIdentity>,
+    pub checkpoint: BTreeMap<String, i64>,
+    pub protocol: BTreeMap<Vec<u8>, Vec<u8>>,
+    pub fold: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The file was damaged: it no longer reads back.
+    pub corrupt: bool,
+}
+
+/// A simulated state directory: one store per task. It outlives the
+/// process (the stream thread) that wrote it; the next process on the same
+/// disk finds what was written.
+#[derive(Debug, Default)]
+pub struct Disk {
+    pub stores: BTreeMap<TaskId, DiskStore>,
+    /// The fault armed for the next write, if any.
+    armed: Option<StoreFault>,
+    /// The process writing here died: nothing more lands.
+    dead: bool,
+    /// Faults that struck a write, by [`StoreFault`] order.
+    pub struck: [u64; 4],
+}
+
+/// The disks of a world, handed to processes as they start: a process
+/// takes the first disk no live process holds (a restart on the same
+/// machine), else a new, empty one.
+#[derive(Clone, Default)]
+pub struct Disks(pub Rc<RefCell<Vec<Arc<Mutex<Disk>>>>>);
+
+impl Disks {
+    /// Faults that struck a write on any disk.
+    pub fn struck(&self) -> [u64; 4] {
+        let mut out = [0; 4];
+        for d in self.0.borrow().iter() {
+            for (a, b) in out.iter_mut().zip(d.lock().unwrap().struck) {
+                *a += b;
+            }
+        }
+        out
+    }
+
+    pub fn take(&self) -> Arc<Mutex<Disk>> {
+        let mut all = self.0.borrow_mut();
+        if let Some(free) = all.iter().find(|d| Arc::strong_count(d) == 1) {
+            let free = free.clone();
+            let mut d = free.lock().unwrap();
+            d.dead = false;
+            d.armed = None;
+            drop(d);
+            return free;
+        }
+        let new = Arc::new(Mutex::new(Disk::default()));
+        all.push(new.clone());
+        new
+    }
+}
+
+/// A process's handle on its disk, as the worker's local store.
+pub struct SimLocal(pub Arc<Mutex<Disk>>);
+
+impl LocalStore for SimLocal {
+    fn open(&mut self, task: &TaskId) -> Result<Option<LocalSnapshot>, LocalStoreError> {
+        let d = self.0.lock().unwrap();
+        let Some(s) = d.stores.get(task) else {
+            return Ok(None);
+        };
+        if s.corrupt {
+            return Err(LocalStoreError::Corrupt {
+                task: task.clone(),
+                reason: "checksum mismatch (simulated)".into(),
+            });
+        }
+        Ok(Some(LocalSnapshot {
+            identity: s.identity.clone(),
+            checkpoint: s.checkpoint.clone(),
+            protocol: s
+                .protocol
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            fold: s.fold.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        }))
+    }
+
+    fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
+        let mut d = self.0.lock().unwrap();
+        let io = |m: &str| LocalStoreError::Io {
+            task: task.clone(),
+            message: m.to_owned(),
+        };
+        if d.dead {
+            return Err(io("the process is gone (simulated)"));
+        }
+        if let Some(f) = d.armed {
+            d.struck[f as usize] += 1;
+        }
+        match d.armed.take() {
+            Some(StoreFault::CrashBeforeWrite) => {
+                d.dead = true;
+                return Err(io("crashed inside the write (simulated)"));
+            }
+            Some(StoreFault::WriteFails) => return Err(io("no space left on device (simulated)")),
+            Some(StoreFault::CorruptAndCrash) => {
+                d.dead = true;
+                if let Some(s) = d.stores.get_mut(task) {
+                    s.corrupt = true;
+                }
+                return Err(io("crashed while the file was damaged (simulated)"));
+            }
+            Some(StoreFault::CrashAfterWrite) => d.dead = true,
+            None => {}
+        }
+        let s = d.stores.entry(task.clone()).or_default();
+        if write.replace {
+            *s = DiskStore::default();
+        }
+        s.identity = Some(write.identity);
+        s.checkpoint.extend(write.checkpoint);
+        for (kind, key, value) in write.entries {
+            let m = match kind {
+                StoreKind::Protocol => &mut s.protocol,
+                StoreKind::Fold => &mut s.fold,
+            };
+            match value {
+                Some(v) => {
+                    m.insert(key, v);
+                }
+                None => {
+                    m.remove(&key);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn wipe(&mut self, task: &TaskId) -> Result<(), LocalStoreError> {
+        let mut d = self.0.lock().unwrap();
+        if d.dead {
+            return Err(LocalStoreError::Io {
+                task: task.clone(),
+                message: "the process is gone (simulated)".into(),
+            });
+        }
+        d.stores.remove(task);
+        Ok(())
     }
 }
 
@@ -119,6 +276,14 @@ pub struct BridgeStats {
     pub task_restarts: u64,
     /// Refused emissions sent to the dead-letter topic.
     pub diverted: u64,
+    /// Tasks started from a local store.
+    pub local_starts: u64,
+    /// Local stores wiped and rebuilt.
+    pub local_rebuilds: u64,
+    /// Local store writes that failed.
+    pub local_write_failures: u64,
+    /// Changelog records replayed by task starts.
+    pub replayed: u64,
 }
 
 /// One stream thread: a worker and its fault, if any.
@@ -135,6 +300,8 @@ pub struct Thread {
     dead_letter: Option<String>,
     /// The production handler's choice for the record refused last.
     divert_next: bool,
+    /// The thread's disk, when it keeps local stores.
+    disk: Option<Arc<Mutex<Disk>>>,
 }
 
 impl Thread {
@@ -154,7 +321,19 @@ impl Thread {
             last: Vec::new(),
             dead_letter: None,
             divert_next: false,
+            disk: None,
         }
+    }
+
+    /// Keeps the tasks' stores on `disk` between processes.
+    pub fn with_disk(mut self, disk: Arc<Mutex<Disk>>) -> Thread {
+        self.worker = std::mem::replace(
+            &mut self.worker,
+            Worker::new(&self.app, WorkerConfig::default()),
+        )
+        .with_local_store(Box::new(SimLocal(disk.clone())));
+        self.disk = Some(disk);
+        self
     }
 
     /// A production error handler that may send refused emissions to
@@ -218,6 +397,11 @@ impl Thread {
         s.positions_deferred += now.positions_deferred - self.seen.positions_deferred;
         s.restored_with_held += now.restored_with_held - self.seen.restored_with_held;
         s.start_retries += now.task_start_retries - self.seen.task_start_retries;
+        s.local_starts += now.local_store_starts - self.seen.local_store_starts;
+        s.local_rebuilds += now.local_store_rebuilds - self.seen.local_store_rebuilds;
+        s.local_write_failures +=
+            now.local_store_write_failures - self.seen.local_store_write_failures;
+        s.replayed += now.changelog_records_replayed - self.seen.changelog_records_replayed;
         self.seen = now;
     }
 
@@ -433,6 +617,10 @@ impl StreamThread for Thread {
         };
         self.just_aborted = o == CommitOutcome::Aborted;
         let r = self.worker.commit_outcome(o, &View(broker)).map_err(err);
+        if let Some(disk) = &self.disk {
+            // A fault armed for this outcome strikes only its writes.
+            disk.lock().unwrap().armed = None;
+        }
         self.account();
         r?;
         self.handle_failures(broker)
@@ -484,6 +672,18 @@ impl StreamThread for Thread {
         self.worker
             .restart_due_in(now)
             .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    }
+
+    fn delivered(&mut self, offsets: &[i64]) {
+        self.worker.delivered(offsets);
+    }
+
+    fn store_fault(&mut self, fault: StoreFault) -> bool {
+        let Some(disk) = &self.disk else {
+            return false;
+        };
+        disk.lock().unwrap().armed = Some(fault);
+        true
     }
 
     fn take_flow(&mut self) -> Vec<(String, i32, bool)> {

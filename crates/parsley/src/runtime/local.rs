@@ -1,0 +1,329 @@
+//! Local state stores: a task's two stores kept on the host's disk between
+//! runs, so a restart (or a task coming back after a rebalance) reads only
+//! the changelog records written since, not the whole changelog.
+//!
+//! The changelog stays the truth. A local store is a cache of it at a
+//! committed point, and says which point: its **checkpoint**, the next
+//! changelog offset it does not reflect, per changelog topic. The rules the
+//! [`Worker`](crate::runtime::worker::Worker) keeps:
+//!
+//! * A store is written only with writes whose transaction is known to have
+//!   committed, together with the checkpoint those writes reach, in one
+//!   atomic write ([`LocalStore::write`]). A transaction that aborts, or
+//!   whose fate is unknown, never reaches it.
+//! * A task that starts opens its store and replays the changelog from the
+//!   checkpoint. A store that is missing, unreadable, written for another
+//!   application, task or changelog topic (a topic deleted and created
+//!   again has a new topic id), or whose checkpoint lies outside the
+//!   changelog (ahead of its end, or below its log start), is wiped and
+//!   rebuilt from the whole changelog, with a WARN that says why.
+//! * When a write fails, the store no longer matches its checkpoint's
+//!   successors: it is wiped, and that task writes no more to it until it
+//!   starts again (then it is rebuilt).
+//!
+//! Replaying from a checkpoint that is too early is harmless (every
+//! changelog record is an absolute put or a delete, so applying one again
+//! changes nothing); one that is too late would lose writes, which is why
+//! a checkpoint is only ever the offset after a record the store holds.
+//!
+//! The host supplies the engine: the Kafka runtime keeps one embedded
+//! database file per task under its state directory; the simulator keeps
+//! its "disks" in memory and crashes around every write.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use parsley_protocol::TopicId;
+
+use crate::runtime::task::TaskId;
+
+/// What a local store belongs to. A store whose identity differs from the
+/// task that opens it is wiped.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct StoreIdentity {
+    /// The application id.
+    pub application: String,
+    /// The task.
+    pub task: TaskId,
+    /// Each changelog the store mirrors, by topic name, with the topic id
+    /// it had when the store was written.
+    pub changelogs: BTreeMap<String, TopicId>,
+}
+
+impl fmt::Display for StoreIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "application {:?}, task {}", self.application, self.task)?;
+        for (topic, id) in &self.changelogs {
+            write!(f, ", {topic} ({id})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Which store of a task an entry belongs to.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+pub enum StoreKind {
+    /// The protocol store (UTF-8 keys).
+    Protocol,
+    /// The fold store.
+    Fold,
+}
+
+/// One entry of a write: the store, the key, and the value (`None`
+/// deletes).
+pub type LocalEntry = (StoreKind, Vec<u8>, Option<Vec<u8>>);
+
+/// A store's content as it was last written.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct LocalSnapshot {
+    /// What it belongs to; `None` when the store holds no identity (a
+    /// store that was never completely written).
+    pub identity: Option<StoreIdentity>,
+    /// The next changelog offset it does not reflect, per changelog topic.
+    pub checkpoint: BTreeMap<String, i64>,
+    /// Protocol store entries, in key order.
+    pub protocol: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Fold store entries, in key order.
+    pub fold: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// One atomic write to a task's local store.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct LocalWrite {
+    /// What the store belongs to.
+    pub identity: StoreIdentity,
+    /// The checkpoint after this write: the offsets given replace the ones
+    /// stored; a changelog not named keeps its offset.
+    pub checkpoint: BTreeMap<String, i64>,
+    /// True to clear the store before writing (a rebuild).
+    pub replace: bool,
+    /// Puts (`Some`) and deletes (`None`), in order.
+    pub entries: Vec<LocalEntry>,
+}
+
+impl LocalWrite {
+    /// The number of entries written.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when the write has no entries (it may still move the
+    /// checkpoint).
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// A local store that cannot be used.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum LocalStoreError {
+    /// The store's bytes do not read back (a torn or damaged file).
+    #[error("the local store of task {task} is corrupt: {reason}")]
+    Corrupt {
+        /// The task.
+        task: TaskId,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The disk refused a read or a write (full, gone, no permission).
+    #[error("the local store of task {task} failed: {message}")]
+    Io {
+        /// The task.
+        task: TaskId,
+        /// What the engine said.
+        message: String,
+    },
+}
+
+/// A host's local stores, one per task, under one state directory.
+///
+/// Every write is atomic: after a crash at any point, the store holds
+/// either all of a write (entries and checkpoint) or none of it.
+pub trait LocalStore: Send {
+    /// Reads task `task`'s store: `None` when it has none.
+    fn open(&mut self, task: &TaskId) -> Result<Option<LocalSnapshot>, LocalStoreError>;
+    /// Applies one write atomically.
+    fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError>;
+    /// Deletes task `task`'s store.
+    fn wipe(&mut self, task: &TaskId) -> Result<(), LocalStoreError>;
+    /// The task left this host for now: make what was written durable and
+    /// release what the store holds open. The store stays on disk for the
+    /// task's return.
+    fn close(&mut self, _task: &TaskId) -> Result<(), LocalStoreError> {
+        Ok(())
+    }
+}
+
+/// Why a task's local store was not used and is rebuilt.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum WipeReason {
+    /// It did not read back.
+    Unreadable(String),
+    /// It holds no identity: it was never completely written.
+    NoIdentity,
+    /// It belongs to another application, task or changelog topic.
+    Foreign {
+        /// What it says it belongs to.
+        found: StoreIdentity,
+    },
+    /// Its checkpoint lies past the changelog's end: it reflects writes the
+    /// changelog does not hold.
+    Ahead {
+        /// The changelog topic.
+        topic: String,
+        /// The store's checkpoint.
+        checkpoint: i64,
+        /// The changelog partition's end.
+        end: i64,
+    },
+    /// Its checkpoint lies below the changelog's log start: records it
+    /// never saw were deleted.
+    Truncated {
+        /// The changelog topic.
+        topic: String,
+        /// The store's checkpoint.
+        checkpoint: i64,
+        /// The changelog partition's log start.
+        log_start: i64,
+    },
+}
+
+impl fmt::Display for WipeReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WipeReason::Unreadable(reason) => write!(f, "it does not read back ({reason})"),
+            WipeReason::NoIdentity => write!(f, "it was never completely written"),
+            WipeReason::Foreign { found } => write!(
+                f,
+                "it belongs to {found} (another application, task, or an earlier changelog topic of the same name)"
+            ),
+            WipeReason::Ahead {
+                topic,
+                checkpoint,
+                end,
+            } => write!(
+                f,
+                "its checkpoint {checkpoint} lies past the end {end} of {topic}: it reflects writes the changelog does not hold"
+            ),
+            WipeReason::Truncated {
+                topic,
+                checkpoint,
+                log_start,
+            } => write!(
+                f,
+                "its checkpoint {checkpoint} lies below the log start {log_start} of {topic}: changelog records it never saw were deleted"
+            ),
+        }
+    }
+}
+
+/// Checks a snapshot against the task that opens it: `Ok` when the store
+/// can be used and only the changelog after its checkpoint needs
+/// replaying. `bounds` gives each changelog's (log start, end) for the
+/// task's partition.
+pub fn check(
+    snapshot: &LocalSnapshot,
+    expected: &StoreIdentity,
+    bounds: &BTreeMap<String, (i64, i64)>,
+) -> Result<(), WipeReason> {
+    let Some(found) = &snapshot.identity else {
+        return Err(WipeReason::NoIdentity);
+    };
+    if found != expected {
+        return Err(WipeReason::Foreign {
+            found: found.clone(),
+        });
+    }
+    for (topic, &(log_start, end)) in bounds {
+        let checkpoint = snapshot.checkpoint.get(topic).copied().unwrap_or(0);
+        if checkpoint > end {
+            return Err(WipeReason::Ahead {
+                topic: topic.clone(),
+                checkpoint,
+                end,
+            });
+        }
+        if checkpoint < log_start {
+            return Err(WipeReason::Truncated {
+                topic: topic.clone(),
+                checkpoint,
+                log_start,
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity(topic_id: u8) -> StoreIdentity {
+        StoreIdentity {
+            application: "app".into(),
+            task: TaskId {
+                stage: "s".into(),
+                partition: 1,
+            },
+            changelogs: BTreeMap::from([(
+                "app-s-state-changelog".to_owned(),
+                TopicId::from_bytes([topic_id; 16]),
+            )]),
+        }
+    }
+
+    fn snapshot(id: Option<StoreIdentity>, checkpoint: i64) -> LocalSnapshot {
+        LocalSnapshot {
+            identity: id,
+            checkpoint: BTreeMap::from([("app-s-state-changelog".to_owned(), checkpoint)]),
+            ..LocalSnapshot::default()
+        }
+    }
+
+    fn bounds(log_start: i64, end: i64) -> BTreeMap<String, (i64, i64)> {
+        BTreeMap::from([("app-s-state-changelog".to_owned(), (log_start, end))])
+    }
+
+    #[test]
+    fn a_store_inside_its_changelog_is_used() {
+        assert_eq!(
+            check(&snapshot(Some(identity(1)), 5), &identity(1), &bounds(0, 9)),
+            Ok(())
+        );
+        // At either edge too.
+        assert!(check(&snapshot(Some(identity(1)), 9), &identity(1), &bounds(0, 9)).is_ok());
+        assert!(check(&snapshot(Some(identity(1)), 3), &identity(1), &bounds(3, 9)).is_ok());
+    }
+
+    #[test]
+    fn each_reason_to_rebuild_is_named() {
+        let no_id = check(&snapshot(None, 5), &identity(1), &bounds(0, 9));
+        assert_eq!(no_id, Err(WipeReason::NoIdentity));
+        let recreated = check(&snapshot(Some(identity(2)), 5), &identity(1), &bounds(0, 9));
+        assert!(matches!(recreated, Err(WipeReason::Foreign { .. })));
+        let ahead = check(
+            &snapshot(Some(identity(1)), 10),
+            &identity(1),
+            &bounds(0, 9),
+        );
+        assert!(matches!(
+            ahead,
+            Err(WipeReason::Ahead {
+                checkpoint: 10,
+                end: 9,
+                ..
+            })
+        ));
+        let truncated = check(&snapshot(Some(identity(1)), 2), &identity(1), &bounds(3, 9));
+        assert!(matches!(
+            truncated,
+            Err(WipeReason::Truncated {
+                checkpoint: 2,
+                log_start: 3,
+                ..
+            })
+        ));
+        let text = ahead.unwrap_err().to_string();
+        assert!(text.contains("past the end 9"), "{text}");
+    }
+}
