@@ -52,6 +52,8 @@ mod policy;
 #[cfg(feature = "streams")]
 mod settings;
 #[cfg(feature = "streams")]
+pub mod state_dir;
+#[cfg(feature = "streams")]
 mod streams;
 pub mod topic_ids;
 
@@ -65,6 +67,8 @@ pub use policy::{
     ErrorHandler, ErrorResponse, ProductionHandler, ProductionResponse, RefusedRecord,
 };
 #[cfg(feature = "streams")]
+pub use state_dir::StateDirError;
+#[cfg(feature = "streams")]
 pub use streams::{
-    Backoff, CausalStreams, GroupProtocol, StreamsError, StreamsOptions, StreamsState,
+    Backoff, CausalStreams, GroupProtocol, Restores, StreamsError, StreamsOptions, StreamsState,
 };

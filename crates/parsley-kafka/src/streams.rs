@@ -39,6 +39,7 @@ use crate::policy::{
     self, ErrorHandler, ErrorResponse, ProductionHandler, ProductionResponse, RefusedRecord,
 };
 use crate::settings;
+use crate::state_dir::StateDir;
 
 /// Records a stream thread takes from its consumer's buffer before it
 /// turns to position reports, the clock and its transaction.
@@ -144,6 +145,16 @@ pub struct StreamsOptions {
     /// instances that run at the same time (they would fence each other).
     /// `None` takes the host name.
     pub instance_id: Option<String>,
+    /// Where each task's stores are kept between runs: a task that starts
+    /// opens its store there and replays only the changelog written after
+    /// the store's checkpoint. The instance locks
+    /// `<state_dir>/<application id>/<instance id>` for its life; a second
+    /// instance on it is refused ([`StreamsError::StateDir`]). `None` keeps the
+    /// stores in memory only, and every task start replays its whole
+    /// changelogs. The default is `parsley-streams` under the system's
+    /// temporary directory; in production choose a directory that survives
+    /// a restart.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for StreamsOptions {
@@ -160,6 +171,7 @@ impl Default for StreamsOptions {
             rejoin_backoff: Backoff::default(),
             task_backoff: Backoff::default(),
             instance_id: None,
+            state_dir: Some(std::env::temp_dir().join("parsley-streams")),
         }
     }
 }
@@ -252,6 +264,10 @@ pub enum StreamsError {
         /// Its failures in a row before this one.
         earlier_in_a_row: u32,
     },
+    /// The state directory cannot be used (another instance holds it, or
+    /// it cannot be created).
+    #[error(transparent)]
+    StateDir(#[from] crate::state_dir::StateDirError),
     /// A stream thread failed.
     #[error("stream thread {thread} failed: {message}")]
     Thread {
@@ -284,11 +300,21 @@ struct RecordFailure {
 #[derive(Default)]
 struct Deliveries {
     failed: Mutex<Option<RecordFailure>>,
+    /// The offset each record of the open transaction got (-1 until its
+    /// report arrives), for the worker's local store checkpoints.
+    offsets: Mutex<Vec<i64>>,
 }
 
 impl Deliveries {
     fn record(&self, failure: RecordFailure) {
         lock(&self.failed).get_or_insert(failure);
+    }
+
+    /// A new transaction of `records` records begins.
+    fn begin(&self, records: usize) {
+        let mut offsets = lock(&self.offsets);
+        offsets.clear();
+        offsets.resize(records, -1);
     }
 
     fn take(&self) -> Option<RecordFailure> {
@@ -303,6 +329,12 @@ impl rdkafka::producer::ProducerContext for Deliveries {
 
     fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, record: usize) {
         use rdkafka::types::RDKafkaErrorCode::{PurgeInflight, PurgeQueue};
+        if let Ok(m) = result {
+            if let Some(slot) = lock(&self.offsets).get_mut(record) {
+                *slot = rdkafka::Message::offset(m);
+            }
+            return;
+        }
         if let Err((e, _)) = result {
             // Records purged because the transaction failed are its
             // consequence, not its cause.
@@ -431,6 +463,30 @@ pub struct CausalStreams {
     threads: Vec<JoinHandle<Result<(), StreamsError>>>,
     /// What each stream thread is doing.
     phases: Vec<Phase>,
+    /// The locked state directory, while the instance runs.
+    state_dir: Option<Arc<StateDir>>,
+    restores: Arc<RestoreTotals>,
+}
+
+/// What the instance's task starts restored, summed over its threads.
+#[derive(Debug, Default)]
+struct RestoreTotals {
+    replayed: AtomicU64,
+    from_local: AtomicU64,
+    rebuilt: AtomicU64,
+}
+
+/// What this instance's task starts restored so far
+/// ([`CausalStreams::restores`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Restores {
+    /// Changelog records replayed.
+    pub records_replayed: u64,
+    /// Tasks started from their local store (replaying only the changelog
+    /// after its checkpoint).
+    pub from_local_store: u64,
+    /// Local stores found unusable, wiped and rebuilt from the changelog.
+    pub local_stores_rebuilt: u64,
 }
 
 impl std::fmt::Debug for CausalStreams {
@@ -535,6 +591,8 @@ impl CausalStreams {
             state: Arc::new(StateCell::default()),
             threads: Vec::new(),
             phases: Vec::new(),
+            state_dir: None,
+            restores: Arc::default(),
         })
     }
 
@@ -580,6 +638,17 @@ impl CausalStreams {
     /// ([`ProductionResponse::DeadLetter`]).
     pub fn dead_lettered(&self) -> u64 {
         self.dead_lettered.load(Ordering::SeqCst)
+    }
+
+    /// What this instance's task starts restored so far: changelog records
+    /// replayed, tasks started from their local store, and local stores
+    /// rebuilt (updated as threads sample, at most half a second late).
+    pub fn restored(&self) -> Restores {
+        Restores {
+            records_replayed: self.restores.replayed.load(Ordering::Relaxed),
+            from_local_store: self.restores.from_local.load(Ordering::Relaxed),
+            local_stores_rebuilt: self.restores.rebuilt.load(Ordering::Relaxed),
+        }
     }
 
     /// How many times a failed task was restarted in place
@@ -654,6 +723,13 @@ impl CausalStreams {
                 ),
             });
         }
+        if let Some(root) = &self.options.state_dir {
+            self.state_dir = Some(StateDir::lock(
+                root,
+                self.app.application_id(),
+                &self.instance,
+            )?);
+        }
         let cluster = KafkaCluster::new(&self.config, self.options.request_timeout)?;
         self.prepare_topics(&cluster)?;
         self.start_watcher()?;
@@ -683,6 +759,8 @@ impl CausalStreams {
                 failure: self.failure.clone(),
                 phase: Arc::new(Mutex::new("starting")),
                 readiness: readiness.clone(),
+                state_dir: self.state_dir.clone(),
+                restores: self.restores.clone(),
             };
             self.phases.push(thread.phase.clone());
             let state = self.state.clone();
@@ -945,6 +1023,8 @@ impl CausalStreams {
         if let Some(w) = self.watcher.take() {
             let _ = w.join();
         }
+        // The lock goes with the last thread's stores.
+        self.state_dir = None;
         match first {
             None => {
                 self.state.set(StreamsState::Stopped);
@@ -990,12 +1070,36 @@ struct Shared {
     index: usize,
     reports: Reports,
     readiness: Arc<Readiness>,
+    /// The instance's restore counts, and what this worker added so far.
+    restores: Arc<RestoreTotals>,
+    seen: parsley::runtime::worker::WorkerStats,
 }
 
 impl Shared {
+    /// Adds what the worker restored since the last call to the instance's
+    /// counts.
+    fn account(&mut self) {
+        let now = self.worker.stats();
+        let r = &self.restores;
+        r.replayed.fetch_add(
+            now.changelog_records_replayed - self.seen.changelog_records_replayed,
+            Ordering::Relaxed,
+        );
+        r.from_local.fetch_add(
+            now.local_store_starts - self.seen.local_store_starts,
+            Ordering::Relaxed,
+        );
+        r.rebuilt.fetch_add(
+            now.local_store_rebuilds - self.seen.local_store_rebuilds,
+            Ordering::Relaxed,
+        );
+        self.seen = now;
+    }
+
     /// Publishes this thread's tasks as they are now (after a rebalance
     /// changed them), and whether the thread is ready.
     fn republish(&mut self) {
+        self.account();
         let published = self.worker.sample().clone();
         lock(&self.reports).insert(self.index, published);
         self.refresh_ready();
@@ -1507,6 +1611,10 @@ impl Shared {
     ) -> Result<(), StreamsError> {
         match self.try_commit(consumer, &txn) {
             Ok(()) => {
+                if self.worker.has_local_store() {
+                    let offsets = lock(&self.producer.context().offsets);
+                    self.worker.delivered(&offsets);
+                }
                 self.worker
                     .commit_outcome(CommitOutcome::Committed, &self.cluster)?;
                 debug!(
@@ -1608,6 +1716,9 @@ impl Shared {
             "transaction producing"
         );
         self.step(txn, |p| p.begin_transaction())?;
+        if self.worker.has_local_store() {
+            self.producer.context().begin(txn.records.len());
+        }
         for (i, r) in txn.records.iter().enumerate() {
             let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
             for h in &r.headers {
@@ -1755,6 +1866,9 @@ struct StreamThread {
     phase: Phase,
     /// Whether each thread is ready.
     readiness: Arc<Readiness>,
+    /// The instance's state directory, if it keeps one.
+    state_dir: Option<Arc<StateDir>>,
+    restores: Arc<RestoreTotals>,
 }
 
 /// How one membership of a stream thread ended.
@@ -1975,7 +2089,7 @@ impl StreamThread {
         // Fences any earlier producer of this thread's id (this thread's own
         // previous membership among them) and aborts what it left open.
         producer.init_transactions(timeout)?;
-        let worker = Worker::new(
+        let mut worker = Worker::new(
             &self.app,
             WorkerConfig {
                 commit_interval: self.options.commit_interval,
@@ -1993,6 +2107,9 @@ impl StreamThread {
                 ..WorkerConfig::default()
             },
         );
+        if let Some(dir) = &self.state_dir {
+            worker = worker.with_local_store(Box::new(dir.stores()));
+        }
         let context = ThreadContext {
             shared: Mutex::new(Shared {
                 worker,
@@ -2011,6 +2128,8 @@ impl StreamThread {
                 index: self.index,
                 reports: self.reports.clone(),
                 readiness: self.readiness.clone(),
+                restores: self.restores.clone(),
+                seen: parsley::runtime::worker::WorkerStats::default(),
             }),
         };
         let mut consumer_config = settings::for_consumer(&self.config);
@@ -2065,6 +2184,7 @@ impl StreamThread {
         set_phase(&self.phase, "polling");
         let mut last_report = Instant::now();
         let mut published_at = 0;
+        let mut accounted_at = 0;
         let mut publisher = Publisher::new(
             &self.config,
             self.app.application_id(),
@@ -2169,6 +2289,10 @@ impl StreamThread {
                         }
                         lock(&self.reports).insert(self.index, published);
                     }
+                }
+                if shared.worker.published().at != accounted_at {
+                    accounted_at = shared.worker.published().at;
+                    shared.account();
                 }
                 // A task whose start waited on a lookup may have started.
                 shared.refresh_ready();

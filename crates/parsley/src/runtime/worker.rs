@@ -1304,6 +1304,15 @@ impl Worker {
                     }
                 }
             }
+            Err(e @ local::LocalStoreError::Io { .. }) => {
+                // The disk refused (not a damaged store): leave the store
+                // as it is, at its older checkpoint, and run this task
+                // without it.
+                warn!(task = %id, error = %e, "the local store cannot be opened; the task restores from its changelogs and runs without it");
+                let restored = changelog::restore_from(id, changelogs, cluster, cluster, None)?;
+                self.stats.changelog_records_replayed += restored.replayed;
+                return Ok((restored.stores, Local::Off));
+            }
             Err(e) => {
                 self.stats.local_store_rebuilds += 1;
                 wipe(store.as_mut(), id, &WipeReason::Unreadable(e.to_string()));

@@ -1,0 +1,485 @@
+//! The state directory: each task's local store, one embedded `redb`
+//! database file per task, under `<state dir>/<application id>/<instance
+//! id>/`.
+//!
+//! That directory is locked by one instance at a time (a `.lock` file held
+//! with an exclusive OS file lock for the instance's life); a second
+//! instance on it is refused at start with an error naming it. Instances
+//! of one application on one machine therefore need distinct instance ids,
+//! which they need anyway: the instance id names the transactional ids,
+//! and two instances with one id fence each other. A restarted instance
+//! (same id) finds its stores again. The worker decides what is written and when (see
+//! `parsley::runtime::local`); this module only keeps the bytes:
+//!
+//! * `meta`: the store's identity (application, stage, partition, and the
+//!   topic id of each changelog) and its checkpoint (the next changelog
+//!   offset it does not reflect, per changelog topic);
+//! * `protocol` and `fold`: the two stores' entries.
+//!
+//! Each write is one redb transaction: entries and checkpoint land together
+//! or not at all. Writes after commits skip the disk flush, and one in
+//! [`DURABLE_EVERY`] (and every rebuild, and a task's close) is flushed: a
+//! crash loses at most the unflushed ones, and redb then opens at the last
+//! flushed write, whose checkpoint is older; the restart replays more of the
+//! changelog, never less.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parsley::protocol::TopicId;
+use parsley::runtime::local::{
+    LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, StoreIdentity, StoreKind,
+};
+use parsley::task::TaskId;
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+const PROTOCOL: TableDefinition<&[u8], &[u8]> = TableDefinition::new("protocol");
+const FOLD: TableDefinition<&[u8], &[u8]> = TableDefinition::new("fold");
+
+/// How often a task's writes after commits are flushed to disk, at most.
+pub const DURABLE_EVERY: Duration = Duration::from_secs(5);
+
+/// A state directory that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateDirError {
+    /// Another instance holds the directory.
+    #[error(
+        "the state directory {path} is in use by another instance of the application with the same instance id (its lock is held); give each instance its own instance id (StreamsOptions::instance_id) or state directory (StreamsOptions::state_dir)"
+    )]
+    Locked {
+        /// The application's directory.
+        path: PathBuf,
+    },
+    /// The directory could not be created or locked.
+    #[error("the state directory {path} cannot be used: {message}")]
+    Io {
+        /// The application's directory.
+        path: PathBuf,
+        /// What the file system said.
+        message: String,
+    },
+}
+
+/// An application's state directory, locked for this instance.
+#[derive(Debug)]
+pub struct StateDir {
+    path: PathBuf,
+    /// Held for the instance's life: the lock is released when it closes.
+    _lock: File,
+}
+
+impl StateDir {
+    /// Creates (if needed) and locks `<root>/<application>/<instance>`.
+    pub fn lock(
+        root: &Path,
+        application: &str,
+        instance: &str,
+    ) -> Result<Arc<StateDir>, StateDirError> {
+        let path = root.join(sanitize(application)).join(sanitize(instance));
+        let io = |e: std::io::Error| StateDirError::Io {
+            path: path.clone(),
+            message: e.to_string(),
+        };
+        std::fs::create_dir_all(&path).map_err(io)?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path.join(".lock"))
+            .map_err(io)?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StateDirError::Locked { path });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        }
+        Ok(Arc::new(StateDir { path, _lock: lock }))
+    }
+
+    /// The application's directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file of a task's store.
+    pub fn task_file(&self, task: &TaskId) -> PathBuf {
+        self.path
+            .join(format!("{}-{}.redb", sanitize(&task.stage), task.partition))
+    }
+
+    /// A handle for one stream thread's worker.
+    pub fn stores(self: &Arc<Self>) -> TaskFiles {
+        TaskFiles {
+            dir: self.clone(),
+            open: BTreeMap::new(),
+        }
+    }
+}
+
+/// Keeps a file name to characters every file system takes.
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+struct Open {
+    db: Database,
+    last_durable: Instant,
+}
+
+/// One stream thread's task stores in the state directory (the
+/// [`LocalStore`] its worker writes through). Each task is owned by one
+/// thread at a time, so threads never share a file.
+pub struct TaskFiles {
+    dir: Arc<StateDir>,
+    open: BTreeMap<TaskId, Open>,
+}
+
+impl std::fmt::Debug for TaskFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskFiles")
+            .field("dir", &self.dir.path)
+            .field("open", &self.open.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+fn corrupt(task: &TaskId, e: impl std::fmt::Display) -> LocalStoreError {
+    LocalStoreError::Corrupt {
+        task: task.clone(),
+        reason: e.to_string(),
+    }
+}
+
+fn io(task: &TaskId, e: impl std::fmt::Display) -> LocalStoreError {
+    LocalStoreError::Io {
+        task: task.clone(),
+        message: e.to_string(),
+    }
+}
+
+impl TaskFiles {
+    fn db(&mut self, task: &TaskId) -> Result<&mut Open, LocalStoreError> {
+        if !self.open.contains_key(task) {
+            let db = Database::create(self.dir.task_file(task)).map_err(|e| match e {
+                // Held by another of this instance's threads (a task that
+                // has not finished leaving it), or another process: not a
+                // damaged store.
+                redb::DatabaseError::DatabaseAlreadyOpen => io(task, e),
+                // The file system refused; a file that is not a database
+                // (redb says "invalid data") is damaged.
+                redb::DatabaseError::Storage(redb::StorageError::Io(ref x))
+                    if x.kind() != std::io::ErrorKind::InvalidData =>
+                {
+                    io(task, e)
+                }
+                e => corrupt(task, e),
+            })?;
+            self.open.insert(
+                task.clone(),
+                Open {
+                    db,
+                    last_durable: Instant::now(),
+                },
+            );
+        }
+        self.open
+            .get_mut(task)
+            .ok_or_else(|| io(task, "the store is not open"))
+    }
+}
+
+impl LocalStore for TaskFiles {
+    fn open(&mut self, task: &TaskId) -> Result<Option<LocalSnapshot>, LocalStoreError> {
+        if !self.open.contains_key(task) && !self.dir.task_file(task).exists() {
+            return Ok(None);
+        }
+        let open = self.db(task)?;
+        let read = open.db.begin_read().map_err(|e| corrupt(task, e))?;
+        let mut snapshot = LocalSnapshot::default();
+        let meta = match read.open_table(META) {
+            Ok(t) => t,
+            // A file created but never written.
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Some(snapshot)),
+            Err(e) => return Err(corrupt(task, e)),
+        };
+        let mut fields: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        for entry in meta.iter().map_err(|e| corrupt(task, e))? {
+            let (k, v) = entry.map_err(|e| corrupt(task, e))?;
+            fields.insert(k.value().to_owned(), v.value().to_vec());
+        }
+        snapshot.identity = decode_identity(&fields);
+        for (k, v) in &fields {
+            if let Some(topic) = k.strip_prefix("checkpoint:") {
+                let bytes: [u8; 8] = v
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| corrupt(task, format!("checkpoint of {topic} is not 8 bytes")))?;
+                snapshot
+                    .checkpoint
+                    .insert(topic.to_owned(), i64::from_be_bytes(bytes));
+            }
+        }
+        for (def, out) in [
+            (PROTOCOL, &mut snapshot.protocol),
+            (FOLD, &mut snapshot.fold),
+        ] {
+            let table = match read.open_table(def) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => continue,
+                Err(e) => return Err(corrupt(task, e)),
+            };
+            for entry in table.iter().map_err(|e| corrupt(task, e))? {
+                let (k, v) = entry.map_err(|e| corrupt(task, e))?;
+                out.push((k.value().to_vec(), v.value().to_vec()));
+            }
+        }
+        Ok(Some(snapshot))
+    }
+
+    fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
+        let open = self.db(task)?;
+        let durable = write.replace || open.last_durable.elapsed() >= DURABLE_EVERY;
+        let mut txn = open.db.begin_write().map_err(|e| io(task, e))?;
+        txn.set_durability(if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        })
+        .map_err(|e| io(task, e))?;
+        if write.replace {
+            for def in [PROTOCOL, FOLD] {
+                txn.delete_table(def).map_err(|e| io(task, e))?;
+            }
+            txn.delete_table(META).map_err(|e| io(task, e))?;
+        }
+        {
+            let mut protocol = txn.open_table(PROTOCOL).map_err(|e| io(task, e))?;
+            let mut fold = txn.open_table(FOLD).map_err(|e| io(task, e))?;
+            for (kind, key, value) in &write.entries {
+                let table = match kind {
+                    StoreKind::Protocol => &mut protocol,
+                    StoreKind::Fold => &mut fold,
+                };
+                match value {
+                    Some(v) => {
+                        table
+                            .insert(key.as_slice(), v.as_slice())
+                            .map_err(|e| io(task, e))?;
+                    }
+                    None => {
+                        table.remove(key.as_slice()).map_err(|e| io(task, e))?;
+                    }
+                }
+            }
+            let mut meta = txn.open_table(META).map_err(|e| io(task, e))?;
+            for (k, v) in encode_identity(&write.identity) {
+                meta.insert(k.as_str(), v.as_slice())
+                    .map_err(|e| io(task, e))?;
+            }
+            for (topic, offset) in &write.checkpoint {
+                meta.insert(
+                    format!("checkpoint:{topic}").as_str(),
+                    offset.to_be_bytes().as_slice(),
+                )
+                .map_err(|e| io(task, e))?;
+            }
+        }
+        txn.commit().map_err(|e| io(task, e))?;
+        if durable {
+            open.last_durable = Instant::now();
+        }
+        Ok(())
+    }
+
+    fn wipe(&mut self, task: &TaskId) -> Result<(), LocalStoreError> {
+        self.open.remove(task);
+        match std::fs::remove_file(self.dir.task_file(task)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io(task, e)),
+        }
+    }
+
+    fn close(&mut self, task: &TaskId) -> Result<(), LocalStoreError> {
+        let Some(open) = self.open.remove(task) else {
+            return Ok(());
+        };
+        // An empty durable commit makes every earlier one durable.
+        let mut txn = open.db.begin_write().map_err(|e| io(task, e))?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(|e| io(task, e))?;
+        txn.commit().map_err(|e| io(task, e))
+    }
+}
+
+impl Drop for TaskFiles {
+    fn drop(&mut self) {
+        let tasks: Vec<TaskId> = self.open.keys().cloned().collect();
+        for task in tasks {
+            let _ = self.close(&task);
+        }
+    }
+}
+
+fn encode_identity(id: &StoreIdentity) -> Vec<(String, Vec<u8>)> {
+    let mut out = vec![
+        ("application".to_owned(), id.application.as_bytes().to_vec()),
+        ("stage".to_owned(), id.task.stage.as_bytes().to_vec()),
+        (
+            "partition".to_owned(),
+            id.task.partition.to_be_bytes().to_vec(),
+        ),
+    ];
+    for (topic, tid) in &id.changelogs {
+        out.push((format!("changelog:{topic}"), tid.to_bytes().to_vec()));
+    }
+    out
+}
+
+fn decode_identity(fields: &BTreeMap<String, Vec<u8>>) -> Option<StoreIdentity> {
+    let text = |k: &str| {
+        fields
+            .get(k)
+            .and_then(|v| String::from_utf8(v.clone()).ok())
+    };
+    let partition = fields
+        .get("partition")
+        .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
+        .map(i32::from_be_bytes)?;
+    let mut changelogs = BTreeMap::new();
+    for (k, v) in fields {
+        if let Some(topic) = k.strip_prefix("changelog:") {
+            let bytes = <[u8; 16]>::try_from(v.as_slice()).ok()?;
+            changelogs.insert(topic.to_owned(), TopicId::from_bytes(bytes));
+        }
+    }
+    Some(StoreIdentity {
+        application: text("application")?,
+        task: TaskId {
+            stage: text("stage")?,
+            partition,
+        },
+        changelogs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity() -> StoreIdentity {
+        StoreIdentity {
+            application: "app".into(),
+            task: TaskId {
+                stage: "s".into(),
+                partition: 2,
+            },
+            changelogs: BTreeMap::from([(
+                "app-s-fold-changelog".to_owned(),
+                TopicId::from_bytes([7; 16]),
+            )]),
+        }
+    }
+
+    fn task() -> TaskId {
+        identity().task
+    }
+
+    fn temp(name: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!(
+            "parsley-state-dir-test-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        p
+    }
+
+    #[test]
+    fn a_write_reads_back_after_the_process_lets_go() {
+        let root = temp("roundtrip");
+        let dir = StateDir::lock(&root, "app", "i1").unwrap();
+        let mut files = dir.stores();
+        assert_eq!(files.open(&task()).unwrap(), None);
+        files
+            .write(
+                &task(),
+                LocalWrite {
+                    identity: identity(),
+                    checkpoint: BTreeMap::from([("app-s-fold-changelog".to_owned(), 12)]),
+                    replace: true,
+                    entries: vec![
+                        (StoreKind::Fold, b"k1".to_vec(), Some(b"v1".to_vec())),
+                        (StoreKind::Fold, b"k2".to_vec(), Some(b"v2".to_vec())),
+                        (StoreKind::Protocol, b"scope".to_vec(), Some(b"s".to_vec())),
+                    ],
+                },
+            )
+            .unwrap();
+        files
+            .write(
+                &task(),
+                LocalWrite {
+                    identity: identity(),
+                    checkpoint: BTreeMap::from([("app-s-fold-changelog".to_owned(), 15)]),
+                    replace: false,
+                    entries: vec![(StoreKind::Fold, b"k1".to_vec(), None)],
+                },
+            )
+            .unwrap();
+        drop(files);
+        let mut again = dir.stores();
+        let s = again.open(&task()).unwrap().unwrap();
+        assert_eq!(s.identity, Some(identity()));
+        assert_eq!(s.checkpoint["app-s-fold-changelog"], 15);
+        assert_eq!(s.fold, vec![(b"k2".to_vec(), b"v2".to_vec())]);
+        assert_eq!(s.protocol, vec![(b"scope".to_vec(), b"s".to_vec())]);
+        again.wipe(&task()).unwrap();
+        assert_eq!(again.open(&task()).unwrap(), None);
+        drop(again);
+        drop(dir);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_damaged_file_reads_as_corrupt() {
+        let root = temp("corrupt");
+        let dir = StateDir::lock(&root, "app", "i1").unwrap();
+        std::fs::write(dir.task_file(&task()), vec![0xAB; 8192]).unwrap();
+        let err = dir.stores().open(&task()).unwrap_err();
+        assert!(matches!(err, LocalStoreError::Corrupt { .. }), "{err}");
+        drop(dir);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_second_instance_on_the_directory_is_refused_naming_it() {
+        let root = temp("lock");
+        let first = StateDir::lock(&root, "app", "i1").unwrap();
+        let err = StateDir::lock(&root, "app", "i1").unwrap_err();
+        assert!(matches!(err, StateDirError::Locked { .. }));
+        assert!(
+            err.to_string()
+                .contains(&root.join("app").join("i1").display().to_string()),
+            "{err}"
+        );
+        // Another instance id is another directory.
+        assert!(StateDir::lock(&root, "app", "i2").is_ok());
+        drop(first);
+        // Released with the instance.
+        assert!(StateDir::lock(&root, "app", "i1").is_ok());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
