@@ -68,6 +68,16 @@ impl Replayer {
         })
     }
 
+    /// Connects to the cluster and learns `topics`' leaders ahead of the
+    /// first replay. Failures are left for the replay to meet.
+    pub(crate) fn warm(&self, topics: &[&str], timeout: Duration) {
+        for topic in topics {
+            if let Err(e) = self.consumer.fetch_metadata(Some(topic), timeout) {
+                debug!(error = %e, %topic, "replay consumer warm-up failed");
+            }
+        }
+    }
+
     /// Replays one changelog partition from offset `from` (its log start
     /// when that is below it) to its end (the last stable offset), handing
     /// each record to `apply`; returns how many it read. A replay that keeps making progress never times out;

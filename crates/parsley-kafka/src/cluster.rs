@@ -81,6 +81,26 @@ impl KafkaCluster {
         self
     }
 
+    /// Creates the changelog replay consumer now and connects it to the
+    /// cluster (a metadata request for `topics`), so the first restore does
+    /// not pay for the client's set-up (about a second on a local broker):
+    /// a stream thread calls it before it joins its group.
+    pub fn warm_replayer(&self, topics: &[&str]) {
+        let mut replayer = self.replayer.lock().unwrap_or_else(|p| p.into_inner());
+        if replayer.is_none() {
+            match crate::changelog::Replayer::new(&self.config) {
+                Ok(r) => *replayer = Some(r),
+                Err(e) => {
+                    tracing::debug!(error = %e, "the replay consumer could not be made yet");
+                    return;
+                }
+            }
+        }
+        if let Some(r) = replayer.as_ref() {
+            r.warm(topics, self.timeout);
+        }
+    }
+
     /// The admin client (for tests and tools that create or delete topics).
     pub fn admin(&self) -> &AdminClient<DefaultClientContext> {
         &self.admin

@@ -221,6 +221,10 @@ impl LocalStore for TaskFiles {
             fields.insert(k.value().to_owned(), v.value().to_vec());
         }
         snapshot.identity = decode_identity(&fields);
+        snapshot.written_at = fields
+            .get("written-at")
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+            .map(i64::from_be_bytes);
         for (k, v) in &fields {
             if let Some(topic) = k.strip_prefix("checkpoint:") {
                 let bytes: [u8; 8] = v
@@ -289,6 +293,8 @@ impl LocalStore for TaskFiles {
                 meta.insert(k.as_str(), v.as_slice())
                     .map_err(|e| io(task, e))?;
             }
+            meta.insert("written-at", write.written_at.to_be_bytes().as_slice())
+                .map_err(|e| io(task, e))?;
             for (topic, offset) in &write.checkpoint {
                 meta.insert(
                     format!("checkpoint:{topic}").as_str(),
@@ -420,6 +426,7 @@ mod tests {
                     identity: identity(),
                     checkpoint: BTreeMap::from([("app-s-fold-changelog".to_owned(), 12)]),
                     replace: true,
+                    written_at: 5,
                     entries: vec![
                         (StoreKind::Fold, b"k1".to_vec(), Some(b"v1".to_vec())),
                         (StoreKind::Fold, b"k2".to_vec(), Some(b"v2".to_vec())),
@@ -435,6 +442,7 @@ mod tests {
                     identity: identity(),
                     checkpoint: BTreeMap::from([("app-s-fold-changelog".to_owned(), 15)]),
                     replace: false,
+                    written_at: 9,
                     entries: vec![(StoreKind::Fold, b"k1".to_vec(), None)],
                 },
             )
@@ -444,6 +452,7 @@ mod tests {
         let s = again.open(&task()).unwrap().unwrap();
         assert_eq!(s.identity, Some(identity()));
         assert_eq!(s.checkpoint["app-s-fold-changelog"], 15);
+        assert_eq!(s.written_at, Some(9));
         assert_eq!(s.fold, vec![(b"k2".to_vec(), b"v2".to_vec())]);
         assert_eq!(s.protocol, vec![(b"scope".to_vec(), b"s".to_vec())]);
         again.wipe(&task()).unwrap();

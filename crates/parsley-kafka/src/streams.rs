@@ -2074,6 +2074,19 @@ impl StreamThread {
         let timeout = self.options.request_timeout;
         let cluster = KafkaCluster::new(&self.config, timeout)?
             .with_restore_stall(self.options.restore_stall_timeout);
+        // The replay consumer connects while the producer initialises and
+        // the consumer joins, not in the first restore.
+        let changelogs: Vec<String> = self
+            .app
+            .stages()
+            .iter()
+            .filter_map(|s| self.app.owned_names(s.name()))
+            .flat_map(|n| {
+                std::iter::once(n.state_changelog.clone()).chain(n.fold_changelog.clone())
+            })
+            .collect();
+        let changelogs: Vec<&str> = changelogs.iter().map(String::as_str).collect();
+        cluster.warm_replayer(&changelogs);
         let mut producer_config = settings::for_producer(&self.config);
         producer_config.set("transactional.id", &self.transactional_id);
         // A transaction left open by a frozen or dead instance holds back

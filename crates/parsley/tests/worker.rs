@@ -2377,6 +2377,7 @@ impl LocalStore for MemLocal {
         }
         s.identity = Some(write.identity);
         s.checkpoint.extend(write.checkpoint);
+        s.written_at = Some(write.written_at);
         for (kind, key, value) in write.entries {
             let v = match kind {
                 StoreKind::Protocol => &mut s.protocol,
@@ -2537,4 +2538,35 @@ fn a_local_store_of_a_recreated_changelog_or_below_its_log_start_is_rebuilt() {
     assert_eq!(count_of(&w), Some(3i64.to_be_bytes().to_vec()));
     let rebuilt = store.0.lock().unwrap()[&task].identity.clone().unwrap();
     assert_eq!(rebuilt.changelogs[&state], recreated);
+}
+
+#[test]
+fn a_local_store_older_than_its_max_age_is_rebuilt() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let store = MemLocal::default();
+    drop(counted_three(&app, &cluster, &store));
+    let aged = |max_age| {
+        Worker::new(
+            &app,
+            WorkerConfig {
+                local_store_max_age: max_age,
+                ..WorkerConfig::default()
+            },
+        )
+        .with_local_store(Box::new(store.clone()))
+    };
+    // Written at 0 on the workers' clock; opened at 10 s.
+    let mut young = aged(Duration::from_secs(60));
+    young
+        .assign(vec![part("a", 0), part("b", 0)], &cluster, 10_000)
+        .unwrap();
+    assert_eq!(young.stats().local_store_starts, 1);
+    drop(young);
+    // Its start rewrote it at 10 s; opened at 20 s with a 5 s bound.
+    let mut old = aged(Duration::from_secs(5));
+    old.assign(vec![part("a", 0), part("b", 0)], &cluster, 20_000)
+        .unwrap();
+    assert_eq!(old.stats().local_store_rebuilds, 1);
+    assert_eq!(count_of(&old), Some(3i64.to_be_bytes().to_vec()));
 }

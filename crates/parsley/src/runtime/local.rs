@@ -81,6 +81,8 @@ pub struct LocalSnapshot {
     pub identity: Option<StoreIdentity>,
     /// The next changelog offset it does not reflect, per changelog topic.
     pub checkpoint: BTreeMap<String, i64>,
+    /// When it was last written (the host's clock, in milliseconds).
+    pub written_at: Option<i64>,
     /// Protocol store entries, in key order.
     pub protocol: Vec<(Vec<u8>, Vec<u8>)>,
     /// Fold store entries, in key order.
@@ -97,6 +99,8 @@ pub struct LocalWrite {
     pub checkpoint: BTreeMap<String, i64>,
     /// True to clear the store before writing (a rebuild).
     pub replace: bool,
+    /// When it is written (the host's clock, in milliseconds).
+    pub written_at: i64,
     /// Puts (`Some`) and deletes (`None`), in order.
     pub entries: Vec<LocalEntry>,
 }
@@ -176,6 +180,15 @@ pub enum WipeReason {
         /// The changelog partition's end.
         end: i64,
     },
+    /// It was last written longer ago than the worker's
+    /// `local_store_max_age`: compaction may since have removed the
+    /// tombstone of a delete it never saw.
+    TooOld {
+        /// How long ago, in milliseconds.
+        age_ms: i64,
+        /// The bound, in milliseconds.
+        max_age_ms: i64,
+    },
     /// Its checkpoint lies below the changelog's log start: records it
     /// never saw were deleted.
     Truncated {
@@ -196,6 +209,10 @@ impl fmt::Display for WipeReason {
             WipeReason::Foreign { found } => write!(
                 f,
                 "it belongs to {found} (another application, task, or an earlier changelog topic of the same name)"
+            ),
+            WipeReason::TooOld { age_ms, max_age_ms } => write!(
+                f,
+                "it was last written {age_ms} ms ago, more than the {max_age_ms} ms a store may age (compaction may have removed tombstones it never saw)"
             ),
             WipeReason::Ahead {
                 topic,
@@ -220,11 +237,14 @@ impl fmt::Display for WipeReason {
 /// Checks a snapshot against the task that opens it: `Ok` when the store
 /// can be used and only the changelog after its checkpoint needs
 /// replaying. `bounds` gives each changelog's (log start, end) for the
-/// task's partition.
+/// task's partition; a store last written more than `max_age_ms` before
+/// `now_ms` is too old.
 pub fn check(
     snapshot: &LocalSnapshot,
     expected: &StoreIdentity,
     bounds: &BTreeMap<String, (i64, i64)>,
+    now_ms: i64,
+    max_age_ms: i64,
 ) -> Result<(), WipeReason> {
     let Some(found) = &snapshot.identity else {
         return Err(WipeReason::NoIdentity);
@@ -233,6 +253,10 @@ pub fn check(
         return Err(WipeReason::Foreign {
             found: found.clone(),
         });
+    }
+    let age_ms = now_ms.saturating_sub(snapshot.written_at.unwrap_or(i64::MIN));
+    if age_ms > max_age_ms {
+        return Err(WipeReason::TooOld { age_ms, max_age_ms });
     }
     for (topic, &(log_start, end)) in bounds {
         let checkpoint = snapshot.checkpoint.get(topic).copied().unwrap_or(0);
@@ -275,6 +299,7 @@ mod tests {
     fn snapshot(id: Option<StoreIdentity>, checkpoint: i64) -> LocalSnapshot {
         LocalSnapshot {
             identity: id,
+            written_at: Some(1_000),
             checkpoint: BTreeMap::from([("app-s-state-changelog".to_owned(), checkpoint)]),
             ..LocalSnapshot::default()
         }
@@ -287,24 +312,62 @@ mod tests {
     #[test]
     fn a_store_inside_its_changelog_is_used() {
         assert_eq!(
-            check(&snapshot(Some(identity(1)), 5), &identity(1), &bounds(0, 9)),
+            check(
+                &snapshot(Some(identity(1)), 5),
+                &identity(1),
+                &bounds(0, 9),
+                2_000,
+                5_000
+            ),
             Ok(())
         );
         // At either edge too.
-        assert!(check(&snapshot(Some(identity(1)), 9), &identity(1), &bounds(0, 9)).is_ok());
-        assert!(check(&snapshot(Some(identity(1)), 3), &identity(1), &bounds(3, 9)).is_ok());
+        assert!(
+            check(
+                &snapshot(Some(identity(1)), 9),
+                &identity(1),
+                &bounds(0, 9),
+                2_000,
+                5_000
+            )
+            .is_ok()
+        );
+        assert!(
+            check(
+                &snapshot(Some(identity(1)), 3),
+                &identity(1),
+                &bounds(3, 9),
+                2_000,
+                5_000
+            )
+            .is_ok()
+        );
     }
 
     #[test]
     fn each_reason_to_rebuild_is_named() {
-        let no_id = check(&snapshot(None, 5), &identity(1), &bounds(0, 9));
+        let no_id = check(
+            &snapshot(None, 5),
+            &identity(1),
+            &bounds(0, 9),
+            2_000,
+            5_000,
+        );
         assert_eq!(no_id, Err(WipeReason::NoIdentity));
-        let recreated = check(&snapshot(Some(identity(2)), 5), &identity(1), &bounds(0, 9));
+        let recreated = check(
+            &snapshot(Some(identity(2)), 5),
+            &identity(1),
+            &bounds(0, 9),
+            2_000,
+            5_000,
+        );
         assert!(matches!(recreated, Err(WipeReason::Foreign { .. })));
         let ahead = check(
             &snapshot(Some(identity(1)), 10),
             &identity(1),
             &bounds(0, 9),
+            2_000,
+            5_000,
         );
         assert!(matches!(
             ahead,
@@ -314,7 +377,13 @@ mod tests {
                 ..
             })
         ));
-        let truncated = check(&snapshot(Some(identity(1)), 2), &identity(1), &bounds(3, 9));
+        let truncated = check(
+            &snapshot(Some(identity(1)), 2),
+            &identity(1),
+            &bounds(3, 9),
+            2_000,
+            5_000,
+        );
         assert!(matches!(
             truncated,
             Err(WipeReason::Truncated {
@@ -323,6 +392,20 @@ mod tests {
                 ..
             })
         ));
+        let old = check(
+            &snapshot(Some(identity(1)), 5),
+            &identity(1),
+            &bounds(0, 9),
+            7_000,
+            5_000,
+        );
+        assert_eq!(
+            old,
+            Err(WipeReason::TooOld {
+                age_ms: 6_000,
+                max_age_ms: 5_000
+            })
+        );
         let text = ahead.unwrap_err().to_string();
         assert!(text.contains("past the end 9"), "{text}");
     }

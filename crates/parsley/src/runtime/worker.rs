@@ -170,6 +170,12 @@ pub struct WorkerConfig {
     /// How long a failed task waits before it restarts, once the host's
     /// error handler asked for a restart ([`Worker::restart_task`]).
     pub task_backoff: Backoff,
+    /// How long after its last write a local store may still be used: an
+    /// older one is rebuilt, since compaction removes a delete's tombstone
+    /// from a changelog after its `delete.retention.ms` (24 hours by
+    /// default), and a store that never saw the delete would keep the key.
+    /// Keep it below the changelogs' `delete.retention.ms`.
+    pub local_store_max_age: Duration,
     /// The `thread-id` label of this worker's metrics.
     pub thread_id: String,
     /// Whether transactions list what each task did
@@ -190,6 +196,7 @@ impl Default for WorkerConfig {
             assignment: Assignment::Complete,
             commit_retries: 3,
             task_backoff: Backoff::default(),
+            local_store_max_age: Duration::from_secs(12 * 3600),
             thread_id: "0".to_owned(),
             events: true,
         }
@@ -1279,7 +1286,9 @@ impl Worker {
             task: id.clone(),
             changelogs: ids,
         };
+        let began = std::time::Instant::now();
         let opened = store.open(id);
+        let read_ms = began.elapsed().as_millis();
         let start = match opened {
             Ok(None) => None,
             Ok(Some(snapshot)) => {
@@ -1293,7 +1302,15 @@ impl Worker {
                             },
                         )
                     })
-                    .map(|bounds| local::check(&snapshot, &identity, &bounds))?
+                    .map(|bounds| {
+                        local::check(
+                            &snapshot,
+                            &identity,
+                            &bounds,
+                            self.now,
+                            ms(self.config.local_store_max_age),
+                        )
+                    })?
                     .and_then(|()| start_from(snapshot));
                 match usable {
                     Ok(start) => Some(start),
@@ -1325,23 +1342,31 @@ impl Worker {
         if from_local {
             self.stats.local_store_starts += 1;
         }
-        info!(
-            task = %id,
-            replayed = restored.replayed,
-            from_local_store = from_local,
-            "task restored"
-        );
+        let replayed_ms = began.elapsed().as_millis();
+        let (kept, started) = (restored.stores.fold.len(), std::time::Instant::now());
         let write = LocalWrite {
             identity: identity.clone(),
             checkpoint: restored.next.clone(),
             replace: !from_local,
+            written_at: self.now,
             entries: if from_local {
                 restored.tail
             } else {
                 all_entries(&restored.stores)
             },
         };
-        let local = match store.write(id, write) {
+        let written = store.write(id, write);
+        info!(
+            task = %id,
+            replayed = restored.replayed,
+            from_local_store = from_local,
+            fold_keys = kept,
+            read_ms,
+            replayed_ms,
+            write_ms = started.elapsed().as_millis(),
+            "task restored"
+        );
+        let local = match written {
             Ok(()) => Local::Writing {
                 identity,
                 checkpoint: restored.next,
@@ -1977,7 +2002,14 @@ impl Worker {
                                 let mut entries = Vec::new();
                                 task.commit_done_into(Some(&mut entries));
                                 let reached = self.reached.remove(id);
-                                if !write_committed(store.as_mut(), id, slot, entries, reached) {
+                                if !write_committed(
+                                    store.as_mut(),
+                                    self.now,
+                                    id,
+                                    slot,
+                                    entries,
+                                    reached,
+                                ) {
                                     self.stats.local_store_write_failures += 1;
                                 }
                             }
@@ -2417,6 +2449,7 @@ fn wipe(store: &mut dyn LocalStore, id: &TaskId, reason: &WipeReason) {
 /// task writes no more to it. Returns false then.
 fn write_committed(
     store: &mut dyn LocalStore,
+    now: i64,
     id: &TaskId,
     slot: &mut Slot,
     entries: Vec<crate::runtime::local::LocalEntry>,
@@ -2438,6 +2471,7 @@ fn write_committed(
                 identity: identity.clone(),
                 checkpoint: next.clone(),
                 replace: false,
+                written_at: now,
                 entries,
             };
             match store.write(id, write) {

@@ -97,6 +97,7 @@ impl ChangelogReader for View<'_> {
 pub struct DiskStore {
     pub identity: Option<StoreIdentity>,
     pub checkpoint: BTreeMap<String, i64>,
+    pub written_at: Option<i64>,
     pub protocol: BTreeMap<Vec<u8>, Vec<u8>>,
     pub fold: BTreeMap<Vec<u8>, Vec<u8>>,
     /// The file was damaged: it no longer reads back.
@@ -169,6 +170,7 @@ impl LocalStore for SimLocal {
         Ok(Some(LocalSnapshot {
             identity: s.identity.clone(),
             checkpoint: s.checkpoint.clone(),
+            written_at: s.written_at,
             protocol: s
                 .protocol
                 .iter()
@@ -212,6 +214,7 @@ impl LocalStore for SimLocal {
         }
         s.identity = Some(write.identity);
         s.checkpoint.extend(write.checkpoint);
+        s.written_at = Some(write.written_at);
         for (kind, key, value) in write.entries {
             let m = match kind {
                 StoreKind::Protocol => &mut s.protocol,

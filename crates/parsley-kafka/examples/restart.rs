@@ -1,0 +1,161 @@
+//! A restart with a large fold state, on a cluster: how many changelog
+//! records a restart replays, and how long until the instance processes
+//! again, with its state directory kept and with an empty one.
+//!
+//! ```text
+//! PARSLEY_BOOTSTRAP=127.0.0.1:9092 cargo run --release -p parsley-kafka --example restart -- [KEYS [PARTITIONS]]
+//! ```
+//!
+//! It fills a topic of PARTITIONS (default 6) partitions with one record
+//! per key for KEYS keys (default 1,000,000) and runs a stage that counts
+//! per key (one fold entry per key, nothing emitted) until every record is
+//! folded, then closes. Then it restarts twice, each time after producing
+//! 100 records of new keys: once on the same state directory, once on an
+//! empty one. For each start it prints the time from `start()` to
+//! `Running` (every task restored), to the 100 new records folded, and
+//! what the restore did (`CausalStreams::restored()`).
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parsley::task::TopicMetadata;
+use parsley::*;
+use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+type T = Topic<String, String>;
+
+fn produce(
+    config: &ClientConfig,
+    topic: &str,
+    keys: std::ops::Range<usize>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let producer: BaseProducer = config.clone().set("linger.ms", "20").create()?;
+    for i in keys {
+        let key = format!("key-{i}");
+        let mut record = BaseRecord::<str, str>::to(topic)
+            .key(key.as_str())
+            .payload("v");
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    producer.poll(Duration::from_millis(5));
+                    record = back;
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120))?;
+    Ok(())
+}
+
+fn folded(s: &CausalStreams) -> u64 {
+    s.metrics().iter().map(|m| m.records_delivered_total).sum()
+}
+
+struct Run {
+    to_running: Duration,
+    to_processing: Duration,
+}
+
+fn run(
+    app: &Parsley,
+    config: &ClientConfig,
+    dir: &Path,
+    until: u64,
+) -> Result<(Run, parsley_kafka::Restores), Box<dyn std::error::Error>> {
+    let mut s = CausalStreams::new(app, config.clone())?.with_options(StreamsOptions {
+        instance_id: Some("bench".to_owned()),
+        state_dir: Some(dir.to_owned()),
+        ..StreamsOptions::default()
+    });
+    let started = Instant::now();
+    s.start()?;
+    s.wait_until_running(Duration::from_secs(600))?;
+    let to_running = started.elapsed();
+    while folded(&s) < until {
+        if started.elapsed() > Duration::from_secs(900) {
+            return Err(format!("only {} of {until} folded", folded(&s)).into());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let to_processing = started.elapsed();
+    // The counts are sampled at most half a second late.
+    std::thread::sleep(Duration::from_millis(600));
+    let restored = s.restored();
+    s.close(Duration::from_secs(60))?;
+    Ok((
+        Run {
+            to_running,
+            to_processing,
+        },
+        restored,
+    ))
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::var_os("RESTART_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .init();
+    }
+    let mut args = std::env::args().skip(1);
+    let keys: usize = args.next().map_or(Ok(1_000_000), |a| a.parse())?;
+    let partitions: i32 = args.next().map_or(Ok(6), |a| a.parse())?;
+    let bootstrap =
+        std::env::var("PARSLEY_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_owned());
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", &bootstrap);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
+    let input = format!("restart-bench-{nanos}-in");
+    let setup = KafkaCluster::new(&config, Duration::from_secs(30))?;
+    let new = NewTopic::new(&input, partitions, TopicReplication::Fixed(1));
+    for r in futures_executor::block_on(setup.admin().create_topics([&new], &AdminOptions::new()))?
+    {
+        r.map_err(|(t, e)| format!("{t}: {e}"))?;
+    }
+    while setup.describe(&input).is_err() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let source: T = Topic::new(&input, Codec::utf8(), Codec::utf8());
+    let stage = Stage::named("count")
+        .state(Codec::int64(), || 0)
+        .fold(&source, |n: i64, _m: &Message<String, String>| {
+            Step::to(n + 1)
+        })
+        .build()?;
+    let app = Parsley::named(format!("restart-bench-{nanos}").as_str(), [stage])?;
+    let kept = std::env::temp_dir().join(format!("restart-bench-{nanos}-kept"));
+    let empty = std::env::temp_dir().join(format!("restart-bench-{nanos}-empty"));
+
+    produce(&config, &input, 0..keys)?;
+    let (first, _) = run(&app, &config, &kept, keys as u64)?;
+    println!(
+        "{keys} keys over {partitions} partitions, folded from empty in {:.2} s",
+        first.to_processing.as_secs_f64()
+    );
+    println!(
+        "| start | records replayed | tasks from their file | start to Running | start to 100 new records folded |"
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    for (name, dir, from) in [
+        ("state directory kept", &kept, keys),
+        ("empty state directory", &empty, keys + 100),
+    ] {
+        produce(&config, &input, from..from + 100)?;
+        let (r, restored) = run(&app, &config, dir, 100)?;
+        println!(
+            "| {name} | {} | {} | {:.2} s | {:.2} s |",
+            restored.records_replayed,
+            restored.from_local_store,
+            r.to_running.as_secs_f64(),
+            r.to_processing.as_secs_f64()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&kept);
+    let _ = std::fs::remove_dir_all(&empty);
+    Ok(())
+}
