@@ -26,7 +26,8 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use parsley::protocol::TopicId;
@@ -112,12 +113,13 @@ impl StateDir {
             .join(format!("{}-{}.redb", sanitize(&task.stage), task.partition))
     }
 
-    /// A handle for one stream thread's worker.
+    /// A handle for one stream thread's worker: the files are read and
+    /// written on a writer thread of its own (see [`TaskFiles`]).
     pub fn stores(self: &Arc<Self>) -> TaskFiles {
-        TaskFiles {
+        TaskFiles::new(Files {
             dir: self.clone(),
             open: BTreeMap::new(),
-        }
+        })
     }
 }
 
@@ -139,20 +141,166 @@ struct Open {
     last_durable: Instant,
 }
 
-/// One stream thread's task stores in the state directory (the
-/// [`LocalStore`] its worker writes through). Each task is owned by one
-/// thread at a time, so threads never share a file.
-pub struct TaskFiles {
+/// The task files one writer thread has open.
+struct Files {
     dir: Arc<StateDir>,
     open: BTreeMap<TaskId, Open>,
 }
 
+/// What the writer thread is asked to do, in order.
+enum Job {
+    Open(
+        TaskId,
+        SyncSender<Result<Option<LocalSnapshot>, LocalStoreError>>,
+    ),
+    Write(TaskId, LocalWrite),
+    Wipe(TaskId, SyncSender<Result<(), LocalStoreError>>),
+    Close(TaskId, SyncSender<Result<(), LocalStoreError>>),
+}
+
+/// How many jobs may wait for the writer before the worker waits too.
+const QUEUE: usize = 64;
+
+/// One stream thread's task stores in the state directory: the
+/// [`LocalStore`] its worker writes through. Each task is owned by one
+/// thread at a time, so threads never share a file.
+///
+/// Writes go to a writer thread and the call returns at once, so a commit's
+/// store write (or a rebuild's, 1.6 s for a million keys) never holds up
+/// the stream thread; reads, wipes and closes wait for every write queued
+/// before them. A queued write that a crash loses is one the store never
+/// got, which leaves its checkpoint behind, never ahead. A write that
+/// fails deletes the task's file, the writer skips that task's later
+/// writes, and the next call for the task returns the error (the worker
+/// then runs the task without its file until it starts again).
+pub struct TaskFiles {
+    dir: Arc<StateDir>,
+    jobs: Option<SyncSender<Job>>,
+    failed: Arc<Mutex<BTreeMap<TaskId, LocalStoreError>>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
 impl std::fmt::Debug for TaskFiles {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TaskFiles")
-            .field("dir", &self.dir.path)
-            .field("open", &self.open.keys().collect::<Vec<_>>())
-            .finish()
+        f.debug_struct("TaskFiles").finish_non_exhaustive()
+    }
+}
+
+fn gone(task: &TaskId) -> LocalStoreError {
+    io(task, "the state directory's writer thread is gone")
+}
+
+impl TaskFiles {
+    fn new(mut files: Files) -> TaskFiles {
+        let dir = files.dir.clone();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(QUEUE);
+        let failed: Arc<Mutex<BTreeMap<TaskId, LocalStoreError>>> = Arc::default();
+        let marks = failed.clone();
+        let writer = std::thread::Builder::new()
+            .name("parsley-state".to_owned())
+            .spawn(move || {
+                for job in rx {
+                    match job {
+                        Job::Open(task, reply) => {
+                            let _ = reply.send(files.open(&task));
+                        }
+                        Job::Write(task, write) => {
+                            if marks
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .contains_key(&task)
+                            {
+                                continue;
+                            }
+                            if let Err(e) = files.write(&task, write) {
+                                let _ = files.wipe(&task);
+                                marks
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .insert(task, e);
+                            }
+                        }
+                        Job::Wipe(task, reply) => {
+                            let _ = reply.send(files.wipe(&task));
+                        }
+                        Job::Close(task, reply) => {
+                            let _ = reply.send(files.close(&task));
+                        }
+                    }
+                }
+                files.close_all();
+            })
+            .ok();
+        TaskFiles {
+            dir,
+            jobs: writer.is_some().then_some(tx),
+            failed,
+            writer,
+        }
+    }
+
+    fn ask<T>(
+        &self,
+        task: &TaskId,
+        job: impl FnOnce(SyncSender<Result<T, LocalStoreError>>) -> Job,
+    ) -> Result<T, LocalStoreError> {
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        let jobs = self.jobs.as_ref().ok_or_else(|| gone(task))?;
+        jobs.send(job(reply)).map_err(|_| gone(task))?;
+        answer.recv().map_err(|_| gone(task))?
+    }
+
+    fn take_failure(&self, task: &TaskId) -> Option<LocalStoreError> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(task)
+    }
+}
+
+impl LocalStore for TaskFiles {
+    fn open(&mut self, task: &TaskId) -> Result<Option<LocalSnapshot>, LocalStoreError> {
+        // A failed write already deleted the file.
+        let _ = self.take_failure(task);
+        // No file: nothing to wait for. (A write of an earlier run of the
+        // task still queued would create one; reading none then only
+        // costs a full replay, which rewrites the file after that write.)
+        if !self.dir.task_file(task).exists() {
+            return Ok(None);
+        }
+        self.ask(task, |r| Job::Open(task.clone(), r))
+    }
+
+    fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
+        if let Some(e) = self.take_failure(task) {
+            return Err(e);
+        }
+        let jobs = self.jobs.as_ref().ok_or_else(|| gone(task))?;
+        jobs.send(Job::Write(task.clone(), write))
+            .map_err(|_| gone(task))
+    }
+
+    fn wipe(&mut self, task: &TaskId) -> Result<(), LocalStoreError> {
+        let _ = self.take_failure(task);
+        self.ask(task, |r| Job::Wipe(task.clone(), r))
+    }
+
+    fn close(&mut self, task: &TaskId) -> Result<(), LocalStoreError> {
+        let r = self.ask(task, |r| Job::Close(task.clone(), r));
+        match self.take_failure(task) {
+            Some(e) => Err(e),
+            None => r,
+        }
+    }
+}
+
+impl Drop for TaskFiles {
+    fn drop(&mut self) {
+        // The writer finishes what is queued, closes every file, and ends.
+        drop(self.jobs.take());
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
     }
 }
 
@@ -170,7 +318,14 @@ fn io(task: &TaskId, e: impl std::fmt::Display) -> LocalStoreError {
     }
 }
 
-impl TaskFiles {
+impl Files {
+    fn close_all(&mut self) {
+        let tasks: Vec<TaskId> = self.open.keys().cloned().collect();
+        for task in tasks {
+            let _ = self.close(&task);
+        }
+    }
+
     fn db(&mut self, task: &TaskId) -> Result<&mut Open, LocalStoreError> {
         if !self.open.contains_key(task) {
             let db = Database::create(self.dir.task_file(task)).map_err(|e| match e {
@@ -201,7 +356,7 @@ impl TaskFiles {
     }
 }
 
-impl LocalStore for TaskFiles {
+impl LocalStore for Files {
     fn open(&mut self, task: &TaskId) -> Result<Option<LocalSnapshot>, LocalStoreError> {
         if !self.open.contains_key(task) && !self.dir.task_file(task).exists() {
             return Ok(None);
@@ -328,15 +483,6 @@ impl LocalStore for TaskFiles {
         txn.set_durability(Durability::Immediate)
             .map_err(|e| io(task, e))?;
         txn.commit().map_err(|e| io(task, e))
-    }
-}
-
-impl Drop for TaskFiles {
-    fn drop(&mut self) {
-        let tasks: Vec<TaskId> = self.open.keys().cloned().collect();
-        for task in tasks {
-            let _ = self.close(&task);
-        }
     }
 }
 
