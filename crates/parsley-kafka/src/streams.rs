@@ -155,6 +155,18 @@ pub struct StreamsOptions {
     /// temporary directory; in production choose a directory that survives
     /// a restart.
     pub state_dir: Option<std::path::PathBuf>,
+    /// Static group membership: each stream thread joins with the stable
+    /// `group.instance.id` `<application id>-<instance id>-<thread index>`.
+    /// An instance that closes and starts again within the group's session
+    /// timeout gets its partitions back without a rebalance of the other
+    /// members. The costs, under the consumer group protocol: a closed
+    /// instance's partitions stay reserved for it until the session
+    /// timeout passes (a scale-down waits that long before the others
+    /// take them), and an instance restarted after a crash is refused by
+    /// the broker (`UNRELEASED_INSTANCE_ID`, fatal to the consumer) until
+    /// the crashed member's session has expired; its threads retry after
+    /// `rejoin_backoff`. Off by default.
+    pub static_membership: bool,
 }
 
 impl Default for StreamsOptions {
@@ -172,6 +184,7 @@ impl Default for StreamsOptions {
             task_backoff: Backoff::default(),
             instance_id: None,
             state_dir: Some(std::env::temp_dir().join("parsley-streams")),
+            static_membership: false,
         }
     }
 }
@@ -564,6 +577,13 @@ impl CausalStreams {
                     ),
                 });
             }
+        }
+        if let Some(v) = config.get("group.instance.id") {
+            return Err(StreamsError::Config {
+                setting: "group.instance.id".to_owned(),
+                value: v.to_owned(),
+                reason: "every stream thread needs its own; set StreamsOptions::static_membership and the runtime derives them from the instance id".to_owned(),
+            });
         }
         if let Some(v) = config.get("transactional.id") {
             return Err(StreamsError::Config {
@@ -2175,6 +2195,9 @@ impl StreamThread {
                     .set("group.remote.assignor", "range");
             }
         }
+        if self.options.static_membership {
+            consumer_config.set("group.instance.id", &self.transactional_id);
+        }
         consumer_config
             .set("group.id", self.app.application_id())
             // A fetch offset out of range (retention passed what this
@@ -2402,6 +2425,7 @@ mod tests {
             ("partition.assignment.strategy", "roundrobin"),
             ("group.id", "someone-else"),
             ("transactional.id", "mine"),
+            ("group.instance.id", "one-for-all-threads"),
         ] {
             let mut c = ClientConfig::new();
             c.set("bootstrap.servers", "127.0.0.1:1")
