@@ -360,6 +360,9 @@ pub struct AppBudget {
     /// Faults of a local store, around a commit's write to it (see
     /// [`StoreFault`]).
     pub store_faults: u32,
+    /// Static members whose process restarts within the session timeout
+    /// (same member, same partitions, no rebalance).
+    pub bounces: u32,
 }
 
 impl Default for AppBudget {
@@ -377,6 +380,7 @@ impl Default for AppBudget {
             faults: 0,
             poll_faults: 0,
             store_faults: 0,
+            bounces: 0,
         }
     }
 }
@@ -498,6 +502,8 @@ pub struct AppStats {
     pub kept_while_holding: u64,
     /// Local store faults carried out, by [`StoreFault`] (in its order).
     pub store_faults: [u64; 4],
+    /// Static members restarted in place.
+    pub bounces: u64,
 }
 
 impl AppStats {
@@ -535,6 +541,7 @@ impl AppStats {
         for (a, b) in self.store_faults.iter_mut().zip(o.store_faults) {
             *a += b;
         }
+        self.bounces += o.bounces;
     }
 }
 
@@ -588,6 +595,7 @@ enum Action {
     PollFault(usize),
     Wake(usize, i64),
     Reconcile,
+    Bounce(usize),
 }
 
 /// A seeded application world. See the [module documentation](self).
@@ -1196,6 +1204,9 @@ impl AppWorld {
             if self.budget.zombies > 0 && !m.zombie && self.members.len() > 1 {
                 out.push((1, Action::Zombie(i)));
             }
+            if self.budget.bounces > 0 && !m.zombie && self.pending.is_empty() {
+                out.push((1, Action::Bounce(i)));
+            }
         }
         let live = self.members.iter().filter(|m| !m.zombie).count();
         if (self.budget.joins > 0 && self.members.len() < self.config.max_members) || live == 0 {
@@ -1372,6 +1383,10 @@ impl AppWorld {
                     .map_err(|e| self.fail(format!("member {i}: punctuate refused: {e}")))?;
             }
             Action::Reconcile => self.reconcile()?,
+            Action::Bounce(i) => {
+                self.budget.bounces -= 1;
+                self.bounce(i)?;
+            }
             Action::LookupOutage => {
                 self.budget.lookup_failures -= 1;
                 self.stats.lookup_failures += 1;
@@ -1453,6 +1468,49 @@ impl AppWorld {
             .thread
             .on_position(&t, p, position, last_returned, broker)
             .map_err(|e| self.fail(format!("member {i}: position refused: {e}")))
+    }
+
+    /// A static member's process dies and a new one takes its place within
+    /// the session timeout: same member, same generation, same partitions,
+    /// and no rebalance of the others. What the dead process had not
+    /// committed is gone (its successor's producer fences it); the new
+    /// thread starts every task of the assignment from the committed state.
+    fn bounce(&mut self, i: usize) -> Result<(), AppFailure> {
+        self.stats.bounces += 1;
+        let id = self.members[i].id;
+        // The old process first: its disk is free for the new one.
+        let old = std::mem::replace(&mut self.members[i].thread, Box::new(Gone));
+        drop(old);
+        self.members[i].thread = (self.factory)(id);
+        let m = &mut self.members[i];
+        m.buffer.clear();
+        m.positions.clear();
+        m.paused.clear();
+        let parts = m.assignment.clone();
+        let assigned: Vec<Assigned> = parts
+            .iter()
+            .map(|(t, p)| {
+                let c = self.channel(t, *p);
+                Assigned {
+                    topic: t.clone(),
+                    partition: *p,
+                    committed: self.group_offsets.get(&(t.clone(), *p)).copied(),
+                    log_start: c.map_or(0, |c| self.broker.log_start(c)),
+                    end: c.map_or(0, |c| self.broker.end_offset(c)),
+                }
+            })
+            .collect();
+        let now = self.now;
+        let broker = &self.broker;
+        self.members[i]
+            .thread
+            .assign(assigned, broker, now)
+            .map_err(|e| {
+                self.fail(format!(
+                    "member {id}: assignment refused after a restart: {e}"
+                ))
+            })?;
+        self.apply_seeks(i)
     }
 
     fn crash(&mut self, i: usize) -> Result<(), AppFailure> {
@@ -1844,4 +1902,64 @@ enum CommitFate {
     Abort,
     Crash,
     Fault(SimFault),
+}
+
+/// The place of a member's thread between its process's death and its
+/// successor's start; never driven.
+struct Gone;
+
+impl StreamThread for Gone {
+    fn assign(&mut self, _: Vec<Assigned>, _: &SimBroker, _: i64) -> Result<(), String> {
+        Err("the process is gone".into())
+    }
+    fn before_revoke(&self) -> BeforeRevoke {
+        BeforeRevoke::Nothing
+    }
+    fn revoke(&mut self, _: &[(String, i32)]) -> Result<(), String> {
+        Err("the process is gone".into())
+    }
+    fn on_record(&mut self, _: Fetched, _: &SimBroker) -> Result<(), String> {
+        Err("the process is gone".into())
+    }
+    fn on_position(
+        &mut self,
+        _: &str,
+        _: i32,
+        _: i64,
+        _: Option<i64>,
+        _: &SimBroker,
+    ) -> Result<(), String> {
+        Err("the process is gone".into())
+    }
+    fn punctuate(&mut self, _: i64, _: &SimBroker) -> Result<(), String> {
+        Err("the process is gone".into())
+    }
+    fn poll_transaction(
+        &mut self,
+        _: i64,
+        _: &SimBroker,
+    ) -> Result<Option<HostTransaction>, String> {
+        Err("the process is gone".into())
+    }
+    fn flush(&mut self, _: &SimBroker) -> Result<Option<HostTransaction>, String> {
+        Err("the process is gone".into())
+    }
+    fn outcome(&mut self, _: Outcome, _: &SimBroker) -> Result<(), String> {
+        Err("the process is gone".into())
+    }
+    fn abort(&mut self, _: &SimBroker) -> Result<(), String> {
+        Err("the process is gone".into())
+    }
+    fn take_seeks(&mut self) -> Vec<(String, i32, i64)> {
+        Vec::new()
+    }
+    fn has_open_work(&self) -> bool {
+        false
+    }
+    fn held_heads(&self) -> Vec<(String, i32, i64)> {
+        Vec::new()
+    }
+    fn fault(&mut self, _: SimFault, _: &SimBroker) -> Result<SimDirective, String> {
+        Err("the process is gone".into())
+    }
 }

@@ -349,6 +349,7 @@ fn full_budget() -> AppBudget {
         faults: 0,
         poll_faults: 0,
         store_faults: 0,
+        bounces: 0,
     }
 }
 
@@ -729,6 +730,7 @@ fn settlement_under_incremental_assignment() {
             crashes: 6,
             joins: 4,
             zombies: 3,
+            bounces: 3,
             ..full_budget()
         },
         0,
@@ -754,12 +756,19 @@ fn settlement_under_incremental_assignment() {
     floor(name, &runs, "tasks that moved between members", |r| {
         r.world.migrations > 0
     });
+    floor(name, &runs, "static members restarted in place", |r| {
+        r.world.bounces > 0
+    });
+    floor(name, &runs, "tasks started from a local store", |r| {
+        r.bridge.local_starts > 0
+    });
 }
 
 /// The settlement with every stream thread keeping its tasks' stores on a
 /// disk that outlives it: a process that crashes leaves its disk to the
 /// next one, which starts tasks from their stores and replays only the
-/// changelog after each checkpoint. Faults strike the store writes that
+/// changelog after each checkpoint; a static member's process restarts in
+/// place (its partitions kept, no rebalance) and reopens its disk. Faults strike the store writes that
 /// follow commits: the process dies inside a write (after it landed, or
 /// before), a write fails and the process goes on, or the file is damaged
 /// and the process dies. At the end, every store left on a disk must hold
@@ -778,6 +787,7 @@ fn local_stores_through_crashes_and_damaged_disks() {
             crashes: 5,
             joins: 4,
             store_faults: 8,
+            bounces: 3,
             ..full_budget()
         },
         0,
@@ -802,6 +812,9 @@ fn local_stores_through_crashes_and_damaged_disks() {
         |r| r.struck[1] > 0,
     );
     floor(name, &runs, "damaged stores", |r| r.struck[3] > 0);
+    floor(name, &runs, "static members restarted in place", |r| {
+        r.world.bounces > 0
+    });
     floor(
         name,
         &runs,
