@@ -70,5 +70,6 @@ pub use policy::{
 pub use state_dir::StateDirError;
 #[cfg(feature = "streams")]
 pub use streams::{
-    Backoff, CausalStreams, GroupProtocol, Restores, StreamsError, StreamsOptions, StreamsState,
+    Backoff, CausalStreams, GroupProtocol, RestoreListener, Restores, StreamsError, StreamsOptions,
+    StreamsState,
 };

@@ -40,6 +40,7 @@ use crate::policy::{
 };
 use crate::settings;
 use crate::state_dir::StateDir;
+pub use parsley::runtime::changelog::RestoreListener;
 
 /// Records a stream thread takes from its consumer's buffer before it
 /// turns to position reports, the clock and its transaction.
@@ -479,6 +480,7 @@ pub struct CausalStreams {
     /// The locked state directory, while the instance runs.
     state_dir: Option<Arc<StateDir>>,
     restores: Arc<RestoreTotals>,
+    restore_listener: Option<Arc<dyn RestoreListener>>,
 }
 
 /// What the instance's task starts restored, summed over its threads.
@@ -613,6 +615,7 @@ impl CausalStreams {
             phases: Vec::new(),
             state_dir: None,
             restores: Arc::default(),
+            restore_listener: None,
         })
     }
 
@@ -658,6 +661,15 @@ impl CausalStreams {
     /// ([`ProductionResponse::DeadLetter`]).
     pub fn dead_lettered(&self) -> u64 {
         self.dead_lettered.load(Ordering::SeqCst)
+    }
+
+    /// Tells `listener` how each task's restore goes, per changelog
+    /// partition: its start (from which offset, to which end), a batch
+    /// every 10,000 records (restored so far, offsets left), and its end.
+    /// The calls come from the restoring stream thread, inside its
+    /// rebalance: keep them short. Set it before [`start`](Self::start).
+    pub fn set_restore_listener(&mut self, listener: impl RestoreListener + 'static) {
+        self.restore_listener = Some(Arc::new(listener));
     }
 
     /// What this instance's task starts restored so far: changelog records
@@ -781,6 +793,7 @@ impl CausalStreams {
                 readiness: readiness.clone(),
                 state_dir: self.state_dir.clone(),
                 restores: self.restores.clone(),
+                restore_listener: self.restore_listener.clone(),
             };
             self.phases.push(thread.phase.clone());
             let state = self.state.clone();
@@ -1889,6 +1902,7 @@ struct StreamThread {
     /// The instance's state directory, if it keeps one.
     state_dir: Option<Arc<StateDir>>,
     restores: Arc<RestoreTotals>,
+    restore_listener: Option<Arc<dyn RestoreListener>>,
 }
 
 /// How one membership of a stream thread ended.
@@ -2142,6 +2156,9 @@ impl StreamThread {
         );
         if let Some(dir) = &self.state_dir {
             worker = worker.with_local_store(Box::new(dir.stores()));
+        }
+        if let Some(listener) = &self.restore_listener {
+            worker = worker.with_restore_listener(listener.clone());
         }
         let context = ThreadContext {
             shared: Mutex::new(Shared {

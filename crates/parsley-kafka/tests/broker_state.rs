@@ -9,12 +9,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{config, create_topics, unique};
 use futures_executor::block_on;
 use parsley::*;
-use parsley_kafka::{CausalStreams, KafkaCluster, StreamsError, StreamsOptions};
+use parsley_kafka::{CausalStreams, KafkaCluster, RestoreListener, StreamsError, StreamsOptions};
 use rdkafka::admin::AdminOptions;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
@@ -36,6 +37,22 @@ fn counting(app_id: &str, input: &T, output: &T) -> Parsley {
         .build()
         .unwrap();
     Parsley::named(app_id, [stage]).unwrap()
+}
+
+/// What a restore listener heard: (event, records restored).
+#[derive(Default)]
+struct Heard(Mutex<Vec<(String, u64)>>);
+
+impl RestoreListener for Heard {
+    fn on_restore_start(&self, _: &TaskId, _: &str, _: i32, _: i64, _: i64) {
+        self.0.lock().unwrap().push(("start".into(), 0));
+    }
+    fn on_batch_restored(&self, _: &TaskId, _: &str, _: i32, restored: u64, _: u64) {
+        self.0.lock().unwrap().push(("batch".into(), restored));
+    }
+    fn on_restore_end(&self, _: &TaskId, _: &str, _: i32, restored: u64) {
+        self.0.lock().unwrap().push(("end".into(), restored));
+    }
 }
 
 fn state_dir(name: &str) -> PathBuf {
@@ -143,6 +160,8 @@ fn a_restart_with_100k_keys_replays_only_the_changelog_tail() {
     produce_keys(&i, 0, 10);
     let empty = state_dir("empty");
     let mut third = instance(&app, &empty, "a");
+    let heard = Arc::new(Heard::default());
+    third.set_restore_listener(heard.clone());
     run_until_delivered(&mut third, 10);
     let full = third.restored();
     third.close(Duration::from_secs(60)).unwrap();
@@ -151,6 +170,20 @@ fn a_restart_with_100k_keys_replays_only_the_changelog_tail() {
     assert!(
         full.records_replayed >= KEYS as u64,
         "a full replay reads every key: {full:?}"
+    );
+    // The restore listener heard every changelog partition start, go in
+    // batches of 10,000 and end, and the ends add up to what was replayed.
+    let heard = heard.0.lock().unwrap();
+    let starts = heard.iter().filter(|e| e.0 == "start").count();
+    let ends: Vec<&(String, u64)> = heard.iter().filter(|e| e.0 == "end").collect();
+    assert_eq!(starts, 4, "two tasks, two changelogs each: {heard:?}");
+    assert_eq!(ends.len(), 4);
+    assert_eq!(ends.iter().map(|e| e.1).sum::<u64>(), full.records_replayed);
+    let batches = heard.iter().filter(|e| e.0 == "batch").count() as u64;
+    assert!(
+        batches >= full.records_replayed / 10_000 - 4,
+        "{batches} batches for {} records",
+        full.records_replayed
     );
     // And the counts went on from the state each restart had.
     let last = counts(&o, KEYS + 20);

@@ -2570,3 +2570,91 @@ fn a_local_store_older_than_its_max_age_is_rebuilt() {
     assert_eq!(old.stats().local_store_rebuilds, 1);
     assert_eq!(count_of(&old), Some(3i64.to_be_bytes().to_vec()));
 }
+
+/// What a restore listener hears, in order.
+#[derive(Default)]
+struct Heard(std::sync::Mutex<Vec<String>>);
+
+impl parsley::runtime::changelog::RestoreListener for Heard {
+    fn on_restore_start(&self, task: &TaskId, topic: &str, partition: i32, from: i64, end: i64) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("start {task} {topic}:{partition} {from}..{end}"));
+    }
+    fn on_batch_restored(
+        &self,
+        task: &TaskId,
+        topic: &str,
+        partition: i32,
+        restored: u64,
+        remaining: u64,
+    ) {
+        self.0.lock().unwrap().push(format!(
+            "batch {task} {topic}:{partition} {restored} restored, {remaining} left"
+        ));
+    }
+    fn on_restore_end(&self, task: &TaskId, topic: &str, partition: i32, restored: u64) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("end {task} {topic}:{partition} {restored}"));
+    }
+}
+
+#[test]
+fn a_restore_reports_its_start_each_batch_and_its_end() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let fold = "app-count-fold-changelog".to_owned();
+    let records: Vec<ChangelogRecord> = (0..25_000i64)
+        .map(|i| ChangelogRecord {
+            offset: i,
+            key: Some(FoldKey::Key(format!("k{i}").into_bytes()).to_bytes()),
+            value: Some(1i64.to_be_bytes().to_vec()),
+        })
+        .collect();
+    cluster.logs.borrow_mut().insert((fold.clone(), 0), records);
+    cluster.ends.borrow_mut().insert((fold.clone(), 0), 25_000);
+    let heard = std::sync::Arc::new(Heard::default());
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let mut w = worker(&app).with_restore_listener(heard.clone());
+    metrics::with_local_recorder(&recorder, || {
+        w.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+            .unwrap();
+    });
+    assert_eq!(w.stats().changelog_records_replayed, 25_000);
+    // The restore metrics: records replayed, and nothing left to read.
+    let series = snap.snapshot().into_vec();
+    let metric = |name: &str| {
+        series.iter().find_map(|(k, _, _, v)| {
+            let task = k
+                .key()
+                .labels()
+                .any(|l| l.key() == "task-id" && l.value() == "count[0]");
+            (k.key().name() == name && task).then_some(v)
+        })
+    };
+    use metrics_util::debugging::DebugValue;
+    assert_eq!(
+        metric(parsley::runtime::metrics::RECORDS_RESTORED_TOTAL),
+        Some(&DebugValue::Counter(25_000))
+    );
+    assert_eq!(
+        metric(parsley::runtime::metrics::RESTORE_REMAINING),
+        Some(&DebugValue::Gauge(0.0.into()))
+    );
+    let heard = heard.0.lock().unwrap().clone();
+    assert_eq!(
+        heard,
+        [
+            "start count[0] app-count-state-changelog:0 0..0",
+            "end count[0] app-count-state-changelog:0 0",
+            "start count[0] app-count-fold-changelog:0 0..25000",
+            "batch count[0] app-count-fold-changelog:0 10000 restored, 15000 left",
+            "batch count[0] app-count-fold-changelog:0 20000 restored, 5000 left",
+            "end count[0] app-count-fold-changelog:0 25000",
+        ]
+    );
+}

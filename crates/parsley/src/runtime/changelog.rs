@@ -128,7 +128,67 @@ pub fn restore(
         fold: fold_changelog,
         tasks,
     };
-    restore_from(task, &changelogs, metadata, reader, None).map(|r| r.stores)
+    restore_from(task, &changelogs, metadata, reader, None, &mut |_| {}).map(|r| r.stores)
+}
+
+/// What a host hears as its tasks restore (as Kafka Streams'
+/// `StateRestoreListener`): per changelog partition, its start, a batch
+/// every [`PROGRESS_EVERY`] records, and its end. Called on the stream
+/// thread that restores: keep it short.
+pub trait RestoreListener: Send + Sync {
+    /// A replay of `topic`'s partition `partition` for `task` begins at
+    /// offset `from`; the partition ended at `end` when the restore began.
+    fn on_restore_start(&self, task: &TaskId, topic: &str, partition: i32, from: i64, end: i64);
+    /// `restored` records replayed so far; `remaining` offsets left to the
+    /// end seen at the start (markers included: an upper bound).
+    fn on_batch_restored(
+        &self,
+        task: &TaskId,
+        topic: &str,
+        partition: i32,
+        restored: u64,
+        remaining: u64,
+    );
+    /// The replay is done, after `restored` records.
+    fn on_restore_end(&self, task: &TaskId, topic: &str, partition: i32, restored: u64);
+}
+
+/// A shared listener listens too (keep an `Arc` to read what it heard).
+impl<L: RestoreListener + ?Sized> RestoreListener for std::sync::Arc<L> {
+    fn on_restore_start(&self, task: &TaskId, topic: &str, partition: i32, from: i64, end: i64) {
+        (**self).on_restore_start(task, topic, partition, from, end);
+    }
+    fn on_batch_restored(
+        &self,
+        task: &TaskId,
+        topic: &str,
+        partition: i32,
+        restored: u64,
+        remaining: u64,
+    ) {
+        (**self).on_batch_restored(task, topic, partition, restored, remaining);
+    }
+    fn on_restore_end(&self, task: &TaskId, topic: &str, partition: i32, restored: u64) {
+        (**self).on_restore_end(task, topic, partition, restored);
+    }
+}
+
+/// How often a restore reports its progress, in records.
+pub const PROGRESS_EVERY: u64 = 10_000;
+
+/// A restore's progress on one changelog partition: reported when it
+/// starts, every [`PROGRESS_EVERY`] records, and when it is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress<'a> {
+    /// The changelog topic.
+    pub topic: &'a str,
+    /// Records replayed from it so far.
+    pub restored: u64,
+    /// The offset after the last record replayed (where the replay
+    /// started, before any).
+    pub next: i64,
+    /// True for the last report of the partition.
+    pub done: bool,
 }
 
 /// A task's changelog topics.
@@ -176,6 +236,7 @@ pub fn restore_from(
     metadata: &dyn TopicMetadata,
     reader: &dyn ChangelogReader,
     start: Option<RestoreStart>,
+    progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<Restored, ChangelogError> {
     let keep_tail = start.is_some();
     let RestoreStart { stores, from } = start.unwrap_or_default();
@@ -189,48 +250,73 @@ pub fn restore_from(
         diverted,
     } = stores;
     out.stores.diverted = diverted;
-    let mut rebuild = Rebuild {
-        store: protocol,
-        corrupt: None,
-    };
-    let topic = changelogs.state;
-    let mut read = Tail::new(&mut out, topic, keep_tail.then_some(StoreKind::Protocol));
-    replay(
+    let one = |topic| One {
         task,
         topic,
-        changelogs.tasks,
+        tasks: changelogs.tasks,
         metadata,
         reader,
-        read.from,
-        &mut |r| {
-            read.take(&r);
-            rebuild.apply(r, put_protocol);
-        },
+    };
+    let kind = |k| keep_tail.then_some(k);
+    out.stores.protocol = one(changelogs.state).replay_into(
+        &mut out,
+        kind(StoreKind::Protocol),
+        protocol,
+        put_protocol,
+        progress,
     )?;
-    read.finish();
-    out.stores.protocol = rebuild.finish(task, topic)?;
     if let Some(topic) = changelogs.fold {
+        out.stores.fold =
+            one(topic).replay_into(&mut out, kind(StoreKind::Fold), fold, put_fold, progress)?;
+    }
+    Ok(out)
+}
+
+/// One changelog of a task to replay.
+struct One<'a> {
+    task: &'a TaskId,
+    topic: &'a str,
+    tasks: i32,
+    metadata: &'a dyn TopicMetadata,
+    reader: &'a dyn ChangelogReader,
+}
+
+impl One<'_> {
+    /// Replays the changelog from where `out` says into `store` with
+    /// `put`, counting in `out` and reporting progress.
+    fn replay_into<S>(
+        &self,
+        out: &mut Restored,
+        kind: Option<StoreKind>,
+        store: S,
+        put: Put<S>,
+        progress: &mut dyn FnMut(Progress<'_>),
+    ) -> Result<S, ChangelogError> {
         let mut rebuild = Rebuild {
-            store: fold,
+            store,
             corrupt: None,
         };
-        let mut read = Tail::new(&mut out, topic, keep_tail.then_some(StoreKind::Fold));
+        let mut read = Tail::new(out, self.topic, kind);
+        progress(read.progress(false));
         replay(
-            task,
-            topic,
-            changelogs.tasks,
-            metadata,
-            reader,
+            self.task,
+            self.topic,
+            self.tasks,
+            self.metadata,
+            self.reader,
             read.from,
             &mut |r| {
                 read.take(&r);
-                rebuild.apply(r, put_fold);
+                rebuild.apply(r, put);
+                if read.count % PROGRESS_EVERY == 0 {
+                    progress(read.progress(false));
+                }
             },
         )?;
+        progress(read.progress(true));
         read.finish();
-        out.stores.fold = rebuild.finish(task, topic)?;
+        rebuild.finish(self.task, self.topic)
     }
-    Ok(out)
 }
 
 /// Counts what one changelog's replay read, and keeps its records for a
@@ -241,6 +327,7 @@ struct Tail<'a> {
     kind: Option<StoreKind>,
     from: i64,
     next: i64,
+    count: u64,
 }
 
 impl<'a> Tail<'a> {
@@ -252,11 +339,22 @@ impl<'a> Tail<'a> {
             kind,
             from,
             next: from,
+            count: 0,
+        }
+    }
+
+    fn progress(&self, done: bool) -> Progress<'a> {
+        Progress {
+            topic: self.topic,
+            restored: self.count,
+            next: self.next,
+            done,
         }
     }
 
     fn take(&mut self, r: &ChangelogRecord) {
         self.out.replayed += 1;
+        self.count += 1;
         self.next = self.next.max(r.offset.saturating_add(1));
         if let (Some(kind), Some(key)) = (self.kind, &r.key) {
             self.out.tail.push((kind, key.clone(), r.value.clone()));

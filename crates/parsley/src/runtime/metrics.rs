@@ -55,6 +55,13 @@ pub const STAMP_OFFSET_ENTRIES: &str = "stamp-offset-entries";
 /// Sequence entries in the stamp-side clock (gauge).
 pub const STAMP_SEQUENCE_ENTRIES: &str = "stamp-sequence-entries";
 
+/// Changelog records replayed by the task's restores (counter).
+pub const RECORDS_RESTORED_TOTAL: &str = "records-restored-total";
+/// Changelog offsets the task's restore still has to read (gauge): set as
+/// a restore goes, zero once it is done. Offsets include transaction
+/// markers, so this is an upper bound on the records.
+pub const RESTORE_REMAINING: &str = "restore-records-remaining";
+
 /// How often gauges are sampled.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -157,6 +164,16 @@ fn describe() {
         Unit::Count,
         "Records sent to a dead-letter topic: emissions a sink refused, and input records stepped past."
     );
+    describe_counter!(
+        RECORDS_RESTORED_TOTAL,
+        Unit::Count,
+        "Changelog records replayed by the task's restores."
+    );
+    describe_gauge!(
+        RESTORE_REMAINING,
+        Unit::Count,
+        "Changelog offsets the task's restore still has to read (zero when none runs)."
+    );
     describe_gauge!(
         STAMP_OFFSET_ENTRIES,
         Unit::Count,
@@ -201,6 +218,19 @@ pub(crate) struct TaskMeters {
 }
 
 impl TaskMeters {
+    pub(crate) fn restore(thread_id: &str, task: &TaskId) -> (Counter, Gauge) {
+        describe();
+        let labels = vec![
+            Label::new("thread-id", thread_id.to_owned()),
+            Label::new("task-id", task.to_string()),
+            Label::new("stage", task.stage.clone()),
+        ];
+        (
+            metrics::counter!(RECORDS_RESTORED_TOTAL, labels.clone()),
+            metrics::gauge!(RESTORE_REMAINING, labels),
+        )
+    }
+
     pub(crate) fn new(thread_id: &str, task: &Task) -> TaskMeters {
         describe();
         let id = task.id();

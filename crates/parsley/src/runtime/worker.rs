@@ -667,6 +667,8 @@ pub struct Worker {
     reached: BTreeMap<TaskId, BTreeMap<String, i64>>,
     /// The host's local stores, if it keeps state on disk.
     local: Option<Box<dyn LocalStore>>,
+    /// Told how each restore goes.
+    restore_listener: Option<std::sync::Arc<dyn changelog::RestoreListener>>,
     routes: BTreeMap<(String, i32), (TaskId, usize)>,
     state: State,
     /// When the last transaction was handed over, by the host's clock.
@@ -718,6 +720,7 @@ impl Worker {
             spans: Vec::new(),
             reached: BTreeMap::new(),
             local: None,
+            restore_listener: None,
             routes: BTreeMap::new(),
             state: State::Open,
             last_handed: None,
@@ -739,6 +742,17 @@ impl Worker {
     /// ([`delivered`](Self::delivered)).
     pub fn with_local_store(mut self, store: Box<dyn LocalStore>) -> Worker {
         self.local = Some(store);
+        self
+    }
+
+    /// Tells `listener` how each task's restore goes: per changelog
+    /// partition, its start, a batch every
+    /// [`PROGRESS_EVERY`](changelog::PROGRESS_EVERY) records, and its end.
+    pub fn with_restore_listener(
+        mut self,
+        listener: std::sync::Arc<dyn changelog::RestoreListener>,
+    ) -> Worker {
+        self.restore_listener = Some(listener);
         self
     }
 
@@ -1255,31 +1269,23 @@ impl Worker {
     /// changelog after the store's checkpoint when the store is usable,
     /// else from the whole changelog (wiping the store, with a WARN that
     /// says why); then brings the local store up to the changelog's end.
+    /// Progress goes to the restore metrics and listener as it is made.
     fn restore(
         &mut self,
         id: &TaskId,
         changelogs: &Changelogs<'_>,
         cluster: &dyn Cluster,
     ) -> Result<(crate::runtime::task::TaskStores, Local), WorkerError> {
-        let Some(store) = self.local.as_mut() else {
-            let restored = changelog::restore_from(id, changelogs, cluster, cluster, None)?;
-            self.stats.changelog_records_replayed += restored.replayed;
-            return Ok((restored.stores, Local::Off));
-        };
-        let topics: Vec<&str> = std::iter::once(changelogs.state)
-            .chain(changelogs.fold)
-            .collect();
-        let unavailable = |topic: &str, cause| ChangelogError::Unavailable {
-            task: id.clone(),
-            topic: topic.to_owned(),
-            cause,
-        };
         let mut ids = BTreeMap::new();
-        for topic in &topics {
+        for topic in std::iter::once(changelogs.state).chain(changelogs.fold) {
             let d = cluster
                 .describe(topic)
-                .map_err(|cause| unavailable(topic, cause))?;
-            ids.insert((*topic).to_owned(), d.id);
+                .map_err(|cause| ChangelogError::Unavailable {
+                    task: id.clone(),
+                    topic: topic.to_owned(),
+                    cause,
+                })?;
+            ids.insert(topic.to_owned(), d.id);
         }
         let identity = StoreIdentity {
             application: self.app.application_id().to_owned(),
@@ -1287,31 +1293,28 @@ impl Worker {
             changelogs: ids,
         };
         let began = std::time::Instant::now();
-        let opened = store.open(id);
+        let opened = self.local.as_mut().map(|store| store.open(id));
         let read_ms = began.elapsed().as_millis();
-        let start = match opened {
-            Ok(None) => None,
-            Ok(Some(snapshot)) => {
-                let usable = changelog_bounds(&identity, id.partition, cluster)
-                    .map_err(|(topic, message)| {
-                        unavailable(
-                            &topic,
-                            crate::runtime::task::MetadataError::Failed {
-                                topic: topic.clone(),
-                                message,
-                            },
-                        )
-                    })
-                    .map(|bounds| {
-                        local::check(
-                            &snapshot,
-                            &identity,
-                            &bounds,
-                            self.now,
-                            ms(self.config.local_store_max_age),
-                        )
-                    })?
-                    .and_then(|()| start_from(snapshot));
+        // Log starts only to check a store; ends for progress, always.
+        let with_starts = matches!(opened, Some(Ok(Some(_))));
+        let bounds = changelog_bounds(&identity, id.partition, cluster, with_starts).map_err(
+            |(topic, message)| ChangelogError::Unavailable {
+                task: id.clone(),
+                topic: topic.clone(),
+                cause: crate::runtime::task::MetadataError::Failed { topic, message },
+            },
+        )?;
+        let mut local_off = self.local.is_none();
+        let start = match (opened, self.local.as_mut()) {
+            (Some(Ok(Some(snapshot))), Some(store)) => {
+                let usable = local::check(
+                    &snapshot,
+                    &identity,
+                    &bounds,
+                    self.now,
+                    ms(self.config.local_store_max_age),
+                )
+                .and_then(|()| start_from(snapshot));
                 match usable {
                     Ok(start) => Some(start),
                     Err(reason) => {
@@ -1321,28 +1324,32 @@ impl Worker {
                     }
                 }
             }
-            Err(e @ local::LocalStoreError::Io { .. }) => {
+            (Some(Err(e @ local::LocalStoreError::Io { .. })), _) => {
                 // The disk refused (not a damaged store): leave the store
                 // as it is, at its older checkpoint, and run this task
                 // without it.
                 warn!(task = %id, error = %e, "the local store cannot be opened; the task restores from its changelogs and runs without it");
-                let restored = changelog::restore_from(id, changelogs, cluster, cluster, None)?;
-                self.stats.changelog_records_replayed += restored.replayed;
-                return Ok((restored.stores, Local::Off));
+                local_off = true;
+                None
             }
-            Err(e) => {
+            (Some(Err(e)), Some(store)) => {
                 self.stats.local_store_rebuilds += 1;
                 wipe(store.as_mut(), id, &WipeReason::Unreadable(e.to_string()));
                 None
             }
+            _ => None,
         };
         let from_local = start.is_some();
-        let restored = changelog::restore_from(id, changelogs, cluster, cluster, start)?;
+        let restored = self.replay(id, changelogs, cluster, start, &bounds)?;
         self.stats.changelog_records_replayed += restored.replayed;
         if from_local {
             self.stats.local_store_starts += 1;
         }
         let replayed_ms = began.elapsed().as_millis();
+        let Some(store) = self.local.as_mut().filter(|_| !local_off) else {
+            info!(task = %id, replayed = restored.replayed, replayed_ms, "task restored");
+            return Ok((restored.stores, Local::Off));
+        };
         let (kept, started) = (restored.stores.fold.len(), std::time::Instant::now());
         let write = LocalWrite {
             identity: identity.clone(),
@@ -1379,6 +1386,44 @@ impl Worker {
             }
         };
         Ok((restored.stores, local))
+    }
+
+    /// Replays a task's changelogs (from `start`, or from the beginning),
+    /// reporting progress to the restore metrics and listener. `bounds`
+    /// gives each changelog's end, for what remains.
+    fn replay(
+        &self,
+        id: &TaskId,
+        changelogs: &Changelogs<'_>,
+        cluster: &dyn Cluster,
+        start: Option<RestoreStart>,
+        bounds: &BTreeMap<String, (i64, i64)>,
+    ) -> Result<changelog::Restored, ChangelogError> {
+        let (restored_total, remaining) = TaskMeters::restore(&self.config.thread_id, id);
+        let listener = self.restore_listener.clone();
+        let mut last = 0u64;
+        let mut progress = |p: changelog::Progress<'_>| {
+            let end = bounds.get(p.topic).map_or(p.next, |b| b.1);
+            let left = u64::try_from(end.saturating_sub(p.next)).unwrap_or(0);
+            if p.restored < last {
+                // The task's next changelog.
+                last = 0;
+            }
+            restored_total.increment(p.restored - last);
+            last = p.restored;
+            remaining.set(if p.done { 0.0 } else { left as f64 });
+            let Some(l) = &listener else {
+                return;
+            };
+            if p.done {
+                l.on_restore_end(id, p.topic, id.partition, p.restored);
+            } else if p.restored == 0 {
+                l.on_restore_start(id, p.topic, id.partition, p.next, end);
+            } else {
+                l.on_batch_restored(id, p.topic, id.partition, p.restored, left);
+            }
+        };
+        changelog::restore_from(id, changelogs, cluster, cluster, start, &mut progress)
     }
 
     /// The task left this worker: its local store is made durable and
@@ -2351,12 +2396,14 @@ fn transient_task(e: &TaskError) -> bool {
 }
 
 /// Each changelog's (log start, end) for the task's partition: one lookup
-/// of each kind for all of the task's changelogs. The error names the topic
+/// of each kind for all of the task's changelogs (the log starts only when
+/// `with_starts`; else they read as 0). The error names the topic
 /// and what the lookup said.
 fn changelog_bounds(
     identity: &StoreIdentity,
     partition: i32,
     cluster: &dyn Cluster,
+    with_starts: bool,
 ) -> Result<BTreeMap<String, (i64, i64)>, (String, String)> {
     let ids: BTreeSet<parsley_protocol::TopicId> = identity.changelogs.values().copied().collect();
     let first = identity
@@ -2365,9 +2412,23 @@ fn changelog_bounds(
         .next()
         .cloned()
         .unwrap_or_default();
-    let starts = cluster
-        .log_starts(&ids)
-        .map_err(|e| (first.clone(), e.to_string()))?;
+    let starts = if with_starts {
+        cluster
+            .log_starts(&ids)
+            .map_err(|e| (first.clone(), e.to_string()))?
+    } else {
+        // Not looked up: every partition's start reads as 0.
+        ids.iter()
+            .map(|&id| {
+                (
+                    id,
+                    parsley_protocol::TopicOffsets::Present(
+                        (0..=partition).map(|p| (p, 0)).collect(),
+                    ),
+                )
+            })
+            .collect()
+    };
     let ends = cluster
         .end_offsets(&ids)
         .map_err(|e| (first.clone(), e.to_string()))?;
