@@ -308,7 +308,7 @@ impl One<'_> {
             &mut |r| {
                 read.take(&r);
                 rebuild.apply(r, put);
-                if read.count % PROGRESS_EVERY == 0 {
+                if read.count.is_multiple_of(PROGRESS_EVERY) {
                     progress(read.progress(false));
                 }
             },
