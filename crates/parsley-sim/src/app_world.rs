@@ -318,6 +318,16 @@ pub trait StreamThread {
     fn store_fault(&mut self, _fault: StoreFault) -> bool {
         false
     }
+    /// Whether the thread has a task restore to run (restores that run
+    /// apart from processing).
+    fn restoring(&self) -> bool {
+        false
+    }
+    /// Runs one task restore against the broker as it is now, and hands
+    /// its outcome to the core.
+    fn restore_step(&mut self, _broker: &SimBroker) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Makes stream threads: one per member incarnation.
@@ -504,6 +514,10 @@ pub struct AppStats {
     pub store_faults: [u64; 4],
     /// Static members restarted in place.
     pub bounces: u64,
+    /// Task restores run apart from processing.
+    pub restores_run: u64,
+    /// Deliveries committed by a member while one of its tasks restored.
+    pub deliveries_while_restoring: u64,
 }
 
 impl AppStats {
@@ -542,6 +556,8 @@ impl AppStats {
             *a += b;
         }
         self.bounces += o.bounces;
+        self.restores_run += o.restores_run;
+        self.deliveries_while_restoring += o.deliveries_while_restoring;
     }
 }
 
@@ -596,6 +612,7 @@ enum Action {
     Wake(usize, i64),
     Reconcile,
     Bounce(usize),
+    Restore(usize),
 }
 
 /// A seeded application world. See the [module documentation](self).
@@ -1207,6 +1224,9 @@ impl AppWorld {
             if self.budget.bounces > 0 && !m.zombie && self.pending.is_empty() {
                 out.push((1, Action::Bounce(i)));
             }
+            if m.thread.restoring() {
+                out.push((2, Action::Restore(i)));
+            }
         }
         let live = self.members.iter().filter(|m| !m.zombie).count();
         if (self.budget.joins > 0 && self.members.len() < self.config.max_members) || live == 0 {
@@ -1386,6 +1406,14 @@ impl AppWorld {
             Action::Bounce(i) => {
                 self.budget.bounces -= 1;
                 self.bounce(i)?;
+            }
+            Action::Restore(i) => {
+                self.stats.restores_run += 1;
+                let broker = &self.broker;
+                self.members[i]
+                    .thread
+                    .restore_step(broker)
+                    .map_err(|e| self.fail(format!("member {i}: restore refused: {e}")))?;
             }
             Action::LookupOutage => {
                 self.budget.lookup_failures -= 1;
@@ -1858,7 +1886,11 @@ impl AppWorld {
             self.stats.multi_task_commits += 1;
         }
         let reconciling = !self.pending.is_empty();
+        let restoring = self.members[i].thread.restoring();
         for (task, d) in delivered {
+            if restoring {
+                self.stats.deliveries_while_restoring += 1;
+            }
             self.committed_deliveries.entry(task).or_default().push(d);
             self.stats.deliveries += 1;
             if reconciling {

@@ -20,5 +20,6 @@ pub mod identity;
 pub mod local;
 pub mod metrics;
 pub mod partition;
+pub mod restore;
 pub mod task;
 pub mod worker;

@@ -58,6 +58,7 @@ use crate::runtime::local::{
     self, LocalSnapshot, LocalStore, LocalWrite, StoreIdentity, StoreKind, WipeReason,
 };
 use crate::runtime::metrics::{Published, SAMPLE_INTERVAL, TaskMeters};
+pub use crate::runtime::restore::{RestoreJob, RestoreMode, RestoreOutcome};
 use crate::runtime::task::{
     Diversion, EmissionOrigin, FetchedRecord, OutgoingRecord, Task, TaskError, TaskEvent, TaskId,
     TaskStats, TopicMetadata,
@@ -176,6 +177,9 @@ pub struct WorkerConfig {
     /// default), and a store that never saw the delete would keep the key.
     /// Keep it below the changelogs' `delete.retention.ms`.
     pub local_store_max_age: Duration,
+    /// Where task restores run: inside the call that starts the task, or as
+    /// jobs the host runs elsewhere ([`Worker::take_restore_jobs`]).
+    pub restores: RestoreMode,
     /// The `thread-id` label of this worker's metrics.
     pub thread_id: String,
     /// Whether transactions list what each task did
@@ -197,6 +201,7 @@ impl Default for WorkerConfig {
             commit_retries: 3,
             task_backoff: Backoff::default(),
             local_store_max_age: Duration::from_secs(12 * 3600),
+            restores: RestoreMode::Inline,
             thread_id: "0".to_owned(),
             events: true,
         }
@@ -620,6 +625,23 @@ enum Local {
     Stale,
 }
 
+/// What a task's restore needs once its replay is done.
+#[derive(Debug)]
+struct Prepared {
+    identity: StoreIdentity,
+    from_local: bool,
+    /// The local store is not used for this task (none, or it would not
+    /// open).
+    local_off: bool,
+}
+
+/// A task whose restore job is out.
+#[derive(Debug)]
+struct Restoring {
+    job: u64,
+    prepared: Prepared,
+}
+
 /// A run of one task's changelog records on one topic in the transaction
 /// in flight.
 #[derive(Debug)]
@@ -669,6 +691,11 @@ pub struct Worker {
     local: Option<Box<dyn LocalStore>>,
     /// Told how each restore goes.
     restore_listener: Option<std::sync::Arc<dyn changelog::RestoreListener>>,
+    /// Tasks whose restore job is out ([`RestoreMode::Deferred`]).
+    restoring: BTreeMap<TaskId, Restoring>,
+    /// Restore jobs the host has not taken yet.
+    jobs: Vec<RestoreJob>,
+    next_job: u64,
     routes: BTreeMap<(String, i32), (TaskId, usize)>,
     state: State,
     /// When the last transaction was handed over, by the host's clock.
@@ -721,6 +748,9 @@ impl Worker {
             reached: BTreeMap::new(),
             local: None,
             restore_listener: None,
+            restoring: BTreeMap::new(),
+            jobs: Vec::new(),
+            next_job: 0,
             routes: BTreeMap::new(),
             state: State::Open,
             last_handed: None,
@@ -913,6 +943,7 @@ impl Worker {
         for id in &touched {
             if self.tasks.contains_key(id)
                 || self.waiting.contains(id)
+                || self.restoring.contains_key(id)
                 || self.stopped.contains_key(id)
             {
                 continue;
@@ -936,6 +967,7 @@ impl Worker {
         for id in touched {
             if self.tasks.contains_key(&id)
                 || self.waiting.contains(&id)
+                || self.restoring.contains_key(&id)
                 || self.stopped.contains_key(&id)
             {
                 continue;
@@ -1196,7 +1228,46 @@ impl Worker {
             fold: names.fold_changelog.as_deref(),
             tasks,
         };
-        let (mut stores, local) = self.restore(id, &changelogs, cluster)?;
+        let (prepared, job) = self.prepare(id, &changelogs, cluster)?;
+        match self.config.restores {
+            RestoreMode::Inline => {
+                let outcome = job.run(cluster, cluster);
+                let restored = outcome.result?;
+                self.complete_start(id, prepared, restored, cluster)
+            }
+            RestoreMode::Deferred => {
+                // Nothing is fetched for the task until it runs.
+                for (topic, partition) in self.needed(id) {
+                    self.flow.push(FlowChange {
+                        topic,
+                        partition,
+                        paused: true,
+                    });
+                }
+                debug!(task = %id, job = job.id, from_local_store = job.from_local, "task restore queued");
+                self.restoring.insert(
+                    id.clone(),
+                    Restoring {
+                        job: job.id,
+                        prepared,
+                    },
+                );
+                self.jobs.push(job);
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts a restored task: its node and fold state from the stores,
+    /// its channels, and its start positions (the seeks).
+    fn complete_start(
+        &mut self,
+        id: &TaskId,
+        prepared: Prepared,
+        restored: changelog::Restored,
+        cluster: &dyn Cluster,
+    ) -> Result<(), WorkerError> {
+        let (mut stores, local) = self.finish_restore(id, prepared, restored);
         if let Some(diversions) = self.diversions.get_mut(id) {
             for d in diversions.values_mut() {
                 d.partitions = cluster
@@ -1265,17 +1336,16 @@ impl Worker {
         self.begin_task(id, true)
     }
 
-    /// Rebuilds a task's committed stores: from its local store and the
-    /// changelog after the store's checkpoint when the store is usable,
-    /// else from the whole changelog (wiping the store, with a WARN that
-    /// says why); then brings the local store up to the changelog's end.
-    /// Progress goes to the restore metrics and listener as it is made.
-    fn restore(
+    /// Prepares a task's restore: reads its local store and checks it
+    /// against the changelogs (wiping it, with a WARN that says why, when
+    /// it cannot be used), and makes the replay job: from the store's
+    /// checkpoint, or from the beginning.
+    fn prepare(
         &mut self,
         id: &TaskId,
         changelogs: &Changelogs<'_>,
         cluster: &dyn Cluster,
-    ) -> Result<(crate::runtime::task::TaskStores, Local), WorkerError> {
+    ) -> Result<(Prepared, RestoreJob), WorkerError> {
         let mut ids = BTreeMap::new();
         for topic in std::iter::once(changelogs.state).chain(changelogs.fold) {
             let d = cluster
@@ -1292,9 +1362,7 @@ impl Worker {
             task: id.clone(),
             changelogs: ids,
         };
-        let began = std::time::Instant::now();
         let opened = self.local.as_mut().map(|store| store.open(id));
-        let read_ms = began.elapsed().as_millis();
         // Log starts only to check a store; ends for progress, always.
         let with_starts = matches!(opened, Some(Ok(Some(_))));
         let bounds = changelog_bounds(&identity, id.partition, cluster, with_starts).map_err(
@@ -1339,18 +1407,48 @@ impl Worker {
             }
             _ => None,
         };
-        let from_local = start.is_some();
-        let restored = self.replay(id, changelogs, cluster, start, &bounds)?;
+        self.next_job += 1;
+        let job = RestoreJob {
+            id: self.next_job,
+            task: id.clone(),
+            state: changelogs.state.to_owned(),
+            fold: changelogs.fold.map(str::to_owned),
+            tasks: changelogs.tasks,
+            from_local: start.is_some(),
+            start,
+            bounds,
+            listener: self.restore_listener.clone(),
+            thread_id: self.config.thread_id.clone(),
+        };
+        let prepared = Prepared {
+            identity,
+            from_local: job.from_local,
+            local_off,
+        };
+        Ok((prepared, job))
+    }
+
+    /// What a finished replay leaves: the stores, and the local store
+    /// brought up to the changelog's end (rewritten whole after a rebuild).
+    fn finish_restore(
+        &mut self,
+        id: &TaskId,
+        prepared: Prepared,
+        restored: changelog::Restored,
+    ) -> (crate::runtime::task::TaskStores, Local) {
+        let Prepared {
+            identity,
+            from_local,
+            local_off,
+        } = prepared;
         self.stats.changelog_records_replayed += restored.replayed;
         if from_local {
             self.stats.local_store_starts += 1;
         }
-        let replayed_ms = began.elapsed().as_millis();
         let Some(store) = self.local.as_mut().filter(|_| !local_off) else {
-            info!(task = %id, replayed = restored.replayed, replayed_ms, "task restored");
-            return Ok((restored.stores, Local::Off));
+            info!(task = %id, replayed = restored.replayed, "task restored");
+            return (restored.stores, Local::Off);
         };
-        let (kept, started) = (restored.stores.fold.len(), std::time::Instant::now());
         let write = LocalWrite {
             identity: identity.clone(),
             checkpoint: restored.next.clone(),
@@ -1362,18 +1460,14 @@ impl Worker {
                 all_entries(&restored.stores)
             },
         };
-        let written = store.write(id, write);
         info!(
             task = %id,
             replayed = restored.replayed,
             from_local_store = from_local,
-            fold_keys = kept,
-            read_ms,
-            replayed_ms,
-            write_ms = started.elapsed().as_millis(),
+            fold_keys = restored.stores.fold.len(),
             "task restored"
         );
-        let local = match written {
+        let local = match store.write(id, write) {
             Ok(()) => Local::Writing {
                 identity,
                 checkpoint: restored.next,
@@ -1385,45 +1479,62 @@ impl Worker {
                 Local::Stale
             }
         };
-        Ok((restored.stores, local))
+        (restored.stores, local)
     }
 
-    /// Replays a task's changelogs (from `start`, or from the beginning),
-    /// reporting progress to the restore metrics and listener. `bounds`
-    /// gives each changelog's end, for what remains.
-    fn replay(
-        &self,
-        id: &TaskId,
-        changelogs: &Changelogs<'_>,
+    /// The restore jobs queued since the last call
+    /// ([`RestoreMode::Deferred`]), for the host to run.
+    pub fn take_restore_jobs(&mut self) -> Vec<RestoreJob> {
+        std::mem::take(&mut self.jobs)
+    }
+
+    /// Tasks whose restore job has not come back yet.
+    pub fn restoring_tasks(&self) -> impl Iterator<Item = &TaskId> {
+        self.restoring.keys()
+    }
+
+    /// A restore job's outcome: its task starts (its partitions resume and
+    /// its seeks are queued). An outcome for a task that is no longer
+    /// restoring here (revoked, fenced, restarted since) is ignored. A
+    /// failed replay leaves the task waiting when it was a lookup (retried
+    /// at the next punctuation), and fails the worker's open work
+    /// otherwise, as a failed start does.
+    pub fn restored(
+        &mut self,
+        outcome: RestoreOutcome,
         cluster: &dyn Cluster,
-        start: Option<RestoreStart>,
-        bounds: &BTreeMap<String, (i64, i64)>,
-    ) -> Result<changelog::Restored, ChangelogError> {
-        let (restored_total, remaining) = TaskMeters::restore(&self.config.thread_id, id);
-        let listener = self.restore_listener.clone();
-        let mut last = 0u64;
-        let mut progress = |p: changelog::Progress<'_>| {
-            let end = bounds.get(p.topic).map_or(p.next, |b| b.1);
-            let left = u64::try_from(end.saturating_sub(p.next)).unwrap_or(0);
-            if p.restored < last {
-                // The task's next changelog.
-                last = 0;
-            }
-            restored_total.increment(p.restored - last);
-            last = p.restored;
-            remaining.set(if p.done { 0.0 } else { left as f64 });
-            let Some(l) = &listener else {
-                return;
-            };
-            if p.done {
-                l.on_restore_end(id, p.topic, id.partition, p.restored);
-            } else if p.restored == 0 {
-                l.on_restore_start(id, p.topic, id.partition, p.next, end);
-            } else {
-                l.on_batch_restored(id, p.topic, id.partition, p.restored, left);
-            }
+    ) -> Result<(), WorkerError> {
+        self.ready()?;
+        let RestoreOutcome { job, task, result } = outcome;
+        if self.restoring.get(&task).map(|r| r.job) != Some(job) {
+            debug!(task = %task, job, "a restore outcome for a task that is not restoring here; ignored");
+            return Ok(());
+        }
+        let Some(pending) = self.restoring.remove(&task) else {
+            return Ok(());
         };
-        changelog::restore_from(id, changelogs, cluster, cluster, start, &mut progress)
+        for (topic, partition) in self.needed(&task) {
+            if self.assigned.contains_key(&(topic.clone(), partition)) {
+                self.flow.push(FlowChange {
+                    topic,
+                    partition,
+                    paused: false,
+                });
+            }
+        }
+        let r = result
+            .map_err(WorkerError::from)
+            .and_then(|restored| self.complete_start(&task, pending.prepared, restored, cluster));
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) if transient(&e) => {
+                warn!(task = %task, error = %e, "task restore failed on a lookup; retrying at the next punctuation");
+                self.stats.task_start_retries += 1;
+                self.waiting.insert(task);
+                Ok(())
+            }
+            Err(e) => self.poison(e),
+        }
     }
 
     /// The task left this worker: its local store is made durable and
@@ -1624,6 +1735,10 @@ impl Worker {
             }
             if let Some(id) = self.task_of(&key.0, key.1) {
                 self.waiting.remove(&id);
+                if self.restoring.remove(&id).is_some() {
+                    info!(task = %id, "restoring task revoked");
+                    self.jobs.retain(|j| j.task != id);
+                }
                 if self.stopped.remove(&id).is_some() {
                     info!(task = %id, "stopped task revoked");
                 }
@@ -2268,6 +2383,8 @@ impl Worker {
         self.tasks.clear();
         self.spans.clear();
         self.reached.clear();
+        self.restoring.clear();
+        self.jobs.clear();
         self.waiting.clear();
         self.failing = None;
         self.stopped.clear();

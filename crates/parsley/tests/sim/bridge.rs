@@ -287,6 +287,8 @@ pub struct BridgeStats {
     pub local_write_failures: u64,
     /// Changelog records replayed by task starts.
     pub replayed: u64,
+    /// Restore outcomes for tasks that had left before their job ran.
+    pub stale_restores: u64,
 }
 
 /// One stream thread: a worker and its fault, if any.
@@ -305,6 +307,8 @@ pub struct Thread {
     divert_next: bool,
     /// The thread's disk, when it keeps local stores.
     disk: Option<Arc<Mutex<Disk>>>,
+    /// Restore jobs taken from the worker, not run yet.
+    jobs: std::collections::VecDeque<RestoreJob>,
 }
 
 impl Thread {
@@ -325,6 +329,7 @@ impl Thread {
             dead_letter: None,
             divert_next: false,
             disk: None,
+            jobs: std::collections::VecDeque::new(),
         }
     }
 
@@ -675,6 +680,26 @@ impl StreamThread for Thread {
         self.worker
             .restart_due_in(now)
             .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    }
+
+    fn restoring(&self) -> bool {
+        !self.jobs.is_empty() || self.worker.restoring_tasks().next().is_some()
+    }
+
+    fn restore_step(&mut self, broker: &SimBroker) -> Result<(), String> {
+        self.jobs.extend(self.worker.take_restore_jobs());
+        let Some(job) = self.jobs.pop_front() else {
+            return Ok(());
+        };
+        let task = job.task().clone();
+        let outcome = job.run(&View(broker), &View(broker));
+        if !self.worker.restoring_tasks().any(|t| *t == task) {
+            self.stats.borrow_mut().stale_restores += 1;
+        }
+        let r = self.worker.restored(outcome, &View(broker));
+        let r = self.recover(r, broker);
+        self.account();
+        r
     }
 
     fn delivered(&mut self, offsets: &[i64]) {

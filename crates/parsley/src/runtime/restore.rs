@@ -1,0 +1,144 @@
+//! Restores as jobs: the changelog replay of a starting task, cut out of
+//! the worker so a host can run it away from its processing path.
+//!
+//! The worker decides everything about a restore (which local store to
+//! trust, from which offsets to replay, what the rebuilt stores mean) and
+//! keeps the task out of processing until it is done; only the replay
+//! itself, which waits on the network, is a [`RestoreJob`]. Under
+//! [`RestoreMode::Inline`] the worker runs each job at once, inside the
+//! call that started the task. Under [`RestoreMode::Deferred`] it queues
+//! them ([`Worker::take_restore_jobs`](crate::runtime::worker::Worker::take_restore_jobs));
+//! the host runs them where it likes (the Kafka runtime: on a restore
+//! thread) with its own changelog reader, and hands each
+//! [`RestoreOutcome`] back
+//! ([`Worker::restored`](crate::runtime::worker::Worker::restored)),
+//! while the tasks that are ready go on processing. The restoring task's
+//! partitions are paused meanwhile. An outcome for a task that left in
+//! between (revoked, fenced) is ignored.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::runtime::changelog::{
+    self, ChangelogError, ChangelogReader, Changelogs, Progress, RestoreListener, RestoreStart,
+    Restored,
+};
+use crate::runtime::metrics::TaskMeters;
+use crate::runtime::task::{TaskId, TopicMetadata};
+
+/// Where a worker runs its tasks' changelog replays.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RestoreMode {
+    /// Inside the call that starts the task: the task runs as soon as the
+    /// call returns (the test driver, and hosts without threads).
+    #[default]
+    Inline,
+    /// As jobs the host takes and runs elsewhere; the task starts when the
+    /// host hands the outcome back, and the ready tasks are not held up.
+    Deferred,
+}
+
+/// One task's changelog replay, ready to run.
+pub struct RestoreJob {
+    pub(crate) id: u64,
+    pub(crate) task: TaskId,
+    pub(crate) state: String,
+    pub(crate) fold: Option<String>,
+    pub(crate) tasks: i32,
+    pub(crate) start: Option<RestoreStart>,
+    pub(crate) from_local: bool,
+    /// Each changelog's (log start, end), for what remains.
+    pub(crate) bounds: BTreeMap<String, (i64, i64)>,
+    pub(crate) listener: Option<Arc<dyn RestoreListener>>,
+    pub(crate) thread_id: String,
+}
+
+impl std::fmt::Debug for RestoreJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestoreJob")
+            .field("id", &self.id)
+            .field("task", &self.task)
+            .field("from_local_store", &self.start.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RestoreJob {
+    /// The task it restores.
+    pub fn task(&self) -> &TaskId {
+        &self.task
+    }
+
+    /// Replays the task's changelogs through `reader` (from the local
+    /// store's checkpoint, or from the beginning), reporting progress to
+    /// the restore metrics and listener as it goes.
+    pub fn run(self, metadata: &dyn TopicMetadata, reader: &dyn ChangelogReader) -> RestoreOutcome {
+        let RestoreJob {
+            id,
+            task,
+            state,
+            fold,
+            tasks,
+            start,
+            from_local: _,
+            bounds,
+            listener,
+            thread_id,
+        } = self;
+        let changelogs = Changelogs {
+            state: &state,
+            fold: fold.as_deref(),
+            tasks,
+        };
+        let (restored_total, remaining) = TaskMeters::restore(&thread_id, &task);
+        let mut last = 0u64;
+        let mut progress = |p: Progress<'_>| {
+            let end = bounds.get(p.topic).map_or(p.next, |b| b.1);
+            let left = u64::try_from(end.saturating_sub(p.next)).unwrap_or(0);
+            if p.restored < last {
+                // The task's next changelog.
+                last = 0;
+            }
+            restored_total.increment(p.restored - last);
+            last = p.restored;
+            remaining.set(if p.done { 0.0 } else { left as f64 });
+            let Some(l) = &listener else {
+                return;
+            };
+            if p.done {
+                l.on_restore_end(&task, p.topic, task.partition, p.restored);
+            } else if p.restored == 0 {
+                l.on_restore_start(&task, p.topic, task.partition, p.next, end);
+            } else {
+                l.on_batch_restored(&task, p.topic, task.partition, p.restored, left);
+            }
+        };
+        let result =
+            changelog::restore_from(&task, &changelogs, metadata, reader, start, &mut progress);
+        RestoreOutcome {
+            job: id,
+            task,
+            result,
+        }
+    }
+}
+
+/// What a restore job came to, for the worker.
+#[derive(Debug)]
+pub struct RestoreOutcome {
+    pub(crate) job: u64,
+    pub(crate) task: TaskId,
+    pub(crate) result: Result<Restored, ChangelogError>,
+}
+
+impl RestoreOutcome {
+    /// The task it restored.
+    pub fn task(&self) -> &TaskId {
+        &self.task
+    }
+
+    /// The changelog records it replayed, if it succeeded.
+    pub fn replayed(&self) -> Option<u64> {
+        self.result.as_ref().ok().map(|r| r.replayed)
+    }
+}
