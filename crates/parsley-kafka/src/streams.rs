@@ -666,8 +666,8 @@ impl CausalStreams {
     /// Tells `listener` how each task's restore goes, per changelog
     /// partition: its start (from which offset, to which end), a batch
     /// every 10,000 records (restored so far, offsets left), and its end.
-    /// The calls come from the restoring stream thread, inside its
-    /// rebalance: keep them short. Set it before [`start`](Self::start).
+    /// The calls come from the stream thread's restore thread: keep them
+    /// short. Set it before [`start`](Self::start).
     pub fn set_restore_listener(&mut self, listener: impl RestoreListener + 'static) {
         self.restore_listener = Some(Arc::new(listener));
     }
@@ -1141,7 +1141,9 @@ impl Shared {
     /// Ready: an assignment taken, and no task of it still waiting to
     /// start.
     fn refresh_ready(&self) {
-        let ready = self.assigned && self.worker.waiting_tasks().next().is_none();
+        let ready = self.assigned
+            && self.worker.waiting_tasks().next().is_none()
+            && self.worker.restoring_tasks().next().is_none();
         self.readiness.set(self.index, ready);
     }
 }
@@ -1876,6 +1878,51 @@ fn await_deliveries(producer: &TxnProducer, timeout: Duration) -> Result<(), Kaf
     Ok(())
 }
 
+/// How long a poll waits, at most, while a task restores: a finished
+/// restore starts its task within this.
+const RESTORE_POLL: Duration = Duration::from_millis(10);
+
+/// A stream thread's restore thread: it runs the worker's restore jobs
+/// (changelog replays) with its own replay consumer, while the stream
+/// thread goes on processing the tasks that are ready. It ends when the
+/// membership does (after the job it is running).
+struct Restorer {
+    jobs: std::sync::mpsc::Sender<parsley::runtime::worker::RestoreJob>,
+    outcomes: std::sync::mpsc::Receiver<parsley::runtime::worker::RestoreOutcome>,
+}
+
+impl Restorer {
+    /// Sends the worker's new jobs, and hands it the finished ones (each
+    /// starts its task: resumes, seeks and readiness follow).
+    fn exchange(
+        &self,
+        shared: &mut Shared,
+        consumer: &BaseConsumer<ThreadContext>,
+    ) -> Result<(), StreamsError> {
+        for job in shared.worker.take_restore_jobs() {
+            if self.jobs.send(job).is_err() {
+                return Err(StreamsError::Thread {
+                    thread: shared.index,
+                    message: "its restore thread is gone".to_owned(),
+                });
+            }
+        }
+        let mut started = false;
+        while let Ok(outcome) = self.outcomes.try_recv() {
+            let Shared {
+                worker, cluster, ..
+            } = &mut *shared;
+            worker.restored(outcome, cluster)?;
+            started = true;
+        }
+        if started {
+            shared.apply_seeks(consumer)?;
+            shared.republish();
+        }
+        Ok(())
+    }
+}
+
 struct StreamThread {
     app: Parsley,
     index: usize,
@@ -1916,6 +1963,46 @@ enum Session {
 }
 
 impl StreamThread {
+    /// Starts this membership's restore thread, its replay consumer
+    /// connecting while the stream thread joins its group.
+    fn restorer(&self) -> Result<Restorer, StreamsError> {
+        let cluster = KafkaCluster::new(&self.config, self.options.request_timeout)?
+            .with_restore_stall(self.options.restore_stall_timeout);
+        let changelogs: Vec<String> = self
+            .app
+            .stages()
+            .iter()
+            .filter_map(|s| self.app.owned_names(s.name()))
+            .flat_map(|n| {
+                std::iter::once(n.state_changelog.clone()).chain(n.fold_changelog.clone())
+            })
+            .collect();
+        let (jobs, job_rx) = std::sync::mpsc::channel::<parsley::runtime::worker::RestoreJob>();
+        let (outcome_tx, outcomes) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name(format!(
+                "parsley-restore-{}-{}-{}",
+                self.app.application_id(),
+                self.instance,
+                self.index
+            ))
+            .spawn(move || {
+                let names: Vec<&str> = changelogs.iter().map(String::as_str).collect();
+                cluster.warm_replayer(&names);
+                for job in job_rx {
+                    let outcome = job.run(&cluster, &cluster);
+                    if outcome_tx.send(outcome).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| StreamsError::Thread {
+                thread: self.index,
+                message: format!("its restore thread could not start: {e}"),
+            })?;
+        Ok(Restorer { jobs, outcomes })
+    }
+
     /// Runs memberships until the application closes: a fenced member
     /// (a zombie that woke after the group moved on, or a commit whose fate
     /// is unknown) has already dropped its tasks, and joins again with a new
@@ -2108,19 +2195,7 @@ impl StreamThread {
         let timeout = self.options.request_timeout;
         let cluster = KafkaCluster::new(&self.config, timeout)?
             .with_restore_stall(self.options.restore_stall_timeout);
-        // The replay consumer connects while the producer initialises and
-        // the consumer joins, not in the first restore.
-        let changelogs: Vec<String> = self
-            .app
-            .stages()
-            .iter()
-            .filter_map(|s| self.app.owned_names(s.name()))
-            .flat_map(|n| {
-                std::iter::once(n.state_changelog.clone()).chain(n.fold_changelog.clone())
-            })
-            .collect();
-        let changelogs: Vec<&str> = changelogs.iter().map(String::as_str).collect();
-        cluster.warm_replayer(&changelogs);
+        let restorer = self.restorer()?;
         let mut producer_config = settings::for_producer(&self.config);
         producer_config.set("transactional.id", &self.transactional_id);
         // A transaction left open by a frozen or dead instance holds back
@@ -2151,6 +2226,9 @@ impl StreamThread {
                 thread_id: format!("{}-{}", self.instance, self.index),
                 // Nothing here reads what the tasks did record by record.
                 events: false,
+                // Replays run on the thread's restore thread, so the ready
+                // tasks go on processing meanwhile.
+                restores: parsley::runtime::worker::RestoreMode::Deferred,
                 ..WorkerConfig::default()
             },
         );
@@ -2264,11 +2342,16 @@ impl StreamThread {
                 // The wait for the first record ends no later than the
                 // worker's next commit is due.
                 let wait = {
-                    let shared = lock(&consumer.context().shared);
+                    let mut shared = lock(&consumer.context().shared);
+                    // Restores the rebalance queued go to the restore
+                    // thread; the finished ones start their tasks.
+                    restorer.exchange(&mut shared, &consumer)?;
                     let now = now_ms();
+                    let restoring = shared.worker.restoring_tasks().next().map(|_| RESTORE_POLL);
                     [
                         shared.worker.commit_due_in(now),
                         shared.worker.restart_due_in(now),
+                        restoring,
                     ]
                     .into_iter()
                     .flatten()
