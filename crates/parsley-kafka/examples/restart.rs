@@ -97,10 +97,13 @@ fn run(
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    if std::env::var_os("RESTART_LOG").is_some() {
-        tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::INFO)
-            .init();
+    if let Some(level) = std::env::var_os("RESTART_LOG") {
+        let level = if level == "debug" {
+            tracing::Level::DEBUG
+        } else {
+            tracing::Level::INFO
+        };
+        tracing_subscriber::fmt().with_max_level(level).init();
     }
     let mut args = std::env::args().skip(1);
     let keys: usize = args.next().map_or(Ok(1_000_000), |a| a.parse())?;

@@ -859,6 +859,14 @@ impl Worker {
         self.assigned.values()
     }
 
+    /// The log start of an assigned partition, as the assignment's lookup
+    /// found it.
+    pub fn log_start(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.assigned
+            .get(&(topic.to_owned(), partition))
+            .map(|a| a.log_start)
+    }
+
     /// The next offset the consumer must fetch on a partition.
     pub fn position(&self, topic: &str, partition: i32) -> Option<i64> {
         let (id, i) = self.routes.get(&(topic.to_owned(), partition))?;
