@@ -44,6 +44,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .with_filter(
                         tracing_subscriber::filter::Targets::new()
                             .with_target("parsley_kafka", tracing::Level::DEBUG)
+                            .with_target("rdkafka", tracing::Level::DEBUG)
+                            .with_target("librdkafka", tracing::Level::DEBUG)
                             .with_target("parsley::runtime::worker", tracing::Level::INFO),
                     ),
             )
@@ -53,6 +55,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::env::var("PARSLEY_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_owned());
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", &bootstrap);
+    // librdkafka's own debug contexts (`cgrp,fetch`, say), with
+    // JOIN_GAP_LOG set to see them.
+    if let Ok(contexts) = std::env::var("JOIN_GAP_RDKAFKA_DEBUG") {
+        config.set("debug", contexts);
+    }
     let only = std::env::var("JOIN_GAP_PROTOCOL").ok();
     for protocol in [GroupProtocol::Consumer, GroupProtocol::Classic] {
         if only
