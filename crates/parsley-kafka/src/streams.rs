@@ -1143,7 +1143,7 @@ impl Shared {
     fn refresh_ready(&self) {
         let ready = self.assigned
             && self.worker.waiting_tasks().next().is_none()
-            && self.worker.restoring_tasks().next().is_none();
+            && self.worker.assignment_restoring().next().is_none();
         self.readiness.set(self.index, ready);
     }
 }

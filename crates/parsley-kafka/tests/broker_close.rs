@@ -74,7 +74,7 @@ fn instances_closed_together_return_in_time_and_take_no_new_tasks() {
                         .with_options(StreamsOptions {
                             commit_interval: Duration::from_millis(50),
                             instance_id: Some(name.clone()),
-                            ..StreamsOptions::default()
+                            ..common::options()
                         });
                 s.start().unwrap();
                 (name, s)

@@ -73,7 +73,7 @@ fn options(on_retention_loss: OnRetentionLoss) -> StreamsOptions {
         commit_interval: Duration::from_millis(50),
         instance_id: Some("a".to_owned()),
         on_retention_loss,
-        ..StreamsOptions::default()
+        ..common::options()
     }
 }
 

@@ -68,7 +68,7 @@ fn instance(app: &Parsley, dir: &Path, name: &str) -> CausalStreams {
             commit_interval: Duration::from_millis(100),
             instance_id: Some(name.to_owned()),
             state_dir: Some(dir.to_owned()),
-            ..StreamsOptions::default()
+            ..common::options()
         })
 }
 

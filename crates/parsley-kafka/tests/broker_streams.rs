@@ -110,7 +110,7 @@ fn options(instance: &str) -> StreamsOptions {
     StreamsOptions {
         commit_interval: Duration::from_millis(50),
         instance_id: Some(instance.to_owned()),
-        ..StreamsOptions::default()
+        ..common::options()
     }
 }
 

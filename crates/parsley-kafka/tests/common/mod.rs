@@ -27,6 +27,21 @@ pub fn config() -> ClientConfig {
     c
 }
 
+/// The runtime options the broker suites start from: the defaults, with
+/// the group protocol `PARSLEY_TEST_GROUP_PROTOCOL` names (`classic` or
+/// `consumer`, the default), so the suite runs under either protocol.
+pub fn options() -> parsley_kafka::StreamsOptions {
+    let group_protocol = match std::env::var("PARSLEY_TEST_GROUP_PROTOCOL").as_deref() {
+        Ok("classic") => parsley_kafka::GroupProtocol::Classic,
+        Ok("consumer") | Err(_) => parsley_kafka::GroupProtocol::Consumer,
+        Ok(other) => panic!("PARSLEY_TEST_GROUP_PROTOCOL={other:?}: use classic or consumer"),
+    };
+    parsley_kafka::StreamsOptions {
+        group_protocol,
+        ..parsley_kafka::StreamsOptions::default()
+    }
+}
+
 /// A name no earlier run used.
 pub fn unique(prefix: &str) -> String {
     let nanos = SystemTime::now()

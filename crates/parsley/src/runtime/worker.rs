@@ -640,6 +640,8 @@ struct Prepared {
 struct Restoring {
     job: u64,
     prepared: Prepared,
+    /// A failed task restarting in place, not a task of a new assignment.
+    restart: bool,
 }
 
 /// A run of one task's changelog records on one topic in the transaction
@@ -695,6 +697,8 @@ pub struct Worker {
     restoring: BTreeMap<TaskId, Restoring>,
     /// Restore jobs the host has not taken yet.
     jobs: Vec<RestoreJob>,
+    /// Failed tasks whose restart in place is starting now.
+    restarting: BTreeSet<TaskId>,
     next_job: u64,
     routes: BTreeMap<(String, i32), (TaskId, usize)>,
     state: State,
@@ -750,6 +754,7 @@ impl Worker {
             restore_listener: None,
             restoring: BTreeMap::new(),
             jobs: Vec::new(),
+            restarting: BTreeSet::new(),
             next_job: 0,
             routes: BTreeMap::new(),
             state: State::Open,
@@ -1172,6 +1177,7 @@ impl Worker {
             self.stats.task_restarts += 1;
             self.streaks.entry(id.clone()).or_default().restarted_at = Some(now);
             info!(task = %id, "stopped task restarting");
+            self.restarting.insert(id.clone());
             for (topic, partition) in self.needed(&id) {
                 self.flow.push(FlowChange {
                     topic,
@@ -1179,7 +1185,8 @@ impl Worker {
                     paused: false,
                 });
             }
-            self.try_start(id, cluster)?;
+            self.try_start(id.clone(), cluster)?;
+            self.restarting.remove(&id);
         }
         Ok(())
     }
@@ -1253,11 +1260,13 @@ impl Worker {
                     });
                 }
                 debug!(task = %id, job = job.id, from_local_store = job.from_local, "task restore queued");
+                let restart = self.restarting.remove(id);
                 self.restoring.insert(
                     id.clone(),
                     Restoring {
                         job: job.id,
                         prepared,
+                        restart,
                     },
                 );
                 self.jobs.push(job);
@@ -1499,6 +1508,15 @@ impl Worker {
     /// Tasks whose restore job has not come back yet.
     pub fn restoring_tasks(&self) -> impl Iterator<Item = &TaskId> {
         self.restoring.keys()
+    }
+
+    /// Tasks of the assignment still restoring (not counting failed tasks
+    /// restarting in place): while there are any, the thread is not ready.
+    pub fn assignment_restoring(&self) -> impl Iterator<Item = &TaskId> {
+        self.restoring
+            .iter()
+            .filter(|(_, r)| !r.restart)
+            .map(|(id, _)| id)
     }
 
     /// A restore job's outcome: its task starts (its partitions resume and
