@@ -492,7 +492,7 @@ struct RestoreTotals {
 }
 
 /// What this instance's task starts restored so far
-/// ([`CausalStreams::restores`]).
+/// ([`CausalStreams::restored`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct Restores {
     /// Changelog records replayed.

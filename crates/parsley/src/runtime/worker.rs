@@ -772,7 +772,7 @@ impl Worker {
     /// Keeps each task's stores in `store` between runs: a task that
     /// starts reads its store and replays only the changelog after the
     /// store's checkpoint, and each commit's writes reach the store once
-    /// the commit is known (see [`local`](crate::runtime::local) for the
+    /// the commit is known (see [`local`] for the
     /// rules). The host then reports each transaction's offsets
     /// ([`delivered`](Self::delivered)).
     pub fn with_local_store(mut self, store: Box<dyn LocalStore>) -> Worker {
