@@ -2658,3 +2658,55 @@ fn a_restore_reports_its_start_each_batch_and_its_end() {
         ]
     );
 }
+
+#[test]
+fn a_local_store_whose_entries_do_not_parse_is_rebuilt_from_the_changelog() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let store = MemLocal::default();
+    drop(counted_three(&app, &cluster, &store));
+    let task = TaskId {
+        stage: "count".into(),
+        partition: 0,
+    };
+    // A fold entry whose key names no fold slot (bytes no store writes).
+    store
+        .0
+        .lock()
+        .unwrap()
+        .get_mut(&task)
+        .unwrap()
+        .fold
+        .push((vec![0xff, 0xfe], 1i64.to_be_bytes().to_vec()));
+    for mode in [RestoreMode::Inline, RestoreMode::Deferred] {
+        let mut w = Worker::new(
+            &app,
+            WorkerConfig {
+                restores: mode,
+                ..WorkerConfig::default()
+            },
+        )
+        .with_local_store(Box::new(store.clone()));
+        w.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+            .unwrap();
+        for job in w.take_restore_jobs() {
+            let outcome = job.run(&cluster, &cluster);
+            w.restored(outcome, &cluster).unwrap();
+        }
+        assert_eq!(w.stats().local_store_rebuilds, 1, "{mode:?}");
+        assert_eq!(w.stats().local_store_starts, 0, "{mode:?}");
+        assert_eq!(count_of(&w), Some(3i64.to_be_bytes().to_vec()), "{mode:?}");
+        // The rewrite replaced the file: the bad entry is gone.
+        let fold = store.0.lock().unwrap()[&task].fold.clone();
+        assert!(fold.iter().all(|(k, _)| k != &vec![0xff, 0xfe]), "{mode:?}");
+        // Put it back for the next mode.
+        store
+            .0
+            .lock()
+            .unwrap()
+            .get_mut(&task)
+            .unwrap()
+            .fold
+            .push((vec![0xff, 0xfe], 1i64.to_be_bytes().to_vec()));
+    }
+}

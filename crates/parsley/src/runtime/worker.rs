@@ -51,12 +51,10 @@ use tracing::{debug, info, warn};
 
 use crate::app::Parsley;
 use crate::message::Header;
-use crate::runtime::changelog::{self, ChangelogError, ChangelogReader, Changelogs, RestoreStart};
+use crate::runtime::changelog::{self, ChangelogError, ChangelogReader, Changelogs};
 pub use crate::runtime::failure::{Backoff, Directive, Fault, RefusedRecord, TaskFailure};
 use crate::runtime::failure::{Stopped, Streak};
-use crate::runtime::local::{
-    self, LocalSnapshot, LocalStore, LocalWrite, StoreIdentity, StoreKind, WipeReason,
-};
+use crate::runtime::local::{self, LocalStore, LocalWrite, StoreIdentity, StoreKind, WipeReason};
 use crate::runtime::metrics::{Published, SAMPLE_INTERVAL, TaskMeters};
 pub use crate::runtime::restore::{RestoreJob, RestoreMode, RestoreOutcome};
 use crate::runtime::task::{
@@ -1246,9 +1244,10 @@ impl Worker {
         let (prepared, job) = self.prepare(id, &changelogs, cluster)?;
         match self.config.restores {
             RestoreMode::Inline => {
-                let outcome = job.run(cluster, cluster);
-                let restored = outcome.result?;
-                self.complete_start(id, prepared, restored, cluster)
+                let RestoreOutcome {
+                    result, unusable, ..
+                } = job.run(cluster, cluster);
+                self.complete_start(id, prepared, result?, unusable, cluster)
             }
             RestoreMode::Deferred => {
                 // Nothing is fetched for the task until it runs.
@@ -1280,10 +1279,18 @@ impl Worker {
     fn complete_start(
         &mut self,
         id: &TaskId,
-        prepared: Prepared,
+        mut prepared: Prepared,
         restored: changelog::Restored,
+        unusable: Option<WipeReason>,
         cluster: &dyn Cluster,
     ) -> Result<(), WorkerError> {
+        if let Some(reason) = unusable {
+            // The job found the store's entries unusable and replayed the
+            // whole changelog instead; the rewrite below replaces the file.
+            self.stats.local_store_rebuilds += 1;
+            warn!(task = %id, %reason, "the local store is wiped and rebuilt from the changelog");
+            prepared.from_local = false;
+        }
         let (mut stores, local) = self.finish_restore(id, prepared, restored);
         if let Some(diversions) = self.diversions.get_mut(id) {
             for d in diversions.values_mut() {
@@ -1399,9 +1406,9 @@ impl Worker {
                     self.now,
                     ms(self.config.local_store_max_age),
                 )
-                .and_then(|()| start_from(snapshot));
+                .map(|()| snapshot);
                 match usable {
-                    Ok(start) => Some(start),
+                    Ok(snapshot) => Some(snapshot),
                     Err(reason) => {
                         self.stats.local_store_rebuilds += 1;
                         wipe(store.as_mut(), id, &reason);
@@ -1531,7 +1538,12 @@ impl Worker {
         cluster: &dyn Cluster,
     ) -> Result<(), WorkerError> {
         self.ready()?;
-        let RestoreOutcome { job, task, result } = outcome;
+        let RestoreOutcome {
+            job,
+            task,
+            result,
+            unusable,
+        } = outcome;
         if self.restoring.get(&task).map(|r| r.job) != Some(job) {
             debug!(task = %task, job, "a restore outcome for a task that is not restoring here; ignored");
             return Ok(());
@@ -1548,9 +1560,9 @@ impl Worker {
                 });
             }
         }
-        let r = result
-            .map_err(WorkerError::from)
-            .and_then(|restored| self.complete_start(&task, pending.prepared, restored, cluster));
+        let r = result.map_err(WorkerError::from).and_then(|restored| {
+            self.complete_start(&task, pending.prepared, restored, unusable, cluster)
+        });
         match r {
             Ok(()) => Ok(()),
             Err(e) if transient(&e) => {
@@ -2598,31 +2610,6 @@ fn changelog_bounds(
         }
     }
     Ok(out)
-}
-
-/// The stores a usable snapshot holds, as a restore's start; a protocol
-/// key that is not UTF-8 or a fold key that names no slot makes the store
-/// unusable.
-fn start_from(snapshot: LocalSnapshot) -> Result<RestoreStart, WipeReason> {
-    let mut stores = crate::runtime::task::TaskStores::default();
-    for (key, value) in snapshot.protocol {
-        let key = String::from_utf8(key).map_err(|_| {
-            WipeReason::Unreadable("a protocol store key that is not UTF-8".to_owned())
-        })?;
-        stores.protocol.insert_raw(&key, value);
-    }
-    for (key, value) in snapshot.fold {
-        if crate::fold::FoldKey::from_bytes(&key).is_none() {
-            return Err(WipeReason::Unreadable(
-                "a fold store key that names no slot".to_owned(),
-            ));
-        }
-        stores.fold.put_bytes(key, value);
-    }
-    Ok(RestoreStart {
-        stores,
-        from: snapshot.checkpoint,
-    })
 }
 
 /// Every entry of both stores, as puts (a rebuild's write).
