@@ -13,6 +13,11 @@
 //! * `node/restore/N`: init from a store holding N held records, each with a
 //!   100-byte value and a 9-entry clock (divide by N for the per-record
 //!   cost; dropping the node afterwards is not timed).
+//! * `stamp/{send,encode,gate}/P`: a stage writing one sink of P partitions
+//!   (its own-output seed claims every one, so its stamps are P wide):
+//!   stamping one output, encoding its `vc`, and a downstream stage that
+//!   consumes one partition of that sink gating the output. The `vc` size
+//!   per P is printed once, before the timings.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hint::black_box;
@@ -231,5 +236,105 @@ fn bench_node(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_clock, bench_node);
+/// A broker whose every topic has `partitions` partitions, all ending at
+/// offset 100.
+struct Wide(i32);
+
+impl BrokerOffsets for Wide {
+    fn end_offsets(
+        &self,
+        topics: &BTreeSet<TopicId>,
+    ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        Ok(topics
+            .iter()
+            .map(|&t| {
+                (
+                    t,
+                    TopicOffsets::Present((0..self.0).map(|p| (p, 100)).collect()),
+                )
+            })
+            .collect())
+    }
+
+    fn log_starts(
+        &self,
+        topics: &BTreeSet<TopicId>,
+    ) -> Result<BTreeMap<TopicId, TopicOffsets>, BrokerOffsetsError> {
+        Ok(topics
+            .iter()
+            .map(|&t| {
+                (
+                    t,
+                    TopicOffsets::Present((0..self.0).map(|p| (p, 0)).collect()),
+                )
+            })
+            .collect())
+    }
+}
+
+fn bench_stamp(c: &mut Criterion) {
+    let mut g = c.benchmark_group("stamp");
+    let input = channel(0);
+    let sink = TopicId::from_halves(0x5151, 0x5252);
+    for partitions in [1i32, 12, 48, 100] {
+        let broker = Wide(partitions);
+        let config = NodeConfig {
+            sender: SenderId::from_u128(9),
+            inputs: BTreeSet::from([input]),
+            sinks: BTreeSet::from([sink]),
+        };
+        let mut upstream = match CausalNode::init(config, &MemStore::new(), &broker) {
+            Ok(i) => i.node,
+            Err(e) => panic!("init: {e}"),
+        };
+        let _ = upstream.on_record(record(input, 0, VectorClock::new()));
+        let out = Channel::new(sink, 0);
+        let headers = match upstream.prepare_send(out) {
+            Ok(h) => h,
+            Err(e) => panic!("stamp: {e}"),
+        };
+        let vc = headers.clock.encode();
+        eprintln!(
+            "stamp: a sink of {partitions} partition(s): vc {} bytes, {} offset claims",
+            vc.len(),
+            headers.clock.offsets().len()
+        );
+        g.bench_with_input(BenchmarkId::new("send", partitions), &out, |b, &out| {
+            b.iter(|| black_box(upstream.prepare_send(black_box(out))))
+        });
+        let mut buf = Vec::with_capacity(vc.len());
+        g.bench_with_input(
+            BenchmarkId::new("encode", partitions),
+            &headers.clock,
+            |b, clock| {
+                b.iter(|| {
+                    buf.clear();
+                    black_box(clock).encode_into(&mut buf);
+                    black_box(buf.len())
+                })
+            },
+        );
+        // Downstream: consumes partition 0 of the sink; the claims on the
+        // other partitions are carried, not gated.
+        let mut downstream = node([out]);
+        let mut next = 1_000i64;
+        g.bench_with_input(
+            BenchmarkId::new("gate", partitions),
+            &headers.clock,
+            |b, clock| {
+                b.iter_batched(
+                    || {
+                        next += 1;
+                        record(out, next, clock.clone())
+                    },
+                    |r| black_box(downstream.on_record(r)),
+                    BatchSize::SmallInput,
+                )
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_clock, bench_node, bench_stamp);
 criterion_main!(benches);
