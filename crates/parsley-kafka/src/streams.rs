@@ -1358,7 +1358,9 @@ impl Shared {
         let mut starts = TopicPartitionList::new();
         let seeks = self.worker.take_seeks();
         for (topic, p) in partitions(tpl) {
-            let offset = start_offset(&seeks, &self.worker, &topic, p);
+            // A started task's position is its seek; the others start
+            // at an absolute offset (Worker::fetch_start says why).
+            let offset = Offset::Offset(self.worker.fetch_start(&topic, p));
             starts.add_partition_offset(&topic, p, offset)?;
         }
         self.take(consumer, &starts)?;
@@ -1615,13 +1617,7 @@ impl Shared {
             let at = if t == topic && p == partition {
                 Offset::Offset(offset)
             } else {
-                // Absolute, never logical (see the assignment's starts).
-                Offset::Offset(
-                    self.worker
-                        .position(&t, p)
-                        .or_else(|| self.worker.log_start(&t, p))
-                        .unwrap_or(0),
-                )
+                Offset::Offset(self.worker.fetch_start(&t, p))
             };
             tpl.add_partition_offset(&t, p, at)?;
         }
@@ -1873,29 +1869,6 @@ fn await_deliveries(producer: &TxnProducer, timeout: Duration) -> Result<(), Kaf
         producer.poll(DELIVERY_POLL);
     }
     Ok(())
-}
-
-/// Where the consumer starts fetching a newly assigned partition: the
-/// worker's seek when its task started, else (a task still restoring, or
-/// waiting to start, whose partition is paused or whose records are
-/// dropped until the task seeks) an absolute offset, its log start. Never
-/// a logical offset such as the beginning: the consumer would look it up,
-/// and a lookup answered after the task's seek moves the fetch back to the
-/// beginning (seen on a real broker: a record at offset 0 after a restore
-/// of 1M keys, which the worker refused as out of order).
-fn start_offset(
-    seeks: &[parsley::runtime::worker::Seek],
-    worker: &Worker,
-    topic: &str,
-    partition: i32,
-) -> Offset {
-    match seeks
-        .iter()
-        .find(|s| s.topic == topic && s.partition == partition)
-    {
-        Some(s) => Offset::Offset(s.offset),
-        None => Offset::Offset(worker.log_start(topic, partition).unwrap_or(0)),
-    }
 }
 
 /// How long a poll waits, at most, while a task restores: a finished
@@ -2535,93 +2508,6 @@ mod tests {
         assert!(!consumer_error_is_fatal(&KafkaError::MessageConsumption(
             RDKafkaErrorCode::AllBrokersDown
         )));
-    }
-
-    #[test]
-    fn a_partition_whose_task_is_not_running_starts_at_an_absolute_offset() {
-        use parsley::runtime::worker::{AssignedPartition, RestoreMode, Seek, WorkerConfig};
-        let mut w = Worker::new(
-            &app(),
-            WorkerConfig {
-                restores: RestoreMode::Deferred,
-                ..WorkerConfig::default()
-            },
-        );
-        // Assigned (its task not started: the lookups below fail, so it
-        // waits), with its log start known from the assignment's lookups.
-        struct Down;
-        impl parsley::task::TopicMetadata for Down {
-            fn describe(
-                &self,
-                topic: &str,
-            ) -> Result<parsley::task::TopicDescription, parsley::task::MetadataError> {
-                Err(parsley::task::MetadataError::Failed {
-                    topic: topic.to_owned(),
-                    message: "down".to_owned(),
-                })
-            }
-        }
-        impl parsley::protocol::BrokerOffsets for Down {
-            fn end_offsets(
-                &self,
-                _: &std::collections::BTreeSet<parsley::protocol::TopicId>,
-            ) -> Result<
-                std::collections::BTreeMap<
-                    parsley::protocol::TopicId,
-                    parsley::protocol::TopicOffsets,
-                >,
-                parsley::protocol::BrokerOffsetsError,
-            > {
-                Err(parsley::protocol::BrokerOffsetsError::new("down"))
-            }
-            fn log_starts(
-                &self,
-                t: &std::collections::BTreeSet<parsley::protocol::TopicId>,
-            ) -> Result<
-                std::collections::BTreeMap<
-                    parsley::protocol::TopicId,
-                    parsley::protocol::TopicOffsets,
-                >,
-                parsley::protocol::BrokerOffsetsError,
-            > {
-                self.end_offsets(t)
-            }
-        }
-        impl parsley::runtime::changelog::ChangelogReader for Down {
-            fn read_changelog(
-                &self,
-                topic: &str,
-                _: i32,
-            ) -> Result<
-                Vec<parsley::runtime::changelog::ChangelogRecord>,
-                parsley::task::MetadataError,
-            > {
-                Err(parsley::task::MetadataError::Missing(topic.to_owned()))
-            }
-        }
-        w.assign(
-            vec![AssignedPartition {
-                topic: "in".to_owned(),
-                partition: 0,
-                committed: None,
-                log_start: 42,
-                end: Some(50),
-            }],
-            &Down,
-            0,
-        )
-        .unwrap();
-        assert_eq!(w.waiting_tasks().count(), 1);
-        assert!(matches!(start_offset(&[], &w, "in", 0), Offset::Offset(42)));
-        let seek = Seek {
-            topic: "in".to_owned(),
-            partition: 0,
-            offset: 45,
-        };
-        assert!(matches!(
-            start_offset(&[seek], &w, "in", 0),
-            Offset::Offset(45)
-        ));
     }
 
     #[test]

@@ -2710,3 +2710,67 @@ fn a_local_store_whose_entries_do_not_parse_is_rebuilt_from_the_changelog() {
             .push((vec![0xff, 0xfe], 1i64.to_be_bytes().to_vec()));
     }
 }
+
+#[test]
+fn a_partition_is_fetched_from_its_task_position_or_else_from_its_log_start() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    // The task cannot start yet (its changelog read fails): it waits.
+    cluster.fail_reads.set(1);
+    let mut w = worker(&app);
+    let at = |offset| AssignedPartition {
+        log_start: offset,
+        ..part("a", 0)
+    };
+    w.assign(vec![at(42), part("b", 0)], &cluster, 0).unwrap();
+    assert_eq!(w.waiting_tasks().count(), 1);
+    // Absolute, never the logical beginning.
+    assert_eq!(w.fetch_start("a", 0), 42);
+    // Started (at the next punctuation): its position, which it seeks to.
+    w.punctuate(0, &cluster).unwrap();
+    assert_eq!(w.waiting_tasks().count(), 0);
+    let seeks = seek(&mut w);
+    assert_eq!(w.fetch_start("a", 0), seeks[&("a".to_owned(), 0)]);
+    assert_eq!(w.fetch_start("a", 0), 42);
+}
+
+#[test]
+fn a_deferred_restore_of_a_task_restarting_in_place_is_not_the_assignment_restoring() {
+    let failing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let app = failing_app(failing.clone());
+    let cluster = failing_cluster();
+    let mut w = Worker::new(
+        &app,
+        WorkerConfig {
+            restores: RestoreMode::Deferred,
+            task_backoff: Backoff {
+                initial: Duration::from_millis(100),
+                max: Duration::from_millis(1_000),
+            },
+            ..WorkerConfig::default()
+        },
+    );
+    w.assign(vec![part("a", 0), part("a", 1)], &cluster, 0)
+        .unwrap();
+    // A new assignment's tasks restore: that is the assignment restoring.
+    assert_eq!(w.assignment_restoring().count(), 2);
+    for job in w.take_restore_jobs() {
+        let outcome = job.run(&cluster, &cluster);
+        w.restored(outcome, &cluster).unwrap();
+    }
+    assert_eq!(w.restoring_tasks().count(), 0);
+    seek(&mut w);
+    commit(&mut w, &cluster);
+    assert!(w.on_record(rec("a", 1, 0, "bad")).is_err());
+    w.abort(&cluster).unwrap();
+    w.take_task_failures();
+    failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    w.restart_task(&task("s", 1), &cluster).unwrap();
+    w.punctuate(1_000, &cluster).unwrap();
+    // Restarting in place: restoring, but not the assignment's restore.
+    assert_eq!(
+        w.restoring_tasks().cloned().collect::<Vec<_>>(),
+        vec![task("s", 1)]
+    );
+    assert_eq!(w.assignment_restoring().count(), 0);
+}

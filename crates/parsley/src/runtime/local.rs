@@ -105,19 +105,6 @@ pub struct LocalWrite {
     pub entries: Vec<LocalEntry>,
 }
 
-impl LocalWrite {
-    /// The number of entries written.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// True when the write has no entries (it may still move the
-    /// checkpoint).
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-}
-
 /// A local store that cannot be used.
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum LocalStoreError {

@@ -151,11 +151,6 @@ impl RestoreOutcome {
     pub fn task(&self) -> &TaskId {
         &self.task
     }
-
-    /// The changelog records it replayed, if it succeeded.
-    pub fn replayed(&self) -> Option<u64> {
-        self.result.as_ref().ok().map(|r| r.replayed)
-    }
 }
 
 /// The stores a usable snapshot holds, as a restore's start; a protocol

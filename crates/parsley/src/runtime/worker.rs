@@ -862,12 +862,22 @@ impl Worker {
         self.assigned.values()
     }
 
-    /// The log start of an assigned partition, as the assignment's lookup
-    /// found it.
-    pub fn log_start(&self, topic: &str, partition: i32) -> Option<i64> {
-        self.assigned
-            .get(&(topic.to_owned(), partition))
-            .map(|a| a.log_start)
+    /// Where the consumer fetches an assigned partition from when the host
+    /// assigns it (or assigns it again): its task's position when the task
+    /// runs, else the partition's log start, to be sought from when the
+    /// task starts. Always an absolute offset: a logical one (the
+    /// beginning) makes the consumer look it up, and an answer that lands
+    /// after the task's seek moves the fetch back to the beginning (seen
+    /// on a real broker after a restore of 1M keys, as a record at offset
+    /// 0 the worker refused as out of order).
+    pub fn fetch_start(&self, topic: &str, partition: i32) -> i64 {
+        self.position(topic, partition)
+            .or_else(|| {
+                self.assigned
+                    .get(&(topic.to_owned(), partition))
+                    .map(|a| a.log_start)
+            })
+            .unwrap_or(0)
     }
 
     /// The next offset the consumer must fetch on a partition.
@@ -1176,7 +1186,10 @@ impl Worker {
             self.streaks.entry(id.clone()).or_default().restarted_at = Some(now);
             info!(task = %id, "stopped task restarting");
             self.restarting.insert(id.clone());
-            for (topic, partition) in self.needed(&id) {
+            // A deferred restore keeps them paused until it is done
+            // (`restored` resumes them).
+            let resume = self.config.restores == RestoreMode::Inline;
+            for (topic, partition) in self.needed(&id).into_iter().filter(|_| resume) {
                 self.flow.push(FlowChange {
                     topic,
                     partition,
