@@ -309,6 +309,8 @@ pub struct CausalNode {
     pending: WriteBatch,
     resume: BTreeMap<Channel, i64>,
     held: usize,
+    /// What the held records cost, by [`InboundRecord::held_size`].
+    held_bytes: usize,
     stamp_base: Option<VectorClock>,
     /// Records stepped past instead of delivered, per channel and offset.
     stepped: BTreeMap<Channel, BTreeMap<i64, SteppedPast>>,
@@ -546,6 +548,7 @@ impl CausalNode {
             pending,
             resume,
             held: 0,
+            held_bytes: 0,
             stamp_base: None,
             stepped: std::mem::take(&mut p.stepped),
             stats: NodeStats::default(),
@@ -553,6 +556,12 @@ impl CausalNode {
         // Restored records are gated (lazily, head first) against the
         // reconciled scope.
         node.held = node.channels.iter().map(|c| c.queue.len()).sum();
+        node.held_bytes = node
+            .channels
+            .iter()
+            .flat_map(|c| c.queue.iter())
+            .map(InboundRecord::held_size)
+            .sum();
         report.restored_held = node.held;
         let mut deliveries = Vec::new();
         node.cascade(&mut deliveries);
@@ -634,6 +643,7 @@ impl CausalNode {
         }
         if !ch.queue.is_empty() {
             debug!(channel = %record.channel, offset = record.offset, depth = ch.queue.len(), "record queued behind a held head");
+            self.held_bytes += record.held_size();
             ch.queue.push_back(record);
             self.held += 1;
             return Ok(());
@@ -647,6 +657,7 @@ impl CausalNode {
             self.deliver(i, record, false, out);
         } else {
             debug!(channel = %record.channel, offset = record.offset, clock = ?record.causal.clock, "record held at the gate");
+            self.held_bytes += record.held_size();
             ch.queue.push_back(record);
             ch.head_unmet = Some(unmet);
             self.held += 1;
@@ -984,6 +995,80 @@ impl CausalNode {
         self.held
     }
 
+    /// What the records held across all queues cost, in bytes
+    /// ([`InboundRecord::held_size`]).
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
+    }
+
+    /// The bytes held in one channel's queue (0 for a channel not consumed).
+    pub fn channel_held_bytes(&self, channel: Channel) -> usize {
+        self.index_of(channel, "held bytes").map_or(0, |i| {
+            self.channels[i]
+                .queue
+                .iter()
+                .map(InboundRecord::held_size)
+                .sum()
+        })
+    }
+
+    /// The consumed channels whose queue holds records (whose head is
+    /// held), in channel order.
+    pub fn held_channels(&self) -> impl Iterator<Item = Channel> + '_ {
+        self.channels
+            .iter()
+            .filter(|c| !c.queue.is_empty())
+            .map(|c| c.channel)
+    }
+
+    /// The channels some held head's unmet claims point into, in channel
+    /// order: the channels whose records held heads are waiting for.
+    pub fn claimed_by_heads(&self) -> BTreeSet<Channel> {
+        let mut out = BTreeSet::new();
+        for (i, ch) in self.channels.iter().enumerate() {
+            let Some(head) = ch.queue.front() else {
+                continue;
+            };
+            for claim in self.unmet_claims(i, &head.causal.clock) {
+                let idx = match claim {
+                    Claim::Offset { idx, .. } | Claim::Seq { idx, .. } => idx,
+                };
+                out.insert(self.channels[idx].channel);
+            }
+        }
+        out
+    }
+
+    /// Whether `clock` claims anything on `channel` this node has not
+    /// delivered yet (an offset above its frontier, or a send sequence
+    /// beyond what was delivered from that sender).
+    pub fn claims_unmet_on(&self, clock: &VectorClock, channel: Channel) -> bool {
+        let Ok(idx) = self.index_of(channel, "claims") else {
+            return false;
+        };
+        clock
+            .offsets()
+            .iter()
+            .filter(|c| c.channel == channel)
+            .any(|c| {
+                !self.satisfied(Claim::Offset {
+                    idx,
+                    offset: c.offset,
+                })
+            })
+            || clock
+                .sequences()
+                .iter()
+                .filter(|c| c.channel == channel)
+                .any(|c| {
+                    !self.satisfied(Claim::Seq {
+                        idx,
+                        sender: c.sender,
+                        seq: c.seq,
+                    })
+                })
+    }
+
     /// Counters since init.
     pub fn stats(&self) -> NodeStats {
         self.stats
@@ -1197,6 +1282,7 @@ impl CausalNode {
             };
             self.channels[i].head_index += 1;
             self.held -= 1;
+            self.held_bytes -= record.held_size();
             self.deliver(i, record, true, out);
             progressed = true;
         }

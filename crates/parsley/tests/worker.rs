@@ -12,6 +12,9 @@ use parsley::runtime::worker::*;
 use parsley::task::{MetadataError, OutgoingRecord, TaskEvent, TopicDescription, TopicMetadata};
 use parsley::*;
 
+#[path = "worker/backpressure.rs"]
+mod backpressure;
+
 type T = Topic<String, String>;
 
 fn topic(name: &str) -> T {

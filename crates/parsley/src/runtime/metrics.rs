@@ -55,6 +55,20 @@ pub const STAMP_OFFSET_ENTRIES: &str = "stamp-offset-entries";
 /// Sequence entries in the stamp-side clock (gauge).
 pub const STAMP_SEQUENCE_ENTRIES: &str = "stamp-sequence-entries";
 
+/// What the records in the task's hold queues take, in bytes (gauge),
+/// counted as the hold budget counts them (key, value, headers and clock
+/// of each record, and its fixed size).
+pub const RECORDS_HELD_BYTES: &str = "records-held-bytes";
+/// The most the task may hold before it pauses fetching, in bytes (gauge;
+/// 0 when unbounded).
+pub const HOLD_BUDGET_BYTES: &str = "hold-budget-bytes";
+/// The task's partitions whose fetching is paused because its holds passed
+/// the budget (gauge).
+pub const PARTITIONS_PAUSED: &str = "partitions-paused";
+/// Times one of the task's partitions was paused for the hold budget
+/// (counter).
+pub const HOLD_PAUSES_TOTAL: &str = "hold-pauses-total";
+
 /// Changelog records replayed by the task's restores (counter).
 pub const RECORDS_RESTORED_TOTAL: &str = "records-restored-total";
 /// Changelog offsets the task's restore still has to read (gauge): set as
@@ -92,6 +106,14 @@ pub struct TaskMetrics {
     pub stamp_offset_entries: u64,
     /// [`STAMP_SEQUENCE_ENTRIES`].
     pub stamp_sequence_entries: u64,
+    /// [`RECORDS_HELD_BYTES`].
+    pub records_held_bytes: u64,
+    /// [`HOLD_BUDGET_BYTES`].
+    pub hold_budget_bytes: u64,
+    /// [`PARTITIONS_PAUSED`].
+    pub partitions_paused: u64,
+    /// [`HOLD_PAUSES_TOTAL`], since the task came to this thread.
+    pub hold_pauses_total: u64,
     /// The per-topic pair, one entry per source channel (the tick topic
     /// included), in topic order.
     pub topics: Vec<TopicMetrics>,
@@ -164,6 +186,26 @@ fn describe() {
         Unit::Count,
         "Records sent to a dead-letter topic: emissions a sink refused, and input records stepped past."
     );
+    describe_gauge!(
+        RECORDS_HELD_BYTES,
+        Unit::Bytes,
+        "What the records in the task's hold queues take, as the hold budget counts them."
+    );
+    describe_gauge!(
+        HOLD_BUDGET_BYTES,
+        Unit::Bytes,
+        "The most the task may hold before it pauses fetching (0: unbounded)."
+    );
+    describe_gauge!(
+        PARTITIONS_PAUSED,
+        Unit::Count,
+        "The task's partitions whose fetching is paused because its holds passed the budget."
+    );
+    describe_counter!(
+        HOLD_PAUSES_TOTAL,
+        Unit::Count,
+        "Times one of the task's partitions was paused for the hold budget."
+    );
     describe_counter!(
         RECORDS_RESTORED_TOTAL,
         Unit::Count,
@@ -207,6 +249,11 @@ pub(crate) struct TaskMeters {
     rate: Gauge,
     offsets: Gauge,
     sequences: Gauge,
+    held_bytes: Gauge,
+    budget: Gauge,
+    paused: Gauge,
+    pauses: Counter,
+    pauses_total: u64,
     topics: BTreeMap<String, (Gauge, Gauge)>,
     /// What the current incarnation of the task had counted at the last
     /// export.
@@ -267,6 +314,11 @@ impl TaskMeters {
             rate: gauge(RECORDS_DELIVERED_RATE),
             offsets: gauge(STAMP_OFFSET_ENTRIES),
             sequences: gauge(STAMP_SEQUENCE_ENTRIES),
+            held_bytes: gauge(RECORDS_HELD_BYTES),
+            budget: gauge(HOLD_BUDGET_BYTES),
+            paused: gauge(PARTITIONS_PAUSED),
+            pauses: counter(HOLD_PAUSES_TOTAL),
+            pauses_total: 0,
             topics,
             exported: Totals::default(),
             cumulative: Totals::default(),
@@ -310,14 +362,28 @@ impl TaskMeters {
         self.exported = now;
     }
 
+    /// Some of the task's partitions were paused for the hold budget.
+    pub(crate) fn paused(&mut self, n: usize) {
+        self.pauses.increment(n as u64);
+        self.pauses_total += n as u64;
+    }
+
     /// A truncation sweep of the task failed and was skipped.
     pub(crate) fn sweep_skipped(&mut self) {
         self.sweeps_skipped.increment(1);
         self.sweeps_skipped_total += 1;
     }
 
-    /// Samples the gauges at `now`.
-    pub(crate) fn sample(&mut self, now: i64, task: &Task) -> TaskMetrics {
+    /// Samples the gauges at `now`; `paused` is how many of the task's
+    /// partitions are paused for the hold budget, `budget` that budget (0:
+    /// none).
+    pub(crate) fn sample(
+        &mut self,
+        now: i64,
+        task: &Task,
+        paused: usize,
+        budget: usize,
+    ) -> TaskMetrics {
         self.count(task);
         let holds = task.hold_gauges();
         let (offsets, sequences) = task.node().stamp_side_width();
@@ -347,6 +413,10 @@ impl TaskMeters {
         self.rate.set(rate);
         self.offsets.set(offsets as f64);
         self.sequences.set(sequences as f64);
+        let held_bytes = task.node().held_bytes();
+        self.held_bytes.set(held_bytes as f64);
+        self.budget.set(budget as f64);
+        self.paused.set(paused as f64);
         TaskMetrics {
             thread_id: self.thread_id.clone(),
             task: task.id().clone(),
@@ -360,6 +430,10 @@ impl TaskMeters {
             records_dead_lettered_total: self.cumulative.dead_lettered,
             stamp_offset_entries: offsets as u64,
             stamp_sequence_entries: sequences as u64,
+            records_held_bytes: held_bytes as u64,
+            hold_budget_bytes: budget as u64,
+            partitions_paused: paused as u64,
+            hold_pauses_total: self.pauses_total,
             topics,
         }
     }
@@ -374,6 +448,9 @@ impl Drop for TaskMeters {
             &self.rate,
             &self.offsets,
             &self.sequences,
+            &self.held_bytes,
+            &self.budget,
+            &self.paused,
         ] {
             g.set(0.0);
         }

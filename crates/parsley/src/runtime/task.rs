@@ -328,6 +328,22 @@ pub enum TaskError {
         /// The lookup error.
         cause: MetadataError,
     },
+    /// A record that has to wait at the gate is larger than the most a
+    /// task may hold. Nothing is dropped: the record stays in its topic
+    /// and is fetched again when the task restarts.
+    #[error(
+        "task {task}: record {coordinate} has to wait for its causes, but holding it takes {size} bytes and the task may hold at most {budget}; raise the hold budget (WorkerConfig::hold_budget, StreamsOptions::hold_budget) above the largest record a stage may have to hold"
+    )]
+    HoldBudget {
+        /// The task.
+        task: TaskId,
+        /// The record.
+        coordinate: Coordinate,
+        /// What holding it takes ([`InboundRecord::held_size`]).
+        size: usize,
+        /// The budget.
+        budget: usize,
+    },
     /// The task cannot be built as asked.
     #[error("task {task}: {message}")]
     Config {
@@ -497,6 +513,7 @@ impl TaskError {
             TaskError::Protocol { task, .. }
             | TaskError::Metadata { task, .. }
             | TaskError::Config { task, .. }
+            | TaskError::HoldBudget { task, .. }
             | TaskError::CorruptHeaders { task, .. }
             | TaskError::Decode { task, .. }
             | TaskError::Encode { task, .. }
@@ -595,6 +612,13 @@ pub struct Task {
     in_flight_tick_at: Option<i64>,
     committed_tick_at: Option<i64>,
     holds: BTreeMap<Channel, HoldTrack>,
+    /// The most the task may hold, in bytes, if bounded.
+    hold_budget: Option<usize>,
+    /// Channels whose fetching is paused for the hold budget: an arriving
+    /// record with an unmet claim on one of them is noted in
+    /// `arrival_claims`, for the host core to resume it.
+    watched: Vec<Channel>,
+    arrival_claims: Vec<Channel>,
     poisoned: bool,
     stats: TaskStats,
     /// Partition counts of the dead-letter topics records are stepped past
@@ -771,6 +795,9 @@ impl Task {
             in_flight_tick_at: next_tick_at,
             committed_tick_at: next_tick_at,
             holds: BTreeMap::new(),
+            hold_budget: None,
+            watched: Vec::new(),
+            arrival_claims: Vec::new(),
             poisoned: false,
             stats: TaskStats::default(),
             dead_letters: BTreeMap::new(),
@@ -811,6 +838,30 @@ impl Task {
             // Those of records init released, before the host could say.
             self.events.clear();
         }
+    }
+
+    /// Bounds what one held record may take ([`InboundRecord::held_size`]):
+    /// a record larger than `budget` that has to wait fails the task with
+    /// [`TaskError::HoldBudget`]. `None` (the default) sets no bound.
+    pub fn set_hold_budget(&mut self, budget: Option<usize>) {
+        self.hold_budget = budget;
+    }
+
+    /// The channels whose fetching the host paused for the hold budget:
+    /// from now on, the channels among them an arriving record has an
+    /// unmet claim on are noted ([`take_arrival_claims`](Self::take_arrival_claims)).
+    pub fn watch(&mut self, channels: impl IntoIterator<Item = Channel>) {
+        self.watched.clear();
+        self.watched.extend(channels);
+    }
+
+    /// The watched channels records handed over since the last call have
+    /// unmet claims on, sorted, without repeats.
+    pub fn take_arrival_claims(&mut self) -> Vec<Channel> {
+        let mut out = std::mem::take(&mut self.arrival_claims);
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// The task's identity.
@@ -1274,6 +1325,12 @@ impl Task {
                     .map(|t| format!("{} seq {}", t.sender, t.seq)),
             )
         });
+        for &w in &self.watched {
+            if self.node.claims_unmet_on(&inbound.causal.clock, w) {
+                self.arrival_claims.push(w);
+            }
+        }
+        let size = self.hold_budget.map(|_| inbound.held_size());
         let held_before = self.node.held_count();
         let mut deliveries = std::mem::take(&mut self.deliveries);
         deliveries.clear();
@@ -1286,6 +1343,16 @@ impl Task {
             // coordinate is named only then, off the common path.
             self.acted = true;
             let coordinate = self.coordinate((channel, offset));
+            if let (Some(size), Some(budget)) = (size, self.hold_budget)
+                && size > budget
+            {
+                return Err(TaskError::HoldBudget {
+                    task: self.id.clone(),
+                    coordinate,
+                    size,
+                    budget,
+                });
+            }
             if let Some((clock, sender)) = &described {
                 debug!(task = %self.id, %coordinate, %clock, sender = sender.as_deref().unwrap_or("none"), "record held");
             }

@@ -38,6 +38,36 @@
 //! Any error from a task makes the open transaction unusable: the worker
 //! refuses further work until the host aborts ([`abort`](Worker::abort)).
 //!
+//! # Backpressure
+//!
+//! A held record waits in memory until its causes arrive, and when a cause
+//! topic stalls (an upstream outage, a transaction left open) every later
+//! record of the partitions behind it would pile up there. The worker owns
+//! fetching, so it bounds that: once what a task holds passes
+//! [`WorkerConfig::hold_budget`], it pauses fetching
+//! ([`take_flow_changes`](Worker::take_flow_changes)) on the task's
+//! partitions whose queue heads are held. Their next records could not be
+//! delivered before those heads anyway, so they are better left in the
+//! log. The rule never wedges:
+//!
+//! * a partition that a held head's unmet claim points into is never
+//!   paused: some held record is waiting for its records;
+//! * a paused partition resumes as soon as a record arrives with an unmet
+//!   claim into it, a held head comes to claim it, its queue drains (its
+//!   head was released), or the task's holds fall to half the budget;
+//! * an abort rebuilds every task from its committed state and resumes all
+//!   of its paused partitions.
+//!
+//! Only partitions of running tasks are paused this way, and only their
+//! own heads decide; a partition with nothing held is never paused. What
+//! is held, what is paused and the budget are metrics
+//! ([`metrics`](crate::runtime::metrics)). A record larger than the whole
+//! budget that has to wait fails its task
+//! ([`TaskError::HoldBudget`]), saying which option to raise; nothing is
+//! dropped, the record is fetched again when the task restarts. The
+//! simulator runs worlds with budgets small enough that partitions pause
+//! all the time, and checks that each still drains in causal order.
+//!
 //! # Determinism
 //!
 //! Tasks, channels and writes are kept in ordered maps; the same calls give
@@ -178,6 +208,18 @@ pub struct WorkerConfig {
     /// Where task restores run: inside the call that starts the task, or as
     /// jobs the host runs elsewhere ([`Worker::take_restore_jobs`]).
     pub restores: RestoreMode,
+    /// The most one task may hold, in bytes ([`InboundRecord::held_size`]
+    /// of each held record), before the worker pauses fetching on the
+    /// task's partitions whose heads are held. A partition that a held
+    /// head's unmet claim points into is never paused, and one is resumed
+    /// as soon as an arriving record claims it, its queue drains, or the
+    /// task's holds fall to half the budget: see the [module
+    /// documentation](self) on backpressure. A record larger than the
+    /// budget that has to wait fails its task ([`TaskError::HoldBudget`]).
+    /// `None` sets no bound. 32 MiB by default.
+    ///
+    /// [`InboundRecord::held_size`]: parsley_protocol::InboundRecord::held_size
+    pub hold_budget: Option<usize>,
     /// The `thread-id` label of this worker's metrics.
     pub thread_id: String,
     /// Whether transactions list what each task did
@@ -200,11 +242,15 @@ impl Default for WorkerConfig {
             task_backoff: Backoff::default(),
             local_store_max_age: Duration::from_secs(12 * 3600),
             restores: RestoreMode::Inline,
+            hold_budget: Some(DEFAULT_HOLD_BUDGET),
             thread_id: "0".to_owned(),
             events: true,
         }
     }
 }
+
+/// The default [`WorkerConfig::hold_budget`]: 32 MiB per task.
+pub const DEFAULT_HOLD_BUDGET: usize = 32 << 20;
 
 /// One partition the group assigned, with the facts the worker needs to
 /// choose its start.
@@ -385,6 +431,16 @@ pub struct WorkerStats {
     /// Local store writes that failed or could not be checkpointed (the
     /// store was wiped).
     pub local_store_write_failures: u64,
+    /// Partitions paused because their task's holds passed the hold
+    /// budget.
+    pub hold_pauses: u64,
+    /// Of those, resumed because their queue drained.
+    pub hold_resumes_drained: u64,
+    /// Of those, resumed because a held head or an arriving record claimed
+    /// records on them.
+    pub hold_resumes_claimed: u64,
+    /// Of those, resumed because the task's holds fell to half the budget.
+    pub hold_resumes_relieved: u64,
 }
 
 /// What the worker refuses.
@@ -605,6 +661,22 @@ struct Slot {
     channels: Vec<ChannelSlot>,
     next_sweep_at: i64,
     local: Local,
+    throttle: Throttle,
+}
+
+/// A running task's partitions paused for its hold budget.
+#[derive(Debug, Default)]
+struct Throttle {
+    /// Indexes into the slot's channels.
+    paused: BTreeSet<usize>,
+    /// The heads (channel, offset) at the last look: while they stay the
+    /// same, no claim can have appeared that a resume would answer.
+    heads: Vec<(Channel, i64)>,
+    /// Channels an arriving record claimed, with their head offset then:
+    /// not paused again until that head is released.
+    exempt: BTreeMap<Channel, i64>,
+    /// Whether the holds were over the budget at the last look.
+    over: bool,
 }
 
 /// A task's local store, as this worker keeps it.
@@ -1327,6 +1399,7 @@ impl Worker {
             self.now,
         )?;
         task.set_record_events(self.config.events);
+        task.set_hold_budget(self.config.hold_budget);
         if task.node().held_count() > 0 {
             self.stats.restored_with_held += 1;
         }
@@ -1366,6 +1439,7 @@ impl Worker {
                 channels,
                 next_sweep_at,
                 local,
+                throttle: Throttle::default(),
             },
         );
         // A new task's init writes (its scope, at least) go into the next
@@ -1918,6 +1992,7 @@ impl Worker {
             c.pending = None;
             return self.apply_position(&id, i, position);
         }
+        self.regulate(&id);
         Ok(())
     }
 
@@ -1989,7 +2064,100 @@ impl Worker {
         if advanced || task.has_work() {
             self.dirty = true;
         }
+        self.regulate(id);
         Ok(())
+    }
+
+    /// Backpressure for one running task: pauses or resumes fetching on
+    /// its partitions by what it holds against the budget (see the [module
+    /// documentation](self)).
+    fn regulate(&mut self, id: &TaskId) {
+        let Some(budget) = self.config.hold_budget else {
+            return;
+        };
+        let Some(slot) = self.tasks.get_mut(id) else {
+            return;
+        };
+        let Some(task) = slot.task.as_mut() else {
+            return;
+        };
+        let held = task.node().held_bytes();
+        let throttle = &mut slot.throttle;
+        if throttle.paused.is_empty() && held <= budget {
+            return;
+        }
+        let arrivals = task.take_arrival_claims();
+        let node = task.node();
+        let same_heads = node.head_offsets().eq(throttle.heads.iter().copied());
+        let relieved = held <= budget / 2;
+        let over = held > budget;
+        if same_heads && arrivals.is_empty() && !relieved && over == throttle.over {
+            // Nothing to change: the same heads are held (their claims can
+            // only have been met since), no arriving record claimed a
+            // paused partition, and the holds are on the same side of the
+            // budget.
+            return;
+        }
+        throttle.over = over;
+        throttle.heads.clear();
+        throttle.heads.extend(node.head_offsets());
+        let heads: BTreeMap<Channel, i64> = throttle.heads.iter().copied().collect();
+        for c in arrivals {
+            if let Some(&head) = heads.get(&c) {
+                throttle.exempt.insert(c, head);
+            }
+        }
+        // An exemption lasts while the head it was made under is held.
+        throttle.exempt.retain(|c, head| heads.get(c) == Some(head));
+        let holding: BTreeSet<Channel> = heads.keys().copied().collect();
+        let mut claimed = node.claimed_by_heads();
+        claimed.extend(throttle.exempt.keys().copied());
+        let mut resumed = Vec::new();
+        for &i in &throttle.paused {
+            let c = slot.channels[i].channel;
+            let why = if !holding.contains(&c) {
+                &mut self.stats.hold_resumes_drained
+            } else if claimed.contains(&c) {
+                &mut self.stats.hold_resumes_claimed
+            } else if relieved {
+                &mut self.stats.hold_resumes_relieved
+            } else {
+                continue;
+            };
+            *why += 1;
+            resumed.push(i);
+        }
+        for i in resumed {
+            throttle.paused.remove(&i);
+            let c = &slot.channels[i];
+            debug!(task = %id, topic = %c.topic, partition = c.partition, held, budget, "fetching resumed");
+            self.flow.push(FlowChange {
+                topic: c.topic.clone(),
+                partition: c.partition,
+                paused: false,
+            });
+        }
+        let mut paused = 0;
+        for (i, c) in slot.channels.iter().enumerate() {
+            if over
+                && holding.contains(&c.channel)
+                && !claimed.contains(&c.channel)
+                && throttle.paused.insert(i)
+            {
+                paused += 1;
+                debug!(task = %id, topic = %c.topic, partition = c.partition, held, budget, "holds passed the budget; fetching paused");
+                self.flow.push(FlowChange {
+                    topic: c.topic.clone(),
+                    partition: c.partition,
+                    paused: true,
+                });
+            }
+        }
+        if paused > 0 {
+            self.stats.hold_pauses += paused as u64;
+            slot.meters.paused(paused);
+        }
+        task.watch(throttle.paused.iter().map(|&i| slot.channels[i].channel));
     }
 
     /// The wall clock: ticks and hold warnings in every task, and the
@@ -2057,7 +2225,12 @@ impl Worker {
             let Some(task) = slot.task.as_ref() else {
                 continue;
             };
-            metrics.push(slot.meters.sample(now, task));
+            metrics.push(slot.meters.sample(
+                now,
+                task,
+                slot.throttle.paused.len(),
+                self.config.hold_budget.unwrap_or(0),
+            ));
             holds.extend(task.held());
         }
         crate::holds::sort_longest_first(&mut holds);
@@ -2493,7 +2666,21 @@ impl Worker {
             slot.meters.count(&old);
             slot.meters.rebase();
             match old.reset(cluster, cluster, self.now) {
-                Ok(task) => slot.task = Some(task),
+                Ok(mut task) => {
+                    task.set_hold_budget(self.config.hold_budget);
+                    slot.task = Some(task);
+                    // What it holds starts again from the committed state.
+                    let paused = std::mem::take(&mut slot.throttle.paused);
+                    slot.throttle = Throttle::default();
+                    for i in paused {
+                        let c = &slot.channels[i];
+                        self.flow.push(FlowChange {
+                            topic: c.topic.clone(),
+                            partition: c.partition,
+                            paused: false,
+                        });
+                    }
+                }
                 Err(e) => {
                     // The committed state is in the changelogs: the task
                     // restarts from there, now or at the next punctuation.
