@@ -69,6 +69,8 @@ struct App {
     /// Whether restores run apart from processing (as jobs the world runs
     /// at steps of its choosing), as the Kafka runtime runs them.
     deferred: bool,
+    /// The workers' hold budget per task, when not the default.
+    hold_budget: Option<usize>,
 }
 
 impl App {
@@ -124,6 +126,7 @@ fn settlement() -> App {
         assignor: Assignor::Range,
         local: false,
         deferred: false,
+        hold_budget: None,
     }
 }
 
@@ -207,6 +210,7 @@ fn ticking() -> App {
         assignor: Assignor::Range,
         local: false,
         deferred: false,
+        hold_budget: None,
     }
 }
 
@@ -270,6 +274,60 @@ fn diamond() -> App {
         assignor: Assignor::Range,
         local: false,
         deferred: false,
+        hold_budget: None,
+    }
+}
+
+/// A fan: `fan` sends each record on to a, b and c in that order, and a
+/// stateful `all` consumes all three. Each send claims the ones before it,
+/// so in `all` a held head on `c` can wait for `b` while `b`'s own head
+/// waits for `a`: the case where backpressure must keep `b` fetching.
+fn fan3() -> App {
+    let (src, a, b, c) = (topic("src"), topic("a"), topic("b"), topic("c"));
+    let outs = [a.clone(), b.clone(), c.clone()];
+    let fan = Stage::named("fan")
+        .on(&src, move |m: &Message<K, V>| {
+            outs.iter()
+                .map(|o| o.send(m.key().copied(), m.value().cloned()))
+                .collect::<Vec<_>>()
+        })
+        .sink(&a)
+        .sink(&b)
+        .sink(&c)
+        .build()
+        .unwrap();
+    let all = Stage::named("all")
+        .state(Codec::int64(), || 0)
+        .fold(&a, |s: i64, m: &Message<K, V>| {
+            Step::to(chain(s, "a", m.value().map_or(&[][..], |v| v)))
+        })
+        .fold(&b, |s: i64, m: &Message<K, V>| {
+            Step::to(chain(s, "b", m.value().map_or(&[][..], |v| v)))
+        })
+        .fold(&c, |s: i64, m: &Message<K, V>| {
+            Step::to(chain(s, "c", m.value().map_or(&[][..], |v| v)))
+        })
+        .build()
+        .unwrap();
+    let app = Parsley::named("fan", [fan, all]).unwrap();
+    let mut topics: Vec<(String, i32)> = ["src", "a", "b", "c"]
+        .iter()
+        .map(|t| ((*t).to_owned(), 2))
+        .collect();
+    for s in ["fan", "all"] {
+        topics.push((format!("fan-{s}-state-changelog"), 2));
+    }
+    topics.push(("fan-all-fold-changelog".into(), 2));
+    App {
+        app,
+        topics,
+        folds: vec![("all", vec!["a", "b", "c"], false)],
+        edges: vec![EdgeSpec::producer("source", &[("src", 0), ("src", 1)])],
+        dead_letter: None,
+        assignor: Assignor::Range,
+        local: false,
+        deferred: false,
+        hold_budget: None,
     }
 }
 
@@ -317,6 +375,7 @@ fn cycle() -> App {
         assignor: Assignor::Range,
         local: false,
         deferred: false,
+        hold_budget: None,
     }
 }
 
@@ -404,10 +463,14 @@ fn world(
     let disks = Disks::default();
     let pool = a.local.then(|| disks.clone());
     let deferred = a.deferred;
+    let hold_budget = a.hold_budget;
     let factory: ThreadFactory = Box::new(move |_| {
         let mut config = worker_config_for(assignor);
         if deferred {
             config.restores = parsley::runtime::worker::RestoreMode::Deferred;
+        }
+        if hold_budget.is_some() {
+            config.hold_budget = hold_budget;
         }
         let mut t = Thread::new(&app, config, fault, s.clone());
         if let Some(pool) = &pool {
@@ -562,7 +625,8 @@ fn sweep(name: &str, build: impl Fn() -> App, budget: AppBudget, hops: u32) -> V
         let a = build();
         let (mut w, bridge, disks) =
             world(&a, budget.clone(), hops, None, seed).unwrap_or_else(|f| panic!("{name}: {f}"));
-        w.run().unwrap_or_else(|f| panic!("{name}: {f}"));
+        w.run()
+            .unwrap_or_else(|f| panic!("{name}: {f} (host core: {:?})", bridge.borrow()));
         let (fold_keys, ticks_folded) =
             check_folds(&a, &w).unwrap_or_else(|e| panic!("{name}: seed {seed}: {e}"));
         let local_stores_checked =
@@ -910,6 +974,97 @@ fn diamond_with_a_stateful_join() {
 fn damped_cycle() {
     let runs = sweep("cycle", cycle, full_budget(), 3);
     common_floors("cycle", &runs);
+}
+
+/// Hold budgets of a few thousand bytes per task (a handful of held
+/// records): partitions pause and resume all the time, through crashes,
+/// aborts, zombies and rebalances. A pause that never lifts leaves records
+/// unread and the world does not drain; the oracle checks the order of
+/// everything delivered. The fan shape has held heads waiting for a
+/// partition whose own head is held (it must keep fetching), and records
+/// arriving with claims into paused partitions.
+#[test]
+fn tiny_hold_budgets_pause_often_and_never_wedge() {
+    let name = "tiny budgets";
+    let runs = sweep(
+        name,
+        || App {
+            hold_budget: Some(2_000),
+            ..fan3()
+        },
+        full_budget(),
+        0,
+    );
+    common_floors(name, &runs);
+    backpressure_floors(name, &runs);
+    floor(
+        name,
+        &runs,
+        "pauses withheld from a partition held records wait for",
+        |r| r.bridge.hold_pauses_withheld > 0,
+    );
+}
+
+/// The settlement under incremental assignment with local stores, restores
+/// apart and a tiny hold budget: pauses meet partial tasks, restores and
+/// static restarts, which pause and resume the same partitions for their
+/// own reasons.
+#[test]
+fn tiny_hold_budgets_under_incremental_assignment_and_restores() {
+    let name = "tiny budgets incremental";
+    let runs = sweep(
+        name,
+        || App {
+            assignor: Assignor::Incremental,
+            local: true,
+            deferred: true,
+            hold_budget: Some(600),
+            ..settlement()
+        },
+        AppBudget {
+            crashes: 6,
+            joins: 4,
+            zombies: 3,
+            bounces: 3,
+            ..full_budget()
+        },
+        0,
+    );
+    common_floors(name, &runs);
+    floor(name, &runs, "partitions paused for the hold budget", |r| {
+        r.bridge.hold_pauses > 0
+    });
+    floor(
+        name,
+        &runs,
+        "paused partitions resumed as they drained",
+        |r| r.bridge.hold_resumes_drained > 0,
+    );
+    floor(name, &runs, "a member holding half of a task", |r| {
+        r.world.partial_holds > 0
+    });
+}
+
+/// What a world with tiny hold budgets must reach, counted in seeds.
+fn backpressure_floors(name: &str, runs: &[Seeded]) {
+    floor(name, runs, "partitions paused for the hold budget", |r| {
+        r.bridge.hold_pauses > 0
+    });
+    floor(
+        name,
+        runs,
+        "paused partitions resumed as they drained",
+        |r| r.bridge.hold_resumes_drained > 0,
+    );
+    floor(name, runs, "paused partitions resumed by a claim", |r| {
+        r.bridge.hold_resumes_claimed > 0
+    });
+    floor(
+        name,
+        runs,
+        "paused partitions resumed at half the budget",
+        |r| r.bridge.hold_resumes_relieved > 0,
+    );
 }
 
 // ---------------------------------------------------------------- V9 on the host core

@@ -441,6 +441,10 @@ pub struct WorkerStats {
     pub hold_resumes_claimed: u64,
     /// Of those, resumed because the task's holds fell to half the budget.
     pub hold_resumes_relieved: u64,
+    /// Times a partition with a held head was left fetching past the
+    /// budget because a held head (or an arriving record) waited for its
+    /// records.
+    pub hold_pauses_withheld: u64,
 }
 
 /// What the worker refuses.
@@ -2139,11 +2143,16 @@ impl Worker {
         }
         let mut paused = 0;
         for (i, c) in slot.channels.iter().enumerate() {
-            if over
-                && holding.contains(&c.channel)
-                && !claimed.contains(&c.channel)
-                && throttle.paused.insert(i)
-            {
+            if !over || !holding.contains(&c.channel) {
+                continue;
+            }
+            if claimed.contains(&c.channel) {
+                if !throttle.paused.contains(&i) {
+                    self.stats.hold_pauses_withheld += 1;
+                }
+                continue;
+            }
+            if throttle.paused.insert(i) {
                 paused += 1;
                 debug!(task = %id, topic = %c.topic, partition = c.partition, held, budget, "holds passed the budget; fetching paused");
                 self.flow.push(FlowChange {
@@ -2688,6 +2697,15 @@ impl Worker {
                     if let Some(slot) = self.tasks.remove(id) {
                         for c in &slot.channels {
                             self.routes.remove(&(c.topic.clone(), c.partition));
+                        }
+                        // Its next start fetches them again.
+                        for &i in &slot.throttle.paused {
+                            let c = &slot.channels[i];
+                            self.flow.push(FlowChange {
+                                topic: c.topic.clone(),
+                                partition: c.partition,
+                                paused: false,
+                            });
                         }
                     }
                     if transient_task(&e) {

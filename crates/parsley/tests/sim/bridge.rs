@@ -289,6 +289,16 @@ pub struct BridgeStats {
     pub replayed: u64,
     /// Restore outcomes for tasks that had left before their job ran.
     pub stale_restores: u64,
+    /// Partitions paused for a task's hold budget.
+    pub hold_pauses: u64,
+    /// Paused partitions resumed because their queue drained.
+    pub hold_resumes_drained: u64,
+    /// Paused partitions resumed because a held record claimed them.
+    pub hold_resumes_claimed: u64,
+    /// Paused partitions resumed because the holds fell to half the budget.
+    pub hold_resumes_relieved: u64,
+    /// Pauses left out because a held record waited for the partition.
+    pub hold_pauses_withheld: u64,
 }
 
 /// One stream thread: a worker and its fault, if any.
@@ -410,6 +420,11 @@ impl Thread {
         s.local_write_failures +=
             now.local_store_write_failures - self.seen.local_store_write_failures;
         s.replayed += now.changelog_records_replayed - self.seen.changelog_records_replayed;
+        s.hold_pauses += now.hold_pauses - self.seen.hold_pauses;
+        s.hold_resumes_drained += now.hold_resumes_drained - self.seen.hold_resumes_drained;
+        s.hold_resumes_claimed += now.hold_resumes_claimed - self.seen.hold_resumes_claimed;
+        s.hold_resumes_relieved += now.hold_resumes_relieved - self.seen.hold_resumes_relieved;
+        s.hold_pauses_withheld += now.hold_pauses_withheld - self.seen.hold_pauses_withheld;
         self.seen = now;
     }
 

@@ -272,3 +272,25 @@ fn without_a_budget_nothing_pauses() {
     assert!(flow(&mut w).is_empty());
     assert_eq!(w.stats().hold_pauses, 0);
 }
+
+/// An abort whose task reset fails (a lookup outage) leaves the task
+/// waiting to start again: its paused partitions resume all the same, or
+/// the task would never fetch them again once it starts. (The simulator
+/// found this one.)
+#[test]
+fn a_task_whose_reset_fails_resumes_its_paused_partitions() {
+    let app = three_source_app();
+    let cluster = three_source_cluster();
+    let mut w = budgeted(&app, &cluster, 2_000);
+    let mut n = 0;
+    while flow(&mut w).is_empty() {
+        assert!(n < 100);
+        w.on_record(claiming("a", n, &cluster, &[("c", 0)]))
+            .unwrap();
+        n += 1;
+    }
+    cluster.fail_ends.set(1);
+    w.abort(&cluster).unwrap();
+    assert_eq!(w.waiting_tasks().count(), 1, "the reset failed");
+    assert_eq!(flow(&mut w), vec![("a".to_owned(), 0, false)]);
+}
