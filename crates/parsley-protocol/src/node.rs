@@ -1001,6 +1001,13 @@ impl CausalNode {
         self.held_bytes
     }
 
+    /// What the last record queued on `channel` takes
+    /// ([`InboundRecord::held_size`]), if its queue holds any.
+    pub fn last_held_size(&self, channel: Channel) -> Option<usize> {
+        let i = self.index_of(channel, "held size").ok()?;
+        self.channels[i].queue.back().map(InboundRecord::held_size)
+    }
+
     /// The bytes held in one channel's queue (0 for a channel not consumed).
     pub fn channel_held_bytes(&self, channel: Channel) -> usize {
         self.index_of(channel, "held bytes").map_or(0, |i| {

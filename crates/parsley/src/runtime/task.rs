@@ -1330,7 +1330,6 @@ impl Task {
                 self.arrival_claims.push(w);
             }
         }
-        let size = self.hold_budget.map(|_| inbound.held_size());
         let held_before = self.node.held_count();
         let mut deliveries = std::mem::take(&mut self.deliveries);
         deliveries.clear();
@@ -1343,7 +1342,8 @@ impl Task {
             // coordinate is named only then, off the common path.
             self.acted = true;
             let coordinate = self.coordinate((channel, offset));
-            if let (Some(size), Some(budget)) = (size, self.hold_budget)
+            if let Some(budget) = self.hold_budget
+                && let Some(size) = self.node.last_held_size(channel)
                 && size > budget
             {
                 return Err(TaskError::HoldBudget {

@@ -668,6 +668,15 @@ struct Slot {
     throttle: Throttle,
 }
 
+impl Throttle {
+    /// Whether the hold budget has anything to decide for `task`:
+    /// something is paused, or its holds are past `budget`. (The common
+    /// path: one comparison.)
+    fn engaged(&self, task: &Task, budget: Option<usize>) -> bool {
+        budget.is_some_and(|b| !self.paused.is_empty() || task.node().held_bytes() > b)
+    }
+}
+
 /// A running task's partitions paused for its hold budget.
 #[derive(Debug, Default)]
 struct Throttle {
@@ -1988,6 +1997,7 @@ impl Worker {
         }
         slot.meters.count(task);
         self.dirty = true;
+        let regulate = slot.throttle.engaged(task, self.config.hold_budget);
         // A position captured earlier may be covered now.
         let c = &mut slot.channels[i];
         if let Some((position, last)) = c.pending
@@ -1996,7 +2006,9 @@ impl Worker {
             c.pending = None;
             return self.apply_position(&id, i, position);
         }
-        self.regulate(&id);
+        if regulate {
+            self.regulate(&id);
+        }
         Ok(())
     }
 
@@ -2068,7 +2080,9 @@ impl Worker {
         if advanced || task.has_work() {
             self.dirty = true;
         }
-        self.regulate(id);
+        if slot.throttle.engaged(task, self.config.hold_budget) {
+            self.regulate(id);
+        }
         Ok(())
     }
 
