@@ -62,6 +62,16 @@ const OWNED: &[(&str, &str)] = &[
     ("enable.auto.offset.store", "false"),
 ];
 
+/// The consumer's prefetch, unless the client configuration sets it: at
+/// most 8 MiB fetched ahead of the stream thread (the consumer's one
+/// queue, whatever its partitions); a partition is fetched again 20 ms
+/// after that queue was full (librdkafka waits a second by
+/// default, which at this size starves a fast stage).
+const PREFETCH: &[(&str, &str)] = &[
+    ("queued.max.messages.kbytes", "8192"),
+    ("fetch.queue.backoff.ms", "20"),
+];
+
 /// Which consumer group protocol the stream threads use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GroupProtocol {
@@ -168,6 +178,13 @@ pub struct StreamsOptions {
     /// the crashed member's session has expired; its threads retry after
     /// `rejoin_backoff`. Off by default.
     pub static_membership: bool,
+    /// The most one task may hold in memory, in bytes, before its thread
+    /// pauses fetching on the task's partitions whose queue heads are held
+    /// (records wait in the log instead; see the guide's "Memory and
+    /// backpressure"). A partition a held record waits for is never
+    /// paused. A record larger than this that has to wait fails its task.
+    /// `None` sets no bound. 32 MiB by default.
+    pub hold_budget: Option<usize>,
 }
 
 impl Default for StreamsOptions {
@@ -186,6 +203,7 @@ impl Default for StreamsOptions {
             instance_id: None,
             state_dir: Some(std::env::temp_dir().join("parsley-streams")),
             static_membership: false,
+            hold_budget: Some(parsley::runtime::worker::DEFAULT_HOLD_BUDGET),
         }
     }
 }
@@ -2222,6 +2240,7 @@ impl StreamThread {
                 // Replays run on the thread's restore thread, so the ready
                 // tasks go on processing meanwhile.
                 restores: parsley::runtime::worker::RestoreMode::Deferred,
+                hold_budget: self.options.hold_budget,
                 ..WorkerConfig::default()
             },
         );
@@ -2256,6 +2275,14 @@ impl StreamThread {
         let mut consumer_config = settings::for_consumer(&self.config);
         for (k, v) in OWNED {
             consumer_config.set(*k, *v);
+        }
+        // What librdkafka fetches ahead of the stream thread is memory the
+        // hold budget does not see: keep it to a few MiB unless told
+        // otherwise (librdkafka's own default is 64 MiB).
+        for (setting, value) in PREFETCH {
+            if consumer_config.get(setting).is_none() {
+                consumer_config.set(*setting, *value);
+            }
         }
         match self.options.group_protocol {
             GroupProtocol::Classic => {
