@@ -1,0 +1,223 @@
+//! Memory while a cause is missing, on a cluster: how the resident set of
+//! one instance grows while records that wait for an open upstream
+//! transaction pile up, how fast they are released when it commits, and
+//! where the resident set ends.
+//!
+//! ```text
+//! PARSLEY_BOOTSTRAP=127.0.0.1:9092 cargo run --profile ci -p parsley-kafka --example holds -- [RECORDS [BUDGET_MIB|none [PARTITIONS]]]
+//! ```
+//!
+//! An upstream transactional producer writes one cause to every partition
+//! of `causes` and leaves its transaction open. Then RECORDS (default
+//! 1,000,000) records of 100-byte values and 7-byte keys go to `effects`,
+//! spread over PARTITIONS (default 6) partitions, each stamped as caused by
+//! the open cause of its partition. One instance runs a stage over both
+//! topics with a hold budget of BUDGET_MIB per task (default 32; `none` for
+//! no bound), until its holds stop growing. Then the transaction commits
+//! and the example waits until everything is delivered. It prints the
+//! resident set (`VmRSS`) before the start, at its peak while the cause is
+//! missing, and after the release, with the release rate.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parsley::protocol::headers::CLOCK_HEADER;
+use parsley::protocol::{Channel, VectorClock};
+use parsley::task::TopicMetadata;
+use parsley::*;
+use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+type T = Topic<String, String>;
+
+/// This process's resident set (`VmRSS`), in MiB; 0 off Linux.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kib| kib.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+fn send(producer: &BaseProducer, mut record: BaseRecord<'_, str, [u8]>) {
+    loop {
+        match producer.send(record) {
+            Ok(()) => return,
+            Err((_, back)) => {
+                producer.poll(Duration::from_millis(5));
+                record = back;
+            }
+        }
+    }
+}
+
+struct Reading {
+    held: u64,
+    held_bytes: u64,
+    paused: u64,
+    delivered: u64,
+}
+
+fn read(s: &CausalStreams) -> Reading {
+    let m = s.metrics();
+    Reading {
+        held: m.iter().map(|t| t.records_held).sum(),
+        held_bytes: m.iter().map(|t| t.records_held_bytes).sum(),
+        paused: m.iter().map(|t| t.partitions_paused).sum(),
+        delivered: m.iter().map(|t| t.records_delivered_total).sum(),
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let records: usize = args.next().map_or(Ok(1_000_000), |a| a.parse())?;
+    let budget: Option<usize> = match args.next().as_deref() {
+        None => Some(32 << 20),
+        Some("none") => None,
+        Some(mib) => Some(mib.parse::<usize>()? << 20),
+    };
+    let partitions: i32 = args.next().map_or(Ok(6), |a| a.parse())?;
+    let bootstrap =
+        std::env::var("PARSLEY_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_owned());
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", &bootstrap);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
+    let (causes, effects) = (
+        format!("holds-bench-{nanos}-causes"),
+        format!("holds-bench-{nanos}-effects"),
+    );
+    let cluster = KafkaCluster::new(&config, Duration::from_secs(30))?;
+    let new: Vec<NewTopic<'_>> = [&causes, &effects]
+        .iter()
+        .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
+        .collect();
+    for r in futures_executor::block_on(cluster.admin().create_topics(&new, &AdminOptions::new()))?
+    {
+        r.map_err(|(t, e)| format!("{t}: {e}"))?;
+    }
+    while cluster.describe(&causes).is_err() || cluster.describe(&effects).is_err() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let causes_id = cluster.describe(&causes)?.id;
+
+    // The causes: one per partition, in a transaction left open.
+    let mut upstream_config = config.clone();
+    upstream_config.set("transactional.id", format!("holds-bench-{nanos}"));
+    upstream_config.set("transaction.timeout.ms", "900000");
+    let upstream: BaseProducer = upstream_config.create()?;
+    upstream.init_transactions(Duration::from_secs(30))?;
+    upstream.begin_transaction()?;
+    for p in 0..partitions {
+        send(
+            &upstream,
+            BaseRecord::to(&causes)
+                .partition(p)
+                .key("cause")
+                .payload(&b"cause"[..]),
+        );
+    }
+    upstream.flush(Duration::from_secs(30))?;
+
+    // The effects, each claiming its partition's cause (offset 0).
+    {
+        let producer: BaseProducer = config.clone().set("linger.ms", "20").create()?;
+        let value = [b'v'; 100];
+        let clocks: Vec<Vec<u8>> = (0..partitions)
+            .map(|p| {
+                let mut c = VectorClock::new();
+                c.claim_offset(Channel::new(causes_id, p), 0);
+                c.encode()
+            })
+            .collect();
+        for i in 0..records {
+            let p = (i % partitions as usize) as i32;
+            let key = format!("k{:06}", i % 1_000_000);
+            let headers = OwnedHeaders::new().insert(Header {
+                key: CLOCK_HEADER,
+                value: Some(&clocks[p as usize]),
+            });
+            send(
+                &producer,
+                BaseRecord::to(&effects)
+                    .partition(p)
+                    .key(key.as_str())
+                    .payload(&value[..])
+                    .headers(headers),
+            );
+        }
+        producer.flush(Duration::from_secs(300))?;
+    }
+
+    let (c, e): (T, T) = (
+        Topic::new(&causes, Codec::utf8(), Codec::utf8()),
+        Topic::new(&effects, Codec::utf8(), Codec::utf8()),
+    );
+    let stage = Stage::named("wait")
+        .on(&c, |_m: &Message<String, String>| Vec::<Emission>::new())
+        .on(&e, |_m: &Message<String, String>| Vec::<Emission>::new())
+        .build()?;
+    let app = Parsley::named(format!("holds-bench-{nanos}").as_str(), [stage])?;
+    let before = rss_mib();
+    let mut s = CausalStreams::new(&app, config.clone())?.with_options(StreamsOptions {
+        instance_id: Some("bench".to_owned()),
+        state_dir: Some(std::env::temp_dir().join(format!("holds-bench-{nanos}"))),
+        hold_budget: budget,
+        ..StreamsOptions::default()
+    });
+    s.start()?;
+    s.wait_until_running(Duration::from_secs(120))?;
+
+    // Until the holds stop growing (or everything is held).
+    let mut peak = rss_mib();
+    let mut last = (0, Instant::now());
+    let mut peak_held = (0, 0);
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        peak = peak.max(rss_mib());
+        let r = read(&s);
+        peak_held = (peak_held.0.max(r.held), peak_held.1.max(r.held_bytes));
+        if r.held != last.0 {
+            last = (r.held, Instant::now());
+        } else if r.held > 0 && last.1.elapsed() > Duration::from_secs(3) {
+            break;
+        }
+        if r.held as usize >= records {
+            break;
+        }
+    }
+    let waiting = read(&s);
+    let committed = Instant::now();
+    upstream.commit_transaction(Duration::from_secs(30))?;
+    let total = (records + partitions as usize) as u64;
+    while read(&s).delivered < total {
+        peak = peak.max(rss_mib());
+        if committed.elapsed() > Duration::from_secs(600) {
+            return Err(format!("only {} of {total} delivered", read(&s).delivered).into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The counts are sampled every half second: the release took at most
+    // this long (and at least this minus half a second).
+    let released = committed.elapsed();
+    std::thread::sleep(Duration::from_secs(2));
+    let after = rss_mib();
+    s.close(Duration::from_secs(60))?;
+    let budget_text = budget.map_or("none".to_owned(), |b| format!("{} MiB", b >> 20));
+    println!(
+        "| records | budget per task | held at the plateau (bytes) | partitions paused | RSS before | RSS peak | RSS after the release | release |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| {records} | {budget_text} | {} ({:.1} MiB; peak {} records) | {} | {before:.0} MiB | {peak:.0} MiB | {after:.0} MiB | {:.2} s |",
+        waiting.held,
+        waiting.held_bytes as f64 / (1 << 20) as f64,
+        peak_held.0,
+        waiting.paused,
+        released.as_secs_f64(),
+    );
+    Ok(())
+}
