@@ -69,16 +69,37 @@ pub enum StateDirError {
 #[derive(Debug)]
 pub struct StateDir {
     path: PathBuf,
+    /// The most memory one task file's engine may cache, in bytes.
+    cache: usize,
     /// Held for the instance's life: the lock is released when it closes.
     _lock: File,
 }
 
+/// What one task file's engine caches by default, in bytes (see
+/// [`StateDir::with_cache`]).
+pub const DEFAULT_FILE_CACHE: usize = 8 << 20;
+
 impl StateDir {
-    /// Creates (if needed) and locks `<root>/<application>/<instance>`.
+    /// Creates (if needed) and locks `<root>/<application>/<instance>`,
+    /// each task file caching at most [`DEFAULT_FILE_CACHE`] bytes.
     pub fn lock(
         root: &Path,
         application: &str,
         instance: &str,
+    ) -> Result<Arc<StateDir>, StateDirError> {
+        Self::with_cache(root, application, instance, DEFAULT_FILE_CACHE)
+    }
+
+    /// [`lock`](Self::lock), each task file's engine caching at most
+    /// `cache` bytes of its pages (read pages and the pages of commits not
+    /// yet flushed together). redb's own default is 1 GiB per file, which,
+    /// with one file per task, lets an instance's resident set grow with
+    /// everything it ever wrote.
+    pub fn with_cache(
+        root: &Path,
+        application: &str,
+        instance: &str,
+        cache: usize,
     ) -> Result<Arc<StateDir>, StateDirError> {
         let path = root.join(sanitize(application)).join(sanitize(instance));
         let io = |e: std::io::Error| StateDirError::Io {
@@ -99,7 +120,11 @@ impl StateDir {
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
         }
-        Ok(Arc::new(StateDir { path, _lock: lock }))
+        Ok(Arc::new(StateDir {
+            path,
+            cache,
+            _lock: lock,
+        }))
     }
 
     /// The application's directory.
@@ -328,20 +353,23 @@ impl Files {
 
     fn db(&mut self, task: &TaskId) -> Result<&mut Open, LocalStoreError> {
         if !self.open.contains_key(task) {
-            let db = Database::create(self.dir.task_file(task)).map_err(|e| match e {
-                // Held by another of this instance's threads (a task that
-                // has not finished leaving it), or another process: not a
-                // damaged store.
-                redb::DatabaseError::DatabaseAlreadyOpen => io(task, e),
-                // The file system refused; a file that is not a database
-                // (redb says "invalid data") is damaged.
-                redb::DatabaseError::Storage(redb::StorageError::Io(ref x))
-                    if x.kind() != std::io::ErrorKind::InvalidData =>
-                {
-                    io(task, e)
-                }
-                e => corrupt(task, e),
-            })?;
+            let db = Database::builder()
+                .set_cache_size(self.dir.cache)
+                .create(self.dir.task_file(task))
+                .map_err(|e| match e {
+                    // Held by another of this instance's threads (a task that
+                    // has not finished leaving it), or another process: not a
+                    // damaged store.
+                    redb::DatabaseError::DatabaseAlreadyOpen => io(task, e),
+                    // The file system refused; a file that is not a database
+                    // (redb says "invalid data") is damaged.
+                    redb::DatabaseError::Storage(redb::StorageError::Io(ref x))
+                        if x.kind() != std::io::ErrorKind::InvalidData =>
+                    {
+                        io(task, e)
+                    }
+                    e => corrupt(task, e),
+                })?;
             self.open.insert(
                 task.clone(),
                 Open {
@@ -604,6 +632,47 @@ mod tests {
         again.wipe(&task()).unwrap();
         assert_eq!(again.open(&task()).unwrap(), None);
         drop(again);
+        drop(dir);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_task_file_caches_no_more_than_its_bound() {
+        let root = temp("cache");
+        let cache = 1 << 20;
+        let dir = StateDir::with_cache(&root, "app", "i1", cache).unwrap();
+        let mut files = Files {
+            dir: dir.clone(),
+            open: BTreeMap::new(),
+        };
+        let write = |replace: bool, round: u32| LocalWrite {
+            identity: identity(),
+            checkpoint: BTreeMap::from([("app-s-fold-changelog".to_owned(), i64::from(round))]),
+            replace,
+            written_at: 5,
+            entries: (0..2_000u32)
+                .map(|i| {
+                    let key = format!("{round:04}-{i:06}").into_bytes();
+                    (StoreKind::Fold, key, Some(vec![b'v'; 1_000]))
+                })
+                .collect(),
+        };
+        // A rebuild (flushed), then 40 MB in commits written without a
+        // flush, whose pages the engine keeps until the next flushed one.
+        files.write(&task(), write(true, 0)).unwrap();
+        for round in 1..=20 {
+            files.write(&task(), write(false, round)).unwrap();
+        }
+        let used = files.open[&task()].db.cache_stats().used_bytes();
+        assert!(
+            used <= cache + (256 << 10),
+            "the file caches {used} bytes against a bound of {cache}"
+        );
+        files.close_all();
+        // Everything written reads back.
+        let snapshot = files.open(&task()).unwrap().unwrap();
+        assert_eq!(snapshot.fold.len(), 21 * 2_000);
+        files.close_all();
         drop(dir);
         let _ = std::fs::remove_dir_all(&root);
     }

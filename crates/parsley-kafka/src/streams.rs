@@ -166,6 +166,12 @@ pub struct StreamsOptions {
     /// temporary directory; in production choose a directory that survives
     /// a restart.
     pub state_dir: Option<std::path::PathBuf>,
+    /// The most memory each task's store file may keep cached, in bytes:
+    /// the file engine's read cache and the pages of commits written
+    /// without a flush, together. 8 MiB by default (the engine's own
+    /// default, 1 GiB per file, let an instance keep in memory much of
+    /// what its files ever held).
+    pub state_file_cache: usize,
     /// Static group membership: each stream thread joins with the stable
     /// `group.instance.id` `<application id>-<instance id>-<thread index>`.
     /// An instance that closes and starts again within the group's session
@@ -202,6 +208,7 @@ impl Default for StreamsOptions {
             task_backoff: Backoff::default(),
             instance_id: None,
             state_dir: Some(std::env::temp_dir().join("parsley-streams")),
+            state_file_cache: crate::state_dir::DEFAULT_FILE_CACHE,
             static_membership: false,
             hold_budget: Some(parsley::runtime::worker::DEFAULT_HOLD_BUDGET),
         }
@@ -774,10 +781,11 @@ impl CausalStreams {
             });
         }
         if let Some(root) = &self.options.state_dir {
-            self.state_dir = Some(StateDir::lock(
+            self.state_dir = Some(StateDir::with_cache(
                 root,
                 self.app.application_id(),
                 &self.instance,
+                self.options.state_file_cache,
             )?);
         }
         let cluster = KafkaCluster::new(&self.config, self.options.request_timeout)?;
