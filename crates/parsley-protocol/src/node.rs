@@ -170,6 +170,9 @@ pub enum UnmetClaim {
     },
 }
 
+/// The most room (in records) a drained hold queue keeps for the next hold.
+const KEPT_QUEUE_CAPACITY: usize = 64;
+
 /// A read-only view of one gating queue head.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct HeldHead {
@@ -995,6 +998,13 @@ impl CausalNode {
         self.held
     }
 
+    /// How many records the hold queues have room for without growing
+    /// (their capacity, held records included): a drained queue keeps room
+    /// for a few, not for what its longest hold needed.
+    pub fn held_capacity(&self) -> usize {
+        self.channels.iter().map(|c| c.queue.capacity()).sum()
+    }
+
     /// What the records held across all queues cost, in bytes
     /// ([`InboundRecord::held_size`]).
     pub fn held_bytes(&self) -> usize {
@@ -1268,6 +1278,11 @@ impl CausalNode {
             }
             let ch = &mut self.channels[i];
             if ch.queue.is_empty() {
+                // A drained queue gives back the room a long hold grew it
+                // to (a queue of 100k records keeps about 15 MiB otherwise).
+                if ch.queue.capacity() > KEPT_QUEUE_CAPACITY {
+                    ch.queue = VecDeque::new();
+                }
                 break;
             }
             let unmet = match ch.head_unmet.take() {

@@ -30,6 +30,24 @@ fn a_departing_input_reports_only_what_it_still_holds() {
 }
 
 #[test]
+fn a_drained_queue_gives_back_the_room_a_long_hold_grew_it_to() {
+    let a = ch(1, 0);
+    let b = ch(2, 0);
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    for offset in 0..10_000 {
+        assert!(h.feed(rec(b, offset, offsets(&[(a, 0)]))).is_empty());
+    }
+    assert!(h.node.held_capacity() >= 10_000);
+    assert_eq!(h.feed(rec(a, 0, VectorClock::new())).len(), 10_001);
+    assert_eq!(h.node.held_count(), 0);
+    assert!(
+        h.node.held_capacity() <= 2 * 64,
+        "room for {} records kept after the queue drained",
+        h.node.held_capacity()
+    );
+}
+
+#[test]
 fn truncate_counts_what_it_removed_and_the_next_stamp_leaves_it_out() {
     let a = ch(1, 0);
     let b = ch(2, 0);

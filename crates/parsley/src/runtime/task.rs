@@ -581,6 +581,9 @@ pub struct TaskStats {
     pub stepped_past: u64,
 }
 
+/// The most room for deliveries a task keeps between records.
+const KEPT_DELIVERY_ROOM: usize = 256;
+
 /// One stage task, sans I/O. See the [module documentation](self).
 pub struct Task {
     app: Parsley,
@@ -603,7 +606,8 @@ pub struct Task {
     /// transaction has work (its positions and protocol writes) even when
     /// no event is kept.
     acted: bool,
-    /// Reused for the node's deliveries of each record.
+    /// Reused for the node's deliveries of each record (up to
+    /// [`KEPT_DELIVERY_ROOM`] of room).
     deliveries: Vec<Delivery>,
     wall_clock: i64,
     next_tick_at: Option<i64>,
@@ -1363,9 +1367,20 @@ impl Task {
         for d in deliveries.drain(..) {
             self.process(d)?;
         }
-        self.deliveries = deliveries;
+        // The buffer is kept for the next record, unless the release of a
+        // long hold grew it (100k released records leave about 20 MiB of
+        // room behind otherwise).
+        if deliveries.capacity() <= KEPT_DELIVERY_ROOM {
+            self.deliveries = deliveries;
+        }
         self.refresh_holds();
         Ok(())
+    }
+
+    /// How many deliveries the buffer the task reuses between records has
+    /// room for: a few hundred at most, whatever the largest release was.
+    pub fn delivery_room(&self) -> usize {
+        self.deliveries.capacity()
     }
 
     /// Sends an input record, bytes and headers unchanged, to the

@@ -106,6 +106,38 @@ fn a_partition_whose_head_is_held_pauses_past_the_budget_and_resumes_when_it_dra
     assert_eq!(w.sample().metrics[0].partitions_paused, 0);
 }
 
+/// Releasing a long hold does not leave the memory it took behind: the
+/// node's queue and the task's delivery buffer give back their room.
+#[test]
+fn a_released_hold_gives_back_its_room() {
+    let app = three_source_app();
+    let cluster = three_source_cluster();
+    let mut w = Worker::new(&app, WorkerConfig::default());
+    w.assign(vec![part("a", 0), part("b", 0), part("c", 0)], &cluster, 0)
+        .unwrap();
+    seek(&mut w);
+    commit(&mut w, &cluster);
+    for o in 0..5_000 {
+        w.on_record(claiming("a", o, &cluster, &[("c", 0)]))
+            .unwrap();
+    }
+    let id = w.tasks().next().unwrap().clone();
+    assert!(w.task(&id).unwrap().node().held_capacity() >= 5_000);
+    w.on_record(rec("c", 0, 0, "cause")).unwrap();
+    let task = w.task(&id).unwrap();
+    assert_eq!(task.node().held_count(), 0);
+    assert!(
+        task.node().held_capacity() <= 3 * 64,
+        "queues kept their room"
+    );
+    assert!(
+        task.delivery_room() <= 256,
+        "the delivery buffer kept room for {}",
+        task.delivery_room()
+    );
+    assert_eq!(delivered(&commit(&mut w, &cluster)).len(), 5_001);
+}
+
 /// `b`'s head waits for `c`, and `a`'s head waits for `b`: past the
 /// budget `a` pauses, but `b` never does, since a held head waits for its
 /// records. When `c` arrives both drain and `a` resumes.
