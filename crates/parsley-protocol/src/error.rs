@@ -61,6 +61,19 @@ pub enum ProtocolError {
         /// The persisted tail index.
         tail: i64,
     },
+    /// A record the host paged back in is not the one the hold queue
+    /// holds at that place (see [`CausalNode::page_in`](crate::CausalNode::page_in)).
+    #[error(
+        "paged-in record {channel}@{found} does not match the held record @{expected} at that place in the hold queue; the store's held records disagree with the node"
+    )]
+    PagedRecordMismatch {
+        /// The channel.
+        channel: Channel,
+        /// The offset the queue holds there (-1: no paged record there).
+        expected: i64,
+        /// The offset of the record handed in.
+        found: i64,
+    },
     /// A persisted key or value that does not parse.
     #[error(transparent)]
     CorruptState(#[from] CorruptState),

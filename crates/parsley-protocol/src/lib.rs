@@ -92,7 +92,7 @@ pub use headers::{CausalHeaders, CorruptHeader, SenderTag};
 pub use ids::{Channel, ParseIdError, SenderId, TopicId};
 pub use node::{
     CausalNode, ChannelView, DeliveredMark, HeldHead, InitReport, Initialized, NodeConfig,
-    NodeStats, TruncationReport, UnmetClaim,
+    NodeStats, PageRequest, TruncationReport, UnmetClaim,
 };
 pub use protocol::DeliveryProtocol;
 pub use record::{Delivery, Header, InboundRecord};

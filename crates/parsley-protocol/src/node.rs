@@ -91,6 +91,26 @@ pub struct NodeStats {
     /// Records on a joined input skipped because the node's past already
     /// claimed them by sequence (see [`CausalNode::init`] on scope growth).
     pub past_skipped_total: u64,
+    /// Held records paged out of memory (see
+    /// [`CausalNode::set_resident_window`]).
+    pub paged_out_total: u64,
+    /// Held records paged back in by the host.
+    pub paged_in_total: u64,
+}
+
+/// A run of paged-out held records the node needs back before its gate can
+/// go on: the host reads queue entries `from..from + count` of `channel`
+/// from its committed store (the [`StateKey::QueueEntry`] values the node
+/// wrote) and hands the decoded records to
+/// [`CausalNode::page_in`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct PageRequest {
+    /// The channel.
+    pub channel: Channel,
+    /// The queue index of the first record wanted (the head's).
+    pub from: i64,
+    /// How many records, in index order.
+    pub count: usize,
 }
 
 /// What [`CausalNode::init`] found and did.
@@ -225,7 +245,14 @@ struct ChannelState {
     frontier: i64,
     position: i64,
     advertised: VectorClock,
+    /// The held records, in index order, as three runs: `queue` (resident,
+    /// the head first), `paged` (committed records beyond the resident
+    /// window, kept only as offset and size; the host reads them back from
+    /// its store by index), and `back` (resident records queued after a
+    /// paged run). `back` is empty whenever `paged` is.
     queue: VecDeque<InboundRecord>,
+    paged: VecDeque<(i64, usize)>,
+    back: VecDeque<InboundRecord>,
     /// The head's claims not yet known to be met, once the head has been
     /// evaluated (`None` before that). Only heads are ever gated, so records
     /// behind a head cost nothing until they reach the front. Frontiers and
@@ -254,6 +281,8 @@ impl ChannelState {
             position: 0,
             advertised: VectorClock::new(),
             queue: VecDeque::new(),
+            paged: VecDeque::new(),
+            back: VecDeque::new(),
             head_unmet: None,
             head_index: 0,
             committed_head: 0,
@@ -267,23 +296,109 @@ impl ChannelState {
         }
     }
 
+    /// Records held, resident or paged.
+    fn len(&self) -> usize {
+        self.queue.len() + self.paged.len() + self.back.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queue.is_empty() && self.paged.is_empty()
+    }
+
     fn tail_index(&self) -> i64 {
-        self.head_index + self.queue.len() as i64
+        self.head_index + self.len() as i64
+    }
+
+    /// The offset of the last record queued.
+    fn last_offset(&self) -> Option<i64> {
+        self.back
+            .back()
+            .map(|r| r.offset)
+            .or_else(|| self.paged.back().map(|&(o, _)| o))
+            .or_else(|| self.queue.back().map(|r| r.offset))
+    }
+
+    /// The last record queued, when it is resident.
+    fn last_resident(&self) -> Option<&InboundRecord> {
+        if self.paged.is_empty() {
+            self.queue.back()
+        } else {
+            self.back.back()
+        }
+    }
+
+    /// The offset of the head, resident or (for a moment, until the host
+    /// pages it in) paged.
+    fn head_offset(&self) -> Option<i64> {
+        self.queue
+            .front()
+            .map(|r| r.offset)
+            .or_else(|| self.paged.front().map(|&(o, _)| o))
+    }
+
+    /// Queues a record behind everything held.
+    fn push(&mut self, record: InboundRecord) {
+        if self.paged.is_empty() {
+            self.queue.push_back(record);
+        } else {
+            self.back.push_back(record);
+        }
+    }
+
+    /// The held record at queue index `index`, if it is resident.
+    fn resident(&self, index: i64) -> Option<&InboundRecord> {
+        let mut at = usize::try_from(index - self.head_index).ok()?;
+        if at < self.queue.len() {
+            return self.queue.get(at);
+        }
+        at -= self.queue.len();
+        if at < self.paged.len() {
+            return None;
+        }
+        self.back.get(at - self.paged.len())
+    }
+
+    /// The bytes the held records take, paged ones included.
+    fn held_bytes(&self) -> usize {
+        self.queue
+            .iter()
+            .chain(&self.back)
+            .map(InboundRecord::held_size)
+            .sum::<usize>()
+            + self.paged.iter().map(|&(_, size)| size).sum::<usize>()
+    }
+
+    /// Pages out committed records beyond the first `window`: what is
+    /// queued after a paged run joins it; otherwise the resident run is cut
+    /// at the window. Only call with every held record committed.
+    fn page_out(&mut self, window: usize) -> usize {
+        let before = self.paged.len();
+        if self.paged.is_empty() {
+            if self.queue.len() > window {
+                for r in self.queue.drain(window..) {
+                    self.paged.push_back((r.offset, r.held_size()));
+                }
+            }
+        } else {
+            for r in self.back.drain(..) {
+                self.paged.push_back((r.offset, r.held_size()));
+            }
+        }
+        self.paged.len() - before
     }
 
     /// The highest offset this node has received on the channel.
     fn received(&self) -> i64 {
-        self.queue
-            .back()
-            .map_or(self.frontier, |r| r.offset.max(self.frontier))
+        self.last_offset()
+            .map_or(self.frontier, |o| o.max(self.frontier))
     }
 
     /// The prefix known to hold nothing undelivered: everything below a held
     /// head (FIFO delivered the rest, so what is missing was skipped), or,
     /// with an empty queue, everything below the reported position.
     fn clean_prefix(&self) -> i64 {
-        match self.queue.front() {
-            Some(head) => head.offset - 1,
+        match self.head_offset() {
+            Some(head) => head - 1,
             None => self.position - 1,
         }
     }
@@ -318,6 +433,8 @@ pub struct CausalNode {
     /// Records stepped past instead of delivered, per channel and offset.
     stepped: BTreeMap<Channel, BTreeMap<i64, SteppedPast>>,
     stats: NodeStats,
+    /// Held records kept resident per queue (`None`: all of them).
+    window: Option<usize>,
 }
 
 impl CausalNode {
@@ -555,16 +672,12 @@ impl CausalNode {
             stamp_base: None,
             stepped: std::mem::take(&mut p.stepped),
             stats: NodeStats::default(),
+            window: None,
         };
         // Restored records are gated (lazily, head first) against the
         // reconciled scope.
-        node.held = node.channels.iter().map(|c| c.queue.len()).sum();
-        node.held_bytes = node
-            .channels
-            .iter()
-            .flat_map(|c| c.queue.iter())
-            .map(InboundRecord::held_size)
-            .sum();
+        node.held = node.channels.iter().map(ChannelState::len).sum();
+        node.held_bytes = node.channels.iter().map(ChannelState::held_bytes).sum();
         report.restored_held = node.held;
         let mut deliveries = Vec::new();
         node.cascade(&mut deliveries);
@@ -636,7 +749,7 @@ impl CausalNode {
             // like a replay. With nothing held, the frontier passes it.
             self.stats.past_skipped_total += 1;
             debug!(channel = %record.channel, offset = record.offset, "record of the node's past skipped on a joined input");
-            if ch.queue.is_empty() && set_frontier(ch, record.offset) {
+            if ch.is_empty() && set_frontier(ch, record.offset) {
                 self.stamp_base = None;
                 if self.held > 0 {
                     self.cascade(out);
@@ -644,10 +757,10 @@ impl CausalNode {
             }
             return Ok(());
         }
-        if !ch.queue.is_empty() {
-            debug!(channel = %record.channel, offset = record.offset, depth = ch.queue.len(), "record queued behind a held head");
+        if !ch.is_empty() {
+            debug!(channel = %record.channel, offset = record.offset, depth = ch.len(), "record queued behind a held head");
             self.held_bytes += record.held_size();
-            ch.queue.push_back(record);
+            ch.push(record);
             self.held += 1;
             return Ok(());
         }
@@ -690,7 +803,7 @@ impl CausalNode {
             return Ok(out);
         }
         ch.position = position;
-        if ch.queue.is_empty() && set_frontier(ch, position - 1) {
+        if ch.is_empty() && set_frontier(ch, position - 1) {
             self.stamp_base = None;
             if self.held > 0 {
                 self.cascade(&mut out);
@@ -911,7 +1024,13 @@ impl CausalNode {
                 // Entries added since and still held. (Entries added and
                 // delivered in between were never committed: nothing to do.)
                 for index in ch.committed_tail.max(head)..tail {
-                    let held = &ch.queue[(index - head) as usize];
+                    // Records are paged out only once committed, so every
+                    // record not yet written is resident.
+                    let Some(held) = ch.resident(index) else {
+                        debug_assert!(false, "held record {c} #{index} is paged out uncommitted");
+                        tracing::error!(channel = %c, index, "held record paged out before it was committed");
+                        continue;
+                    };
                     batch.put(StateKey::QueueEntry(c, index), encode_envelope(held));
                 }
                 batch.put_pair(StateKey::QueueMeta(c), head, tail);
@@ -928,7 +1047,110 @@ impl CausalNode {
                 batch.put_i64(StateKey::SendSeq(ch), seq);
             }
         }
+        // Everything held is in the batch now: what lies beyond the
+        // resident window can leave memory.
+        self.page_out();
         batch
+    }
+
+    /// Keeps at most `window` held records of each hold queue in memory
+    /// (at least 1: the head); `None` keeps them all. Records beyond the
+    /// window are paged out once they are committed (at
+    /// [`take_writes`](Self::take_writes), or now for records restored at
+    /// init): the node keeps only their offset and size, and when a queue's
+    /// resident records run out before its paged ones, the gate stops on
+    /// that queue and [`page_requests`](Self::page_requests) names the
+    /// records the host must read back from its store and hand to
+    /// [`page_in`](Self::page_in). A host that sets a window serves every
+    /// page request before it hands the node anything else.
+    ///
+    /// Returns how many records were paged out now.
+    pub fn set_resident_window(&mut self, window: Option<usize>) -> usize {
+        self.window = window.map(|w| w.max(1));
+        self.page_out()
+    }
+
+    /// The resident window (see [`set_resident_window`](Self::set_resident_window)).
+    pub fn resident_window(&self) -> Option<usize> {
+        self.window
+    }
+
+    /// Pages out, on every queue whose records are all committed, what
+    /// lies beyond the window.
+    fn page_out(&mut self) -> usize {
+        let Some(window) = self.window else {
+            return 0;
+        };
+        let mut paged = 0;
+        for ch in &mut self.channels {
+            if ch.committed_tail >= ch.tail_index() {
+                paged += ch.page_out(window);
+            }
+        }
+        self.stats.paged_out_total += paged as u64;
+        paged
+    }
+
+    /// The paged-out runs the gate is waiting for: queues whose resident
+    /// records ran out while paged ones remain. Empty whenever the node is
+    /// at rest (the host served every request).
+    pub fn page_requests(&self) -> Vec<PageRequest> {
+        let window = self.window.unwrap_or(usize::MAX).max(1);
+        self.channels
+            .iter()
+            .filter(|ch| ch.queue.is_empty() && !ch.paged.is_empty())
+            .map(|ch| PageRequest {
+                channel: ch.channel,
+                from: ch.head_index,
+                count: ch.paged.len().min(window),
+            })
+            .collect()
+    }
+
+    /// Hands back the records of a [`PageRequest`], decoded from the store,
+    /// in index order, and releases whatever becomes deliverable (appended
+    /// to `out`). Each record must be the one the queue holds at its place
+    /// (same offset), or the node refuses it
+    /// ([`ProtocolError::PagedRecordMismatch`]) and changes nothing.
+    pub fn page_in(
+        &mut self,
+        channel: Channel,
+        records: Vec<InboundRecord>,
+        out: &mut Vec<Delivery>,
+    ) -> Result<(), ProtocolError> {
+        let i = self.index_of(channel, "page in")?;
+        let ch = &self.channels[i];
+        let fits = ch.queue.is_empty() && records.len() <= ch.paged.len();
+        for (at, record) in records.iter().enumerate() {
+            let expected = if fits { ch.paged[at].0 } else { -1 };
+            if record.offset != expected || record.channel != channel {
+                return Err(ProtocolError::PagedRecordMismatch {
+                    channel,
+                    expected,
+                    found: record.offset,
+                });
+            }
+        }
+        let ch = &mut self.channels[i];
+        let n = records.len();
+        for record in records {
+            if let Some((_, size)) = ch.paged.pop_front() {
+                self.held_bytes = self.held_bytes - size.min(self.held_bytes) + record.held_size();
+            }
+            ch.queue.push_back(record);
+        }
+        if ch.paged.is_empty() {
+            let back = std::mem::take(&mut ch.back);
+            ch.queue.extend(back);
+        }
+        self.stats.paged_in_total += n as u64;
+        self.cascade(out);
+        Ok(())
+    }
+
+    /// Held records not resident in memory (paged out), across all queues.
+    pub fn paged_count(&self) -> usize {
+        self.channels.iter().map(|c| c.paged.len()).sum()
     }
 
     /// Every gating queue head with its unmet claims, in channel order.
@@ -948,7 +1170,7 @@ impl CausalNode {
                 offset: head.offset,
                 timestamp: head.timestamp,
                 sender: head.causal.sender,
-                depth: ch.queue.len(),
+                depth: ch.len(),
                 unmet,
             });
         }
@@ -961,7 +1183,7 @@ impl CausalNode {
     pub fn head_offsets(&self) -> impl Iterator<Item = (Channel, i64)> + '_ {
         self.channels
             .iter()
-            .filter_map(|ch| ch.queue.front().map(|head| (ch.channel, head.offset)))
+            .filter_map(|ch| ch.head_offset().map(|head| (ch.channel, head)))
     }
 
     /// The bookkeeping of one consumed channel.
@@ -975,7 +1197,7 @@ impl CausalNode {
             channel,
             frontier: ch.frontier,
             position: ch.position,
-            held: ch.queue.len(),
+            held: ch.len(),
             advertised: ch.advertised.clone(),
         })
     }
@@ -1002,7 +1224,10 @@ impl CausalNode {
     /// (their capacity, held records included): a drained queue keeps room
     /// for a few, not for what its longest hold needed.
     pub fn held_capacity(&self) -> usize {
-        self.channels.iter().map(|c| c.queue.capacity()).sum()
+        self.channels
+            .iter()
+            .map(|c| c.queue.capacity() + c.paged.capacity() + c.back.capacity())
+            .sum()
     }
 
     /// What the records held across all queues cost, in bytes
@@ -1015,18 +1240,15 @@ impl CausalNode {
     /// ([`InboundRecord::held_size`]), if its queue holds any.
     pub fn last_held_size(&self, channel: Channel) -> Option<usize> {
         let i = self.index_of(channel, "held size").ok()?;
-        self.channels[i].queue.back().map(InboundRecord::held_size)
+        self.channels[i]
+            .last_resident()
+            .map(InboundRecord::held_size)
     }
 
     /// The bytes held in one channel's queue (0 for a channel not consumed).
     pub fn channel_held_bytes(&self, channel: Channel) -> usize {
-        self.index_of(channel, "held bytes").map_or(0, |i| {
-            self.channels[i]
-                .queue
-                .iter()
-                .map(InboundRecord::held_size)
-                .sum()
-        })
+        self.index_of(channel, "held bytes")
+            .map_or(0, |i| self.channels[i].held_bytes())
     }
 
     /// The consumed channels whose queue holds records (whose head is
@@ -1034,7 +1256,7 @@ impl CausalNode {
     pub fn held_channels(&self) -> impl Iterator<Item = Channel> + '_ {
         self.channels
             .iter()
-            .filter(|c| !c.queue.is_empty())
+            .filter(|c| !c.is_empty())
             .map(|c| c.channel)
     }
 
@@ -1278,10 +1500,21 @@ impl CausalNode {
             }
             let ch = &mut self.channels[i];
             if ch.queue.is_empty() {
+                if !ch.paged.is_empty() {
+                    // The head is paged out: the gate goes on with this
+                    // queue once the host pages it in (page_requests).
+                    break;
+                }
                 // A drained queue gives back the room a long hold grew it
                 // to (a queue of 100k records keeps about 15 MiB otherwise).
                 if ch.queue.capacity() > KEPT_QUEUE_CAPACITY {
                     ch.queue = VecDeque::new();
+                }
+                if ch.paged.capacity() > KEPT_QUEUE_CAPACITY {
+                    ch.paged = VecDeque::new();
+                }
+                if ch.back.capacity() > KEPT_QUEUE_CAPACITY {
+                    ch.back = VecDeque::new();
                 }
                 break;
             }

@@ -1,0 +1,198 @@
+//! Paging held records out of memory: past the resident window a hold
+//! queue keeps only the offset and size of its committed records; when the
+//! gate reaches them, the node asks for them back, the host reads them from
+//! its committed store, and delivery goes on in the same order as if they
+//! had never left.
+
+mod common;
+
+use common::*;
+use parsley_protocol::*;
+
+const ME: u128 = 0x9A6E;
+
+/// Serves every page request from the harness's committed store; returns
+/// the deliveries they released and how many requests there were.
+fn serve(h: &mut Harness) -> (Vec<(Channel, i64)>, usize) {
+    let mut out = Vec::new();
+    let mut served = 0;
+    loop {
+        let requests = h.node.page_requests();
+        if requests.is_empty() {
+            return (coords(&out), served);
+        }
+        for r in requests {
+            let records = (r.from..r.from + r.count as i64)
+                .map(|index| {
+                    let bytes = h
+                        .store
+                        .get_state(StateKey::QueueEntry(r.channel, index))
+                        .expect("a paged record is in the committed store");
+                    store::decode_envelope(r.channel, bytes).expect("decodes")
+                })
+                .collect();
+            h.node
+                .page_in(r.channel, records, &mut out)
+                .expect("page in");
+            served += 1;
+        }
+    }
+}
+
+fn held_on_b(h: &mut Harness, a: Channel, b: Channel, offsets: std::ops::Range<i64>) {
+    for o in offsets {
+        assert!(h.feed(rec(b, o, offsets_clock(a, o))).is_empty());
+    }
+}
+
+/// b@o claims a@o.
+fn offsets_clock(a: Channel, o: i64) -> VectorClock {
+    offsets(&[(a, o)])
+}
+
+#[test]
+fn records_beyond_the_window_leave_memory_at_commit_and_come_back_in_order() {
+    let (a, b) = (ch(1, 0), ch(2, 0));
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    assert_eq!(h.node.set_resident_window(Some(2)), 0);
+    held_on_b(&mut h, a, b, 0..10);
+    let bytes = h.node.held_bytes();
+    // Nothing leaves memory before it is committed.
+    assert_eq!(h.node.paged_count(), 0);
+    h.commit();
+    assert_eq!(h.node.paged_count(), 8, "all but the window");
+    assert_eq!(h.node.held_count(), 10);
+    assert_eq!(h.node.held_bytes(), bytes, "paged records still count");
+    assert_eq!(h.node.stats().paged_out_total, 8);
+    // Records arriving now queue behind the paged ones.
+    held_on_b(&mut h, a, b, 10..12);
+    // a@0..=11 arrive: b@0 and b@1 go at once, then the gate waits for b@2.
+    let mut delivered = Vec::new();
+    for o in 0..12 {
+        delivered.extend(h.feed(rec(a, o, VectorClock::new())));
+        delivered.extend(serve(&mut h).0);
+    }
+    let mut want = Vec::new();
+    for o in 0..12 {
+        want.push((a, o));
+        want.push((b, o));
+    }
+    assert_eq!(delivered, want);
+    assert_eq!(h.node.held_count(), 0);
+    assert_eq!(h.node.held_bytes(), 0);
+    assert_eq!(h.node.stats().paged_in_total, 8);
+}
+
+#[test]
+fn a_release_pages_in_a_window_at_a_time() {
+    let (a, b) = (ch(1, 0), ch(2, 0));
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    h.node.set_resident_window(Some(3));
+    // b@0..10 all wait for a@0.
+    for o in 0..10 {
+        assert!(h.feed(rec(b, o, offsets(&[(a, 0)]))).is_empty());
+    }
+    h.commit();
+    assert_eq!(h.node.paged_count(), 7);
+    let first = h.feed(rec(a, 0, VectorClock::new()));
+    assert_eq!(first, vec![(a, 0), (b, 0), (b, 1), (b, 2)]);
+    assert_eq!(
+        h.node.page_requests(),
+        vec![PageRequest {
+            channel: b,
+            from: 3,
+            count: 3
+        }]
+    );
+    let (rest, requests) = serve(&mut h);
+    assert_eq!(rest, (3..10).map(|o| (b, o)).collect::<Vec<_>>());
+    assert_eq!(requests, 3, "7 records in windows of 3");
+    assert!(h.node.page_requests().is_empty());
+}
+
+#[test]
+fn a_record_that_is_not_the_paged_one_is_refused_and_changes_nothing() {
+    let (a, b) = (ch(1, 0), ch(2, 0));
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    h.node.set_resident_window(Some(1));
+    for o in 0..3 {
+        assert!(h.feed(rec(b, o, offsets(&[(a, 0)]))).is_empty());
+    }
+    h.commit();
+    assert_eq!(h.feed(rec(a, 0, VectorClock::new())), vec![(a, 0), (b, 0)]);
+    let mut out = Vec::new();
+    let err = h
+        .node
+        .page_in(b, vec![rec(b, 2, VectorClock::new())], &mut out)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ProtocolError::PagedRecordMismatch {
+                expected: 1,
+                found: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // More than the queue has paged is refused too.
+    let too_many = (1..4).map(|o| rec(b, o, VectorClock::new())).collect();
+    assert!(h.node.page_in(b, too_many, &mut out).is_err());
+    assert!(out.is_empty());
+    assert_eq!(h.node.paged_count(), 2);
+    assert_eq!(serve(&mut h).0, vec![(b, 1), (b, 2)]);
+}
+
+#[test]
+fn restored_holds_beyond_the_window_are_paged_at_once() {
+    let (a, b) = (ch(1, 0), ch(2, 0));
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    for o in 0..6 {
+        assert!(h.feed(rec(b, o, offsets(&[(a, 0)]))).is_empty());
+    }
+    h.restart();
+    assert_eq!(h.node.held_count(), 6);
+    assert_eq!(h.node.set_resident_window(Some(2)), 4);
+    assert_eq!(h.node.paged_count(), 4);
+    let mut delivered = h.feed(rec(a, 0, VectorClock::new()));
+    delivered.extend(serve(&mut h).0);
+    let mut want = vec![(a, 0)];
+    want.extend((0..6).map(|o| (b, o)));
+    assert_eq!(delivered, want);
+}
+
+#[test]
+fn without_a_window_nothing_is_paged() {
+    let (a, b) = (ch(1, 0), ch(2, 0));
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    held_on_b(&mut h, a, b, 0..50);
+    h.commit();
+    assert_eq!(h.node.paged_count(), 0);
+    assert_eq!(h.node.resident_window(), None);
+    assert!(h.node.page_requests().is_empty());
+}
+
+#[test]
+fn a_window_set_while_records_are_uncommitted_waits_for_their_commit() {
+    let (a, b) = (ch(1, 0), ch(2, 0));
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    held_on_b(&mut h, a, b, 0..5);
+    // Not committed yet: nothing can leave memory.
+    assert_eq!(h.node.set_resident_window(Some(1)), 0);
+    let batch = h.commit();
+    assert_eq!(
+        (0..5)
+            .filter(|&i| batch.get(StateKey::QueueEntry(b, i)).is_some())
+            .count(),
+        5,
+        "every held record written"
+    );
+    assert_eq!(h.node.paged_count(), 4);
+    let mut delivered = Vec::new();
+    for o in 0..5 {
+        delivered.extend(h.feed(rec(a, o, VectorClock::new())));
+        delivered.extend(serve(&mut h).0);
+    }
+    assert_eq!(delivered.len(), 10);
+}

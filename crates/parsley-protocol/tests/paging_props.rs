@@ -1,0 +1,153 @@
+//! Paging is invisible: for random operation sequences, a node that keeps
+//! only a window of each hold queue in memory (and is served its page
+//! requests from the committed store after every call) delivers the same
+//! records at the same steps, in the same order per channel, holds the
+//! same records and stamps the same clocks as a node that keeps everything.
+
+mod common;
+
+use common::*;
+use parsley_protocol::*;
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Channel index, offset gap, offset claims (channel index, offset
+    /// relative to that channel's next offset), sender tag index.
+    Record(usize, i64, Vec<(usize, i64)>, Option<usize>),
+    Advance(usize, i64),
+    Send,
+    Commit,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (
+            0..3usize,
+            0..2i64,
+            prop::collection::vec((0..3usize, -2..4i64), 0..3),
+            proptest::option::of(0..2usize),
+        )
+            .prop_map(|(c, g, o, t)| Op::Record(c, g, o, t)),
+        1 => (0..3usize, 0..3i64).prop_map(|(c, g)| Op::Advance(c, g)),
+        1 => Just(Op::Send),
+        3 => Just(Op::Commit),
+    ]
+}
+
+const ME: SenderId = SenderId::from_halves(0x22, 0x22);
+
+fn serve(h: &mut Harness, out: &mut Vec<Delivery>) {
+    loop {
+        let requests = h.node.page_requests();
+        if requests.is_empty() {
+            return;
+        }
+        for r in requests {
+            let records = (r.from..r.from + r.count as i64)
+                .map(|index| {
+                    let bytes = h
+                        .store
+                        .get_state(StateKey::QueueEntry(r.channel, index))
+                        .expect("a paged record is in the committed store");
+                    store::decode_envelope(r.channel, bytes).expect("decodes")
+                })
+                .collect();
+            h.node.page_in(r.channel, records, out).expect("page in");
+        }
+    }
+}
+
+/// The run's log, and how many records were paged in.
+fn run(ops: &[Op], window: Option<usize>) -> (Vec<String>, u64) {
+    let chans = [ch(1, 0), ch(2, 0), ch(3, 1)];
+    let sink = ch(9, 0);
+    let senders = [sender(0xA), sender(0xB)];
+    let broker = FakeBroker::default().with_topic(sink.topic, 1, 0);
+    let mut h = Harness::start(config(ME, &chans, &[sink.topic]), broker);
+    h.node.set_resident_window(window);
+    let mut next = [0i64; 3];
+    let mut seqs = [0i64; 2];
+    let mut log = Vec::new();
+    let mut per_channel: Vec<Vec<i64>> = vec![Vec::new(); 3];
+    for op in ops {
+        let mut out = Vec::new();
+        match op {
+            Op::Record(c, gap, claims, tag) => {
+                next[*c] += gap;
+                let offset = next[*c];
+                next[*c] += 1;
+                let mut clock = VectorClock::new();
+                for &(k, rel) in claims {
+                    if k != *c {
+                        clock.claim_offset(chans[k], (next[k] + rel).max(0));
+                    }
+                }
+                let mut r = rec(chans[*c], offset, clock);
+                if let Some(s) = tag {
+                    seqs[*s] += 1;
+                    r = tagged(r, senders[*s], seqs[*s]);
+                }
+                h.node.on_record_into(r, &mut out).unwrap();
+            }
+            Op::Advance(c, gap) => {
+                next[*c] += gap;
+                out = h.node.position_advance(chans[*c], next[*c]).unwrap();
+            }
+            Op::Send => {
+                let stamp = h.node.prepare_send(sink).unwrap();
+                log.push(format!("{stamp:?}"));
+            }
+            Op::Commit => {
+                h.commit();
+            }
+        }
+        serve(&mut h, &mut out);
+        for d in &out {
+            let i = chans.iter().position(|c| *c == d.record.channel).unwrap();
+            per_channel[i].push(d.record.offset);
+        }
+        let mut step = coords(&out);
+        step.sort();
+        log.push(format!(
+            "{step:?} held {} ({} bytes)",
+            h.node.held_count(),
+            h.node.held_bytes()
+        ));
+    }
+    log.push(format!("per channel {per_channel:?}"));
+    (log, h.node.stats().paged_in_total)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn paging_is_invisible(ops in prop::collection::vec(op(), 1..80), window in 1..4usize) {
+        let (all, _) = run(&ops, None);
+        let (paged, _) = run(&ops, Some(window));
+        prop_assert_eq!(all, paged);
+    }
+}
+
+/// The property is not vacuous: over the same kind of runs, paging
+/// happened and records were paged back in.
+#[test]
+fn the_property_pages_records_in() {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = prop::collection::vec(op(), 1..80);
+    let mut paged_in = 0;
+    let mut runs_with_paging = 0;
+    for _ in 0..200 {
+        let ops = strategy.new_tree(&mut runner).unwrap().current();
+        let (_, n) = run(&ops, Some(1));
+        paged_in += n;
+        runs_with_paging += u64::from(n > 0);
+    }
+    eprintln!("{runs_with_paging} of 200 runs paged records in ({paged_in} records)");
+    assert!(
+        runs_with_paging >= 40,
+        "only {runs_with_paging} of 200 runs paged a record in ({paged_in} records)"
+    );
+}
