@@ -1302,11 +1302,16 @@ impl Task {
                 return self.dead_letter_input(record, &stepped);
             }
         };
-        let headers = record
+        let mut headers: Vec<Header> = record
             .headers
             .into_iter()
             .filter(|h| !is_causal_header(&h.name))
             .collect();
+        if headers.is_empty() {
+            // The filter reuses the fetched list's allocation; a record
+            // with only causal headers should not carry it into a hold.
+            headers = Vec::new();
+        }
         let inbound = InboundRecord {
             channel: record.channel,
             offset: record.offset,
