@@ -191,6 +191,12 @@ pub struct StreamsOptions {
     /// paused. A record larger than this that has to wait fails its task.
     /// `None` sets no bound. 32 MiB by default.
     pub hold_budget: Option<usize>,
+    /// How many held records of each hold queue a task keeps decoded in
+    /// memory (the head and the ones right behind it); the others, once
+    /// committed, are kept only in the task's committed store and read
+    /// back in order when the gate reaches them. `None` keeps them all.
+    /// 256 by default.
+    pub hold_window: Option<usize>,
 }
 
 impl Default for StreamsOptions {
@@ -211,6 +217,7 @@ impl Default for StreamsOptions {
             state_file_cache: crate::state_dir::DEFAULT_FILE_CACHE,
             static_membership: false,
             hold_budget: Some(parsley::runtime::worker::DEFAULT_HOLD_BUDGET),
+            hold_window: Some(parsley::runtime::worker::DEFAULT_HOLD_WINDOW),
         }
     }
 }
@@ -2249,6 +2256,7 @@ impl StreamThread {
                 // tasks go on processing meanwhile.
                 restores: parsley::runtime::worker::RestoreMode::Deferred,
                 hold_budget: self.options.hold_budget,
+                hold_window: self.options.hold_window,
                 ..WorkerConfig::default()
             },
         );

@@ -472,6 +472,9 @@ fn world(
         if hold_budget.is_some() {
             config.hold_budget = hold_budget;
         }
+        // A hold window of one to three records: every world pages held
+        // records out and back in, through its crashes, aborts and moves.
+        config.hold_window = Some(1 + (seed % 3) as usize);
         let mut t = Thread::new(&app, config, fault, s.clone());
         if let Some(pool) = &pool {
             t = t.with_disk(pool.take());
@@ -691,6 +694,14 @@ fn common_floors(name: &str, runs: &[Seeded]) {
     floor(name, runs, "fold state checked", |r| r.fold_keys > 0);
 }
 
+/// Held records paged out and read back in (every world runs with a hold
+/// window of one to three records).
+fn paging_floor(name: &str, runs: &[Seeded]) {
+    floor(name, runs, "held records paged back in", |r| {
+        r.bridge.paged_in > 0
+    });
+}
+
 /// For shapes where records are held (a consumer of a stage's input and
 /// its output): the hold-related states.
 fn holding_floors(name: &str, runs: &[Seeded]) {
@@ -703,6 +714,7 @@ fn holding_floors(name: &str, runs: &[Seeded]) {
     floor(name, runs, "changelog restores with held records", |r| {
         r.bridge.restored_with_held > 0
     });
+    paging_floor(name, runs);
 }
 
 #[test]
@@ -746,6 +758,7 @@ fn faults_of_every_class() {
     let name = "faults";
     let runs = sweep(name, faulty_settlement, budget, 0);
     common_floors(name, &runs);
+    paging_floor(name, &runs);
     for (class, what) in [
         (0, "fenced producers"),
         (1, "fatal client errors"),
@@ -812,6 +825,7 @@ fn settlement_under_incremental_assignment() {
         0,
     );
     common_floors(name, &runs);
+    paging_floor(name, &runs);
     floor(name, &runs, "aborts with held records", |r| {
         r.world.aborts_while_holding > 0
     });
@@ -866,6 +880,7 @@ fn incremental_assignment_with_restores_apart_from_processing() {
         0,
     );
     common_floors(name, &runs);
+    paging_floor(name, &runs);
     floor(name, &runs, "a member holding half of a task", |r| {
         r.world.partial_holds > 0
     });
@@ -913,6 +928,7 @@ fn local_stores_through_crashes_and_damaged_disks() {
         0,
     );
     common_floors(name, &runs);
+    paging_floor(name, &runs);
     floor(name, &runs, "tasks started from a local store", |r| {
         r.bridge.local_starts > 0
     });
@@ -996,6 +1012,7 @@ fn tiny_hold_budgets_pause_often_and_never_wedge() {
         0,
     );
     common_floors(name, &runs);
+    paging_floor(name, &runs);
     backpressure_floors(name, &runs);
     floor(
         name,
@@ -1031,6 +1048,7 @@ fn tiny_hold_budgets_under_incremental_assignment_and_restores() {
         0,
     );
     common_floors(name, &runs);
+    paging_floor(name, &runs);
     floor(name, &runs, "partitions paused for the hold budget", |r| {
         r.bridge.hold_pauses > 0
     });

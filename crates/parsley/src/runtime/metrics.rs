@@ -62,6 +62,12 @@ pub const RECORDS_HELD_BYTES: &str = "records-held-bytes";
 /// The most the task may hold before it pauses fetching, in bytes (gauge;
 /// 0 when unbounded).
 pub const HOLD_BUDGET_BYTES: &str = "hold-budget-bytes";
+/// Held records paged out of the task's memory: kept only in its committed
+/// protocol store until the gate reaches them (gauge).
+pub const RECORDS_HELD_PAGED: &str = "records-held-paged";
+/// Held records read back from the committed store as the gate reached
+/// them (counter).
+pub const RECORDS_PAGED_IN_TOTAL: &str = "records-paged-in-total";
 /// The task's partitions whose fetching is paused because its holds passed
 /// the budget (gauge).
 pub const PARTITIONS_PAUSED: &str = "partitions-paused";
@@ -110,6 +116,10 @@ pub struct TaskMetrics {
     pub records_held_bytes: u64,
     /// [`HOLD_BUDGET_BYTES`].
     pub hold_budget_bytes: u64,
+    /// [`RECORDS_HELD_PAGED`].
+    pub records_held_paged: u64,
+    /// [`RECORDS_PAGED_IN_TOTAL`], since the task came to this thread.
+    pub records_paged_in_total: u64,
     /// [`PARTITIONS_PAUSED`].
     pub partitions_paused: u64,
     /// [`HOLD_PAUSES_TOTAL`], since the task came to this thread.
@@ -192,6 +202,16 @@ fn describe() {
         "What the records in the task's hold queues take, as the hold budget counts them."
     );
     describe_gauge!(
+        RECORDS_HELD_PAGED,
+        Unit::Count,
+        "Held records paged out of memory, kept in the task's committed store until the gate reaches them."
+    );
+    describe_counter!(
+        RECORDS_PAGED_IN_TOTAL,
+        Unit::Count,
+        "Held records read back from the committed store as the gate reached them."
+    );
+    describe_gauge!(
         HOLD_BUDGET_BYTES,
         Unit::Bytes,
         "The most the task may hold before it pauses fetching (0: unbounded)."
@@ -234,6 +254,7 @@ struct Totals {
     replays: u64,
     ticks: u64,
     dead_lettered: u64,
+    paged_in: u64,
 }
 
 /// A task's registered series and what has been counted so far.
@@ -252,6 +273,8 @@ pub(crate) struct TaskMeters {
     held_bytes: Gauge,
     budget: Gauge,
     paused: Gauge,
+    paged: Gauge,
+    paged_in: Counter,
     pauses: Counter,
     pauses_total: u64,
     topics: BTreeMap<String, (Gauge, Gauge)>,
@@ -316,6 +339,8 @@ impl TaskMeters {
             sequences: gauge(STAMP_SEQUENCE_ENTRIES),
             held_bytes: gauge(RECORDS_HELD_BYTES),
             budget: gauge(HOLD_BUDGET_BYTES),
+            paged: gauge(RECORDS_HELD_PAGED),
+            paged_in: counter(RECORDS_PAGED_IN_TOTAL),
             paused: gauge(PARTITIONS_PAUSED),
             pauses: counter(HOLD_PAUSES_TOTAL),
             pauses_total: 0,
@@ -332,17 +357,19 @@ impl TaskMeters {
         self.exported = Totals::default();
     }
 
-    /// Moves the counters by what the task did since the last call.
-    pub(crate) fn count(&mut self, task: &Task) {
+    /// Moves the counters by what the task did since the last call;
+    /// returns how many records it paged in since.
+    pub(crate) fn count(&mut self, task: &Task) -> u64 {
         let node = task.node().stats();
         let now = Totals {
             delivered: node.delivered_total,
             replays: node.replays_skipped_total,
             ticks: task.stats().ticks_emitted,
             dead_lettered: task.stats().diverted + task.stats().stepped_past,
+            paged_in: node.paged_in_total,
         };
         if now == self.exported {
-            return;
+            return 0;
         }
         let d = |a: u64, b: u64| a.saturating_sub(b);
         let (delivered, replays, ticks) = (
@@ -359,7 +386,11 @@ impl TaskMeters {
         self.cumulative.replays += replays;
         self.cumulative.ticks += ticks;
         self.cumulative.dead_lettered += dead_lettered;
+        let paged_in = d(now.paged_in, self.exported.paged_in);
+        self.paged_in.increment(paged_in);
+        self.cumulative.paged_in += paged_in;
         self.exported = now;
+        paged_in
     }
 
     /// Some of the task's partitions were paused for the hold budget.
@@ -417,6 +448,8 @@ impl TaskMeters {
         self.held_bytes.set(held_bytes as f64);
         self.budget.set(budget as f64);
         self.paused.set(paused as f64);
+        let paged = task.node().paged_count();
+        self.paged.set(paged as f64);
         TaskMetrics {
             thread_id: self.thread_id.clone(),
             task: task.id().clone(),
@@ -432,6 +465,8 @@ impl TaskMeters {
             stamp_sequence_entries: sequences as u64,
             records_held_bytes: held_bytes as u64,
             hold_budget_bytes: budget as u64,
+            records_held_paged: paged as u64,
+            records_paged_in_total: self.cumulative.paged_in,
             partitions_paused: paused as u64,
             hold_pauses_total: self.pauses_total,
             topics,
@@ -451,6 +486,7 @@ impl Drop for TaskMeters {
             &self.held_bytes,
             &self.budget,
             &self.paused,
+            &self.paged,
         ] {
             g.set(0.0);
         }

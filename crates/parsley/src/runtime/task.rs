@@ -49,8 +49,8 @@ use std::time::Duration;
 use parsley_protocol::headers::is_causal_header;
 use parsley_protocol::{
     BrokerOffsets, CausalHeaders, CausalNode, Channel, CorruptHeader, Delivery, Header,
-    InboundRecord, MemStore, NodeConfig, ProtocolError, SteppedPast, TopicId, TruncationReport,
-    VectorClock, WriteBatch,
+    InboundRecord, MemStore, NodeConfig, PageRequest, ProtocolError, StateKey, SteppedPast,
+    TopicId, TruncationReport, VectorClock, WriteBatch,
 };
 use tracing::{debug, info, warn};
 
@@ -851,6 +851,71 @@ impl Task {
         self.hold_budget = budget;
     }
 
+    /// Keeps at most `window` held records of each hold queue in the
+    /// node's memory (`None`: all of them). The rest stay in the task's
+    /// committed protocol store, where every held record is written at
+    /// commit, and are read back in order as the gate reaches them (see
+    /// [`CausalNode::set_resident_window`]). Returns how many records left
+    /// memory now (restored holds beyond the window).
+    pub fn set_hold_window(&mut self, window: Option<usize>) -> usize {
+        self.node.set_resident_window(window)
+    }
+
+    /// Serves the node's page requests from the committed protocol store
+    /// (the transaction in flight first: it holds what the last commit
+    /// wrote), appending what they release to `out`, until the node asks
+    /// for nothing more. A held record the store does not have, or does
+    /// not decode, fails the task: it is never skipped.
+    fn serve_pages(&mut self, out: &mut Vec<Delivery>) -> Result<(), TaskError> {
+        loop {
+            let requests = self.node.page_requests();
+            if requests.is_empty() {
+                return Ok(());
+            }
+            for request in requests {
+                let records = self.read_paged(request)?;
+                self.node
+                    .page_in(request.channel, records, out)
+                    .map_err(|e| self.protocol(e))?;
+            }
+        }
+    }
+
+    fn read_paged(&self, request: PageRequest) -> Result<Vec<InboundRecord>, TaskError> {
+        let PageRequest {
+            channel,
+            from,
+            count,
+        } = request;
+        let mut records = Vec::with_capacity(count);
+        for index in from..from.saturating_add(count as i64) {
+            let key = StateKey::QueueEntry(channel, index);
+            let bytes = match self.in_flight.as_ref().and_then(|f| f.protocol.get(key)) {
+                Some(written) => written,
+                None => self.stores.protocol.get_state(key),
+            };
+            let Some(bytes) = bytes else {
+                return Err(self.protocol(ProtocolError::MissingHeldRecords {
+                    channel,
+                    index,
+                    head: from,
+                    tail: from.saturating_add(count as i64),
+                }));
+            };
+            let record =
+                parsley_protocol::store::decode_envelope(channel, bytes).map_err(|reason| {
+                    self.protocol(ProtocolError::CorruptState(
+                        parsley_protocol::store::CorruptState {
+                            key: key.to_key(),
+                            reason,
+                        },
+                    ))
+                })?;
+            records.push(record);
+        }
+        Ok(records)
+    }
+
     /// The channels whose fetching the host paused for the hold budget:
     /// from now on, the channels among them an arriving record has an
     /// unmet claim on are noted ([`take_arrival_claims`](Self::take_arrival_claims)).
@@ -923,10 +988,11 @@ impl Task {
     /// skipped by the consumer (transaction markers, aborted records).
     pub fn position_advance(&mut self, channel: Channel, position: i64) -> Result<(), TaskError> {
         self.guarded(|t| {
-            let deliveries = t
+            let mut deliveries = t
                 .node
                 .position_advance(channel, position)
                 .map_err(|e| t.protocol(e))?;
+            t.serve_pages(&mut deliveries)?;
             for d in deliveries {
                 t.process(d)?;
             }
@@ -1104,12 +1170,14 @@ impl Task {
         broker: &dyn BrokerOffsets,
         now_ms: i64,
     ) -> Result<Task, TaskError> {
+        let window = self.node.resident_window();
         let Task {
             app,
             id,
             stores,
             committed_tick_at,
             record_events,
+            hold_budget,
             ..
         } = self;
         let mut task = Task::init(
@@ -1122,6 +1190,8 @@ impl Task {
             now_ms,
         )?;
         task.record_events = record_events;
+        task.hold_budget = hold_budget;
+        task.set_hold_window(window);
         // A tick of the aborted transaction is due again: resume the
         // schedule as it was committed, not a fresh one from now.
         if committed_tick_at.is_some() {
@@ -1345,6 +1415,7 @@ impl Task {
         if let Err(e) = self.node.on_record_into(inbound, &mut deliveries) {
             return Err(self.protocol(e));
         }
+        self.serve_pages(&mut deliveries)?;
         let released = deliveries.iter().filter(|d| d.was_held).count();
         if self.node.held_count() + released > held_before {
             // Only the arriving record can join a queue in one call; its

@@ -220,6 +220,14 @@ pub struct WorkerConfig {
     ///
     /// [`InboundRecord::held_size`]: parsley_protocol::InboundRecord::held_size
     pub hold_budget: Option<usize>,
+    /// How many held records of each hold queue a task keeps in the
+    /// node's memory (the head and a read-ahead window behind it). The
+    /// others, once committed, are kept only in the task's committed
+    /// protocol store (every held record is written there at commit in any
+    /// case) and read back in order when the gate reaches them, so a long
+    /// hold costs one copy of each record instead of two. `None` keeps
+    /// every held record in the node. 256 by default.
+    pub hold_window: Option<usize>,
     /// The `thread-id` label of this worker's metrics.
     pub thread_id: String,
     /// Whether transactions list what each task did
@@ -243,6 +251,7 @@ impl Default for WorkerConfig {
             local_store_max_age: Duration::from_secs(12 * 3600),
             restores: RestoreMode::Inline,
             hold_budget: Some(DEFAULT_HOLD_BUDGET),
+            hold_window: Some(DEFAULT_HOLD_WINDOW),
             thread_id: "0".to_owned(),
             events: true,
         }
@@ -251,6 +260,9 @@ impl Default for WorkerConfig {
 
 /// The default [`WorkerConfig::hold_budget`]: 32 MiB per task.
 pub const DEFAULT_HOLD_BUDGET: usize = 32 << 20;
+
+/// The default [`WorkerConfig::hold_window`]: 256 records per hold queue.
+pub const DEFAULT_HOLD_WINDOW: usize = 256;
 
 /// One partition the group assigned, with the facts the worker needs to
 /// choose its start.
@@ -445,6 +457,9 @@ pub struct WorkerStats {
     /// budget because a held head (or an arriving record) waited for its
     /// records.
     pub hold_pauses_withheld: u64,
+    /// Held records read back from a task's committed store as the gate
+    /// reached them (see [`WorkerConfig::hold_window`]).
+    pub records_paged_in: u64,
 }
 
 /// What the worker refuses.
@@ -1413,6 +1428,7 @@ impl Worker {
         )?;
         task.set_record_events(self.config.events);
         task.set_hold_budget(self.config.hold_budget);
+        task.set_hold_window(self.config.hold_window);
         if task.node().held_count() > 0 {
             self.stats.restored_with_held += 1;
         }
@@ -1995,7 +2011,7 @@ impl Worker {
         if let Err(e) = r {
             return self.fail_task(id, e);
         }
-        slot.meters.count(task);
+        self.stats.records_paged_in += slot.meters.count(task);
         self.dirty = true;
         let regulate = slot.throttle.engaged(task, self.config.hold_budget);
         // A position captured earlier may be covered now.
@@ -2073,7 +2089,7 @@ impl Worker {
         };
         task.observe_time(self.now);
         let r = task.position_advance(channel, position);
-        slot.meters.count(task);
+        self.stats.records_paged_in += slot.meters.count(task);
         if let Err(e) = r {
             return self.fail_task(id.clone(), e);
         }
@@ -2200,7 +2216,7 @@ impl Worker {
                 continue;
             };
             let r = task.punctuate(now);
-            slot.meters.count(task);
+            self.stats.records_paged_in += slot.meters.count(task);
             if let Err(e) = r {
                 failed = Some((id.clone(), e));
                 break;
@@ -2686,10 +2702,11 @@ impl Worker {
                 c.position = c.committed;
                 c.pending = None;
             }
-            slot.meters.count(&old);
+            self.stats.records_paged_in += slot.meters.count(&old);
             slot.meters.rebase();
             match old.reset(cluster, cluster, self.now) {
                 Ok(mut task) => {
+                    // The rebuilt task keeps its hold window itself.
                     task.set_hold_budget(self.config.hold_budget);
                     slot.task = Some(task);
                     // What it holds starts again from the committed state.

@@ -299,6 +299,8 @@ pub struct BridgeStats {
     pub hold_resumes_relieved: u64,
     /// Pauses left out because a held record waited for the partition.
     pub hold_pauses_withheld: u64,
+    /// Held records read back from a task's committed store.
+    pub paged_in: u64,
 }
 
 /// One stream thread: a worker and its fault, if any.
@@ -425,6 +427,7 @@ impl Thread {
         s.hold_resumes_claimed += now.hold_resumes_claimed - self.seen.hold_resumes_claimed;
         s.hold_resumes_relieved += now.hold_resumes_relieved - self.seen.hold_resumes_relieved;
         s.hold_pauses_withheld += now.hold_pauses_withheld - self.seen.hold_pauses_withheld;
+        s.paged_in += now.records_paged_in - self.seen.records_paged_in;
         self.seen = now;
     }
 

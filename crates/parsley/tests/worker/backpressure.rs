@@ -326,3 +326,130 @@ fn a_task_whose_reset_fails_resumes_its_paused_partitions() {
     assert_eq!(w.waiting_tasks().count(), 1, "the reset failed");
     assert_eq!(flow(&mut w), vec![("a".to_owned(), 0, false)]);
 }
+
+/// The task's own channel for `topic` partition 0 in `cluster`.
+fn channel(cluster: &Cluster, topic: &str) -> parsley::protocol::Channel {
+    parsley::protocol::Channel::new(cluster.topics[topic].0, 0)
+}
+
+/// A fetched record on `topic` partition 0, claiming `claims`.
+fn fetched(
+    cluster: &Cluster,
+    topic: &str,
+    offset: i64,
+    claims: &[(&str, i64)],
+) -> parsley::task::FetchedRecord {
+    let p = claiming(topic, offset, cluster, claims);
+    parsley::task::FetchedRecord {
+        channel: channel(cluster, topic),
+        offset,
+        timestamp: 0,
+        key: p.key,
+        value: p.value,
+        headers: p.headers,
+    }
+}
+
+fn delivered_offsets(commit: &parsley::task::TaskCommit) -> Vec<String> {
+    commit
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            TaskEvent::Delivered(d) => Some(d.coordinate.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A task with a hold window of 2 keeps only two of `a`'s held records in
+/// memory once they are committed; the rest come back from the store, in
+/// order, when their cause arrives: here while the transaction that wrote
+/// them is still in flight, so they are read from it.
+#[test]
+fn held_records_beyond_the_window_come_back_from_the_store_in_order() {
+    let app = three_source_app();
+    let cluster = three_source_cluster();
+    let mut task = parsley::task::Task::init(
+        &app,
+        "fwd",
+        0,
+        parsley::task::TaskStores::default(),
+        &cluster,
+        &cluster,
+        0,
+    )
+    .unwrap();
+    assert_eq!(task.set_hold_window(Some(2)), 0);
+    for o in 0..6 {
+        task.on_record(fetched(&cluster, "a", o, &[("c", 0)]))
+            .unwrap();
+    }
+    assert_eq!(task.node().held_count(), 6);
+    assert_eq!(task.node().paged_count(), 0, "nothing leaves uncommitted");
+    let first = task.take_commit().unwrap();
+    assert!(delivered_offsets(&first).is_empty());
+    assert_eq!(task.node().paged_count(), 4);
+    // The cause arrives before the first transaction's outcome.
+    task.on_record(fetched(&cluster, "c", 0, &[])).unwrap();
+    assert_eq!(task.node().held_count(), 0);
+    assert_eq!(task.node().stats().paged_in_total, 4);
+    task.commit_done();
+    let second = task.take_commit().unwrap();
+    let mut want = vec!["c:0@0".to_owned()];
+    want.extend((0..6).map(|o| format!("a:0@{o}")));
+    assert_eq!(delivered_offsets(&second), want);
+}
+
+/// Through the worker: held records paged out at commit, an abort that
+/// rebuilds the task from its committed store (the window carried over),
+/// and a release that pages them back in; the metrics count it.
+#[test]
+fn a_worker_pages_held_records_through_an_abort() {
+    let app = three_source_app();
+    let cluster = three_source_cluster();
+    let mut w = Worker::new(
+        &app,
+        WorkerConfig {
+            hold_window: Some(3),
+            ..WorkerConfig::default()
+        },
+    );
+    w.assign(vec![part("a", 0), part("b", 0), part("c", 0)], &cluster, 0)
+        .unwrap();
+    seek(&mut w);
+    commit(&mut w, &cluster);
+    for o in 0..10 {
+        w.on_record(claiming("a", o, &cluster, &[("c", 0)]))
+            .unwrap();
+    }
+    commit(&mut w, &cluster);
+    assert_eq!(w.sample().metrics[0].records_held_paged, 7);
+    // Two more held, then the transaction aborts: the task is rebuilt from
+    // what was committed (ten held, seven of them paged again).
+    for o in 10..12 {
+        w.on_record(claiming("a", o, &cluster, &[("c", 0)]))
+            .unwrap();
+    }
+    w.abort(&cluster).unwrap();
+    let id = w.tasks().next().unwrap().clone();
+    assert_eq!(w.task(&id).unwrap().node().held_count(), 10);
+    assert_eq!(w.task(&id).unwrap().node().paged_count(), 7);
+    seek(&mut w);
+    for o in 10..12 {
+        w.on_record(claiming("a", o, &cluster, &[("c", 0)]))
+            .unwrap();
+    }
+    w.on_record(rec("c", 0, 0, "cause")).unwrap();
+    let txn = commit(&mut w, &cluster);
+    let mut want = vec!["fwd[0]:c:0@0".to_owned()];
+    want.extend((0..12).map(|o| format!("fwd[0]:a:0@{o}")));
+    assert_eq!(delivered(&txn), want);
+    let m = w.sample().metrics[0].clone();
+    assert_eq!(m.records_held_paged, 0);
+    assert!(
+        m.records_paged_in_total >= 7,
+        "{}",
+        m.records_paged_in_total
+    );
+    assert!(w.stats().records_paged_in >= 7);
+}
