@@ -378,11 +378,16 @@ impl ChannelState {
                 for r in self.queue.drain(window..) {
                     self.paged.push_back((r.offset, r.held_size()));
                 }
+                self.queue.shrink_to(window.max(KEPT_QUEUE_CAPACITY));
             }
         } else {
             for r in self.back.drain(..) {
                 self.paged.push_back((r.offset, r.held_size()));
             }
+        }
+        // What arrived since the last commit needed room only until now.
+        if self.back.capacity() > KEPT_QUEUE_CAPACITY {
+            self.back = VecDeque::new();
         }
         self.paged.len() - before
     }
@@ -1220,13 +1225,14 @@ impl CausalNode {
         self.held
     }
 
-    /// How many records the hold queues have room for without growing
-    /// (their capacity, held records included): a drained queue keeps room
-    /// for a few, not for what its longest hold needed.
+    /// How many decoded records the hold queues have room for without
+    /// growing (their capacity, held records included): a drained queue
+    /// keeps room for a few, not for what its longest hold needed, and a
+    /// queue that paged its records out keeps room for its window.
     pub fn held_capacity(&self) -> usize {
         self.channels
             .iter()
-            .map(|c| c.queue.capacity() + c.paged.capacity() + c.back.capacity())
+            .map(|c| c.queue.capacity() + c.back.capacity())
             .sum()
     }
 

@@ -196,3 +196,24 @@ fn a_window_set_while_records_are_uncommitted_waits_for_their_commit() {
     }
     assert_eq!(delivered.len(), 10);
 }
+
+#[test]
+fn paging_out_gives_back_the_room_the_paged_records_took() {
+    let (a, b) = (ch(1, 0), ch(2, 0));
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    h.node.set_resident_window(Some(4));
+    held_on_b(&mut h, a, b, 0..2_000);
+    assert!(h.node.held_capacity() >= 2_000);
+    h.commit();
+    assert!(
+        h.node.held_capacity() <= 2 * 64,
+        "room for {} decoded records kept after paging",
+        h.node.held_capacity()
+    );
+    // Records queued behind the paged run, then paged in turn.
+    held_on_b(&mut h, a, b, 2_000..4_000);
+    assert!(h.node.held_capacity() >= 2_000);
+    h.commit();
+    assert!(h.node.held_capacity() <= 2 * 64);
+    assert_eq!(h.node.paged_count(), 3_996);
+}
