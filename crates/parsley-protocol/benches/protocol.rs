@@ -18,6 +18,10 @@
 //!   stamping one output, encoding its `vc`, and a downstream stage that
 //!   consumes one partition of that sink gating the output. The `vc` size
 //!   per P is printed once, before the timings.
+//! * `release/{decoded,paged}/N`: N held records (100-byte values),
+//!   committed to a store, released by their cause: all kept decoded, or
+//!   paged out past a window of 256 and read back from the store as the
+//!   host would (divide by N for the per-record release cost).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hint::black_box;
@@ -336,5 +340,59 @@ fn bench_stamp(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_clock, bench_node, bench_stamp);
+fn bench_release(c: &mut Criterion) {
+    let mut g = c.benchmark_group("release");
+    g.sample_size(20);
+    let (cause, held) = (channel(0), channel(1));
+    let n = 100_000i64;
+    for (name, window) in [("decoded", None), ("paged", Some(256))] {
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_function(BenchmarkId::new(name, n), |b| {
+            b.iter_batched(
+                || {
+                    let mut store = MemStore::new();
+                    let mut node = node([cause, held]);
+                    node.set_resident_window(window);
+                    let mut claim = VectorClock::new();
+                    claim.claim_offset(cause, 0);
+                    for o in 0..n {
+                        let _ = node.on_record(record(held, o, claim.clone()));
+                    }
+                    store.apply_owned(node.take_writes());
+                    (node, store)
+                },
+                |(mut node, store)| {
+                    let mut out = match node.on_record(record(cause, 0, VectorClock::new())) {
+                        Ok(out) => out,
+                        Err(e) => panic!("release: {e}"),
+                    };
+                    loop {
+                        let requests = node.page_requests();
+                        if requests.is_empty() {
+                            break;
+                        }
+                        for r in requests {
+                            let records = (r.from..r.from + r.count as i64)
+                                .filter_map(|i| {
+                                    let bytes =
+                                        store.get_state(StateKey::QueueEntry(r.channel, i))?;
+                                    store::decode_envelope(r.channel, bytes).ok()
+                                })
+                                .collect();
+                            if let Err(e) = node.page_in(r.channel, records, &mut out) {
+                                panic!("page in: {e}");
+                            }
+                        }
+                    }
+                    assert_eq!(out.len() as i64, n + 1);
+                    black_box(out.len())
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_clock, bench_node, bench_stamp, bench_release);
 criterion_main!(benches);

@@ -68,6 +68,13 @@
 //! simulator runs worlds with budgets small enough that partitions pause
 //! all the time, and checks that each still drains in causal order.
 //!
+//! Within what is held, only the front of each hold queue stays decoded
+//! ([`WorkerConfig::hold_window`] records): the rest, once committed, is
+//! kept only as the protocol-store entry every held record is written as,
+//! and each task reads it back in order as its gate reaches it. Every
+//! simulator application world runs with a window of one to three
+//! records.
+//!
 //! # Determinism
 //!
 //! Tasks, channels and writes are kept in ordered maps; the same calls give
