@@ -11,32 +11,12 @@ use parsley_protocol::*;
 
 const ME: u128 = 0x9A6E;
 
-/// Serves every page request from the harness's committed store; returns
-/// the deliveries they released and how many requests there were.
+/// Serves every page request; returns the deliveries they released and
+/// how many requests there were.
 fn serve(h: &mut Harness) -> (Vec<(Channel, i64)>, usize) {
     let mut out = Vec::new();
-    let mut served = 0;
-    loop {
-        let requests = h.node.page_requests();
-        if requests.is_empty() {
-            return (coords(&out), served);
-        }
-        for r in requests {
-            let records = (r.from..r.from + r.count as i64)
-                .map(|index| {
-                    let bytes = h
-                        .store
-                        .get_state(StateKey::QueueEntry(r.channel, index))
-                        .expect("a paged record is in the committed store");
-                    store::decode_envelope(r.channel, bytes).expect("decodes")
-                })
-                .collect();
-            h.node
-                .page_in(r.channel, records, &mut out)
-                .expect("page in");
-            served += 1;
-        }
-    }
+    let served = h.serve_pages(&mut out);
+    (coords(&out), served)
 }
 
 fn held_on_b(h: &mut Harness, a: Channel, b: Channel, offsets: std::ops::Range<i64>) {

@@ -38,27 +38,6 @@ fn op() -> impl Strategy<Value = Op> {
 
 const ME: SenderId = SenderId::from_halves(0x22, 0x22);
 
-fn serve(h: &mut Harness, out: &mut Vec<Delivery>) {
-    loop {
-        let requests = h.node.page_requests();
-        if requests.is_empty() {
-            return;
-        }
-        for r in requests {
-            let records = (r.from..r.from + r.count as i64)
-                .map(|index| {
-                    let bytes = h
-                        .store
-                        .get_state(StateKey::QueueEntry(r.channel, index))
-                        .expect("a paged record is in the committed store");
-                    store::decode_envelope(r.channel, bytes).expect("decodes")
-                })
-                .collect();
-            h.node.page_in(r.channel, records, out).expect("page in");
-        }
-    }
-}
-
 /// The run's log, and how many records were paged in.
 fn run(ops: &[Op], window: Option<usize>) -> (Vec<String>, u64) {
     let chans = [ch(1, 0), ch(2, 0), ch(3, 1)];
@@ -103,7 +82,7 @@ fn run(ops: &[Op], window: Option<usize>) -> (Vec<String>, u64) {
                 h.commit();
             }
         }
-        serve(&mut h, &mut out);
+        h.serve_pages(&mut out);
         for d in &out {
             let i = chans.iter().position(|c| *c == d.record.channel).unwrap();
             per_channel[i].push(d.record.offset);

@@ -203,6 +203,32 @@ impl Harness {
         self.restart_with(c).expect("restart");
     }
 
+    /// Serves every page request from the committed store, as a host
+    /// would, appending what the page-ins release to `out`; returns how
+    /// many requests there were.
+    pub fn serve_pages(&mut self, out: &mut Vec<Delivery>) -> usize {
+        let mut served = 0;
+        loop {
+            let requests = self.node.page_requests();
+            if requests.is_empty() {
+                return served;
+            }
+            for r in requests {
+                let records = (r.from..r.from + r.count as i64)
+                    .map(|index| {
+                        let bytes = self
+                            .store
+                            .get_state(StateKey::QueueEntry(r.channel, index))
+                            .expect("a paged record is in the committed store");
+                        store::decode_envelope(r.channel, bytes).expect("decodes")
+                    })
+                    .collect();
+                self.node.page_in(r.channel, records, out).expect("page in");
+                served += 1;
+            }
+        }
+    }
+
     pub fn feed(&mut self, r: InboundRecord) -> Vec<(Channel, i64)> {
         coords(&self.node.on_record(r).expect("on_record"))
     }
