@@ -1158,6 +1158,15 @@ impl CausalNode {
         self.channels.iter().map(|c| c.paged.len()).sum()
     }
 
+    /// What the paged-out held records take ([`InboundRecord::held_size`]
+    /// of each, as they were when paged out), across all queues.
+    pub fn paged_bytes(&self) -> usize {
+        self.channels
+            .iter()
+            .flat_map(|c| c.paged.iter().map(|&(_, size)| size))
+            .sum()
+    }
+
     /// Every gating queue head with its unmet claims, in channel order.
     pub fn held_heads(&self) -> Vec<HeldHead> {
         let mut out = Vec::new();

@@ -43,6 +43,11 @@ fn records_beyond_the_window_leave_memory_at_commit_and_come_back_in_order() {
     assert_eq!(h.node.paged_count(), 8, "all but the window");
     assert_eq!(h.node.held_count(), 10);
     assert_eq!(h.node.held_bytes(), bytes, "paged records still count");
+    assert_eq!(
+        h.node.paged_bytes() * 10,
+        bytes * 8,
+        "eight of ten equal records"
+    );
     assert_eq!(h.node.stats().paged_out_total, 8);
     // Records arriving now queue behind the paged ones.
     held_on_b(&mut h, a, b, 10..12);

@@ -65,6 +65,9 @@ pub const HOLD_BUDGET_BYTES: &str = "hold-budget-bytes";
 /// Held records paged out of the task's memory: kept only in its committed
 /// protocol store until the gate reaches them (gauge).
 pub const RECORDS_HELD_PAGED: &str = "records-held-paged";
+/// What the paged-out held records take, counted as the hold budget counts
+/// them (gauge).
+pub const RECORDS_HELD_PAGED_BYTES: &str = "records-held-paged-bytes";
 /// Held records read back from the committed store as the gate reached
 /// them (counter).
 pub const RECORDS_PAGED_IN_TOTAL: &str = "records-paged-in-total";
@@ -118,6 +121,8 @@ pub struct TaskMetrics {
     pub hold_budget_bytes: u64,
     /// [`RECORDS_HELD_PAGED`].
     pub records_held_paged: u64,
+    /// [`RECORDS_HELD_PAGED_BYTES`].
+    pub records_held_paged_bytes: u64,
     /// [`RECORDS_PAGED_IN_TOTAL`], since the task came to this thread.
     pub records_paged_in_total: u64,
     /// [`PARTITIONS_PAUSED`].
@@ -206,6 +211,11 @@ fn describe() {
         Unit::Count,
         "Held records paged out of memory, kept in the task's committed store until the gate reaches them."
     );
+    describe_gauge!(
+        RECORDS_HELD_PAGED_BYTES,
+        Unit::Bytes,
+        "What the paged-out held records take, as the hold budget counts them."
+    );
     describe_counter!(
         RECORDS_PAGED_IN_TOTAL,
         Unit::Count,
@@ -274,6 +284,7 @@ pub(crate) struct TaskMeters {
     budget: Gauge,
     paused: Gauge,
     paged: Gauge,
+    paged_bytes: Gauge,
     paged_in: Counter,
     pauses: Counter,
     pauses_total: u64,
@@ -340,6 +351,7 @@ impl TaskMeters {
             held_bytes: gauge(RECORDS_HELD_BYTES),
             budget: gauge(HOLD_BUDGET_BYTES),
             paged: gauge(RECORDS_HELD_PAGED),
+            paged_bytes: gauge(RECORDS_HELD_PAGED_BYTES),
             paged_in: counter(RECORDS_PAGED_IN_TOTAL),
             paused: gauge(PARTITIONS_PAUSED),
             pauses: counter(HOLD_PAUSES_TOTAL),
@@ -450,6 +462,8 @@ impl TaskMeters {
         self.paused.set(paused as f64);
         let paged = task.node().paged_count();
         self.paged.set(paged as f64);
+        let paged_bytes = task.node().paged_bytes();
+        self.paged_bytes.set(paged_bytes as f64);
         TaskMetrics {
             thread_id: self.thread_id.clone(),
             task: task.id().clone(),
@@ -466,6 +480,7 @@ impl TaskMeters {
             records_held_bytes: held_bytes as u64,
             hold_budget_bytes: budget as u64,
             records_held_paged: paged as u64,
+            records_held_paged_bytes: paged_bytes as u64,
             records_paged_in_total: self.cumulative.paged_in,
             partitions_paused: paused as u64,
             hold_pauses_total: self.pauses_total,
@@ -487,6 +502,7 @@ impl Drop for TaskMeters {
             &self.budget,
             &self.paused,
             &self.paged,
+            &self.paged_bytes,
         ] {
             g.set(0.0);
         }
