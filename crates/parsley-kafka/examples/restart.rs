@@ -13,7 +13,8 @@
 //! 100 records of new keys: once on the same state directory, once on an
 //! empty one. For each start it prints the time from `start()` to
 //! `Running` (every task restored), to the 100 new records folded, and
-//! what the restore did (`CausalStreams::restored()`).
+//! what the restore did (`CausalStreams::restored()`), with the resident
+//! set before each start and once its state is loaded and folded.
 
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -59,6 +60,19 @@ fn folded(s: &CausalStreams) -> u64 {
 struct Run {
     to_running: Duration,
     to_processing: Duration,
+    /// The resident set before the start and once everything was folded
+    /// (`VmRSS`, MiB; 0 off Linux).
+    rss: (f64, f64),
+}
+
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kib| kib.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
 }
 
 fn run(
@@ -72,6 +86,7 @@ fn run(
         state_dir: Some(dir.to_owned()),
         ..StreamsOptions::default()
     });
+    let before = rss_mib();
     let started = Instant::now();
     s.start()?;
     s.wait_until_running(Duration::from_secs(600))?;
@@ -85,12 +100,14 @@ fn run(
     let to_processing = started.elapsed();
     // The counts are sampled at most half a second late.
     std::thread::sleep(Duration::from_millis(600));
+    let loaded = rss_mib();
     let restored = s.restored();
     s.close(Duration::from_secs(60))?;
     Ok((
         Run {
             to_running,
             to_processing,
+            rss: (before, loaded),
         },
         restored,
     ))
@@ -137,13 +154,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     produce(&config, &input, 0..keys)?;
     let (first, _) = run(&app, &config, &kept, keys as u64)?;
     println!(
-        "{keys} keys over {partitions} partitions, folded from empty in {:.2} s",
-        first.to_processing.as_secs_f64()
+        "{keys} keys over {partitions} partitions, folded from empty in {:.2} s; resident set {:.0} MiB before the start, {:.0} MiB with every key folded",
+        first.to_processing.as_secs_f64(),
+        first.rss.0,
+        first.rss.1,
     );
     println!(
-        "| start | records replayed | tasks from their file | start to Running | start to 100 new records folded |"
+        "| start | records replayed | tasks from their file | start to Running | start to 100 new records folded | resident set before, with the state loaded |"
     );
-    println!("| --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- |");
     for (name, dir, from) in [
         ("state directory kept", &kept, keys),
         ("empty state directory", &empty, keys + 100),
@@ -151,11 +170,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         produce(&config, &input, from..from + 100)?;
         let (r, restored) = run(&app, &config, dir, 100)?;
         println!(
-            "| {name} | {} | {} | {:.2} s | {:.2} s |",
+            "| {name} | {} | {} | {:.2} s | {:.2} s | {:.0} MiB, {:.0} MiB |",
             restored.records_replayed,
             restored.from_local_store,
             r.to_running.as_secs_f64(),
-            r.to_processing.as_secs_f64()
+            r.to_processing.as_secs_f64(),
+            r.rss.0,
+            r.rss.1,
         );
     }
     let _ = std::fs::remove_dir_all(&kept);
