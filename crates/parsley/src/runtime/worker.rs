@@ -2122,11 +2122,11 @@ impl Worker {
         let Some(task) = slot.task.as_mut() else {
             return;
         };
-        let held = task.node().held_bytes();
-        let throttle = &mut slot.throttle;
-        if throttle.paused.is_empty() && held <= budget {
+        if !slot.throttle.engaged(task, Some(budget)) {
             return;
         }
+        let held = task.node().held_bytes();
+        let throttle = &mut slot.throttle;
         let arrivals = task.take_arrival_claims();
         let node = task.node();
         let same_heads = node.head_offsets().eq(throttle.heads.iter().copied());
