@@ -1100,6 +1100,10 @@ impl CausalNode {
     /// records ran out while paged ones remain. Empty whenever the node is
     /// at rest (the host served every request).
     pub fn page_requests(&self) -> Vec<PageRequest> {
+        if self.held == 0 {
+            // The in-order path: nothing held, nothing to look through.
+            return Vec::new();
+        }
         let window = self.window.unwrap_or(usize::MAX).max(1);
         self.channels
             .iter()
