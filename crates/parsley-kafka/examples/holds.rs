@@ -31,30 +31,11 @@ use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
+#[path = "shared/bench_util.rs"]
+mod bench_util;
+use bench_util::{resident_mib, send_when_room};
+
 type T = Topic<String, String>;
-
-/// This process's resident set (`VmRSS`), in MiB; 0 off Linux.
-fn rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kib| kib.parse::<f64>().ok())
-        .map_or(0.0, |kib| kib / 1024.0)
-}
-
-fn send(producer: &BaseProducer, mut record: BaseRecord<'_, str, [u8]>) {
-    loop {
-        match producer.send(record) {
-            Ok(()) => return,
-            Err((_, back)) => {
-                producer.poll(Duration::from_millis(5));
-                record = back;
-            }
-        }
-    }
-}
 
 struct Reading {
     held: u64,
@@ -113,7 +94,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     upstream.init_transactions(Duration::from_secs(30))?;
     upstream.begin_transaction()?;
     for p in 0..partitions {
-        send(
+        send_when_room(
             &upstream,
             BaseRecord::to(&causes)
                 .partition(p)
@@ -141,7 +122,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 key: CLOCK_HEADER,
                 value: Some(&clocks[p as usize]),
             });
-            send(
+            send_when_room(
                 &producer,
                 BaseRecord::to(&effects)
                     .partition(p)
@@ -162,7 +143,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .on(&e, |_m: &Message<String, String>| Vec::<Emission>::new())
         .build()?;
     let app = Parsley::named(format!("holds-bench-{nanos}").as_str(), [stage])?;
-    let before = rss_mib();
+    let before = resident_mib();
     let mut s = CausalStreams::new(&app, config.clone())?.with_options(StreamsOptions {
         instance_id: Some("bench".to_owned()),
         state_dir: Some(std::env::temp_dir().join(format!("holds-bench-{nanos}"))),
@@ -173,12 +154,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     s.wait_until_running(Duration::from_secs(120))?;
 
     // Until the holds stop growing (or everything is held).
-    let mut peak = rss_mib();
+    let mut peak = resident_mib();
     let mut last = (0, Instant::now());
     let mut peak_held = (0, 0);
     loop {
         std::thread::sleep(Duration::from_millis(100));
-        peak = peak.max(rss_mib());
+        peak = peak.max(resident_mib());
         let r = read(&s);
         peak_held = (peak_held.0.max(r.held), peak_held.1.max(r.held_bytes));
         if r.held != last.0 {
@@ -191,12 +172,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let waiting = read(&s);
-    let plateau = rss_mib();
+    let plateau = resident_mib();
     let committed = Instant::now();
     upstream.commit_transaction(Duration::from_secs(30))?;
     let total = (records + partitions as usize) as u64;
     while read(&s).delivered < total {
-        peak = peak.max(rss_mib());
+        peak = peak.max(resident_mib());
         if committed.elapsed() > Duration::from_secs(600) {
             return Err(format!("only {} of {total} delivered", read(&s).delivered).into());
         }
@@ -206,7 +187,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // this long (and at least this minus half a second).
     let released = committed.elapsed();
     std::thread::sleep(Duration::from_secs(2));
-    let after = rss_mib();
+    let after = resident_mib();
     s.close(Duration::from_secs(60))?;
     let budget_text = budget.map_or("none".to_owned(), |b| format!("{} MiB", b >> 20));
     println!(

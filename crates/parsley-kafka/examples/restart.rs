@@ -26,6 +26,10 @@ use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
+#[path = "shared/bench_util.rs"]
+mod bench_util;
+use bench_util::{resident_mib, send_when_room};
+
 type T = Topic<String, String>;
 
 fn produce(
@@ -36,18 +40,12 @@ fn produce(
     let producer: BaseProducer = config.clone().set("linger.ms", "20").create()?;
     for i in keys {
         let key = format!("key-{i}");
-        let mut record = BaseRecord::<str, str>::to(topic)
-            .key(key.as_str())
-            .payload("v");
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    producer.poll(Duration::from_millis(5));
-                    record = back;
-                }
-            }
-        }
+        send_when_room(
+            &producer,
+            BaseRecord::<str, str>::to(topic)
+                .key(key.as_str())
+                .payload("v"),
+        );
     }
     producer.flush(Duration::from_secs(120))?;
     Ok(())
@@ -65,16 +63,6 @@ struct Run {
     rss: (f64, f64),
 }
 
-fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kib| kib.parse::<f64>().ok())
-        .map_or(0.0, |kib| kib / 1024.0)
-}
-
 fn run(
     app: &Parsley,
     config: &ClientConfig,
@@ -86,7 +74,7 @@ fn run(
         state_dir: Some(dir.to_owned()),
         ..StreamsOptions::default()
     });
-    let before = rss_mib();
+    let before = resident_mib();
     let started = Instant::now();
     s.start()?;
     s.wait_until_running(Duration::from_secs(600))?;
@@ -100,7 +88,7 @@ fn run(
     let to_processing = started.elapsed();
     // The counts are sampled at most half a second late.
     std::thread::sleep(Duration::from_millis(600));
-    let loaded = rss_mib();
+    let loaded = resident_mib();
     let restored = s.restored();
     s.close(Duration::from_secs(60))?;
     Ok((

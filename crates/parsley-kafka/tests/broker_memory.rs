@@ -8,10 +8,13 @@
 //! One test in its own binary, so that the resident set it reads is its
 //! own. It needs a broker: it runs when `PARSLEY_BOOTSTRAP` names one.
 
+#[path = "../examples/shared/bench_util.rs"]
+mod bench_util;
 mod common;
 
 use std::time::{Duration, Instant};
 
+use bench_util::send_when_room;
 use common::{config, create_topics, unique};
 
 use parsley::protocol::headers::CLOCK_HEADER;
@@ -35,26 +38,7 @@ fn topic(name: &str) -> T {
 
 /// This process's resident set (`VmRSS`), in bytes.
 fn rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kib: u64 = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    kib * 1024
-}
-
-fn send(producer: &BaseProducer, mut record: BaseRecord<'_, str, str>) {
-    loop {
-        match producer.send(record) {
-            Ok(()) => return,
-            Err((_, back)) => {
-                producer.poll(Duration::from_millis(5));
-                record = back;
-            }
-        }
-    }
+    bench_util::status_bytes("self", "VmRSS").expect("the resident set is readable on Linux")
 }
 
 fn stamped(claim: Channel, offset: i64) -> OwnedHeaders {
@@ -103,7 +87,7 @@ fn records_behind_an_open_transaction_stay_within_the_budget_and_all_arrive_in_o
     let upstream: BaseProducer = upstream_config.create().unwrap();
     upstream.init_transactions(Duration::from_secs(20)).unwrap();
     upstream.begin_transaction().unwrap();
-    send(
+    send_when_room(
         &upstream,
         BaseRecord::to(&c).partition(0).key("k").payload("cause"),
     );
@@ -115,7 +99,7 @@ fn records_behind_an_open_transaction_stay_within_the_budget_and_all_arrive_in_o
         let value = "v".repeat(100);
         for i in 0..EFFECTS {
             let key = format!("k{i:06}");
-            send(
+            send_when_room(
                 &producer,
                 BaseRecord::to(&e)
                     .partition(0)
@@ -206,7 +190,7 @@ fn records_behind_an_open_transaction_stay_within_the_budget_and_all_arrive_in_o
     // fetching past the budget; the reply's own partition pauses instead).
     {
         let producer: BaseProducer = config().create().unwrap();
-        send(
+        send_when_room(
             &producer,
             BaseRecord::to(&r)
                 .partition(0)

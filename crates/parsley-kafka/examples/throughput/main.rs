@@ -36,6 +36,8 @@
 //! cargo run --release -p parsley-kafka --example throughput -- BOOTSTRAP [RECORDS [RATE SECONDS COMMIT_MS [ROUNDS]]]
 //! ```
 
+#[path = "../shared/bench_util.rs"]
+mod bench_util;
 mod child;
 mod procfs;
 
@@ -54,6 +56,8 @@ use rdkafka::message::Message as _;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+
+use bench_util::send_when_room;
 
 /// Counts allocations made through Rust's allocator (librdkafka's own, in
 /// C, are not counted; every Rust loop makes those alike).
@@ -292,24 +296,6 @@ fn write_backlog(base: &ClientConfig, input: &str, n: usize) -> Result<()> {
     }
     producer.flush(Duration::from_secs(60))?;
     Ok(())
-}
-
-/// Sends `record`, serving delivery reports while the producer's queue is
-/// full.
-fn send_when_room<K, V>(producer: &BaseProducer, mut record: BaseRecord<'_, K, V>)
-where
-    K: rdkafka::message::ToBytes + ?Sized,
-    V: rdkafka::message::ToBytes + ?Sized,
-{
-    loop {
-        match producer.send(record) {
-            Ok(()) => return,
-            Err((_, back)) => {
-                producer.poll(Duration::from_millis(5));
-                record = back;
-            }
-        }
-    }
 }
 
 /// A loop running in its own process.

@@ -36,10 +36,7 @@ pub(crate) fn thread_cpu(pid: u32, prefix: &str) -> Option<Duration> {
 
 /// The peak resident set size of `pid` (`VmHWM`), in bytes.
 pub(crate) fn peak_rss(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    crate::bench_util::status_bytes(&pid.to_string(), "VmHWM")
 }
 
 /// utime plus stime of one `stat` line: the 12th and 13th fields after
