@@ -72,6 +72,17 @@ const PREFETCH: &[(&str, &str)] = &[
     ("fetch.queue.backoff.ms", "20"),
 ];
 
+/// What librdkafka fetches ahead of the stream thread is memory the hold
+/// budget does not see: keep it to a few MiB ([`PREFETCH`]) where the
+/// user's configuration says nothing (librdkafka's own default is 64 MiB).
+fn set_prefetch_defaults(consumer_config: &mut ClientConfig) {
+    for (setting, value) in PREFETCH {
+        if consumer_config.get(setting).is_none() {
+            consumer_config.set(*setting, *value);
+        }
+    }
+}
+
 /// Which consumer group protocol the stream threads use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GroupProtocol {
@@ -2292,14 +2303,7 @@ impl StreamThread {
         for (k, v) in OWNED {
             consumer_config.set(*k, *v);
         }
-        // What librdkafka fetches ahead of the stream thread is memory the
-        // hold budget does not see: keep it to a few MiB unless told
-        // otherwise (librdkafka's own default is 64 MiB).
-        for (setting, value) in PREFETCH {
-            if consumer_config.get(setting).is_none() {
-                consumer_config.set(*setting, *value);
-            }
-        }
+        set_prefetch_defaults(&mut consumer_config);
         match self.options.group_protocol {
             GroupProtocol::Classic => {
                 consumer_config.set("partition.assignment.strategy", "range");
@@ -2534,6 +2538,19 @@ mod tests {
             .build()
             .unwrap();
         Parsley::named("app", [stage]).unwrap()
+    }
+
+    #[test]
+    fn the_prefetch_bound_yields_to_the_users_own_setting() {
+        let mut bare = ClientConfig::new();
+        set_prefetch_defaults(&mut bare);
+        assert_eq!(bare.get("queued.max.messages.kbytes"), Some("8192"));
+        assert_eq!(bare.get("fetch.queue.backoff.ms"), Some("20"));
+        let mut own = ClientConfig::new();
+        own.set("queued.max.messages.kbytes", "65536");
+        set_prefetch_defaults(&mut own);
+        assert_eq!(own.get("queued.max.messages.kbytes"), Some("65536"));
+        assert_eq!(own.get("fetch.queue.backoff.ms"), Some("20"));
     }
 
     #[test]
