@@ -1151,6 +1151,10 @@ impl CausalNode {
         if ch.paged.is_empty() {
             let back = std::mem::take(&mut ch.back);
             ch.queue.extend(back);
+            // The paged run is over: its room goes too.
+            if ch.paged.capacity() > KEPT_QUEUE_CAPACITY {
+                ch.paged = VecDeque::new();
+            }
         }
         self.stats.paged_in_total += n as u64;
         self.cascade(out);
@@ -1247,6 +1251,12 @@ impl CausalNode {
             .iter()
             .map(|c| c.queue.capacity() + c.back.capacity())
             .sum()
+    }
+
+    /// How many paged-out records the hold queues have room for without
+    /// growing: once a paged run is read back in, a few.
+    pub fn paged_capacity(&self) -> usize {
+        self.channels.iter().map(|c| c.paged.capacity()).sum()
     }
 
     /// What the records held across all queues cost, in bytes
@@ -1528,12 +1538,6 @@ impl CausalNode {
                 // to (a queue of 100k records keeps about 15 MiB otherwise).
                 if ch.queue.capacity() > KEPT_QUEUE_CAPACITY {
                     ch.queue = VecDeque::new();
-                }
-                if ch.paged.capacity() > KEPT_QUEUE_CAPACITY {
-                    ch.paged = VecDeque::new();
-                }
-                if ch.back.capacity() > KEPT_QUEUE_CAPACITY {
-                    ch.back = VecDeque::new();
                 }
                 break;
             }

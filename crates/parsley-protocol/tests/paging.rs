@@ -201,4 +201,18 @@ fn paging_out_gives_back_the_room_the_paged_records_took() {
     h.commit();
     assert!(h.node.held_capacity() <= 2 * 64);
     assert_eq!(h.node.paged_count(), 3_996);
+    assert!(h.node.paged_capacity() >= 3_996);
+    // Released and read back: the paged run's room goes with it.
+    let mut released = h.feed(rec(a, 0, VectorClock::new()));
+    for o in 1..4_000 {
+        released.extend(h.feed(rec(a, o, VectorClock::new())));
+        released.extend(serve(&mut h).0);
+    }
+    assert_eq!(released.len(), 8_000);
+    assert_eq!(h.node.held_count(), 0);
+    assert!(
+        h.node.paged_capacity() <= 64,
+        "room for {} paged records kept",
+        h.node.paged_capacity()
+    );
 }
