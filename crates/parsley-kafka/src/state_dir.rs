@@ -26,13 +26,14 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use parsley::protocol::TopicId;
 use parsley::runtime::local::{
-    LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, StoreIdentity, StoreKind,
+    LocalReader, LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, StoreIdentity, StoreKind,
 };
 use parsley::task::TaskId;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
@@ -162,8 +163,53 @@ fn sanitize(name: &str) -> String {
 }
 
 struct Open {
-    db: Database,
+    db: Arc<Database>,
     last_durable: Instant,
+    /// The reader handed out last, told of each write once it is in.
+    applied: Option<Arc<AtomicU64>>,
+}
+
+/// A task's file as its running task reads it (fold entries that left
+/// memory): redb serves reads beside the writer thread's writes, each
+/// read seeing the writes committed before it began.
+struct FileReader {
+    task: TaskId,
+    db: Arc<Database>,
+    applied: Arc<AtomicU64>,
+}
+
+impl LocalReader for FileReader {
+    fn applied(&self) -> u64 {
+        self.applied.load(Ordering::Acquire)
+    }
+
+    fn fold_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, LocalStoreError> {
+        let task = &self.task;
+        let read = self.db.begin_read().map_err(|e| io(task, e))?;
+        let table = match read.open_table(FOLD) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(corrupt(task, e)),
+        };
+        let value = table.get(key).map_err(|e| corrupt(task, e))?;
+        Ok(value.map(|v| v.value().to_vec()))
+    }
+
+    fn fold_scan(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LocalStoreError> {
+        let task = &self.task;
+        let read = self.db.begin_read().map_err(|e| io(task, e))?;
+        let table = match read.open_table(FOLD) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(corrupt(task, e)),
+        };
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(|e| corrupt(task, e))? {
+            let (k, v) = entry.map_err(|e| corrupt(task, e))?;
+            out.push((k.value().to_vec(), v.value().to_vec()));
+        }
+        Ok(out)
+    }
 }
 
 /// The task files one writer thread has open.
@@ -174,9 +220,15 @@ struct Files {
 
 /// What the writer thread is asked to do, in order.
 enum Job {
+    /// Read the store (with its fold entries when the flag says so).
     Open(
         TaskId,
+        bool,
         SyncSender<Result<Option<LocalSnapshot>, LocalStoreError>>,
+    ),
+    Reader(
+        TaskId,
+        SyncSender<Result<Option<Arc<dyn LocalReader>>, LocalStoreError>>,
     ),
     Write(TaskId, LocalWrite),
     Wipe(TaskId, SyncSender<Result<(), LocalStoreError>>),
@@ -226,8 +278,11 @@ impl TaskFiles {
             .spawn(move || {
                 for job in rx {
                     match job {
-                        Job::Open(task, reply) => {
-                            let _ = reply.send(files.open(&task));
+                        Job::Open(task, with_fold, reply) => {
+                            let _ = reply.send(files.read(&task, with_fold));
+                        }
+                        Job::Reader(task, reply) => {
+                            let _ = reply.send(files.reader(&task));
                         }
                         Job::Write(task, write) => {
                             if marks
@@ -293,7 +348,31 @@ impl LocalStore for TaskFiles {
         if !self.dir.task_file(task).exists() {
             return Ok(None);
         }
-        self.ask(task, |r| Job::Open(task.clone(), r))
+        self.ask(task, |r| Job::Open(task.clone(), true, r))
+    }
+
+    fn open_without_fold(
+        &mut self,
+        task: &TaskId,
+    ) -> Result<Option<LocalSnapshot>, LocalStoreError> {
+        let _ = self.take_failure(task);
+        if !self.dir.task_file(task).exists() {
+            return Ok(None);
+        }
+        self.ask(task, |r| Job::Open(task.clone(), false, r))
+    }
+
+    fn reader(&mut self, task: &TaskId) -> Result<Option<Arc<dyn LocalReader>>, LocalStoreError> {
+        // Queued behind every write so far: the reader sees them all.
+        let r = self.ask(task, |r| Job::Reader(task.clone(), r));
+        match self.take_failure(task) {
+            Some(e) => Err(e),
+            None => r,
+        }
+    }
+
+    fn reads_while_running(&self) -> bool {
+        true
     }
 
     fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
@@ -373,8 +452,9 @@ impl Files {
             self.open.insert(
                 task.clone(),
                 Open {
-                    db,
+                    db: Arc::new(db),
                     last_durable: Instant::now(),
+                    applied: None,
                 },
             );
         }
@@ -384,8 +464,26 @@ impl Files {
     }
 }
 
-impl LocalStore for Files {
-    fn open(&mut self, task: &TaskId) -> Result<Option<LocalSnapshot>, LocalStoreError> {
+impl Files {
+    /// A reader on the task's file; the writes after this call tell it
+    /// their sequence numbers.
+    fn reader(&mut self, task: &TaskId) -> Result<Option<Arc<dyn LocalReader>>, LocalStoreError> {
+        let open = self.db(task)?;
+        let applied = Arc::new(AtomicU64::new(0));
+        open.applied = Some(applied.clone());
+        Ok(Some(Arc::new(FileReader {
+            task: task.clone(),
+            db: open.db.clone(),
+            applied,
+        })))
+    }
+
+    /// Reads the task's store, with or without its fold entries.
+    fn read(
+        &mut self,
+        task: &TaskId,
+        with_fold: bool,
+    ) -> Result<Option<LocalSnapshot>, LocalStoreError> {
         if !self.open.contains_key(task) && !self.dir.task_file(task).exists() {
             return Ok(None);
         }
@@ -419,10 +517,11 @@ impl LocalStore for Files {
                     .insert(topic.to_owned(), i64::from_be_bytes(bytes));
             }
         }
-        for (def, out) in [
-            (PROTOCOL, &mut snapshot.protocol),
-            (FOLD, &mut snapshot.fold),
-        ] {
+        let tables = [
+            Some((PROTOCOL, &mut snapshot.protocol)),
+            with_fold.then_some((FOLD, &mut snapshot.fold)),
+        ];
+        for (def, out) in tables.into_iter().flatten() {
             let table = match read.open_table(def) {
                 Ok(t) => t,
                 Err(redb::TableError::TableDoesNotExist(_)) => continue,
@@ -434,6 +533,12 @@ impl LocalStore for Files {
             }
         }
         Ok(Some(snapshot))
+    }
+}
+
+impl LocalStore for Files {
+    fn open(&mut self, task: &TaskId) -> Result<Option<LocalSnapshot>, LocalStoreError> {
+        self.read(task, true)
     }
 
     fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
@@ -489,6 +594,9 @@ impl LocalStore for Files {
         txn.commit().map_err(|e| io(task, e))?;
         if durable {
             open.last_durable = Instant::now();
+        }
+        if let Some(applied) = &open.applied {
+            applied.store(write.seq, Ordering::Release);
         }
         Ok(())
     }
@@ -601,6 +709,7 @@ mod tests {
                     checkpoint: BTreeMap::from([("app-s-fold-changelog".to_owned(), 12)]),
                     replace: true,
                     written_at: 5,
+                    seq: 0,
                     entries: vec![
                         (StoreKind::Fold, b"k1".to_vec(), Some(b"v1".to_vec())),
                         (StoreKind::Fold, b"k2".to_vec(), Some(b"v2".to_vec())),
@@ -617,6 +726,7 @@ mod tests {
                     checkpoint: BTreeMap::from([("app-s-fold-changelog".to_owned(), 15)]),
                     replace: false,
                     written_at: 9,
+                    seq: 0,
                     entries: vec![(StoreKind::Fold, b"k1".to_vec(), None)],
                 },
             )
@@ -650,6 +760,7 @@ mod tests {
             checkpoint: BTreeMap::from([("app-s-fold-changelog".to_owned(), i64::from(round))]),
             replace,
             written_at: 5,
+            seq: 0,
             entries: (0..2_000u32)
                 .map(|i| {
                     let key = format!("{round:04}-{i:06}").into_bytes();

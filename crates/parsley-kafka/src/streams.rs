@@ -208,6 +208,13 @@ pub struct StreamsOptions {
     /// back in order when the gate reaches them. `None` keeps them all.
     /// 256 by default.
     pub hold_window: Option<usize>,
+    /// How much of each task's fold state stays in memory, in bytes, at
+    /// most (an estimate of what the entries take): the rest is read from
+    /// the task's file in the state directory when a record needs it.
+    /// Entries leave memory oldest write first, once the file holds them.
+    /// Needs a state directory; without one (or with `None`) the whole
+    /// fold state stays in memory. 64 MiB by default.
+    pub fold_cache: Option<usize>,
 }
 
 impl Default for StreamsOptions {
@@ -229,6 +236,7 @@ impl Default for StreamsOptions {
             static_membership: false,
             hold_budget: Some(parsley::runtime::worker::DEFAULT_HOLD_BUDGET),
             hold_window: Some(parsley::runtime::worker::DEFAULT_HOLD_WINDOW),
+            fold_cache: Some(parsley::runtime::worker::DEFAULT_FOLD_CACHE),
         }
     }
 }
@@ -2268,6 +2276,7 @@ impl StreamThread {
                 restores: parsley::runtime::worker::RestoreMode::Deferred,
                 hold_budget: self.options.hold_budget,
                 hold_window: self.options.hold_window,
+                fold_cache: self.options.fold_cache,
                 ..WorkerConfig::default()
             },
         );

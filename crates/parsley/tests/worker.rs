@@ -624,7 +624,11 @@ fn an_abort_returns_every_task_to_committed_state_and_seeks_back() {
         .task(&task)
         .unwrap()
         .fold_state(&FoldKey::Key(b"x".to_vec()));
-    assert_eq!(state, Some(&1i64.to_be_bytes()[..]), "the committed count");
+    assert_eq!(
+        state.as_deref(),
+        Some(&1i64.to_be_bytes()[..]),
+        "the committed count"
+    );
 
     // The retry redelivers the same records in the same order and emits
     // the same records (the stamps may claim more: the new incarnation's
@@ -894,7 +898,7 @@ fn a_new_worker_restores_both_stores_from_the_changelogs() {
     let task = other.tasks().next().unwrap().clone();
     let t = other.task(&task).unwrap();
     assert_eq!(
-        t.fold_state(&FoldKey::Key(b"x".to_vec())),
+        t.fold_state(&FoldKey::Key(b"x".to_vec())).as_deref(),
         Some(&2i64.to_be_bytes()[..])
     );
     assert_eq!(
@@ -2419,7 +2423,7 @@ fn count_of(w: &Worker) -> Option<Vec<u8>> {
     let task = w.tasks().next()?.clone();
     w.task(&task)?
         .fold_state(&FoldKey::Key(b"x".to_vec()))
-        .map(<[u8]>::to_vec)
+        .map(|v| v.to_vec())
 }
 
 #[test]

@@ -13,11 +13,19 @@
 //! | `0x01` followed by the key bytes | a key |
 //! | `0x02` | the tick state |
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::codec::{Codec, CodecError};
+use crate::runtime::local::{LocalReader, LocalStoreError};
+
+/// One key and its value as the fold store hands them out: borrowed where
+/// resident, owned where read back from disk.
+pub type FoldEntry<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
 
 /// A slot of the fold-state store.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
@@ -128,11 +136,94 @@ impl FoldWrites {
     }
 }
 
-/// A committed fold store in memory. Hosts commit [`FoldWrites`] into it
-/// and start tasks from it.
-#[derive(Clone, PartialEq, Eq, Default, Debug)]
+/// A task's committed fold store.
+///
+/// By default every entry is kept in memory. A task whose host keeps a
+/// local store that can be read while the task runs can
+/// [`attach`](Self::attach) it with a budget in bytes: the store then keeps
+/// at most about that much in memory and reads the rest from the local
+/// store. An entry leaves memory only once the local store reports holding
+/// its latest write (writes reach the local store after their commit, and
+/// may lag behind it), so a read from the local store never sees an older
+/// value than the one committed. Entries leave oldest write first.
+#[derive(Clone, Default)]
 pub struct FoldStore {
-    entries: BTreeMap<Vec<u8>, Vec<u8>>,
+    entries: BTreeMap<Vec<u8>, Resident>,
+    cold: Option<Box<Cold>>,
+}
+
+/// An entry kept in memory: its bytes, the fold sequence number of the
+/// commit that wrote it, and its place in the eviction order.
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct Resident {
+    value: Vec<u8>,
+    seq: u64,
+    stamp: u64,
+}
+
+/// What an entry is taken to cost in memory beyond its key and value: two
+/// map slots and the vectors' headers, roughly.
+const ENTRY_OVERHEAD: usize = 96;
+
+fn cost(key: &[u8], value: &[u8]) -> usize {
+    // The key is kept twice: in the map and in the eviction order.
+    2 * key.len() + value.len() + ENTRY_OVERHEAD
+}
+
+/// The local store behind a bounded fold store.
+#[derive(Clone)]
+struct Cold {
+    reader: Arc<dyn LocalReader>,
+    budget: usize,
+    /// What the entries in memory cost, by [`cost`].
+    bytes: usize,
+    /// The commits applied to this store so far.
+    seq: u64,
+    next_stamp: u64,
+    /// Entries in memory by stamp, oldest write first.
+    order: BTreeMap<u64, Vec<u8>>,
+    /// Deletes the local store may not hold yet, with their commit's
+    /// sequence number: the key reads as absent until it does.
+    tombstones: BTreeMap<Vec<u8>, u64>,
+    /// The first read from the local store that failed, for the task to
+    /// fail on.
+    failure: Arc<Mutex<Option<LocalStoreError>>>,
+    counts: Arc<ColdCounts>,
+}
+
+/// How a bounded fold store has been used.
+#[derive(Default, Debug)]
+struct ColdCounts {
+    reads: AtomicU64,
+    evicted: AtomicU64,
+    withheld: AtomicU64,
+}
+
+/// A bounded fold store's figures (see [`FoldStore::cache_stats`]).
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
+pub struct FoldCacheStats {
+    /// Entries in memory.
+    pub resident: usize,
+    /// What they cost in memory, in bytes (an estimate).
+    pub resident_bytes: usize,
+    /// The budget, in bytes.
+    pub budget: usize,
+    /// Reads answered by the local store.
+    pub disk_reads: u64,
+    /// Entries that left memory.
+    pub evicted: u64,
+    /// Times an entry over the budget stayed because the local store did
+    /// not hold its latest write yet.
+    pub withheld: u64,
+}
+
+impl fmt::Debug for FoldStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FoldStore")
+            .field("resident", &self.entries.len())
+            .field("bounded", &self.cold.is_some())
+            .finish()
+    }
 }
 
 impl FoldStore {
@@ -141,55 +232,249 @@ impl FoldStore {
         FoldStore::default()
     }
 
-    /// Applies committed writes.
+    /// Reads what is not in memory from `reader`, keeping at most about
+    /// `budget` bytes of entries in memory. Every entry in memory now must
+    /// already be in the reader's store (a store attached right after the
+    /// host wrote it whole, or after the reader waited for that write).
+    /// Evicts down to the budget at once.
+    pub fn attach(&mut self, reader: Arc<dyn LocalReader>, budget: usize) {
+        let mut order = BTreeMap::new();
+        let mut bytes = 0;
+        for (stamp, (key, r)) in self.entries.iter_mut().enumerate() {
+            let stamp = stamp as u64;
+            r.seq = 0;
+            r.stamp = stamp;
+            bytes += cost(key, &r.value);
+            order.insert(stamp, key.clone());
+        }
+        self.cold = Some(Box::new(Cold {
+            reader,
+            budget,
+            bytes,
+            seq: 0,
+            next_stamp: order.len() as u64,
+            order,
+            tombstones: BTreeMap::new(),
+            failure: Arc::default(),
+            counts: Arc::default(),
+        }));
+        self.evict();
+    }
+
+    /// Whether this store reads through a local store.
+    pub fn is_bounded(&self) -> bool {
+        self.cold.is_some()
+    }
+
+    /// The number of commits applied since [`attach`](Self::attach): the
+    /// sequence number a host puts on the local store write of the commit
+    /// applied last ([`LocalWrite::seq`](crate::runtime::local::LocalWrite::seq)).
+    pub fn seq(&self) -> u64 {
+        self.cold.as_ref().map_or(0, |c| c.seq)
+    }
+
+    /// The figures of a bounded store (`None` when every entry is in
+    /// memory).
+    pub fn cache_stats(&self) -> Option<FoldCacheStats> {
+        self.cold.as_ref().map(|c| FoldCacheStats {
+            resident: self.entries.len(),
+            resident_bytes: c.bytes,
+            budget: c.budget,
+            disk_reads: c.counts.reads.load(Ordering::Relaxed),
+            evicted: c.counts.evicted.load(Ordering::Relaxed),
+            withheld: c.counts.withheld.load(Ordering::Relaxed),
+        })
+    }
+
+    /// The first read from the local store that failed since the last
+    /// call, if any: the task must not go on with what it computed.
+    pub fn take_failure(&self) -> Option<LocalStoreError> {
+        self.cold
+            .as_ref()
+            .and_then(|c| c.failure.lock().unwrap_or_else(|p| p.into_inner()).take())
+    }
+
+    /// Applies committed writes (one commit).
     pub fn apply(&mut self, writes: &FoldWrites) {
-        for (k, v) in writes.iter() {
-            match v {
-                Some(v) => {
-                    self.entries.insert(k.to_vec(), v.to_vec());
-                }
-                None => {
-                    self.entries.remove(k);
+        let Some(cold) = self.cold.as_mut() else {
+            for (k, v) in writes.iter() {
+                match v {
+                    Some(v) => {
+                        self.entries.insert(
+                            k.to_vec(),
+                            Resident {
+                                value: v.to_vec(),
+                                seq: 0,
+                                stamp: 0,
+                            },
+                        );
+                    }
+                    None => {
+                        self.entries.remove(k);
+                    }
                 }
             }
+            return;
+        };
+        cold.seq += 1;
+        let seq = cold.seq;
+        for (k, v) in writes.iter() {
+            if let Some(old) = self.entries.remove(k) {
+                cold.bytes = cold.bytes.saturating_sub(cost(k, &old.value));
+                cold.order.remove(&old.stamp);
+            }
+            match v {
+                Some(v) => {
+                    cold.tombstones.remove(k);
+                    let stamp = cold.next_stamp;
+                    cold.next_stamp += 1;
+                    cold.bytes += cost(k, v);
+                    cold.order.insert(stamp, k.to_vec());
+                    self.entries.insert(
+                        k.to_vec(),
+                        Resident {
+                            value: v.to_vec(),
+                            seq,
+                            stamp,
+                        },
+                    );
+                }
+                None => {
+                    cold.tombstones.insert(k.to_vec(), seq);
+                }
+            }
+        }
+        self.evict();
+    }
+
+    /// Lets entries the local store holds leave memory while the store is
+    /// over its budget, oldest write first, and forgets deletes the local
+    /// store holds.
+    pub fn evict(&mut self) {
+        let Some(cold) = self.cold.as_mut() else {
+            return;
+        };
+        let applied = cold.reader.applied();
+        cold.tombstones.retain(|_, seq| *seq > applied);
+        while cold.bytes > cold.budget {
+            let Some((&stamp, key)) = cold.order.first_key_value() else {
+                break;
+            };
+            let Some(r) = self.entries.get(key) else {
+                cold.order.remove(&stamp);
+                continue;
+            };
+            if r.seq > applied {
+                cold.counts.withheld.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            if let Some((key, r)) = self.entries.remove_entry(key.as_slice()) {
+                cold.bytes = cold.bytes.saturating_sub(cost(&key, &r.value));
+                cold.counts.evicted.fetch_add(1, Ordering::Relaxed);
+            }
+            cold.order.remove(&stamp);
         }
     }
 
     /// The state bytes in `slot`.
-    pub fn get(&self, slot: &FoldKey) -> Option<&[u8]> {
-        self.entries.get(&slot.to_bytes()).map(Vec::as_slice)
+    pub fn get(&self, slot: &FoldKey) -> Option<Cow<'_, [u8]>> {
+        self.get_bytes(&slot.to_bytes())
     }
 
-    /// Every entry, in store-key order.
+    /// The entries in memory, in store-key order: every entry, unless the
+    /// store is [bounded](Self::is_bounded) (then see [`all`](Self::all)).
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.entries
             .iter()
-            .map(|(k, v)| (k.as_slice(), v.as_slice()))
+            .map(|(k, v)| (k.as_slice(), v.value.as_slice()))
     }
 
-    /// The number of slots holding state.
+    /// Every entry, in store-key order, those in memory over those the
+    /// local store holds. A failed read of the local store is recorded
+    /// (see [`take_failure`](Self::take_failure)) and yields what is in
+    /// memory.
+    pub fn all(&self) -> Vec<FoldEntry<'_>> {
+        let Some(cold) = self.cold.as_ref() else {
+            return self
+                .iter()
+                .map(|(k, v)| (Cow::Borrowed(k), Cow::Borrowed(v)))
+                .collect();
+        };
+        let stored = match cold.reader.fold_scan() {
+            Ok(s) => s,
+            Err(e) => {
+                cold.fail(e);
+                Vec::new()
+            }
+        };
+        let mut merged: BTreeMap<Cow<'_, [u8]>, Cow<'_, [u8]>> = stored
+            .into_iter()
+            .filter(|(k, _)| !cold.tombstones.contains_key(k))
+            .map(|(k, v)| (Cow::Owned(k), Cow::Owned(v)))
+            .collect();
+        for (k, v) in self.iter() {
+            merged.insert(Cow::Borrowed(k), Cow::Borrowed(v));
+        }
+        merged.into_iter().collect()
+    }
+
+    /// The number of entries in memory (every entry, unless bounded).
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
-    /// True when no slot holds state.
+    /// True when no entry is in memory and none is stored elsewhere.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.is_empty() && self.cold.is_none()
     }
 
-    /// The state bytes under a raw store key.
-    pub fn get_bytes(&self, key: &[u8]) -> Option<&[u8]> {
-        self.entries.get(key).map(Vec::as_slice)
+    /// The state bytes under a raw store key: from memory, else from the
+    /// local store. A failed read of the local store is recorded (see
+    /// [`take_failure`](Self::take_failure)) and reads as absent.
+    pub fn get_bytes(&self, key: &[u8]) -> Option<Cow<'_, [u8]>> {
+        if let Some(r) = self.entries.get(key) {
+            return Some(Cow::Borrowed(r.value.as_slice()));
+        }
+        let cold = self.cold.as_ref()?;
+        if cold.tombstones.contains_key(key) {
+            return None;
+        }
+        cold.counts.reads.fetch_add(1, Ordering::Relaxed);
+        match cold.reader.fold_get(key) {
+            Ok(v) => v.map(Cow::Owned),
+            Err(e) => {
+                cold.fail(e);
+                None
+            }
+        }
     }
 
-    /// Puts raw bytes under a raw store key (changelog restore).
+    /// Puts raw bytes under a raw store key (changelog restore, before the
+    /// store is attached).
     pub(crate) fn put_bytes(&mut self, key: Vec<u8>, value: Vec<u8>) {
-        self.entries.insert(key, value);
+        self.entries.insert(
+            key,
+            Resident {
+                value,
+                seq: 0,
+                stamp: 0,
+            },
+        );
     }
 
-    /// Removes a raw store key (a changelog tombstone).
+    /// Removes a raw store key (a changelog tombstone, before the store is
+    /// attached).
     pub(crate) fn remove_bytes(&mut self, key: &[u8]) {
         self.entries.remove(key);
+    }
+}
+
+impl Cold {
+    fn fail(&self, e: LocalStoreError) {
+        let mut slot = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(e);
+        }
     }
 }
 
@@ -197,10 +482,10 @@ impl FoldStore {
 /// this task's uncommitted writes on top.
 pub(crate) trait StateSource {
     /// The state bytes under a store key.
-    fn get(&self, key: &[u8]) -> Option<&[u8]>;
+    fn get(&self, key: &[u8]) -> Option<Cow<'_, [u8]>>;
     /// Every keyed slot (the null key's and each key's, not the tick
     /// slot), in store-key order.
-    fn entries(&self) -> Vec<(&[u8], &[u8])>;
+    fn entries(&self) -> Vec<FoldEntry<'_>>;
 }
 
 /// A read view of a stateful stage's per-key fold state, as tick logic
@@ -269,14 +554,14 @@ impl<'a, K: 'static, S: 'static> StateView<'a, K, S> {
             }
         };
         let slot = FoldKey::Key(bytes).to_bytes();
-        self.source.get(&slot).and_then(|b| self.decode_state(b))
+        self.source.get(&slot).and_then(|b| self.decode_state(&b))
     }
 
     /// The null key's state, if it has any.
     pub fn get_null(&self) -> Option<S> {
         self.source
             .get(&FoldKey::Null.to_bytes())
-            .and_then(|b| self.decode_state(b))
+            .and_then(|b| self.decode_state(&b))
     }
 
     /// Every key with state and its state (`None` for the null key), in
@@ -286,7 +571,7 @@ impl<'a, K: 'static, S: 'static> StateView<'a, K, S> {
             if self.error.borrow().is_some() {
                 return None;
             }
-            let key = match FoldKey::from_bytes(k) {
+            let key = match FoldKey::from_bytes(&k) {
                 Some(FoldKey::Key(bytes)) => match self.key.decode(&bytes) {
                     Ok(key) => Some(key),
                     Err(e) => {
@@ -296,7 +581,7 @@ impl<'a, K: 'static, S: 'static> StateView<'a, K, S> {
                 },
                 _ => None,
             };
-            self.decode_state(v).map(|s| (key, s))
+            self.decode_state(&v).map(|s| (key, s))
         })
     }
 
@@ -339,7 +624,7 @@ mod tests {
         w.put(FoldKey::Null.to_bytes(), vec![1]);
         w.put(FoldKey::Ticks.to_bytes(), vec![2]);
         s.apply(&w);
-        assert_eq!(s.get(&FoldKey::Null), Some(&[1u8][..]));
+        assert_eq!(s.get(&FoldKey::Null).as_deref(), Some(&[1u8][..]));
         let mut w = FoldWrites::new();
         w.delete(FoldKey::Null.to_bytes());
         s.apply(&w);

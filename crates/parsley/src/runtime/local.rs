@@ -32,6 +32,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use parsley_protocol::TopicId;
 
@@ -73,6 +74,9 @@ pub enum StoreKind {
 /// deletes).
 pub type LocalEntry = (StoreKind, Vec<u8>, Option<Vec<u8>>);
 
+/// One key and its value, as a store hands them back.
+pub type KeyValue = (Vec<u8>, Vec<u8>);
+
 /// A store's content as it was last written.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct LocalSnapshot {
@@ -103,6 +107,28 @@ pub struct LocalWrite {
     pub written_at: i64,
     /// Puts (`Some`) and deletes (`None`), in order.
     pub entries: Vec<LocalEntry>,
+    /// The task's fold sequence number after this write (see
+    /// [`LocalReader::applied`]): the store reports it back once the write
+    /// is in the store.
+    pub seq: u64,
+}
+
+/// Reads one task's local store by key while the task runs: the fold
+/// store's entries that its bounded cache let go (see
+/// [`FoldStore::attach`](crate::fold::FoldStore::attach)).
+///
+/// A host may apply writes after [`LocalStore::write`] returns (the Kafka
+/// runtime writes on a thread of its own). A reader therefore answers as of
+/// the writes it reports applied, and the cache keeps every entry written
+/// since in memory: an entry leaves memory only once the store holds it.
+pub trait LocalReader: Send + Sync {
+    /// The [`LocalWrite::seq`] of the last write of this task the store
+    /// holds, counting from the reader's creation (0 before any).
+    fn applied(&self) -> u64;
+    /// One fold store entry, as of the applied writes.
+    fn fold_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, LocalStoreError>;
+    /// Every fold store entry, in key order, as of the applied writes.
+    fn fold_scan(&self) -> Result<Vec<KeyValue>, LocalStoreError>;
 }
 
 /// A local store that cannot be used.
@@ -142,6 +168,31 @@ pub trait LocalStore: Send {
     /// task's return.
     fn close(&mut self, _task: &TaskId) -> Result<(), LocalStoreError> {
         Ok(())
+    }
+    /// Reads task `task`'s store as [`open`](Self::open) does, leaving out
+    /// the fold store's entries (a task whose fold state reads through a
+    /// bounded cache reads them when it needs them).
+    fn open_without_fold(
+        &mut self,
+        task: &TaskId,
+    ) -> Result<Option<LocalSnapshot>, LocalStoreError> {
+        let mut snapshot = self.open(task)?;
+        if let Some(s) = snapshot.as_mut() {
+            s.fold = Vec::new();
+        }
+        Ok(snapshot)
+    }
+    /// A reader on task `task`'s store, once every write queued before
+    /// this call is in the store; its [`LocalReader::applied`] starts at 0.
+    /// `Ok(None)` when this store cannot be read while the task runs (the
+    /// task then keeps its whole fold state in memory).
+    fn reader(&mut self, _task: &TaskId) -> Result<Option<Arc<dyn LocalReader>>, LocalStoreError> {
+        Ok(None)
+    }
+    /// Whether [`reader`](Self::reader) gives readers: only then may a
+    /// task leave fold entries out of memory.
+    fn reads_while_running(&self) -> bool {
+        false
     }
 }
 

@@ -71,6 +71,15 @@ pub const RECORDS_HELD_PAGED_BYTES: &str = "records-held-paged-bytes";
 /// Held records read back from the committed store as the gate reached
 /// them (counter).
 pub const RECORDS_PAGED_IN_TOTAL: &str = "records-paged-in-total";
+/// What the task's fold state kept in memory takes, estimated, when it
+/// reads through a bounded cache (gauge; 0 otherwise).
+pub const FOLD_CACHE_BYTES: &str = "fold-cache-bytes";
+/// Fold state entries read from the task's local store because they had
+/// left memory (counter).
+pub const FOLD_STORE_READS_TOTAL: &str = "fold-store-reads-total";
+/// Fold state entries that left memory for the task's local store
+/// (counter).
+pub const FOLD_CACHE_EVICTIONS_TOTAL: &str = "fold-cache-evictions-total";
 /// The task's partitions whose fetching is paused because its holds passed
 /// the budget (gauge).
 pub const PARTITIONS_PAUSED: &str = "partitions-paused";
@@ -125,6 +134,13 @@ pub struct TaskMetrics {
     pub records_held_paged_bytes: u64,
     /// [`RECORDS_PAGED_IN_TOTAL`], since the task came to this thread.
     pub records_paged_in_total: u64,
+    /// [`FOLD_CACHE_BYTES`].
+    pub fold_cache_bytes: u64,
+    /// [`FOLD_STORE_READS_TOTAL`], since the task started on this thread.
+    pub fold_store_reads_total: u64,
+    /// [`FOLD_CACHE_EVICTIONS_TOTAL`], since the task started on this
+    /// thread.
+    pub fold_cache_evictions_total: u64,
     /// [`PARTITIONS_PAUSED`].
     pub partitions_paused: u64,
     /// [`HOLD_PAUSES_TOTAL`], since the task came to this thread.
@@ -222,6 +238,21 @@ fn describe() {
         "Held records read back from the committed store as the gate reached them."
     );
     describe_gauge!(
+        FOLD_CACHE_BYTES,
+        Unit::Bytes,
+        "What the task's fold state kept in memory takes, when it reads through a bounded cache."
+    );
+    describe_counter!(
+        FOLD_STORE_READS_TOTAL,
+        Unit::Count,
+        "Fold state entries read from the task's local store because they had left memory."
+    );
+    describe_counter!(
+        FOLD_CACHE_EVICTIONS_TOTAL,
+        Unit::Count,
+        "Fold state entries that left memory for the task's local store."
+    );
+    describe_gauge!(
         HOLD_BUDGET_BYTES,
         Unit::Bytes,
         "The most the task may hold before it pauses fetching (0: unbounded)."
@@ -258,6 +289,26 @@ fn describe() {
     );
 }
 
+/// What a task's bounded fold store counted.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+pub(crate) struct FoldCounts {
+    /// Reads from the local store.
+    pub(crate) reads: u64,
+    /// Entries that left memory.
+    pub(crate) evicted: u64,
+    /// Evictions put off because the local store lagged.
+    pub(crate) withheld: u64,
+}
+
+/// What [`TaskMeters::count`] counted since its last call.
+#[derive(Clone, Copy, Default, Debug)]
+pub(crate) struct Counted {
+    /// Held records paged back in.
+    pub(crate) paged_in: u64,
+    /// The fold store's counts.
+    pub(crate) fold: FoldCounts,
+}
+
 #[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Debug)]
 struct Totals {
     delivered: u64,
@@ -286,6 +337,12 @@ pub(crate) struct TaskMeters {
     paged: Gauge,
     paged_bytes: Gauge,
     paged_in: Counter,
+    fold_bytes: Gauge,
+    fold_reads: Counter,
+    fold_evictions: Counter,
+    /// The fold store's own counts at the last export (they live as long
+    /// as the task's store, across aborts).
+    fold_exported: FoldCounts,
     pauses: Counter,
     pauses_total: u64,
     topics: BTreeMap<String, (Gauge, Gauge)>,
@@ -353,6 +410,10 @@ impl TaskMeters {
             paged: gauge(RECORDS_HELD_PAGED),
             paged_bytes: gauge(RECORDS_HELD_PAGED_BYTES),
             paged_in: counter(RECORDS_PAGED_IN_TOTAL),
+            fold_bytes: gauge(FOLD_CACHE_BYTES),
+            fold_reads: counter(FOLD_STORE_READS_TOTAL),
+            fold_evictions: counter(FOLD_CACHE_EVICTIONS_TOTAL),
+            fold_exported: FoldCounts::default(),
             paused: gauge(PARTITIONS_PAUSED),
             pauses: counter(HOLD_PAUSES_TOTAL),
             pauses_total: 0,
@@ -370,8 +431,35 @@ impl TaskMeters {
     }
 
     /// Moves the counters by what the task did since the last call;
-    /// returns how many records it paged in since.
-    pub(crate) fn count(&mut self, task: &Task) -> u64 {
+    /// returns what it counted.
+    pub(crate) fn count(&mut self, task: &Task) -> Counted {
+        let fold = self.count_fold(task);
+        Counted {
+            paged_in: self.count_node(task),
+            fold,
+        }
+    }
+
+    fn count_fold(&mut self, task: &Task) -> FoldCounts {
+        let Some(c) = task.stores().fold.cache_stats() else {
+            return FoldCounts::default();
+        };
+        let d = FoldCounts {
+            reads: c.disk_reads.saturating_sub(self.fold_exported.reads),
+            evicted: c.evicted.saturating_sub(self.fold_exported.evicted),
+            withheld: c.withheld.saturating_sub(self.fold_exported.withheld),
+        };
+        self.fold_reads.increment(d.reads);
+        self.fold_evictions.increment(d.evicted);
+        self.fold_exported = FoldCounts {
+            reads: c.disk_reads,
+            evicted: c.evicted,
+            withheld: c.withheld,
+        };
+        d
+    }
+
+    fn count_node(&mut self, task: &Task) -> u64 {
         let node = task.node().stats();
         let now = Totals {
             delivered: node.delivered_total,
@@ -464,6 +552,12 @@ impl TaskMeters {
         self.paged.set(paged as f64);
         let paged_bytes = task.node().paged_bytes();
         self.paged_bytes.set(paged_bytes as f64);
+        let fold_bytes = task
+            .stores()
+            .fold
+            .cache_stats()
+            .map_or(0, |c| c.resident_bytes);
+        self.fold_bytes.set(fold_bytes as f64);
         TaskMetrics {
             thread_id: self.thread_id.clone(),
             task: task.id().clone(),
@@ -482,6 +576,9 @@ impl TaskMeters {
             records_held_paged: paged as u64,
             records_held_paged_bytes: paged_bytes as u64,
             records_paged_in_total: self.cumulative.paged_in,
+            fold_cache_bytes: fold_bytes as u64,
+            fold_store_reads_total: self.fold_exported.reads,
+            fold_cache_evictions_total: self.fold_exported.evicted,
             partitions_paused: paused as u64,
             hold_pauses_total: self.pauses_total,
             topics,
@@ -503,6 +600,7 @@ impl Drop for TaskMeters {
             &self.paused,
             &self.paged,
             &self.paged_bytes,
+            &self.fold_bytes,
         ] {
             g.set(0.0);
         }

@@ -41,6 +41,7 @@
 //! then refetches from the committed positions. A task that returned an
 //! error refuses every later call with [`TaskError::Poisoned`].
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -56,7 +57,7 @@ use tracing::{debug, info, warn};
 
 use crate::app::Parsley;
 use crate::codec::CodecError;
-use crate::fold::{FoldKey, FoldStore, FoldWrites, StateSource};
+use crate::fold::{FoldEntry, FoldKey, FoldStore, FoldWrites, StateSource};
 use crate::holds::{HeldRecord, WaitingOn};
 use crate::logic::LogicError;
 use crate::message::{Coordinate, Tick};
@@ -402,6 +403,19 @@ pub enum TaskError {
         /// The codec's error.
         cause: CodecError,
     },
+    /// Fold state that left memory could not be read back from the task's
+    /// local store, or the local store stopped taking its writes, so the
+    /// state beyond the cache is no longer known. The task restarts from
+    /// its changelogs (the truth); nothing it computed is committed.
+    #[error(
+        "task {task}: its fold state beyond the cache cannot be read from its local store ({cause}); check the disk under the state directory (StreamsOptions::state_dir), or give the fold cache room for the whole state (StreamsOptions::fold_cache)"
+    )]
+    LocalStore {
+        /// The task.
+        task: TaskId,
+        /// What the store said.
+        cause: crate::runtime::local::LocalStoreError,
+    },
     /// A handler or fold returned an error it did not recover from.
     #[error("task {task}: logic failed on {coordinate}: {cause}")]
     Logic {
@@ -514,6 +528,7 @@ impl TaskError {
             | TaskError::Metadata { task, .. }
             | TaskError::Config { task, .. }
             | TaskError::HoldBudget { task, .. }
+            | TaskError::LocalStore { task, .. }
             | TaskError::CorruptHeaders { task, .. }
             | TaskError::Decode { task, .. }
             | TaskError::Encode { task, .. }
@@ -1215,16 +1230,16 @@ impl Task {
 
     /// The state bytes in a fold slot, as this task sees them (including
     /// writes not yet committed).
-    pub fn fold_state(&self, slot: &FoldKey) -> Option<&[u8]> {
+    pub fn fold_state(&self, slot: &FoldKey) -> Option<Cow<'_, [u8]>> {
         self.fold_get(&slot.to_bytes())
     }
 
-    fn fold_get(&self, key: &[u8]) -> Option<&[u8]> {
+    fn fold_get(&self, key: &[u8]) -> Option<Cow<'_, [u8]>> {
         if let Some(v) = self.pending_fold.get(key) {
-            return v;
+            return v.map(Cow::Borrowed);
         }
         if let Some(v) = self.in_flight.as_ref().and_then(|f| f.fold.get(key)) {
-            return v;
+            return v.map(Cow::Borrowed);
         }
         self.stores.fold.get_bytes(key)
     }
@@ -1566,7 +1581,9 @@ impl Task {
                     in_flight: self.in_flight.as_ref().map(|f| &f.fold),
                     committed: &self.stores.fold,
                 };
-                let r = catch_unwind(AssertUnwindSafe(|| (decl.logic)(&tick, state, &keyed)));
+                let r = catch_unwind(AssertUnwindSafe(|| {
+                    (decl.logic)(&tick, state.as_deref(), &keyed)
+                }));
                 (r, decl.uses_state.then_some(key))
             }
             SourceSlot::User(i) => {
@@ -1585,7 +1602,7 @@ impl Task {
                     value: record.value.as_deref(),
                     headers: &record.headers,
                 };
-                let r = catch_unwind(AssertUnwindSafe(|| (src.logic)(&input, state)));
+                let r = catch_unwind(AssertUnwindSafe(|| (src.logic)(&input, state.as_deref())));
                 (r, key)
             }
         };
@@ -1600,6 +1617,14 @@ impl Task {
             Ok(Err(failure)) => return Err(self.failure(failure, self.coordinate(at))),
             Ok(Ok(o)) => o,
         };
+        // A state read from the local store that failed read as absent:
+        // what the logic made of it must not be kept.
+        if let Some(cause) = self.stores.fold.take_failure() {
+            return Err(TaskError::LocalStore {
+                task: self.id.clone(),
+                cause,
+            });
+        }
         self.stats.delivered += 1;
         if was_held {
             self.stats.delivered_after_hold += 1;
@@ -1898,28 +1923,32 @@ struct TaskState<'a> {
 }
 
 impl StateSource for TaskState<'_> {
-    fn get(&self, key: &[u8]) -> Option<&[u8]> {
+    fn get(&self, key: &[u8]) -> Option<Cow<'_, [u8]>> {
         if let Some(v) = self.pending.get(key) {
-            return v;
+            return v.map(Cow::Borrowed);
         }
         if let Some(v) = self.in_flight.and_then(|f| f.get(key)) {
-            return v;
+            return v.map(Cow::Borrowed);
         }
         self.committed.get_bytes(key)
     }
 
-    fn entries(&self) -> Vec<(&[u8], &[u8])> {
-        let mut merged: BTreeMap<&[u8], Option<&[u8]>> =
-            self.committed.iter().map(|(k, v)| (k, Some(v))).collect();
+    fn entries(&self) -> Vec<FoldEntry<'_>> {
+        let mut merged: BTreeMap<Cow<'_, [u8]>, Option<Cow<'_, [u8]>>> = self
+            .committed
+            .all()
+            .into_iter()
+            .map(|(k, v)| (k, Some(v)))
+            .collect();
         for layer in self.in_flight.into_iter().chain([self.pending]) {
             for (k, v) in layer.iter() {
-                merged.insert(k, v);
+                merged.insert(Cow::Borrowed(k), v.map(Cow::Borrowed));
             }
         }
         let ticks = FoldKey::Ticks.to_bytes();
         merged
             .into_iter()
-            .filter(|(k, _)| *k != ticks.as_slice())
+            .filter(|(k, _)| k.as_ref() != ticks.as_slice())
             .filter_map(|(k, v)| v.map(|v| (k, v)))
             .collect()
     }

@@ -235,6 +235,14 @@ pub struct WorkerConfig {
     /// hold costs one copy of each record instead of two. `None` keeps
     /// every held record in the node. 256 by default.
     pub hold_window: Option<usize>,
+    /// How many bytes of a task's fold state stay in memory, at most,
+    /// when its host keeps a local store that can be read while the task
+    /// runs ([`LocalStore::reader`]): the rest is read from that store
+    /// when a record needs it. Entries leave memory oldest write first,
+    /// and only once the local store holds them. `None`, or a host
+    /// without such a store, keeps the whole fold state in memory. 64 MiB
+    /// per task by default.
+    pub fold_cache: Option<usize>,
     /// The `thread-id` label of this worker's metrics.
     pub thread_id: String,
     /// Whether transactions list what each task did
@@ -259,6 +267,7 @@ impl Default for WorkerConfig {
             restores: RestoreMode::Inline,
             hold_budget: Some(DEFAULT_HOLD_BUDGET),
             hold_window: Some(DEFAULT_HOLD_WINDOW),
+            fold_cache: Some(DEFAULT_FOLD_CACHE),
             thread_id: "0".to_owned(),
             events: true,
         }
@@ -270,6 +279,9 @@ pub const DEFAULT_HOLD_BUDGET: usize = 32 << 20;
 
 /// The default [`WorkerConfig::hold_window`]: 256 records per hold queue.
 pub const DEFAULT_HOLD_WINDOW: usize = 256;
+
+/// The default [`WorkerConfig::fold_cache`]: 64 MiB per task.
+pub const DEFAULT_FOLD_CACHE: usize = 64 << 20;
 
 /// One partition the group assigned, with the facts the worker needs to
 /// choose its start.
@@ -467,6 +479,23 @@ pub struct WorkerStats {
     /// Held records read back from a task's committed store as the gate
     /// reached them (see [`WorkerConfig::hold_window`]).
     pub records_paged_in: u64,
+    /// Fold state entries read from a task's local store because they had
+    /// left memory (see [`WorkerConfig::fold_cache`]).
+    pub fold_store_reads: u64,
+    /// Fold state entries that left memory for the local store.
+    pub fold_cache_evictions: u64,
+    /// Times an entry over the fold cache stayed in memory because the
+    /// local store did not hold its latest write yet.
+    pub fold_evictions_withheld: u64,
+}
+
+impl WorkerStats {
+    fn add(&mut self, c: crate::runtime::metrics::Counted) {
+        self.records_paged_in += c.paged_in;
+        self.fold_store_reads += c.fold.reads;
+        self.fold_cache_evictions += c.fold.evicted;
+        self.fold_evictions_withheld += c.fold.withheld;
+    }
 }
 
 /// What the worker refuses.
@@ -728,6 +757,10 @@ enum Local {
     /// A write failed or could not be checkpointed: the store was wiped,
     /// and this task writes no more to it until it starts again.
     Stale,
+    /// As `Stale`, for a task whose fold state reads through the store:
+    /// what left memory is no longer kept, so the task fails at its next
+    /// transaction and restarts from its changelogs.
+    Lost(String),
 }
 
 /// What a task's restore needs once its replay is done.
@@ -738,6 +771,9 @@ struct Prepared {
     /// The local store is not used for this task (none, or it would not
     /// open).
     local_off: bool,
+    /// The task's fold state reads through its local store: the store's
+    /// fold entries were not loaded.
+    bounded: bool,
 }
 
 /// A task whose restore job is out.
@@ -1411,7 +1447,7 @@ impl Worker {
             warn!(task = %id, %reason, "the local store is wiped and rebuilt from the changelog");
             prepared.from_local = false;
         }
-        let (mut stores, local) = self.finish_restore(id, prepared, restored);
+        let (mut stores, local) = self.finish_restore(id, prepared, restored)?;
         if let Some(diversions) = self.diversions.get_mut(id) {
             for d in diversions.values_mut() {
                 d.partitions = cluster
@@ -1509,7 +1545,18 @@ impl Worker {
             task: id.clone(),
             changelogs: ids,
         };
-        let opened = self.local.as_mut().map(|store| store.open(id));
+        // A stateful task whose fold state can read through its local
+        // store starts without loading the store's fold entries.
+        let bounded = self.config.fold_cache.is_some()
+            && changelogs.fold.is_some()
+            && self.local.as_ref().is_some_and(|s| s.reads_while_running());
+        let opened = self.local.as_mut().map(|store| {
+            if bounded {
+                store.open_without_fold(id)
+            } else {
+                store.open(id)
+            }
+        });
         // Log starts only to check a store; ends for progress, always.
         let with_starts = matches!(opened, Some(Ok(Some(_))));
         let bounds = changelog_bounds(&identity, id.partition, cluster, with_starts).map_err(
@@ -1570,6 +1617,7 @@ impl Worker {
         let prepared = Prepared {
             identity,
             from_local: job.from_local,
+            bounded: bounded && !local_off,
             local_off,
         };
         Ok((prepared, job))
@@ -1582,11 +1630,12 @@ impl Worker {
         id: &TaskId,
         prepared: Prepared,
         restored: changelog::Restored,
-    ) -> (crate::runtime::task::TaskStores, Local) {
+    ) -> Result<(crate::runtime::task::TaskStores, Local), TaskError> {
         let Prepared {
             identity,
             from_local,
             local_off,
+            bounded,
         } = prepared;
         self.stats.changelog_records_replayed += restored.replayed;
         if from_local {
@@ -1594,13 +1643,14 @@ impl Worker {
         }
         let Some(store) = self.local.as_mut().filter(|_| !local_off) else {
             info!(task = %id, replayed = restored.replayed, "task restored");
-            return (restored.stores, Local::Off);
+            return Ok((restored.stores, Local::Off));
         };
         let write = LocalWrite {
             identity: identity.clone(),
             checkpoint: restored.next.clone(),
             replace: !from_local,
             written_at: self.now,
+            seq: 0,
             entries: if from_local {
                 restored.tail
             } else {
@@ -1611,22 +1661,61 @@ impl Worker {
             task = %id,
             replayed = restored.replayed,
             from_local_store = from_local,
-            fold_keys = restored.stores.fold.len(),
+            fold_keys_in_memory = restored.stores.fold.len(),
             "task restored"
         );
-        let local = match store.write(id, write) {
-            Ok(()) => Local::Writing {
-                identity,
-                checkpoint: restored.next,
-            },
-            Err(e) => {
-                self.stats.local_store_write_failures += 1;
-                warn!(task = %id, error = %e, "the local store could not be written; the task runs without it until it starts again");
-                let _ = store.wipe(id);
-                Local::Stale
-            }
+        let mut stores = restored.stores;
+        let written = store.write(id, write);
+        // Once the write is in the store, the fold state can read through
+        // it (the reader waits for the write).
+        let reader = match &written {
+            Ok(()) if bounded => store.reader(id),
+            _ => Ok(None),
         };
-        (restored.stores, local)
+        match (written, reader) {
+            (Ok(()), Ok(Some(reader))) => {
+                stores
+                    .fold
+                    .attach(reader, self.config.fold_cache.unwrap_or(usize::MAX));
+                Ok((
+                    stores,
+                    Local::Writing {
+                        identity,
+                        checkpoint: restored.next,
+                    },
+                ))
+            }
+            (Ok(()), Ok(None)) if !(bounded && from_local) => Ok((
+                stores,
+                Local::Writing {
+                    identity,
+                    checkpoint: restored.next,
+                },
+            )),
+            (Err(e), _) if !(bounded && from_local) => {
+                self.stats.local_store_write_failures += 1;
+                warn!(task = %id, error = %e, "the local store could not be written; the task runs without it, its whole fold state in memory, until it starts again");
+                let _ = store.wipe(id);
+                Ok((stores, Local::Stale))
+            }
+            (written, reader) => {
+                // The store's fold entries were not loaded and cannot be
+                // read: start again from the whole changelog.
+                self.stats.local_store_write_failures += 1;
+                let cause = match (written, reader) {
+                    (Err(e), _) | (_, Err(e)) => e,
+                    _ => local::LocalStoreError::Io {
+                        task: id.clone(),
+                        message: "the store gives no reader".to_owned(),
+                    },
+                };
+                let _ = store.wipe(id);
+                Err(TaskError::LocalStore {
+                    task: id.clone(),
+                    cause,
+                })
+            }
+        }
     }
 
     /// The restore jobs queued since the last call
@@ -2018,7 +2107,7 @@ impl Worker {
         if let Err(e) = r {
             return self.fail_task(id, e);
         }
-        self.stats.records_paged_in += slot.meters.count(task);
+        self.stats.add(slot.meters.count(task));
         self.dirty = true;
         let regulate = slot.throttle.engaged(task, self.config.hold_budget);
         // A position captured earlier may be covered now.
@@ -2096,7 +2185,7 @@ impl Worker {
         };
         task.observe_time(self.now);
         let r = task.position_advance(channel, position);
-        self.stats.records_paged_in += slot.meters.count(task);
+        self.stats.add(slot.meters.count(task));
         if let Err(e) = r {
             return self.fail_task(id.clone(), e);
         }
@@ -2223,7 +2312,7 @@ impl Worker {
                 continue;
             };
             let r = task.punctuate(now);
-            self.stats.records_paged_in += slot.meters.count(task);
+            self.stats.add(slot.meters.count(task));
             if let Err(e) = r {
                 failed = Some((id.clone(), e));
                 break;
@@ -2354,6 +2443,20 @@ impl Worker {
             let Some(task) = slot.task.as_mut() else {
                 continue;
             };
+            if let Local::Lost(reason) = &slot.local {
+                // Its fold state beyond the cache is gone with the store.
+                failed = Some((
+                    task_id.clone(),
+                    TaskError::LocalStore {
+                        task: task_id.clone(),
+                        cause: local::LocalStoreError::Io {
+                            task: task_id.clone(),
+                            message: reason.clone(),
+                        },
+                    },
+                ));
+                break;
+            }
             match task.take_commit() {
                 Ok(commit) => {
                     // The first task's records move over whole (no copy of
@@ -2431,13 +2534,14 @@ impl Worker {
                             (Some(store), Local::Writing { .. }) if written.contains(id) => {
                                 let mut entries = Vec::new();
                                 task.commit_done_into(Some(&mut entries));
+                                let seq = task.stores().fold.seq();
                                 let reached = self.reached.remove(id);
                                 if !write_committed(
                                     store.as_mut(),
                                     self.now,
                                     id,
                                     slot,
-                                    entries,
+                                    (entries, seq),
                                     reached,
                                 ) {
                                     self.stats.local_store_write_failures += 1;
@@ -2709,7 +2813,7 @@ impl Worker {
                 c.position = c.committed;
                 c.pending = None;
             }
-            self.stats.records_paged_in += slot.meters.count(&old);
+            self.stats.add(slot.meters.count(&old));
             slot.meters.rebase();
             match old.reset(cluster, cluster, self.now) {
                 Ok(mut task) => {
@@ -2802,7 +2906,7 @@ fn transient_task(e: &TaskError) -> bool {
         } | TaskError::Protocol {
             cause: ProtocolError::BrokerOffsets(_),
             ..
-        }
+        } | TaskError::LocalStore { .. }
     )
 }
 
@@ -2899,7 +3003,7 @@ fn write_committed(
     now: i64,
     id: &TaskId,
     slot: &mut Slot,
-    entries: Vec<crate::runtime::local::LocalEntry>,
+    (entries, seq): (Vec<crate::runtime::local::LocalEntry>, u64),
     reached: Option<BTreeMap<String, i64>>,
 ) -> bool {
     let Local::Writing {
@@ -2920,6 +3024,7 @@ fn write_committed(
                 replace: false,
                 written_at: now,
                 entries,
+                seq,
             };
             match store.write(id, write) {
                 Ok(()) => {
@@ -2934,6 +3039,14 @@ fn write_committed(
     if let Err(e) = store.wipe(id) {
         warn!(task = %id, error = %e, "the local store could not be wiped");
     }
-    slot.local = Local::Stale;
+    let bounded = slot
+        .task
+        .as_ref()
+        .is_some_and(|t| t.stores().fold.is_bounded());
+    slot.local = if bounded {
+        Local::Lost(failure)
+    } else {
+        Local::Stale
+    };
     false
 }

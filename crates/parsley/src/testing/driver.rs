@@ -1382,7 +1382,7 @@ impl TestDriver {
             };
             if let Some(bytes) = task.stores().fold.get(slot) {
                 return codec
-                    .decode(bytes)
+                    .decode(&bytes)
                     .map(Some)
                     .map_err(|source| DriverError::StateDecode {
                         stage: stage.to_owned(),
