@@ -747,6 +747,65 @@ mod tests {
     }
 
     #[test]
+    fn a_reader_sees_what_the_writer_thread_applied() {
+        let root = temp("reader");
+        let dir = StateDir::lock(&root, "app", "i1").unwrap();
+        let mut files = dir.stores();
+        assert!(files.reads_while_running());
+        let write = |replace: bool, seq: u64, entries: Vec<parsley::runtime::local::LocalEntry>| {
+            LocalWrite {
+                identity: identity(),
+                checkpoint: BTreeMap::new(),
+                replace,
+                written_at: 1,
+                entries,
+                seq,
+            }
+        };
+        let fold =
+            |k: &[u8], v: Option<&[u8]>| (StoreKind::Fold, k.to_vec(), v.map(<[u8]>::to_vec));
+        files
+            .write(
+                &task(),
+                write(
+                    true,
+                    0,
+                    vec![fold(b"a", Some(b"1")), fold(b"b", Some(b"2"))],
+                ),
+            )
+            .unwrap();
+        let reader = files
+            .reader(&task())
+            .unwrap()
+            .expect("files read while running");
+        assert_eq!(reader.applied(), 0);
+        assert_eq!(reader.fold_get(b"a").unwrap(), Some(b"1".to_vec()));
+        files
+            .write(
+                &task(),
+                write(false, 1, vec![fold(b"a", None), fold(b"c", Some(b"3"))]),
+            )
+            .unwrap();
+        // Any later job on the writer thread runs after the write.
+        let snapshot = files.open_without_fold(&task()).unwrap().unwrap();
+        assert!(snapshot.fold.is_empty(), "left out on request");
+        assert_eq!(reader.applied(), 1);
+        assert_eq!(reader.fold_get(b"a").unwrap(), None);
+        assert_eq!(
+            reader.fold_scan().unwrap(),
+            vec![
+                (b"b".to_vec(), b"2".to_vec()),
+                (b"c".to_vec(), b"3".to_vec())
+            ]
+        );
+        assert_eq!(files.open(&task()).unwrap().unwrap().fold.len(), 2);
+        drop(reader);
+        drop(files);
+        drop(dir);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
     fn a_task_file_caches_no_more_than_its_bound() {
         let root = temp("cache");
         let cache = 1 << 20;

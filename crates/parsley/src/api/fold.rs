@@ -631,4 +631,196 @@ mod tests {
         assert_eq!(s.get(&FoldKey::Null), None);
         assert_eq!(s.len(), 1);
     }
+
+    /// A local store the test applies by hand: `writes` are what the store
+    /// was sent, `applied` how many of them it holds.
+    #[derive(Default)]
+    struct FakeDisk {
+        writes: Mutex<Vec<FoldWrites>>,
+        applied: AtomicU64,
+        /// Writes the disk held before the reader was made.
+        base: usize,
+        broken: std::sync::atomic::AtomicBool,
+    }
+
+    impl FakeDisk {
+        fn state(&self) -> BTreeMap<Vec<u8>, Vec<u8>> {
+            let mut m = BTreeMap::new();
+            let writes = self.writes.lock().unwrap();
+            let n = self.base + self.applied.load(Ordering::SeqCst) as usize;
+            for w in writes.iter().take(n) {
+                for (k, v) in w.iter() {
+                    match v {
+                        Some(v) => m.insert(k.to_vec(), v.to_vec()),
+                        None => m.remove(k),
+                    };
+                }
+            }
+            m
+        }
+        fn check(&self) -> Result<(), LocalStoreError> {
+            if self.broken.load(Ordering::SeqCst) {
+                return Err(LocalStoreError::Io {
+                    task: crate::runtime::task::TaskId {
+                        stage: "s".into(),
+                        partition: 0,
+                    },
+                    message: "disk gone".into(),
+                });
+            }
+            Ok(())
+        }
+    }
+
+    impl LocalReader for FakeDisk {
+        fn applied(&self) -> u64 {
+            self.applied.load(Ordering::SeqCst)
+        }
+        fn fold_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, LocalStoreError> {
+            self.check()?;
+            Ok(self.state().get(key).cloned())
+        }
+        fn fold_scan(&self) -> Result<Vec<crate::runtime::local::KeyValue>, LocalStoreError> {
+            self.check()?;
+            Ok(self.state().into_iter().collect())
+        }
+    }
+
+    fn put(k: u32, v: &[u8]) -> FoldWrites {
+        let mut w = FoldWrites::new();
+        w.put(k.to_be_bytes().to_vec(), v.to_vec());
+        w
+    }
+
+    /// Sends one commit to the store and the fake disk, as a host does.
+    fn commit(s: &mut FoldStore, disk: &FakeDisk, w: FoldWrites, land: bool) {
+        disk.writes.lock().unwrap().push(w.clone());
+        if land {
+            disk.applied.fetch_add(1, Ordering::SeqCst);
+        }
+        s.apply(&w);
+    }
+
+    fn bounded(budget: usize) -> (FoldStore, Arc<FakeDisk>) {
+        let disk = Arc::new(FakeDisk::default());
+        let mut s = FoldStore::new();
+        s.attach(disk.clone(), budget);
+        (s, disk)
+    }
+
+    #[test]
+    fn a_bounded_store_keeps_its_budget_and_reads_the_rest_back() {
+        let value = [7u8; 100];
+        let one = cost(&0u32.to_be_bytes(), &value);
+        let (mut s, disk) = bounded(10 * one);
+        for k in 0..1000u32 {
+            commit(&mut s, &disk, put(k, &value), true);
+            assert!(s.cache_stats().unwrap().resident_bytes <= 10 * one);
+        }
+        let stats = s.cache_stats().unwrap();
+        assert_eq!(stats.resident, 10);
+        assert_eq!(stats.evicted, 990);
+        assert_eq!(stats.withheld, 0);
+        // The newest writes stay; the oldest read back from disk.
+        assert!(s.iter().all(|(k, _)| k >= &990u32.to_be_bytes()[..]));
+        assert_eq!(
+            s.get_bytes(&3u32.to_be_bytes()).as_deref(),
+            Some(&value[..])
+        );
+        assert_eq!(s.cache_stats().unwrap().disk_reads, 1);
+        assert_eq!(s.all().len(), 1000);
+        assert!(s.take_failure().is_none());
+    }
+
+    #[test]
+    fn an_entry_the_disk_does_not_hold_yet_stays_in_memory() {
+        let (mut s, disk) = bounded(1);
+        // The disk lags: none of these writes has landed.
+        commit(&mut s, &disk, put(1, b"old"), false);
+        commit(&mut s, &disk, put(1, b"new"), false);
+        commit(&mut s, &disk, put(2, b"two"), false);
+        let stats = s.cache_stats().unwrap();
+        assert_eq!(stats.resident, 2, "evicting now would lose the values");
+        assert!(stats.withheld > 0);
+        assert_eq!(
+            s.get_bytes(&1u32.to_be_bytes()).as_deref(),
+            Some(&b"new"[..])
+        );
+        assert_eq!(stats.disk_reads, 0);
+        // The first write lands: key 1's latest value is the second write,
+        // still not on disk, so it must stay.
+        disk.applied.store(1, Ordering::SeqCst);
+        s.evict();
+        assert_eq!(
+            s.get_bytes(&1u32.to_be_bytes()).as_deref(),
+            Some(&b"new"[..])
+        );
+        assert_eq!(s.cache_stats().unwrap().resident, 2);
+        // Everything lands: both may go, and read back as written last.
+        disk.applied.store(3, Ordering::SeqCst);
+        s.evict();
+        assert_eq!(s.cache_stats().unwrap().resident, 0);
+        assert_eq!(
+            s.get_bytes(&1u32.to_be_bytes()).as_deref(),
+            Some(&b"new"[..])
+        );
+        assert_eq!(
+            s.get_bytes(&2u32.to_be_bytes()).as_deref(),
+            Some(&b"two"[..])
+        );
+    }
+
+    #[test]
+    fn a_delete_hides_the_disk_value_until_the_disk_holds_it() {
+        let (mut s, disk) = bounded(1);
+        commit(&mut s, &disk, put(1, b"v"), true);
+        s.evict();
+        assert_eq!(s.cache_stats().unwrap().resident, 0);
+        let mut w = FoldWrites::new();
+        w.delete(1u32.to_be_bytes().to_vec());
+        commit(&mut s, &disk, w, false);
+        // The disk still has the value; the store must not read it.
+        assert_eq!(disk.state().len(), 1);
+        assert_eq!(s.get_bytes(&1u32.to_be_bytes()), None);
+        assert!(s.all().is_empty());
+        disk.applied.store(2, Ordering::SeqCst);
+        s.evict();
+        assert_eq!(s.get_bytes(&1u32.to_be_bytes()), None);
+        assert!(s.all().is_empty());
+        assert!(!s.is_empty(), "a bounded store cannot tell it is empty");
+    }
+
+    #[test]
+    fn a_failed_disk_read_is_kept_for_the_task_to_fail_on() {
+        let (mut s, disk) = bounded(1);
+        commit(&mut s, &disk, put(1, b"v"), true);
+        s.evict();
+        disk.broken.store(true, Ordering::SeqCst);
+        assert_eq!(s.get_bytes(&1u32.to_be_bytes()), None);
+        let e = s.take_failure().expect("the failed read is recorded");
+        assert!(e.to_string().contains("disk gone"), "{e}");
+        assert!(s.take_failure().is_none(), "taken once");
+        let _ = s.all();
+        assert!(s.take_failure().is_some(), "a failed scan is recorded too");
+    }
+
+    #[test]
+    fn attaching_evicts_what_was_restored_down_to_the_budget() {
+        let mut s = FoldStore::new();
+        let mut restored = FoldWrites::new();
+        for k in 0..50u32 {
+            s.put_bytes(k.to_be_bytes().to_vec(), vec![1; 10]);
+            restored.put(k.to_be_bytes().to_vec(), vec![1; 10]);
+        }
+        // The host wrote the restored state before attaching.
+        let disk = Arc::new(FakeDisk {
+            writes: Mutex::new(vec![restored]),
+            base: 1,
+            ..FakeDisk::default()
+        });
+        let one = cost(&0u32.to_be_bytes(), &[1; 10]);
+        s.attach(disk.clone(), 5 * one);
+        assert_eq!(s.len(), 5);
+        assert_eq!(s.all().len(), 50);
+    }
 }
