@@ -475,9 +475,18 @@ fn world(
         // A hold window of one to three records: every world pages held
         // records out and back in, through its crashes, aborts and moves.
         config.hold_window = Some(1 + (seed % 3) as usize);
+        // Fold caches of a few hundred bytes at most (a handful of
+        // entries, none at all for a third of the seeds): tasks with a
+        // local store read most of their fold state back from it.
+        config.fold_cache = Some([0, 150, 400][(seed / 3 % 3) as usize]);
         let mut t = Thread::new(&app, config, fault, s.clone());
         if let Some(pool) = &pool {
-            t = t.with_disk(pool.take());
+            let disk = pool.take();
+            // Up to two writes waiting to land, as they wait for the Kafka
+            // runtime's writer thread: the cache must keep what the disk
+            // does not hold yet.
+            disk.lock().unwrap().lag = (seed / 9 % 3) as usize;
+            t = t.with_disk(disk);
         }
         Box::new(match &dead_letter {
             Some(topic) => t.with_dead_letter(topic),
@@ -618,6 +627,8 @@ struct Seeded {
     local_stores_checked: usize,
     /// Local store faults that struck a write, by [`StoreFault`] order.
     struck: [u64; 4],
+    /// Local store writes that waited behind another to land.
+    lagged: u64,
 }
 
 fn sweep(name: &str, build: impl Fn() -> App, budget: AppBudget, hops: u32) -> Vec<Seeded> {
@@ -643,6 +654,7 @@ fn sweep(name: &str, build: impl Fn() -> App, budget: AppBudget, hops: u32) -> V
             ticks_folded,
             local_stores_checked,
             struck: disks.struck(),
+            lagged: disks.lagged(),
         });
     }
     let secs = start.elapsed().as_secs_f64();
@@ -692,6 +704,29 @@ fn common_floors(name: &str, runs: &[Seeded]) {
         r.bridge.positions_deferred > 0
     });
     floor(name, runs, "fold state checked", |r| r.fold_keys > 0);
+}
+
+/// Fold state read through a bounded cache: worlds with local stores run
+/// with caches of a few hundred bytes and disks whose writes land late.
+fn fold_cache_floors(name: &str, runs: &[Seeded]) {
+    floor(name, runs, "fold entries evicted from the cache", |r| {
+        r.bridge.fold_evictions > 0
+    });
+    floor(
+        name,
+        runs,
+        "fold entries read back from the local store",
+        |r| r.bridge.fold_reads > 0,
+    );
+    floor(name, runs, "store writes that landed late", |r| {
+        r.lagged > 0
+    });
+    floor(
+        name,
+        runs,
+        "evictions put off until the disk held the entry",
+        |r| r.bridge.fold_withheld > 0,
+    );
 }
 
 /// Held records paged out and read back in (every world runs with a hold
@@ -825,6 +860,7 @@ fn settlement_under_incremental_assignment() {
         0,
     );
     common_floors(name, &runs);
+    fold_cache_floors(name, &runs);
     paging_floor(name, &runs);
     floor(name, &runs, "aborts with held records", |r| {
         r.world.aborts_while_holding > 0
@@ -880,6 +916,7 @@ fn incremental_assignment_with_restores_apart_from_processing() {
         0,
     );
     common_floors(name, &runs);
+    fold_cache_floors(name, &runs);
     paging_floor(name, &runs);
     floor(name, &runs, "a member holding half of a task", |r| {
         r.world.partial_holds > 0
@@ -928,6 +965,7 @@ fn local_stores_through_crashes_and_damaged_disks() {
         0,
     );
     common_floors(name, &runs);
+    fold_cache_floors(name, &runs);
     paging_floor(name, &runs);
     floor(name, &runs, "tasks started from a local store", |r| {
         r.bridge.local_starts > 0
@@ -938,6 +976,12 @@ fn local_stores_through_crashes_and_damaged_disks() {
     floor(name, &runs, "store writes that failed", |r| {
         r.bridge.local_write_failures > 0 && r.struck[2] > 0
     });
+    floor(
+        name,
+        &runs,
+        "tasks failed for fold state lost with a store write",
+        |r| r.bridge.fold_store_failures > 0,
+    );
     floor(name, &runs, "crashes inside a write that landed", |r| {
         r.struck[0] > 0
     });
@@ -1048,6 +1092,7 @@ fn tiny_hold_budgets_under_incremental_assignment_and_restores() {
         0,
     );
     common_floors(name, &runs);
+    fold_cache_floors(name, &runs);
     paging_floor(name, &runs);
     floor(name, &runs, "partitions paused for the hold budget", |r| {
         r.bridge.hold_pauses > 0

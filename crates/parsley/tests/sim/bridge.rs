@@ -11,7 +11,8 @@ use parsley::Parsley;
 use parsley::protocol::{BrokerOffsets, BrokerOffsetsError, Channel, TopicId, TopicOffsets};
 use parsley::runtime::changelog::{ChangelogReader, ChangelogRecord};
 use parsley::runtime::local::{
-    LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, StoreIdentity, StoreKind,
+    KeyValue, LocalReader, LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, StoreIdentity,
+    StoreKind,
 };
 use parsley::runtime::worker::*;
 use parsley::task::EmissionOrigin;
@@ -21,7 +22,8 @@ use parsley_sim::{
     Assigned, BeforeRevoke, Fetched, HostTransaction, Outcome, Produced, SimBroker, SimDirective,
     SimFault, StoreFault, StreamThread, TaskAct, TaskSpec,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The simulated broker as the worker sees a cluster.
@@ -116,6 +118,61 @@ pub struct Disk {
     dead: bool,
     /// Faults that struck a write, by [`StoreFault`] order.
     pub struck: [u64; 4],
+    /// How many writes may wait to land, as writes wait for the Kafka
+    /// runtime's writer thread (0: every write lands before it returns).
+    pub lag: usize,
+    /// Writes accepted but not landed yet, oldest first. A process that
+    /// dies loses them.
+    pending: VecDeque<(TaskId, LocalWrite)>,
+    /// The sequence counter of each task's live reader.
+    readers: BTreeMap<TaskId, Arc<AtomicU64>>,
+    /// Writes that waited behind another before they landed.
+    pub lagged: u64,
+}
+
+impl Disk {
+    /// Lands every waiting write, in order (what a job queued behind them
+    /// on the writer thread waits for).
+    fn flush(&mut self) {
+        while let Some((task, write)) = self.pending.pop_front() {
+            self.land(&task, write);
+        }
+    }
+
+    /// The process is gone: what waited to land is lost with it.
+    fn die(&mut self) {
+        self.dead = true;
+        self.pending.clear();
+        self.readers.clear();
+    }
+
+    fn land(&mut self, task: &TaskId, write: LocalWrite) {
+        let seq = write.seq;
+        let s = self.stores.entry(task.clone()).or_default();
+        if write.replace {
+            *s = DiskStore::default();
+        }
+        s.identity = Some(write.identity);
+        s.checkpoint.extend(write.checkpoint);
+        s.written_at = Some(write.written_at);
+        for (kind, key, value) in write.entries {
+            let m = match kind {
+                StoreKind::Protocol => &mut s.protocol,
+                StoreKind::Fold => &mut s.fold,
+            };
+            match value {
+                Some(v) => {
+                    m.insert(key, v);
+                }
+                None => {
+                    m.remove(&key);
+                }
+            }
+        }
+        if let Some(applied) = self.readers.get(task) {
+            applied.store(seq, Ordering::SeqCst);
+        }
+    }
 }
 
 /// The disks of a world, handed to processes as they start: a process
@@ -136,11 +193,24 @@ impl Disks {
         out
     }
 
+    /// Writes that waited behind another before they landed, on any disk.
+    pub fn lagged(&self) -> u64 {
+        self.0
+            .borrow()
+            .iter()
+            .map(|d| d.lock().unwrap().lagged)
+            .sum()
+    }
+
     pub fn take(&self) -> Arc<Mutex<Disk>> {
         let mut all = self.0.borrow_mut();
         if let Some(free) = all.iter().find(|d| Arc::strong_count(d) == 1) {
             let free = free.clone();
             let mut d = free.lock().unwrap();
+            // The process that held the disk is gone, and with it the
+            // writes it had not landed.
+            d.pending.clear();
+            d.readers.clear();
             d.dead = false;
             d.armed = None;
             drop(d);
@@ -157,7 +227,8 @@ pub struct SimLocal(pub Arc<Mutex<Disk>>);
 
 impl LocalStore for SimLocal {
     fn open(&mut self, task: &TaskId) -> Result<Option<LocalSnapshot>, LocalStoreError> {
-        let d = self.0.lock().unwrap();
+        let mut d = self.0.lock().unwrap();
+        d.flush();
         let Some(s) = d.stores.get(task) else {
             return Ok(None);
         };
@@ -194,39 +265,34 @@ impl LocalStore for SimLocal {
         }
         match d.armed.take() {
             Some(StoreFault::CrashBeforeWrite) => {
-                d.dead = true;
+                d.die();
                 return Err(io("crashed inside the write (simulated)"));
             }
             Some(StoreFault::WriteFails) => return Err(io("no space left on device (simulated)")),
             Some(StoreFault::CorruptAndCrash) => {
-                d.dead = true;
+                d.die();
                 if let Some(s) = d.stores.get_mut(task) {
                     s.corrupt = true;
                 }
                 return Err(io("crashed while the file was damaged (simulated)"));
             }
-            Some(StoreFault::CrashAfterWrite) => d.dead = true,
+            Some(StoreFault::CrashAfterWrite) => {
+                // The write and every one before it landed, then the
+                // process died.
+                d.pending.push_back((task.clone(), write));
+                d.flush();
+                d.die();
+                return Ok(());
+            }
             None => {}
         }
-        let s = d.stores.entry(task.clone()).or_default();
-        if write.replace {
-            *s = DiskStore::default();
+        d.pending.push_back((task.clone(), write));
+        if d.pending.len() > 1 {
+            d.lagged += 1;
         }
-        s.identity = Some(write.identity);
-        s.checkpoint.extend(write.checkpoint);
-        s.written_at = Some(write.written_at);
-        for (kind, key, value) in write.entries {
-            let m = match kind {
-                StoreKind::Protocol => &mut s.protocol,
-                StoreKind::Fold => &mut s.fold,
-            };
-            match value {
-                Some(v) => {
-                    m.insert(key, v);
-                }
-                None => {
-                    m.remove(&key);
-                }
+        while d.pending.len() > d.lag {
+            if let Some((task, write)) = d.pending.pop_front() {
+                d.land(&task, write);
             }
         }
         Ok(())
@@ -240,8 +306,83 @@ impl LocalStore for SimLocal {
                 message: "the process is gone (simulated)".into(),
             });
         }
+        d.flush();
         d.stores.remove(task);
+        d.readers.remove(task);
         Ok(())
+    }
+
+    fn close(&mut self, _task: &TaskId) -> Result<(), LocalStoreError> {
+        self.0.lock().unwrap().flush();
+        Ok(())
+    }
+
+    fn reader(&mut self, task: &TaskId) -> Result<Option<Arc<dyn LocalReader>>, LocalStoreError> {
+        let mut d = self.0.lock().unwrap();
+        if d.dead {
+            return Err(LocalStoreError::Io {
+                task: task.clone(),
+                message: "the process is gone (simulated)".into(),
+            });
+        }
+        d.flush();
+        let applied = Arc::new(AtomicU64::new(0));
+        d.readers.insert(task.clone(), applied.clone());
+        Ok(Some(Arc::new(SimReader {
+            disk: self.0.clone(),
+            task: task.clone(),
+            applied,
+        })))
+    }
+
+    fn reads_while_running(&self) -> bool {
+        true
+    }
+}
+
+/// A task's reader on a simulated disk: it sees the writes that landed.
+struct SimReader {
+    disk: Arc<Mutex<Disk>>,
+    task: TaskId,
+    applied: Arc<AtomicU64>,
+}
+
+impl SimReader {
+    fn read<T>(&self, f: impl FnOnce(&DiskStore) -> T) -> Result<T, LocalStoreError> {
+        let d = self.disk.lock().unwrap();
+        let live = d
+            .readers
+            .get(&self.task)
+            .is_some_and(|a| Arc::ptr_eq(a, &self.applied));
+        let io = |m: &str| LocalStoreError::Io {
+            task: self.task.clone(),
+            message: m.to_owned(),
+        };
+        if d.dead || !live {
+            return Err(io("the store was wiped or its process is gone (simulated)"));
+        }
+        let store = d
+            .stores
+            .get(&self.task)
+            .ok_or_else(|| io("no store (simulated)"))?;
+        if store.corrupt {
+            return Err(io("the file is damaged (simulated)"));
+        }
+        Ok(f(store))
+    }
+}
+
+impl LocalReader for SimReader {
+    fn applied(&self) -> u64 {
+        self.applied.load(Ordering::SeqCst)
+    }
+
+    fn fold_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, LocalStoreError> {
+        self.read(|s| s.fold.get(key).cloned())
+    }
+
+    fn fold_scan(&self) -> Result<Vec<KeyValue>, LocalStoreError> {
+        self.read(|s| s.fold.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
     }
 }
 
@@ -301,6 +442,15 @@ pub struct BridgeStats {
     pub hold_pauses_withheld: u64,
     /// Held records read back from a task's committed store.
     pub paged_in: u64,
+    /// Fold entries read from a local store (not in the bounded cache).
+    pub fold_reads: u64,
+    /// Fold entries that left a bounded cache.
+    pub fold_evictions: u64,
+    /// Evictions put off because the disk did not hold the entry yet.
+    pub fold_withheld: u64,
+    /// Tasks failed because fold state beyond their cache was lost with a
+    /// store write that failed.
+    pub fold_store_failures: u64,
 }
 
 /// One stream thread: a worker and its fault, if any.
@@ -370,6 +520,9 @@ impl Thread {
     fn handle_failures(&mut self, broker: &SimBroker) -> Result<(), String> {
         for f in self.worker.take_task_failures() {
             self.stats.borrow_mut().task_failures += 1;
+            if f.error.contains("cannot be read from its local store") {
+                self.stats.borrow_mut().fold_store_failures += 1;
+            }
             if let (Some(refused), Some(topic), true) =
                 (&f.refused, self.dead_letter.clone(), self.divert_next)
                 && refused.origin.is_some()
@@ -428,6 +581,9 @@ impl Thread {
         s.hold_resumes_relieved += now.hold_resumes_relieved - self.seen.hold_resumes_relieved;
         s.hold_pauses_withheld += now.hold_pauses_withheld - self.seen.hold_pauses_withheld;
         s.paged_in += now.records_paged_in - self.seen.records_paged_in;
+        s.fold_reads += now.fold_store_reads - self.seen.fold_store_reads;
+        s.fold_evictions += now.fold_cache_evictions - self.seen.fold_cache_evictions;
+        s.fold_withheld += now.fold_evictions_withheld - self.seen.fold_evictions_withheld;
         self.seen = now;
     }
 
