@@ -208,12 +208,13 @@ pub struct StreamsOptions {
     /// back in order when the gate reaches them. `None` keeps them all.
     /// 256 by default.
     pub hold_window: Option<usize>,
-    /// How much of each task's fold state stays in memory, in bytes, at
-    /// most (an estimate of what the entries take): the rest is read from
-    /// the task's file in the state directory when a record needs it.
-    /// Entries leave memory oldest write first, once the file holds them.
-    /// Needs a state directory; without one (or with `None`) the whole
-    /// fold state stays in memory. 64 MiB by default.
+    /// How much fold state the instance keeps in memory, in bytes, at
+    /// most (an estimate of what the entries take), shared evenly by its
+    /// stream threads and, within a thread, by its stateful tasks: the
+    /// rest is read from each task's file in the state directory when a
+    /// record needs it. Entries leave memory oldest write first, once the
+    /// file holds them. Needs a state directory; without one (or with
+    /// `None`) the whole fold state stays in memory. 64 MiB by default.
     pub fold_cache: Option<usize>,
 }
 
@@ -2276,7 +2277,10 @@ impl StreamThread {
                 restores: parsley::runtime::worker::RestoreMode::Deferred,
                 hold_budget: self.options.hold_budget,
                 hold_window: self.options.hold_window,
-                fold_cache: self.options.fold_cache,
+                fold_cache: self
+                    .options
+                    .fold_cache
+                    .map(|b| b / self.options.threads.max(1)),
                 ..WorkerConfig::default()
             },
         );

@@ -2781,3 +2781,141 @@ fn a_deferred_restore_of_a_task_restarting_in_place_is_not_the_assignment_restor
     );
     assert_eq!(w.assignment_restoring().count(), 0);
 }
+
+/// [`MemLocal`] with readers: a task's fold state may leave memory.
+#[derive(Clone, Default)]
+struct ReadableLocal {
+    inner: MemLocal,
+    applied: std::sync::Arc<std::sync::Mutex<BTreeMap<TaskId, std::sync::Arc<AtomicU64>>>>,
+}
+
+struct MemReader {
+    store: MemLocal,
+    task: TaskId,
+    applied: std::sync::Arc<AtomicU64>,
+}
+
+use parsley::runtime::local::{KeyValue, LocalReader};
+use std::sync::atomic::AtomicU64;
+
+impl LocalReader for MemReader {
+    fn applied(&self) -> u64 {
+        self.applied.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn fold_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, LocalStoreError> {
+        Ok(self
+            .fold_scan()?
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v))
+    }
+    fn fold_scan(&self) -> Result<Vec<KeyValue>, LocalStoreError> {
+        let all = self.store.0.lock().unwrap();
+        Ok(all
+            .get(&self.task)
+            .map(|s| s.fold.clone())
+            .unwrap_or_default())
+    }
+}
+
+impl LocalStore for ReadableLocal {
+    fn open(&mut self, task: &TaskId) -> Result<Option<LocalSnapshot>, LocalStoreError> {
+        self.inner.open(task)
+    }
+    fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
+        let seq = write.seq;
+        self.inner.write(task, write)?;
+        if let Some(a) = self.applied.lock().unwrap().get(task) {
+            a.store(seq, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(())
+    }
+    fn wipe(&mut self, task: &TaskId) -> Result<(), LocalStoreError> {
+        self.applied.lock().unwrap().remove(task);
+        self.inner.wipe(task)
+    }
+    fn reader(
+        &mut self,
+        task: &TaskId,
+    ) -> Result<Option<std::sync::Arc<dyn LocalReader>>, LocalStoreError> {
+        let applied = std::sync::Arc::new(AtomicU64::new(0));
+        self.applied
+            .lock()
+            .unwrap()
+            .insert(task.clone(), applied.clone());
+        Ok(Some(std::sync::Arc::new(MemReader {
+            store: self.inner.clone(),
+            task: task.clone(),
+            applied,
+        })))
+    }
+    fn reads_while_running(&self) -> bool {
+        true
+    }
+}
+
+/// The fold cache is the worker's, split over its stateful tasks: two
+/// tasks together keep no more than the budget in memory, and every count
+/// reads back right from the store once it left memory.
+#[test]
+fn tasks_share_the_worker_fold_cache_and_read_the_rest_back() {
+    let app = counting_app();
+    let cluster = counting_cluster(2);
+    let store = ReadableLocal::default();
+    let budget = 1_000;
+    let w = Worker::new(
+        &app,
+        WorkerConfig {
+            fold_cache: Some(budget),
+            ..WorkerConfig::default()
+        },
+    )
+    .with_local_store(Box::new(store.clone()));
+    let mut w = started_with(&cluster, w);
+    let keys = 40;
+    for round in 0..2 {
+        for p in 0..2 {
+            for k in 0..keys {
+                let offset = i64::from(round * keys + k);
+                w.on_record(rec("a", p, offset, &format!("key-{k}")))
+                    .unwrap();
+            }
+        }
+        commit(&mut w, &cluster);
+    }
+    let ids: Vec<TaskId> = w.tasks().cloned().collect();
+    assert_eq!(ids.len(), 2);
+    let mut resident = 0;
+    for id in &ids {
+        let stats = w.task(id).unwrap().stores().fold.cache_stats().unwrap();
+        assert_eq!(stats.budget, budget / 2, "{id}: an even share");
+        assert!(stats.evicted > 0, "{id}: {stats:?}");
+        resident += stats.resident_bytes;
+        // Every key counted twice, most of them read back from the store.
+        for k in 0..keys {
+            let v = w
+                .task(id)
+                .unwrap()
+                .fold_state(&FoldKey::Key(format!("key-{k}").into_bytes()))
+                .map(|v| v.to_vec());
+            assert_eq!(v, Some(2i64.to_be_bytes().to_vec()), "{id} key-{k}");
+        }
+        let reads = w
+            .task(id)
+            .unwrap()
+            .stores()
+            .fold
+            .cache_stats()
+            .unwrap()
+            .disk_reads;
+        assert!(
+            reads >= stats.disk_reads + keys as u64 / 2,
+            "{id}: {reads} reads"
+        );
+    }
+    assert!(
+        resident <= budget,
+        "{resident} bytes resident against {budget}"
+    );
+    assert!(w.stats().fold_cache_evictions > 0);
+}

@@ -261,6 +261,18 @@ impl FoldStore {
         self.evict();
     }
 
+    /// Changes the budget of a bounded store (its share of a worker's
+    /// cache, as tasks come and go), evicting down to it.
+    pub fn set_budget(&mut self, budget: usize) {
+        let Some(cold) = self.cold.as_mut() else {
+            return;
+        };
+        if cold.budget != budget {
+            cold.budget = budget;
+            self.evict();
+        }
+    }
+
     /// Whether this store reads through a local store.
     pub fn is_bounded(&self) -> bool {
         self.cold.is_some()

@@ -1169,6 +1169,18 @@ impl Task {
         !self.outgoing.is_empty() || self.acted || !self.pending_fold.is_empty()
     }
 
+    /// Lets the committed fold store's entries the local store now holds
+    /// leave memory (see [`FoldStore::evict`]).
+    pub fn evict_fold(&mut self) {
+        self.stores.fold.evict();
+    }
+
+    /// Gives the committed fold store a new cache budget (see
+    /// [`FoldStore::set_budget`]).
+    pub fn set_fold_budget(&mut self, budget: usize) {
+        self.stores.fold.set_budget(budget);
+    }
+
     /// The committed stores (what an abort returns to).
     pub fn stores(&self) -> &TaskStores {
         &self.stores

@@ -235,13 +235,13 @@ pub struct WorkerConfig {
     /// hold costs one copy of each record instead of two. `None` keeps
     /// every held record in the node. 256 by default.
     pub hold_window: Option<usize>,
-    /// How many bytes of a task's fold state stay in memory, at most,
-    /// when its host keeps a local store that can be read while the task
-    /// runs ([`LocalStore::reader`]): the rest is read from that store
-    /// when a record needs it. Entries leave memory oldest write first,
-    /// and only once the local store holds them. `None`, or a host
-    /// without such a store, keeps the whole fold state in memory. 64 MiB
-    /// per task by default.
+    /// How many bytes of fold state this worker's tasks keep in memory
+    /// together, at most, when its host keeps a local store that can be
+    /// read while a task runs ([`LocalStore::reader`]): the tasks share it
+    /// evenly, and the rest is read from their stores when a record needs
+    /// it. Entries leave memory oldest write first, and only once the
+    /// local store holds them. `None`, or a host without such a store,
+    /// keeps the whole fold state in memory. 64 MiB by default.
     pub fold_cache: Option<usize>,
     /// The `thread-id` label of this worker's metrics.
     pub thread_id: String,
@@ -280,7 +280,7 @@ pub const DEFAULT_HOLD_BUDGET: usize = 32 << 20;
 /// The default [`WorkerConfig::hold_window`]: 256 records per hold queue.
 pub const DEFAULT_HOLD_WINDOW: usize = 256;
 
-/// The default [`WorkerConfig::fold_cache`]: 64 MiB per task.
+/// The default [`WorkerConfig::fold_cache`]: 64 MiB per worker.
 pub const DEFAULT_FOLD_CACHE: usize = 64 << 20;
 
 /// One partition the group assigned, with the facts the worker needs to
@@ -2428,6 +2428,28 @@ impl Worker {
         self.take_transaction().map(Some)
     }
 
+    /// Splits the fold cache evenly over the tasks whose fold state reads
+    /// through it (their number changes as tasks start and leave).
+    fn share_fold_cache(&mut self) {
+        let Some(total) = self.config.fold_cache else {
+            return;
+        };
+        let bounded = |slot: &Slot| {
+            slot.task
+                .as_ref()
+                .is_some_and(|t| t.stores().fold.is_bounded())
+        };
+        let n = self.tasks.values().filter(|s| bounded(s)).count();
+        let Some(share) = total.checked_div(n) else {
+            return;
+        };
+        for slot in self.tasks.values_mut() {
+            if let Some(task) = slot.task.as_mut() {
+                task.set_fold_budget(share);
+            }
+        }
+    }
+
     fn take_transaction(&mut self) -> Result<Transaction, WorkerError> {
         let id = self.next_txn;
         self.owners.clear();
@@ -2438,6 +2460,7 @@ impl Worker {
             id,
             ..Transaction::default()
         };
+        self.share_fold_cache();
         let mut failed = None;
         for (task_id, slot) in &mut self.tasks {
             let Some(task) = slot.task.as_mut() else {
@@ -2536,7 +2559,7 @@ impl Worker {
                                 task.commit_done_into(Some(&mut entries));
                                 let seq = task.stores().fold.seq();
                                 let reached = self.reached.remove(id);
-                                if !write_committed(
+                                if write_committed(
                                     store.as_mut(),
                                     self.now,
                                     id,
@@ -2544,6 +2567,12 @@ impl Worker {
                                     (entries, seq),
                                     reached,
                                 ) {
+                                    // A store that applied the write at once
+                                    // lets this commit's entries go now.
+                                    if let Some(task) = slot.task.as_mut() {
+                                        task.evict_fold();
+                                    }
+                                } else {
                                     self.stats.local_store_write_failures += 1;
                                 }
                             }
