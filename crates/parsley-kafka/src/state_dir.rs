@@ -33,7 +33,8 @@ use std::time::{Duration, Instant};
 
 use parsley::protocol::TopicId;
 use parsley::runtime::local::{
-    LocalReader, LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, StoreIdentity, StoreKind,
+    LocalReader, LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, LocalWriter,
+    StoreIdentity, StoreKind,
 };
 use parsley::task::TaskId;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
@@ -384,6 +385,13 @@ impl LocalStore for TaskFiles {
             .map_err(|_| gone(task))
     }
 
+    fn writer(&mut self) -> Option<Box<dyn LocalWriter>> {
+        Some(Box::new(FilesWriter {
+            jobs: self.jobs.clone()?,
+            failed: self.failed.clone(),
+        }))
+    }
+
     fn wipe(&mut self, task: &TaskId) -> Result<(), LocalStoreError> {
         let _ = self.take_failure(task);
         self.ask(task, |r| Job::Wipe(task.clone(), r))
@@ -395,6 +403,30 @@ impl LocalStore for TaskFiles {
             Some(e) => Err(e),
             None => r,
         }
+    }
+}
+
+/// Writes queued to the writer thread from a restore thread. A failed
+/// write is reported as [`TaskFiles`] reports it: to the next call for the
+/// task (here or on the stream thread).
+struct FilesWriter {
+    jobs: SyncSender<Job>,
+    failed: Arc<Mutex<BTreeMap<TaskId, LocalStoreError>>>,
+}
+
+impl LocalWriter for FilesWriter {
+    fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
+        if let Some(e) = self
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(task)
+        {
+            return Err(e.clone());
+        }
+        self.jobs
+            .send(Job::Write(task.clone(), write))
+            .map_err(|_| gone(task))
     }
 }
 
@@ -577,7 +609,7 @@ impl LocalStore for Files {
                 }
             }
             let mut meta = txn.open_table(META).map_err(|e| io(task, e))?;
-            for (k, v) in encode_identity(&write.identity) {
+            for (k, v) in write.identity.iter().flat_map(encode_identity) {
                 meta.insert(k.as_str(), v.as_slice())
                     .map_err(|e| io(task, e))?;
             }
@@ -705,7 +737,7 @@ mod tests {
             .write(
                 &task(),
                 LocalWrite {
-                    identity: identity(),
+                    identity: Some(identity()),
                     checkpoint: BTreeMap::from([("app-s-fold-changelog".to_owned(), 12)]),
                     replace: true,
                     written_at: 5,
@@ -722,7 +754,7 @@ mod tests {
             .write(
                 &task(),
                 LocalWrite {
-                    identity: identity(),
+                    identity: Some(identity()),
                     checkpoint: BTreeMap::from([("app-s-fold-changelog".to_owned(), 15)]),
                     replace: false,
                     written_at: 9,
@@ -754,7 +786,7 @@ mod tests {
         assert!(files.reads_while_running());
         let write = |replace: bool, seq: u64, entries: Vec<parsley::runtime::local::LocalEntry>| {
             LocalWrite {
-                identity: identity(),
+                identity: Some(identity()),
                 checkpoint: BTreeMap::new(),
                 replace,
                 written_at: 1,
@@ -815,7 +847,7 @@ mod tests {
             open: BTreeMap::new(),
         };
         let write = |replace: bool, round: u32| LocalWrite {
-            identity: identity(),
+            identity: Some(identity()),
             checkpoint: BTreeMap::from([("app-s-fold-changelog".to_owned(), i64::from(round))]),
             replace,
             written_at: 5,

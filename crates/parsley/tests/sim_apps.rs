@@ -510,6 +510,11 @@ fn check_disks(w: &AppWorld, disks: &Disks) -> Result<usize, String> {
                 continue;
             }
             let Some(identity) = &store.identity else {
+                // A rebuild cut short between its parts: no start trusts
+                // it (its last write names the identity).
+                if store.protocol.is_empty() && store.checkpoint.is_empty() {
+                    continue;
+                }
                 return Err(format!("task {task}: a store without an identity was left"));
             };
             let mut expected: [BTreeMap<Vec<u8>, Vec<u8>>; 2] = Default::default();
@@ -629,6 +634,8 @@ struct Seeded {
     struck: [u64; 4],
     /// Local store writes that waited behind another to land.
     lagged: u64,
+    /// Restore writes made in parts.
+    parts: u64,
 }
 
 fn sweep(name: &str, build: impl Fn() -> App, budget: AppBudget, hops: u32) -> Vec<Seeded> {
@@ -655,6 +662,7 @@ fn sweep(name: &str, build: impl Fn() -> App, budget: AppBudget, hops: u32) -> V
             local_stores_checked,
             struck: disks.struck(),
             lagged: disks.lagged(),
+            parts: disks.parts(),
         });
     }
     let secs = start.elapsed().as_secs_f64();
@@ -975,6 +983,11 @@ fn local_stores_through_crashes_and_damaged_disks() {
     });
     floor(name, &runs, "store writes that failed", |r| {
         r.bridge.local_write_failures > 0 && r.struck[2] > 0
+    });
+    // (Rebuilds come often here: the other local store worlds restart
+    // tasks only when they move.)
+    floor(name, &runs, "restores written to the store in parts", |r| {
+        r.parts > 0
     });
     floor(
         name,

@@ -2382,7 +2382,9 @@ impl LocalStore for MemLocal {
         if write.replace {
             *s = LocalSnapshot::default();
         }
-        s.identity = Some(write.identity);
+        if write.identity.is_some() {
+            s.identity = write.identity;
+        }
         s.checkpoint.extend(write.checkpoint);
         s.written_at = Some(write.written_at);
         for (kind, key, value) in write.entries {
@@ -2787,6 +2789,25 @@ fn a_deferred_restore_of_a_task_restarting_in_place_is_not_the_assignment_restor
 struct ReadableLocal {
     inner: MemLocal,
     applied: std::sync::Arc<std::sync::Mutex<BTreeMap<TaskId, std::sync::Arc<AtomicU64>>>>,
+    /// Writes made through a [`LocalWriter`] (a restore's parts).
+    parts: std::sync::Arc<AtomicU64>,
+    /// The part writes still to go through before the disk fills
+    /// (`u64::MAX`: never).
+    parts_before_full: std::sync::Arc<AtomicU64>,
+}
+
+impl LocalWriter for ReadableLocal {
+    fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.parts.fetch_add(1, SeqCst);
+        if n >= self.parts_before_full.load(SeqCst) {
+            return Err(LocalStoreError::Io {
+                task: task.clone(),
+                message: "no space left on device (test)".into(),
+            });
+        }
+        LocalStore::write(self, task, write)
+    }
 }
 
 struct MemReader {
@@ -2795,7 +2816,7 @@ struct MemReader {
     applied: std::sync::Arc<AtomicU64>,
 }
 
-use parsley::runtime::local::{KeyValue, LocalReader};
+use parsley::runtime::local::{KeyValue, LocalReader, LocalWriter};
 use std::sync::atomic::AtomicU64;
 
 impl LocalReader for MemReader {
@@ -2851,6 +2872,9 @@ impl LocalStore for ReadableLocal {
     }
     fn reads_while_running(&self) -> bool {
         true
+    }
+    fn writer(&mut self) -> Option<Box<dyn LocalWriter>> {
+        Some(Box::new(self.clone()))
     }
 }
 
@@ -2918,4 +2942,147 @@ fn tasks_share_the_worker_fold_cache_and_read_the_rest_back() {
         "{resident} bytes resident against {budget}"
     );
     assert!(w.stats().fold_cache_evictions > 0);
+}
+
+/// A rebuild whose fold state is larger than the cache writes it to the
+/// local store in parts as it replays: what the task then reads, and what
+/// the store holds, is the changelog's last word on every key, deletes
+/// included (a key written out in one part and deleted after it stays
+/// deleted).
+#[test]
+fn a_rebuild_larger_than_the_cache_goes_to_the_store_in_parts_and_keeps_deletes() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let topic = ("app-count-fold-changelog".to_owned(), 0);
+    let mut expected: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut append = |key: usize, value: Option<i64>| {
+        let key = FoldKey::Key(format!("key-{key}").into_bytes()).to_bytes();
+        let value = value.map(|v| v.to_be_bytes().to_vec());
+        let offset = cluster.ends.borrow().get(&topic).copied().unwrap_or(0);
+        cluster
+            .logs
+            .borrow_mut()
+            .entry(topic.clone())
+            .or_default()
+            .push(ChangelogRecord {
+                offset,
+                key: Some(key.clone()),
+                value: value.clone(),
+            });
+        *cluster.ends.borrow_mut().entry(topic.clone()).or_default() += 1;
+        match value {
+            Some(v) => expected.insert(key, v),
+            None => expected.remove(&key),
+        };
+    };
+    for k in 0..60 {
+        append(k, Some(1));
+    }
+    // Every third key deleted, long after its part was written; a few of
+    // them written again.
+    for k in (0..60).step_by(3) {
+        append(k, None);
+    }
+    for k in (0..60).step_by(9) {
+        append(k, Some(7));
+    }
+    let store = ReadableLocal {
+        parts_before_full: std::sync::Arc::new(AtomicU64::new(u64::MAX)),
+        ..ReadableLocal::default()
+    };
+    let w = Worker::new(
+        &app,
+        WorkerConfig {
+            fold_cache: Some(2_000),
+            ..WorkerConfig::default()
+        },
+    )
+    .with_local_store(Box::new(store.clone()));
+    let w = started_with(&cluster, w);
+    let parts = store.parts.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(parts > 2, "the replay went out in {parts} parts");
+    let id = w.tasks().next().unwrap().clone();
+    let task = w.task(&id).unwrap();
+    for k in 0..60 {
+        let key = FoldKey::Key(format!("key-{k}").into_bytes());
+        assert_eq!(
+            task.fold_state(&key).map(|v| v.to_vec()),
+            expected.get(&key.to_bytes()).cloned(),
+            "key-{k}"
+        );
+    }
+    let stored: BTreeMap<Vec<u8>, Vec<u8>> = store.inner.0.lock().unwrap()[&id]
+        .fold
+        .iter()
+        .cloned()
+        .collect();
+    assert_eq!(stored, expected);
+    assert!(
+        task.stores().fold.len() < expected.len(),
+        "the state is not all in memory"
+    );
+}
+
+/// A rebuild's part that cannot be written (the disk is full) leaves the
+/// state neither in memory nor on disk whole: the task does not start on
+/// it, the store is wiped, and the task waits and rebuilds again.
+#[test]
+fn a_rebuild_whose_part_fails_does_not_start_the_task_and_tries_again() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let topic = ("app-count-fold-changelog".to_owned(), 0);
+    for k in 0..60 {
+        let offset = cluster.ends.borrow().get(&topic).copied().unwrap_or(0);
+        cluster
+            .logs
+            .borrow_mut()
+            .entry(topic.clone())
+            .or_default()
+            .push(ChangelogRecord {
+                offset,
+                key: Some(FoldKey::Key(format!("key-{k}").into_bytes()).to_bytes()),
+                value: Some(3i64.to_be_bytes().to_vec()),
+            });
+        *cluster.ends.borrow_mut().entry(topic.clone()).or_default() += 1;
+    }
+    let store = ReadableLocal {
+        parts_before_full: std::sync::Arc::new(AtomicU64::new(1)),
+        ..ReadableLocal::default()
+    };
+    let mut w = Worker::new(
+        &app,
+        WorkerConfig {
+            fold_cache: Some(2_000),
+            ..WorkerConfig::default()
+        },
+    )
+    .with_local_store(Box::new(store.clone()));
+    w.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    assert_eq!(
+        w.tasks().count(),
+        0,
+        "the task must not start on half a state"
+    );
+    assert_eq!(w.waiting_tasks().count(), 1);
+    assert!(w.stats().local_store_write_failures >= 1);
+    assert!(
+        store.inner.0.lock().unwrap().is_empty(),
+        "the store is wiped"
+    );
+    // The disk has room again: the next try rebuilds the whole state.
+    store
+        .parts_before_full
+        .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+    w.punctuate(10, &cluster).unwrap();
+    assert_eq!(w.tasks().count(), 1);
+    let id = w.tasks().next().unwrap().clone();
+    for k in 0..60 {
+        let key = FoldKey::Key(format!("key-{k}").into_bytes());
+        assert_eq!(
+            w.task(&id).unwrap().fold_state(&key).map(|v| v.to_vec()),
+            Some(3i64.to_be_bytes().to_vec()),
+            "key-{k}"
+        );
+    }
 }

@@ -41,3 +41,33 @@ pub fn status_bytes(process: &str, field: &str) -> Option<u64> {
 pub fn resident_mib() -> f64 {
     status_bytes("self", "VmRSS").map_or(0.0, |b| b as f64 / f64::from(1 << 20))
 }
+
+/// The highest resident set seen while it runs: a thread that reads
+/// `VmRSS` every 10 ms (the kernel's `VmHWM` never comes down, so it cannot
+/// tell one phase of a run from the next).
+pub struct PeakResident {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<f64>,
+}
+
+impl PeakResident {
+    pub fn start() -> PeakResident {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peak: f64 = 0.0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(resident_mib());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            peak.max(resident_mib())
+        });
+        PeakResident { stop, thread }
+    }
+
+    /// Stops sampling; the peak in MiB (0 off Linux).
+    pub fn stop(self) -> f64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or(0.0)
+    }
+}

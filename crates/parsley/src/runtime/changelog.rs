@@ -128,7 +128,7 @@ pub fn restore(
         fold: fold_changelog,
         tasks,
     };
-    restore_from(task, &changelogs, metadata, reader, None, &mut |_| {}).map(|r| r.stores)
+    restore_from(task, &changelogs, metadata, reader, None, None, &mut |_| {}).map(|r| r.stores)
 }
 
 /// What a host hears as its tasks restore (as Kafka Streams'
@@ -226,6 +226,122 @@ pub struct Restored {
     /// local store (for the host to bring that store up to date); empty
     /// for a restore from nothing.
     pub tail: Vec<crate::runtime::local::LocalEntry>,
+    /// Whether part of the fold state went to the local store during the
+    /// replay ([`FoldSpill`]): then `stores.fold` holds only the rest, and
+    /// the store must be completed, not replaced.
+    pub spilled: bool,
+    /// Deletes of a rebuild that spilled, still to write.
+    pub pending: Vec<crate::runtime::local::LocalEntry>,
+    /// A part that could not be written: the local store holds an
+    /// unknown part of the state and memory not all of it.
+    pub spill_failed: Option<crate::runtime::local::LocalStoreError>,
+}
+
+/// Writes a fold state out to the task's local store as a replay goes,
+/// whenever what the replay holds in memory passes `budget` bytes, so a
+/// fold state larger than memory can be restored. A rebuild's parts carry
+/// no identity (the first clears the store), so a crash between them
+/// leaves a store no start trusts; a tail's parts go into the store it
+/// started from without moving its checkpoint, and replaying that tail
+/// again after a crash rewrites the same values in the same order.
+pub struct FoldSpill {
+    writer: Box<dyn crate::runtime::local::LocalWriter>,
+    budget: usize,
+    written_at: i64,
+    /// Estimated bytes the replay added to memory since the last part.
+    held: usize,
+    spilled: bool,
+    /// A rebuild's deletes since the last part (the keys may be in parts
+    /// written before).
+    deletes: std::collections::BTreeSet<Vec<u8>>,
+    failed: Option<crate::runtime::local::LocalStoreError>,
+}
+
+impl std::fmt::Debug for FoldSpill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FoldSpill")
+            .field("budget", &self.budget)
+            .field("spilled", &self.spilled)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FoldSpill {
+    /// Parts of at most about `budget` bytes in memory, written through
+    /// `writer`, stamped `written_at`.
+    pub fn new(
+        writer: Box<dyn crate::runtime::local::LocalWriter>,
+        budget: usize,
+        written_at: i64,
+    ) -> FoldSpill {
+        FoldSpill {
+            writer,
+            budget,
+            written_at,
+            held: 0,
+            spilled: false,
+            deletes: Default::default(),
+            failed: None,
+        }
+    }
+
+    /// Counts one replayed fold record; writes a part when memory is full.
+    fn take(
+        &mut self,
+        task: &TaskId,
+        rebuild: bool,
+        key: &[u8],
+        value: Option<&[u8]>,
+        fold: &mut FoldStore,
+        tail: &mut Vec<crate::runtime::local::LocalEntry>,
+    ) {
+        if self.failed.is_some() {
+            return;
+        }
+        self.held += crate::fold::cost(key, value.unwrap_or_default());
+        if rebuild {
+            match value {
+                Some(_) => self.deletes.remove(key),
+                None => self.deletes.insert(key.to_vec()),
+            };
+        }
+        if self.held <= self.budget {
+            return;
+        }
+        let entries: Vec<_> = if rebuild {
+            let mut entries: Vec<_> = fold
+                .drain_bytes()
+                .into_iter()
+                .map(|(k, v)| (StoreKind::Fold, k, Some(v)))
+                .collect();
+            entries.extend(
+                std::mem::take(&mut self.deletes)
+                    .into_iter()
+                    .map(|k| (StoreKind::Fold, k, None)),
+            );
+            entries
+        } else {
+            // The tail holds every record replayed, in order; what memory
+            // holds is their outcome for the keys they touched.
+            drop(fold.drain_bytes());
+            std::mem::take(tail)
+        };
+        let write = crate::runtime::local::LocalWrite {
+            identity: None,
+            checkpoint: BTreeMap::new(),
+            replace: rebuild && !self.spilled,
+            written_at: self.written_at,
+            entries,
+            seq: 0,
+        };
+        match self.writer.write(task, write) {
+            Ok(()) => {
+                self.spilled = true;
+                self.held = 0;
+            }
+            Err(e) => self.failed = Some(e),
+        }
+    }
 }
 
 /// Rebuilds a task's committed stores: from `start` and the changelog
@@ -236,6 +352,7 @@ pub fn restore_from(
     metadata: &dyn TopicMetadata,
     reader: &dyn ChangelogReader,
     start: Option<RestoreStart>,
+    mut spill: Option<&mut FoldSpill>,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<Restored, ChangelogError> {
     let keep_tail = start.is_some();
@@ -263,11 +380,35 @@ pub fn restore_from(
         kind(StoreKind::Protocol),
         protocol,
         put_protocol,
+        None,
         progress,
     )?;
     if let Some(topic) = changelogs.fold {
-        out.stores.fold =
-            one(topic).replay_into(&mut out, kind(StoreKind::Fold), fold, put_fold, progress)?;
+        let rebuild = !keep_tail;
+        let mut spilling = spill.as_deref_mut().map(|s| {
+            move |fold: &mut FoldStore,
+                  tail: &mut Vec<crate::runtime::local::LocalEntry>,
+                  key: &[u8],
+                  value: Option<&[u8]>| {
+                s.take(task, rebuild, key, value, fold, tail)
+            }
+        });
+        out.stores.fold = one(topic).replay_into(
+            &mut out,
+            kind(StoreKind::Fold),
+            fold,
+            put_fold,
+            spilling.as_mut().map(|f| f as &mut After<'_, FoldStore>),
+            progress,
+        )?;
+        if let Some(s) = spill {
+            out.spilled = s.spilled;
+            out.spill_failed = s.failed.take();
+            out.pending = std::mem::take(&mut s.deletes)
+                .into_iter()
+                .map(|k| (StoreKind::Fold, k, None))
+                .collect();
+        }
     }
     Ok(out)
 }
@@ -290,6 +431,7 @@ impl One<'_> {
         kind: Option<StoreKind>,
         store: S,
         put: Put<S>,
+        mut after: Option<&mut After<'_, S>>,
         progress: &mut dyn FnMut(Progress<'_>),
     ) -> Result<S, ChangelogError> {
         let mut rebuild = Rebuild {
@@ -307,7 +449,19 @@ impl One<'_> {
             read.from,
             &mut |r| {
                 read.take(&r);
-                rebuild.apply(r, put);
+                match (after.as_deref_mut(), r.key.clone()) {
+                    (Some(after), Some(key)) => {
+                        let value = r.value.clone();
+                        rebuild.apply(r, put);
+                        after(
+                            &mut rebuild.store,
+                            &mut read.out.tail,
+                            &key,
+                            value.as_deref(),
+                        );
+                    }
+                    _ => rebuild.apply(r, put),
+                }
                 if read.count.is_multiple_of(PROGRESS_EVERY) {
                     progress(read.progress(false));
                 }
@@ -400,6 +554,11 @@ fn replay(
 /// How a store takes one changelog record (key, value or tombstone),
 /// refusing one it never writes.
 type Put<S> = fn(&mut S, Vec<u8>, Option<Vec<u8>>) -> Result<(), String>;
+
+/// Called after each record a replay applied: the store, the tail kept so
+/// far, and the record's key and value.
+type After<'a, S> =
+    dyn FnMut(&mut S, &mut Vec<crate::runtime::local::LocalEntry>, &[u8], Option<&[u8]>) + 'a;
 
 /// A store rebuilt record by record as a replay hands them over; the first
 /// record no store wrote is kept as the error, and the rest are ignored.

@@ -96,8 +96,11 @@ pub struct LocalSnapshot {
 /// One atomic write to a task's local store.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct LocalWrite {
-    /// What the store belongs to.
-    pub identity: StoreIdentity,
+    /// What the store belongs to; `None` leaves the store's identity as it
+    /// is (none, after `replace`): a part of a rebuild written while its
+    /// replay goes on, which no start may trust until the rebuild's last
+    /// write names the identity.
+    pub identity: Option<StoreIdentity>,
     /// The checkpoint after this write: the offsets given replace the ones
     /// stored; a changelog not named keeps its offset.
     pub checkpoint: BTreeMap<String, i64>,
@@ -111,6 +114,16 @@ pub struct LocalWrite {
     /// [`LocalReader::applied`]): the store reports it back once the write
     /// is in the store.
     pub seq: u64,
+}
+
+/// Writes to a host's local stores from another thread: a restore job
+/// that writes a large fold state out in parts as it replays it, so that
+/// no more than the fold cache is in memory at once (see
+/// [`LocalStore::writer`]).
+pub trait LocalWriter: Send {
+    /// Applies one write, after every write made through the store or a
+    /// writer before it.
+    fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError>;
 }
 
 /// Reads one task's local store by key while the task runs: the fold
@@ -188,6 +201,12 @@ pub trait LocalStore: Send {
     /// task then keeps its whole fold state in memory).
     fn reader(&mut self, _task: &TaskId) -> Result<Option<Arc<dyn LocalReader>>, LocalStoreError> {
         Ok(None)
+    }
+    /// A writer a restore job may use while it runs (see [`LocalWriter`]);
+    /// `None` when the store has none (the job then keeps what it replays
+    /// in memory until it is done).
+    fn writer(&mut self) -> Option<Box<dyn LocalWriter>> {
+        None
     }
     /// Whether [`reader`](Self::reader) gives readers: only then may a
     /// task leave fold entries out of memory.

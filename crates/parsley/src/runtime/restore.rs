@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::runtime::changelog::{
-    self, ChangelogError, ChangelogReader, Changelogs, Progress, RestoreListener, RestoreStart,
-    Restored,
+    self, ChangelogError, ChangelogReader, Changelogs, FoldSpill, Progress, RestoreListener,
+    RestoreStart, Restored,
 };
 use crate::runtime::local::{LocalSnapshot, WipeReason};
 use crate::runtime::metrics::TaskMeters;
@@ -55,6 +55,8 @@ pub struct RestoreJob {
     pub(crate) bounds: BTreeMap<String, (i64, i64)>,
     pub(crate) listener: Option<Arc<dyn RestoreListener>>,
     pub(crate) thread_id: String,
+    /// Where a bounded task's fold state goes while it is replayed.
+    pub(crate) spill: Option<FoldSpill>,
 }
 
 impl std::fmt::Debug for RestoreJob {
@@ -88,6 +90,7 @@ impl RestoreJob {
             bounds,
             listener,
             thread_id,
+            mut spill,
         } = self;
         let changelogs = Changelogs {
             state: &state,
@@ -124,8 +127,15 @@ impl RestoreJob {
             Some(Err(reason)) => (None, Some(reason)),
             None => (None, None),
         };
-        let result =
-            changelog::restore_from(&task, &changelogs, metadata, reader, start, &mut progress);
+        let result = changelog::restore_from(
+            &task,
+            &changelogs,
+            metadata,
+            reader,
+            start,
+            spill.as_mut(),
+            &mut progress,
+        );
         RestoreOutcome {
             job: id,
             task,

@@ -1602,7 +1602,16 @@ impl Worker {
             _ => None,
         };
         self.next_job += 1;
+        // A bounded task's replay writes its fold state out in parts as it
+        // goes, holding no more than the cache in memory.
+        let spill = match (bounded && !local_off, self.local.as_mut()) {
+            (true, Some(store)) => store.writer().map(|w| {
+                changelog::FoldSpill::new(w, self.config.fold_cache.unwrap_or(usize::MAX), self.now)
+            }),
+            _ => None,
+        };
         let job = RestoreJob {
+            spill,
             id: self.next_job,
             task: id.clone(),
             state: changelogs.state.to_owned(),
@@ -1645,16 +1654,29 @@ impl Worker {
             info!(task = %id, replayed = restored.replayed, "task restored");
             return Ok((restored.stores, Local::Off));
         };
+        let spilled = restored.spilled;
+        if let Some(cause) = restored.spill_failed {
+            // Part of the fold state went to a store that then failed:
+            // neither holds it whole. Start again from the changelog.
+            self.stats.local_store_write_failures += 1;
+            let _ = store.wipe(id);
+            return Err(TaskError::LocalStore {
+                task: id.clone(),
+                cause,
+            });
+        }
         let write = LocalWrite {
-            identity: identity.clone(),
+            identity: Some(identity.clone()),
             checkpoint: restored.next.clone(),
-            replace: !from_local,
+            replace: !from_local && !spilled,
             written_at: self.now,
             seq: 0,
             entries: if from_local {
                 restored.tail
             } else {
-                all_entries(&restored.stores)
+                let mut entries = all_entries(&restored.stores);
+                entries.extend(restored.pending);
+                entries
             },
         };
         info!(
@@ -1685,14 +1707,14 @@ impl Worker {
                     },
                 ))
             }
-            (Ok(()), Ok(None)) if !(bounded && from_local) => Ok((
+            (Ok(()), Ok(None)) if !(bounded && (from_local || spilled)) => Ok((
                 stores,
                 Local::Writing {
                     identity,
                     checkpoint: restored.next,
                 },
             )),
-            (Err(e), _) if !(bounded && from_local) => {
+            (Err(e), _) if !(bounded && (from_local || spilled)) => {
                 self.stats.local_store_write_failures += 1;
                 warn!(task = %id, error = %e, "the local store could not be written; the task runs without it, its whole fold state in memory, until it starts again");
                 let _ = store.wipe(id);
@@ -3048,7 +3070,7 @@ fn write_committed(
             let mut next = checkpoint.clone();
             next.extend(reached);
             let write = LocalWrite {
-                identity: identity.clone(),
+                identity: Some(identity.clone()),
                 checkpoint: next.clone(),
                 replace: false,
                 written_at: now,

@@ -11,8 +11,8 @@ use parsley::Parsley;
 use parsley::protocol::{BrokerOffsets, BrokerOffsetsError, Channel, TopicId, TopicOffsets};
 use parsley::runtime::changelog::{ChangelogReader, ChangelogRecord};
 use parsley::runtime::local::{
-    KeyValue, LocalReader, LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, StoreIdentity,
-    StoreKind,
+    KeyValue, LocalReader, LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, LocalWriter,
+    StoreIdentity, StoreKind,
 };
 use parsley::runtime::worker::*;
 use parsley::task::EmissionOrigin;
@@ -128,6 +128,8 @@ pub struct Disk {
     readers: BTreeMap<TaskId, Arc<AtomicU64>>,
     /// Writes that waited behind another before they landed.
     pub lagged: u64,
+    /// Writes a restore made in parts as it replayed (its writer's).
+    pub parts: u64,
 }
 
 impl Disk {
@@ -152,7 +154,9 @@ impl Disk {
         if write.replace {
             *s = DiskStore::default();
         }
-        s.identity = Some(write.identity);
+        if write.identity.is_some() {
+            s.identity = write.identity;
+        }
         s.checkpoint.extend(write.checkpoint);
         s.written_at = Some(write.written_at);
         for (kind, key, value) in write.entries {
@@ -199,6 +203,15 @@ impl Disks {
             .borrow()
             .iter()
             .map(|d| d.lock().unwrap().lagged)
+            .sum()
+    }
+
+    /// Restore writes made in parts, on any disk.
+    pub fn parts(&self) -> u64 {
+        self.0
+            .borrow()
+            .iter()
+            .map(|d| d.lock().unwrap().parts)
             .sum()
     }
 
@@ -337,6 +350,18 @@ impl LocalStore for SimLocal {
 
     fn reads_while_running(&self) -> bool {
         true
+    }
+
+    fn writer(&mut self) -> Option<Box<dyn LocalWriter>> {
+        Some(Box::new(SimLocal(self.0.clone())))
+    }
+}
+
+/// A restore job's writes: queued with the process's other writes.
+impl LocalWriter for SimLocal {
+    fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
+        self.0.lock().unwrap().parts += 1;
+        LocalStore::write(self, task, write)
     }
 }
 
