@@ -246,7 +246,8 @@ pub struct Restored {
 /// again after a crash rewrites the same values in the same order.
 pub struct FoldSpill {
     writer: Box<dyn crate::runtime::local::LocalWriter>,
-    budget: usize,
+    /// The task's share of the fold cache, as its worker sets it.
+    budget: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     written_at: i64,
     /// Estimated bytes the replay added to memory since the last part.
     held: usize,
@@ -267,11 +268,12 @@ impl std::fmt::Debug for FoldSpill {
 }
 
 impl FoldSpill {
-    /// Parts of at most about `budget` bytes in memory, written through
-    /// `writer`, stamped `written_at`.
+    /// Parts of at most about `budget` bytes in memory (read as the
+    /// replay goes: the worker changes it as tasks come and go), written
+    /// through `writer`, stamped `written_at`.
     pub fn new(
         writer: Box<dyn crate::runtime::local::LocalWriter>,
-        budget: usize,
+        budget: std::sync::Arc<std::sync::atomic::AtomicUsize>,
         written_at: i64,
     ) -> FoldSpill {
         FoldSpill {
@@ -305,7 +307,7 @@ impl FoldSpill {
                 None => self.deletes.insert(key.to_vec()),
             };
         }
-        if self.held <= self.budget {
+        if self.held <= self.budget.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
         let entries: Vec<_> = if rebuild {

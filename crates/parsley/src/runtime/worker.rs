@@ -81,6 +81,8 @@
 //! the same transactions, byte for byte.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parsley_protocol::{BrokerOffsets, Channel};
@@ -836,6 +838,9 @@ pub struct Worker {
     restore_listener: Option<std::sync::Arc<dyn changelog::RestoreListener>>,
     /// Tasks whose restore job is out ([`RestoreMode::Deferred`]).
     restoring: BTreeMap<TaskId, Restoring>,
+    /// Each stateful task's share of the fold cache, read by restore jobs
+    /// as they write their fold state out (see [`WorkerConfig::fold_cache`]).
+    fold_share: Arc<AtomicUsize>,
     /// Restore jobs the host has not taken yet.
     jobs: Vec<RestoreJob>,
     /// Failed tasks whose restart in place is starting now.
@@ -874,6 +879,7 @@ fn ms(d: Duration) -> i64 {
 impl Worker {
     /// A worker for `app` with nothing assigned.
     pub fn new(app: &Parsley, config: WorkerConfig) -> Worker {
+        let fold_cache = config.fold_cache.unwrap_or(usize::MAX);
         Worker {
             app: app.clone(),
             config,
@@ -894,6 +900,7 @@ impl Worker {
             local: None,
             restore_listener: None,
             restoring: BTreeMap::new(),
+            fold_share: Arc::new(AtomicUsize::new(fold_cache)),
             jobs: Vec::new(),
             restarting: BTreeSet::new(),
             next_job: 0,
@@ -1604,10 +1611,15 @@ impl Worker {
         self.next_job += 1;
         // A bounded task's replay writes its fold state out in parts as it
         // goes, holding no more than the cache in memory.
+        if let Some(total) = self.config.fold_cache {
+            // This task's replay takes its share at once.
+            let n = self.tasks.len() + self.restoring.len() + 1;
+            self.fold_share.store(total / n, Ordering::Relaxed);
+        }
         let spill = match (bounded && !local_off, self.local.as_mut()) {
-            (true, Some(store)) => store.writer().map(|w| {
-                changelog::FoldSpill::new(w, self.config.fold_cache.unwrap_or(usize::MAX), self.now)
-            }),
+            (true, Some(store)) => store
+                .writer()
+                .map(|w| changelog::FoldSpill::new(w, self.fold_share.clone(), self.now)),
             _ => None,
         };
         let job = RestoreJob {
@@ -1698,7 +1710,7 @@ impl Worker {
             (Ok(()), Ok(Some(reader))) => {
                 stores
                     .fold
-                    .attach(reader, self.config.fold_cache.unwrap_or(usize::MAX));
+                    .attach(reader, self.fold_share.load(Ordering::Relaxed));
                 Ok((
                     stores,
                     Local::Writing {
@@ -2461,10 +2473,12 @@ impl Worker {
                 .as_ref()
                 .is_some_and(|t| t.stores().fold.is_bounded())
         };
-        let n = self.tasks.values().filter(|s| bounded(s)).count();
+        // Tasks restoring count too: their replays hold fold state as well.
+        let n = self.tasks.values().filter(|s| bounded(s)).count() + self.restoring.len();
         let Some(share) = total.checked_div(n) else {
             return;
         };
+        self.fold_share.store(share, Ordering::Relaxed);
         for slot in self.tasks.values_mut() {
             if let Some(task) = slot.task.as_mut() {
                 task.set_fold_budget(share);
