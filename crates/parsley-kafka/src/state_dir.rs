@@ -231,7 +231,13 @@ enum Job {
         TaskId,
         SyncSender<Result<Option<Arc<dyn LocalReader>>, LocalStoreError>>,
     ),
-    Write(TaskId, LocalWrite),
+    /// A write; with a reply, the writer answers once it is done (or
+    /// failed).
+    Write(
+        TaskId,
+        LocalWrite,
+        Option<SyncSender<Result<(), LocalStoreError>>>,
+    ),
     Wipe(TaskId, SyncSender<Result<(), LocalStoreError>>),
     Close(TaskId, SyncSender<Result<(), LocalStoreError>>),
 }
@@ -285,20 +291,24 @@ impl TaskFiles {
                         Job::Reader(task, reply) => {
                             let _ = reply.send(files.reader(&task));
                         }
-                        Job::Write(task, write) => {
-                            if marks
+                        Job::Write(task, write, reply) => {
+                            let earlier = marks
                                 .lock()
                                 .unwrap_or_else(|p| p.into_inner())
-                                .contains_key(&task)
-                            {
-                                continue;
-                            }
-                            if let Err(e) = files.write(&task, write) {
-                                let _ = files.wipe(&task);
-                                marks
-                                    .lock()
-                                    .unwrap_or_else(|p| p.into_inner())
-                                    .insert(task, e);
+                                .get(&task)
+                                .cloned();
+                            let result = match earlier {
+                                Some(e) => Err(e),
+                                None => files.write(&task, write).inspect_err(|e| {
+                                    let _ = files.wipe(&task);
+                                    marks
+                                        .lock()
+                                        .unwrap_or_else(|p| p.into_inner())
+                                        .insert(task, e.clone());
+                                }),
+                            };
+                            if let Some(reply) = reply {
+                                let _ = reply.send(result);
                             }
                         }
                         Job::Wipe(task, reply) => {
@@ -381,14 +391,13 @@ impl LocalStore for TaskFiles {
             return Err(e);
         }
         let jobs = self.jobs.as_ref().ok_or_else(|| gone(task))?;
-        jobs.send(Job::Write(task.clone(), write))
+        jobs.send(Job::Write(task.clone(), write, None))
             .map_err(|_| gone(task))
     }
 
     fn writer(&mut self) -> Option<Box<dyn LocalWriter>> {
         Some(Box::new(FilesWriter {
             jobs: self.jobs.clone()?,
-            failed: self.failed.clone(),
         }))
     }
 
@@ -406,27 +415,23 @@ impl LocalStore for TaskFiles {
     }
 }
 
-/// Writes queued to the writer thread from a restore thread. A failed
-/// write is reported as [`TaskFiles`] reports it: to the next call for the
-/// task (here or on the stream thread).
+/// Writes from a restore thread, through the writer thread's queue (so
+/// they land in order with the stream thread's), each waited for: a
+/// replay faster than the disk would otherwise fill the queue with parts
+/// and hold in memory what it was meant to write out. A failed write is
+/// also left for the stream thread's next call for the task, as
+/// [`TaskFiles`] reports every failure.
 struct FilesWriter {
     jobs: SyncSender<Job>,
-    failed: Arc<Mutex<BTreeMap<TaskId, LocalStoreError>>>,
 }
 
 impl LocalWriter for FilesWriter {
     fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
-        if let Some(e) = self
-            .failed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(task)
-        {
-            return Err(e.clone());
-        }
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
         self.jobs
-            .send(Job::Write(task.clone(), write))
-            .map_err(|_| gone(task))
+            .send(Job::Write(task.clone(), write, Some(reply)))
+            .map_err(|_| gone(task))?;
+        answer.recv().map_err(|_| gone(task))?
     }
 }
 

@@ -2,7 +2,9 @@
 //! in the state directory and replays only the changelog written after its
 //! checkpoint; a damaged store, and a store left from a changelog topic
 //! that was deleted and created again, are rebuilt from the changelog; and
-//! a state directory is held by one instance at a time.
+//! a state directory is held by one instance at a time; and a fold state
+//! larger than the fold cache counts right, from its files and through a
+//! rebuild written out in parts.
 //!
 //! These tests need a broker: they run when `PARSLEY_BOOTSTRAP` names one.
 
@@ -192,6 +194,74 @@ fn a_restart_with_100k_keys_replays_only_the_changelog_tail() {
         assert_eq!(last[&format!("k{k}")], "3", "k{k}");
     }
     assert_eq!(last["k10"], "1");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&empty);
+}
+
+/// A fold state some forty times the cache: the second pass over the keys
+/// reads most of them back from the task files, a restart on the same
+/// directory goes on from the files, and a rebuild from an empty one
+/// (written out in parts) gives the same counts.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_fold_state_larger_than_the_cache_counts_right_from_its_files() {
+    const KEYS: usize = 20_000;
+    let (i, o, app_id) = (unique("in"), unique("out"), unique("app"));
+    create_topics(&[(&i, 2), (&o, 1)]);
+    let app = counting(&app_id, &topic(&i), &topic(&o));
+    let cache = 128 << 10;
+    let with_cache = |dir: &Path| {
+        CausalStreams::new(&app, config())
+            .unwrap()
+            .with_options(StreamsOptions {
+                commit_interval: Duration::from_millis(100),
+                instance_id: Some("a".to_owned()),
+                state_dir: Some(dir.to_owned()),
+                fold_cache: Some(cache),
+                ..common::options()
+            })
+    };
+    let dir = state_dir("cache");
+    produce_keys(&i, 0, KEYS);
+    produce_keys(&i, 0, KEYS);
+    let mut first = with_cache(&dir);
+    run_until_delivered(&mut first, 2 * KEYS as u64);
+    // The figures are sampled: wait for the last sample.
+    std::thread::sleep(Duration::from_millis(700));
+    let m = first.metrics();
+    let reads: u64 = m.iter().map(|t| t.fold_store_reads_total).sum();
+    let evicted: u64 = m.iter().map(|t| t.fold_cache_evictions_total).sum();
+    let resident: u64 = m.iter().map(|t| t.fold_cache_bytes).sum();
+    eprintln!("fold cache: {reads} reads, {evicted} evictions, {resident} bytes resident");
+    first.close(Duration::from_secs(60)).unwrap();
+    assert!(
+        reads >= KEYS as u64 / 2,
+        "the second pass read its keys from the files: {reads} reads"
+    );
+    assert!(evicted >= KEYS as u64, "{evicted} evictions");
+    assert!(resident > 0, "the cache holds something");
+
+    produce_keys(&i, 0, KEYS);
+    let mut second = with_cache(&dir);
+    run_until_delivered(&mut second, KEYS as u64);
+    let restored = second.restored();
+    second.close(Duration::from_secs(60)).unwrap();
+    assert_eq!(restored.from_local_store, 2, "{restored:?}");
+
+    produce_keys(&i, 0, 100);
+    let empty = state_dir("cache-empty");
+    let mut third = with_cache(&empty);
+    run_until_delivered(&mut third, 100);
+    let full = third.restored();
+    third.close(Duration::from_secs(60)).unwrap();
+    assert!(full.records_replayed >= KEYS as u64, "{full:?}");
+
+    let last = counts(&o, 3 * KEYS + 100);
+    assert_eq!(last.len(), KEYS);
+    for k in 0..KEYS {
+        let want = if k < 100 { "4" } else { "3" };
+        assert_eq!(last[&format!("k{k}")], want, "k{k}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&empty);
 }

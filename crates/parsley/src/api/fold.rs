@@ -265,14 +265,15 @@ impl FoldStore {
         self.evict();
     }
 
-    /// Changes the budget of a bounded store (its share of a worker's
-    /// cache, as tasks come and go), evicting down to it.
+    /// Sets the budget of a bounded store (its share of a worker's cache,
+    /// as tasks come and go) and evicts down to it what the local store
+    /// holds by now.
     pub fn set_budget(&mut self, budget: usize) {
         let Some(cold) = self.cold.as_mut() else {
             return;
         };
-        if cold.budget != budget {
-            cold.budget = budget;
+        cold.budget = budget;
+        if cold.bytes > cold.budget || !cold.tombstones.is_empty() {
             self.evict();
         }
     }
