@@ -148,6 +148,12 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             let mut streams = CausalStreams::new(&app, base)?.with_options(StreamsOptions {
                 instance_id: Some("bench".to_owned()),
                 commit_interval: commit,
+                // `BENCH_FOLD_CACHE=none` keeps the whole fold state in
+                // memory (the cache off), for comparison.
+                fold_cache: match std::env::var("BENCH_FOLD_CACHE").as_deref() {
+                    Ok("none") => None,
+                    _ => StreamsOptions::default().fold_cache,
+                },
                 ..StreamsOptions::default()
             });
             streams.start()?;
