@@ -2944,6 +2944,28 @@ fn tasks_share_the_worker_fold_cache_and_read_the_rest_back() {
     assert!(w.stats().fold_cache_evictions > 0);
 }
 
+/// Appends a committed record to the counting stage's fold changelog
+/// (partition 0): `key-{key}` counts `value`, or is deleted. Returns the
+/// record's key and value bytes.
+fn append_count(cluster: &Cluster, key: usize, value: Option<i64>) -> (Vec<u8>, Option<Vec<u8>>) {
+    let topic = ("app-count-fold-changelog".to_owned(), 0);
+    let key = FoldKey::Key(format!("key-{key}").into_bytes()).to_bytes();
+    let value = value.map(|v| v.to_be_bytes().to_vec());
+    let offset = cluster.ends.borrow().get(&topic).copied().unwrap_or(0);
+    cluster
+        .logs
+        .borrow_mut()
+        .entry(topic.clone())
+        .or_default()
+        .push(ChangelogRecord {
+            offset,
+            key: Some(key.clone()),
+            value: value.clone(),
+        });
+    *cluster.ends.borrow_mut().entry(topic).or_default() += 1;
+    (key, value)
+}
+
 /// A rebuild whose fold state is larger than the cache writes it to the
 /// local store in parts as it replays: what the task then reads, and what
 /// the store holds, is the changelog's last word on every key, deletes
@@ -2953,23 +2975,9 @@ fn tasks_share_the_worker_fold_cache_and_read_the_rest_back() {
 fn a_rebuild_larger_than_the_cache_goes_to_the_store_in_parts_and_keeps_deletes() {
     let app = counting_app();
     let cluster = counting_cluster(1);
-    let topic = ("app-count-fold-changelog".to_owned(), 0);
     let mut expected: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
     let mut append = |key: usize, value: Option<i64>| {
-        let key = FoldKey::Key(format!("key-{key}").into_bytes()).to_bytes();
-        let value = value.map(|v| v.to_be_bytes().to_vec());
-        let offset = cluster.ends.borrow().get(&topic).copied().unwrap_or(0);
-        cluster
-            .logs
-            .borrow_mut()
-            .entry(topic.clone())
-            .or_default()
-            .push(ChangelogRecord {
-                offset,
-                key: Some(key.clone()),
-                value: value.clone(),
-            });
-        *cluster.ends.borrow_mut().entry(topic.clone()).or_default() += 1;
+        let (key, value) = append_count(&cluster, key, value);
         match value {
             Some(v) => expected.insert(key, v),
             None => expected.remove(&key),
@@ -3030,20 +3038,8 @@ fn a_rebuild_larger_than_the_cache_goes_to_the_store_in_parts_and_keeps_deletes(
 fn a_rebuild_whose_part_fails_does_not_start_the_task_and_tries_again() {
     let app = counting_app();
     let cluster = counting_cluster(1);
-    let topic = ("app-count-fold-changelog".to_owned(), 0);
     for k in 0..60 {
-        let offset = cluster.ends.borrow().get(&topic).copied().unwrap_or(0);
-        cluster
-            .logs
-            .borrow_mut()
-            .entry(topic.clone())
-            .or_default()
-            .push(ChangelogRecord {
-                offset,
-                key: Some(FoldKey::Key(format!("key-{k}").into_bytes()).to_bytes()),
-                value: Some(3i64.to_be_bytes().to_vec()),
-            });
-        *cluster.ends.borrow_mut().entry(topic.clone()).or_default() += 1;
+        append_count(&cluster, k, Some(3));
     }
     let store = ReadableLocal {
         parts_before_full: std::sync::Arc::new(AtomicU64::new(1)),
