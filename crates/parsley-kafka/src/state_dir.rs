@@ -260,6 +260,10 @@ const QUEUE: usize = 64;
 pub struct TaskFiles {
     dir: Arc<StateDir>,
     jobs: Option<SyncSender<Job>>,
+    /// The queue as restore threads' writers reach it: emptied when the
+    /// files close, so a restore still running cannot keep the writer
+    /// thread (and the close) waiting past its current write.
+    shared_jobs: Arc<Mutex<Option<SyncSender<Job>>>>,
     failed: Arc<Mutex<BTreeMap<TaskId, LocalStoreError>>>,
     writer: Option<std::thread::JoinHandle<()>>,
 }
@@ -322,9 +326,11 @@ impl TaskFiles {
                 files.close_all();
             })
             .ok();
+        let jobs = writer.is_some().then_some(tx);
         TaskFiles {
             dir,
-            jobs: writer.is_some().then_some(tx),
+            shared_jobs: Arc::new(Mutex::new(jobs.clone())),
+            jobs,
             failed,
             writer,
         }
@@ -397,7 +403,7 @@ impl LocalStore for TaskFiles {
 
     fn writer(&mut self) -> Option<Box<dyn LocalWriter>> {
         Some(Box::new(FilesWriter {
-            jobs: self.jobs.clone()?,
+            jobs: self.shared_jobs.clone(),
         }))
     }
 
@@ -422,22 +428,35 @@ impl LocalStore for TaskFiles {
 /// also left for the stream thread's next call for the task, as
 /// [`TaskFiles`] reports every failure.
 struct FilesWriter {
-    jobs: SyncSender<Job>,
+    jobs: Arc<Mutex<Option<SyncSender<Job>>>>,
 }
 
 impl LocalWriter for FilesWriter {
     fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
         let (reply, answer) = std::sync::mpsc::sync_channel(1);
-        self.jobs
-            .send(Job::Write(task.clone(), write, Some(reply)))
+        let jobs = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| gone(task))?;
+        jobs.send(Job::Write(task.clone(), write, Some(reply)))
             .map_err(|_| gone(task))?;
+        drop(jobs);
         answer.recv().map_err(|_| gone(task))?
     }
 }
 
 impl Drop for TaskFiles {
     fn drop(&mut self) {
-        // The writer finishes what is queued, closes every file, and ends.
+        // The writer finishes what is queued, closes every file, and ends
+        // (a restore's writer that still runs gets an error from now on).
+        drop(
+            self.shared_jobs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
         drop(self.jobs.take());
         if let Some(w) = self.writer.take() {
             let _ = w.join();
@@ -838,6 +857,44 @@ mod tests {
         assert_eq!(files.open(&task()).unwrap().unwrap().fold.len(), 2);
         drop(reader);
         drop(files);
+        drop(dir);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_restore_writer_lands_in_order_and_never_holds_the_close() {
+        let root = temp("writer");
+        let dir = StateDir::lock(&root, "app", "i1").unwrap();
+        let mut files = dir.stores();
+        let mut writer = files.writer().expect("the files give writers");
+        let part = |replace: bool, key: &[u8]| LocalWrite {
+            identity: None,
+            checkpoint: BTreeMap::new(),
+            replace,
+            written_at: 1,
+            entries: vec![(StoreKind::Fold, key.to_vec(), Some(b"v".to_vec()))],
+            seq: 0,
+        };
+        writer.write(&task(), part(true, b"a")).unwrap();
+        writer.write(&task(), part(false, b"b")).unwrap();
+        // A part carries no identity: no start trusts the file yet.
+        let snapshot = files.open(&task()).unwrap().unwrap();
+        assert_eq!(snapshot.identity, None);
+        assert_eq!(snapshot.fold.len(), 2);
+        // Closing the files does not wait for the writer to be dropped,
+        // and the writer fails from then on.
+        let (closed, done) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(files);
+            let _ = closed.send(());
+        });
+        assert!(
+            done.recv_timeout(std::time::Duration::from_secs(10))
+                .is_ok(),
+            "closing the files waited for a restore's writer"
+        );
+        let err = writer.write(&task(), part(false, b"c")).unwrap_err();
+        assert!(err.to_string().contains("writer thread is gone"), "{err}");
         drop(dir);
         let _ = std::fs::remove_dir_all(&root);
     }
