@@ -2794,12 +2794,17 @@ struct ReadableLocal {
     /// The part writes still to go through before the disk fills
     /// (`u64::MAX`: never).
     parts_before_full: std::sync::Arc<AtomicU64>,
+    /// The `written_at` of each part written.
+    part_times: std::sync::Arc<std::sync::Mutex<Vec<i64>>>,
+    /// Reads fail (a damaged file).
+    broken_reads: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl LocalWriter for ReadableLocal {
     fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
         use std::sync::atomic::Ordering::SeqCst;
         let n = self.parts.fetch_add(1, SeqCst);
+        self.part_times.lock().unwrap().push(write.written_at);
         if n >= self.parts_before_full.load(SeqCst) {
             return Err(LocalStoreError::Io {
                 task: task.clone(),
@@ -2814,6 +2819,7 @@ struct MemReader {
     store: MemLocal,
     task: TaskId,
     applied: std::sync::Arc<AtomicU64>,
+    broken: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 use parsley::runtime::local::{KeyValue, LocalReader, LocalWriter};
@@ -2831,6 +2837,12 @@ impl LocalReader for MemReader {
             .map(|(_, v)| v))
     }
     fn fold_scan(&self) -> Result<Vec<KeyValue>, LocalStoreError> {
+        if self.broken.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(LocalStoreError::Corrupt {
+                task: self.task.clone(),
+                reason: "a damaged page (test)".into(),
+            });
+        }
         let all = self.store.0.lock().unwrap();
         Ok(all
             .get(&self.task)
@@ -2868,6 +2880,7 @@ impl LocalStore for ReadableLocal {
             store: self.inner.clone(),
             task: task.clone(),
             applied,
+            broken: self.broken_reads.clone(),
         })))
     }
     fn reads_while_running(&self) -> bool {
@@ -3081,4 +3094,115 @@ fn a_rebuild_whose_part_fails_does_not_start_the_task_and_tries_again() {
             "key-{k}"
         );
     }
+}
+
+/// A task restoring from its file replays the changelog written since, in
+/// parts when it is long: the parts leave the file's age as it was (they
+/// do not move its checkpoint, so a file left with them must not look
+/// fresher than its checkpoint).
+#[test]
+fn a_long_tail_goes_to_the_store_in_parts_that_keep_its_age() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let store = ReadableLocal {
+        parts_before_full: std::sync::Arc::new(AtomicU64::new(u64::MAX)),
+        ..ReadableLocal::default()
+    };
+    let mut w = started_with(&cluster, local_worker(&app, &store.inner));
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    commit(&mut w, &cluster);
+    let id = w.tasks().next().unwrap().clone();
+    let written_at = store.inner.0.lock().unwrap()[&id].written_at;
+    drop(w);
+    // The task ran elsewhere meanwhile: a long tail after the checkpoint.
+    for k in 0..60 {
+        append_count(&cluster, k, Some(5));
+    }
+    let mut again = Worker::new(
+        &app,
+        WorkerConfig {
+            fold_cache: Some(2_000),
+            ..WorkerConfig::default()
+        },
+    )
+    .with_local_store(Box::new(store.clone()));
+    again
+        .assign(vec![part("a", 0), part("b", 0)], &cluster, 3_600_000)
+        .unwrap();
+    assert_eq!(again.stats().local_store_starts, 1);
+    let times = store.part_times.lock().unwrap().clone();
+    assert!(
+        times.len() > 1,
+        "the tail went out in {} parts",
+        times.len()
+    );
+    assert!(
+        times.iter().all(|t| Some(*t) == written_at),
+        "parts written at {times:?}, the file at {written_at:?}"
+    );
+    for k in 0..60 {
+        let key = FoldKey::Key(format!("key-{k}").into_bytes());
+        assert_eq!(
+            again
+                .task(&id)
+                .unwrap()
+                .fold_state(&key)
+                .map(|v| v.to_vec()),
+            Some(5i64.to_be_bytes().to_vec())
+        );
+    }
+}
+
+/// A fold state read that fails (a damaged file) fails the task with
+/// `TaskError::LocalStore`, and the file is wiped, so the restart rebuilds
+/// from the changelog instead of reading the damage again.
+#[test]
+fn a_failed_fold_read_fails_the_task_and_wipes_its_store() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let store = ReadableLocal {
+        parts_before_full: std::sync::Arc::new(AtomicU64::new(u64::MAX)),
+        ..ReadableLocal::default()
+    };
+    let w = Worker::new(
+        &app,
+        WorkerConfig {
+            fold_cache: Some(1),
+            ..WorkerConfig::default()
+        },
+    )
+    .with_local_store(Box::new(store.clone()));
+    let mut w = started_with(&cluster, w);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    commit(&mut w, &cluster);
+    w.on_record(rec("a", 0, 1, "y")).unwrap();
+    commit(&mut w, &cluster);
+    let id = w.tasks().next().unwrap().clone();
+    assert!(
+        w.task(&id)
+            .unwrap()
+            .stores()
+            .fold
+            .cache_stats()
+            .unwrap()
+            .evicted
+            > 0,
+        "x left memory"
+    );
+    store
+        .broken_reads
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = w.on_record(rec("a", 0, 2, "x")).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("cannot be read from its local store"),
+        "{err}"
+    );
+    w.abort(&cluster).unwrap();
+    let failures = w.take_task_failures();
+    assert_eq!(failures.len(), 1);
+    assert!(
+        !store.inner.0.lock().unwrap().contains_key(&id),
+        "the damaged store is wiped"
+    );
 }

@@ -342,7 +342,9 @@ impl FoldStore {
             }
             match v {
                 Some(v) => {
-                    cold.tombstones.remove(k);
+                    if cold.tombstones.remove(k).is_some() {
+                        cold.bytes = cold.bytes.saturating_sub(cost(k, &[]));
+                    }
                     let stamp = cold.next_stamp;
                     cold.next_stamp += 1;
                     cold.bytes += cost(k, v);
@@ -358,7 +360,9 @@ impl FoldStore {
                     );
                 }
                 None => {
-                    cold.tombstones.insert(k.to_vec(), seq);
+                    if cold.tombstones.insert(k.to_vec(), seq).is_none() {
+                        cold.bytes += cost(k, &[]);
+                    }
                 }
             }
         }
@@ -373,7 +377,17 @@ impl FoldStore {
             return;
         };
         let applied = cold.reader.applied();
-        cold.tombstones.retain(|_, seq| *seq > applied);
+        // Deletes the local store holds are forgotten (they count as an
+        // entry each while kept).
+        let mut freed = 0;
+        cold.tombstones.retain(|k, seq| {
+            let keep = *seq > applied;
+            if !keep {
+                freed += cost(k, &[]);
+            }
+            keep
+        });
+        cold.bytes = cold.bytes.saturating_sub(freed);
         while cold.bytes > cold.budget {
             let Some((&stamp, key)) = cold.order.first_key_value() else {
                 break;

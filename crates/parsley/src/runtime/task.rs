@@ -1618,6 +1618,15 @@ impl Task {
                 (r, key)
             }
         };
+        // A state read from the local store that failed read as absent:
+        // whatever the logic made of it (a result, an error, a panic) must
+        // not be kept, and the failure is the store's.
+        if let Some(cause) = self.stores.fold.take_failure() {
+            return Err(TaskError::LocalStore {
+                task: self.id.clone(),
+                cause,
+            });
+        }
         let outcome = match outcome {
             Err(payload) => {
                 return Err(TaskError::Panic {
@@ -1629,14 +1638,6 @@ impl Task {
             Ok(Err(failure)) => return Err(self.failure(failure, self.coordinate(at))),
             Ok(Ok(o)) => o,
         };
-        // A state read from the local store that failed read as absent:
-        // what the logic made of it must not be kept.
-        if let Some(cause) = self.stores.fold.take_failure() {
-            return Err(TaskError::LocalStore {
-                task: self.id.clone(),
-                cause,
-            });
-        }
         self.stats.delivered += 1;
         if was_held {
             self.stats.delivered_after_hold += 1;

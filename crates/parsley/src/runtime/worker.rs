@@ -1078,6 +1078,21 @@ impl Worker {
     /// and the abort that follows stops that task alone.
     fn fail_task<T>(&mut self, id: TaskId, e: impl Into<WorkerError>) -> Result<T, WorkerError> {
         let e = e.into();
+        if let (WorkerError::Task(TaskError::LocalStore { cause, .. }), Some(store)) =
+            (&e, self.local.as_mut())
+        {
+            // The store the task read its fold state from failed (a damaged
+            // file reads as damaged again): the task's next start rebuilds
+            // it from the changelog instead of trusting it.
+            wipe(
+                store.as_mut(),
+                &id,
+                &WipeReason::Unreadable(cause.to_string()),
+            );
+            if let Some(slot) = self.tasks.get_mut(&id) {
+                slot.local = Local::Stale;
+            }
+        }
         self.failing = Some(Failing {
             task: id,
             reason: e.to_string(),
@@ -1616,10 +1631,16 @@ impl Worker {
             let n = self.tasks.len() + self.restoring.len() + 1;
             self.fold_share.store(total / n, Ordering::Relaxed);
         }
+        // A tail's parts leave the store's age as it was: they do not move
+        // its checkpoint, so they must not make it look fresher either.
+        let written_at = start
+            .as_ref()
+            .and_then(|s| s.written_at)
+            .unwrap_or(self.now);
         let spill = match (bounded && !local_off, self.local.as_mut()) {
             (true, Some(store)) => store
                 .writer()
-                .map(|w| changelog::FoldSpill::new(w, self.fold_share.clone(), self.now)),
+                .map(|w| changelog::FoldSpill::new(w, self.fold_share.clone(), written_at)),
             _ => None,
         };
         let job = RestoreJob {
