@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use parsley::protocol::TopicId;
 use parsley::runtime::local::{
-    LocalReader, LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, LocalWriter,
-    StoreIdentity, StoreKind,
+    LeaveOnDisk, LocalReader, LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, LocalWriter,
+    StoreIdentity, StoreKind, is_held_entry,
 };
 use parsley::task::TaskId;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
@@ -196,6 +196,26 @@ impl LocalReader for FileReader {
         Ok(value.map(|v| v.value().to_vec()))
     }
 
+    fn protocol_range(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> Result<(), LocalStoreError> {
+        let task = &self.task;
+        let read = self.db.begin_read().map_err(|e| io(task, e))?;
+        let table = match read.open_table(PROTOCOL) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+            Err(e) => return Err(corrupt(task, e)),
+        };
+        for entry in table.range(from..to).map_err(|e| corrupt(task, e))? {
+            let (k, v) = entry.map_err(|e| corrupt(task, e))?;
+            f(k.value(), v.value());
+        }
+        Ok(())
+    }
+
     fn fold_scan(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LocalStoreError> {
         let task = &self.task;
         let read = self.db.begin_read().map_err(|e| io(task, e))?;
@@ -221,10 +241,10 @@ struct Files {
 
 /// What the writer thread is asked to do, in order.
 enum Job {
-    /// Read the store (with its fold entries when the flag says so).
+    /// Read the store, leaving out what the flags name.
     Open(
         TaskId,
-        bool,
+        LeaveOnDisk,
         SyncSender<Result<Option<LocalSnapshot>, LocalStoreError>>,
     ),
     Reader(
@@ -289,8 +309,8 @@ impl TaskFiles {
             .spawn(move || {
                 for job in rx {
                     match job {
-                        Job::Open(task, with_fold, reply) => {
-                            let _ = reply.send(files.read(&task, with_fold));
+                        Job::Open(task, leave, reply) => {
+                            let _ = reply.send(files.read(&task, leave));
                         }
                         Job::Reader(task, reply) => {
                             let _ = reply.send(files.reader(&task));
@@ -365,18 +385,19 @@ impl LocalStore for TaskFiles {
         if !self.dir.task_file(task).exists() {
             return Ok(None);
         }
-        self.ask(task, |r| Job::Open(task.clone(), true, r))
+        self.ask(task, |r| Job::Open(task.clone(), LeaveOnDisk::default(), r))
     }
 
-    fn open_without_fold(
+    fn open_leaving(
         &mut self,
         task: &TaskId,
+        leave: LeaveOnDisk,
     ) -> Result<Option<LocalSnapshot>, LocalStoreError> {
         let _ = self.take_failure(task);
         if !self.dir.task_file(task).exists() {
             return Ok(None);
         }
-        self.ask(task, |r| Job::Open(task.clone(), false, r))
+        self.ask(task, |r| Job::Open(task.clone(), leave, r))
     }
 
     fn reader(&mut self, task: &TaskId) -> Result<Option<Arc<dyn LocalReader>>, LocalStoreError> {
@@ -538,7 +559,7 @@ impl Files {
     fn read(
         &mut self,
         task: &TaskId,
-        with_fold: bool,
+        leave: LeaveOnDisk,
     ) -> Result<Option<LocalSnapshot>, LocalStoreError> {
         if !self.open.contains_key(task) && !self.dir.task_file(task).exists() {
             return Ok(None);
@@ -574,10 +595,10 @@ impl Files {
             }
         }
         let tables = [
-            Some((PROTOCOL, &mut snapshot.protocol)),
-            with_fold.then_some((FOLD, &mut snapshot.fold)),
+            Some((PROTOCOL, &mut snapshot.protocol, leave.held)),
+            (!leave.fold).then_some((FOLD, &mut snapshot.fold, false)),
         ];
-        for (def, out) in tables.into_iter().flatten() {
+        for (def, out, skip_held) in tables.into_iter().flatten() {
             let table = match read.open_table(def) {
                 Ok(t) => t,
                 Err(redb::TableError::TableDoesNotExist(_)) => continue,
@@ -585,6 +606,9 @@ impl Files {
             };
             for entry in table.iter().map_err(|e| corrupt(task, e))? {
                 let (k, v) = entry.map_err(|e| corrupt(task, e))?;
+                if skip_held && is_held_entry(k.value()) {
+                    continue;
+                }
                 out.push((k.value().to_vec(), v.value().to_vec()));
             }
         }
@@ -594,7 +618,7 @@ impl Files {
 
 impl LocalStore for Files {
     fn open(&mut self, task: &TaskId) -> Result<Option<LocalSnapshot>, LocalStoreError> {
-        self.read(task, true)
+        self.read(task, LeaveOnDisk::default())
     }
 
     fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
@@ -843,7 +867,11 @@ mod tests {
             )
             .unwrap();
         // Any later job on the writer thread runs after the write.
-        let snapshot = files.open_without_fold(&task()).unwrap().unwrap();
+        let leave = LeaveOnDisk {
+            fold: true,
+            held: false,
+        };
+        let snapshot = files.open_leaving(&task(), leave).unwrap().unwrap();
         assert!(snapshot.fold.is_empty(), "left out on request");
         assert_eq!(reader.applied(), 1);
         assert_eq!(reader.fold_get(b"a").unwrap(), None);
@@ -855,6 +883,73 @@ mod tests {
             ]
         );
         assert_eq!(files.open(&task()).unwrap().unwrap().fold.len(), 2);
+        drop(reader);
+        drop(files);
+        drop(dir);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// Held records stay in the file at a start that leaves them there,
+    /// and a reader hands back one queue's range of them in index order.
+    #[test]
+    fn held_records_are_left_in_the_file_and_read_by_range() {
+        use parsley::protocol::store::StateKey;
+        use parsley::protocol::{Channel, TopicId};
+        let root = temp("held");
+        let dir = StateDir::lock(&root, "app", "i1").unwrap();
+        let mut files = dir.stores();
+        let (c, other) = (
+            Channel::new(TopicId::from_u128(7), 3),
+            Channel::new(TopicId::from_u128(7), 30),
+        );
+        let key = |k: StateKey| k.to_key().into_bytes();
+        let mut entries = vec![(
+            StoreKind::Protocol,
+            key(StateKey::QueueMeta(c)),
+            Some(b"meta".to_vec()),
+        )];
+        for (ch, index) in [(c, 1), (c, 2), (c, 17), (other, 2)] {
+            entries.push((
+                StoreKind::Protocol,
+                key(StateKey::QueueEntry(ch, index)),
+                Some(format!("{ch}#{index}").into_bytes()),
+            ));
+        }
+        files
+            .write(
+                &task(),
+                LocalWrite {
+                    identity: Some(identity()),
+                    checkpoint: BTreeMap::new(),
+                    replace: true,
+                    written_at: 1,
+                    entries,
+                    seq: 0,
+                },
+            )
+            .unwrap();
+        // Queued behind the write: the file exists once it is back.
+        let reader = files.reader(&task()).unwrap().unwrap();
+        let leave = LeaveOnDisk {
+            fold: false,
+            held: true,
+        };
+        let snapshot = files.open_leaving(&task(), leave).unwrap().unwrap();
+        assert_eq!(
+            snapshot.protocol,
+            vec![(key(StateKey::QueueMeta(c)), b"meta".to_vec())],
+            "only the queue's metadata is loaded"
+        );
+        assert_eq!(files.open(&task()).unwrap().unwrap().protocol.len(), 5);
+        let mut got = Vec::new();
+        reader
+            .protocol_range(
+                &key(StateKey::QueueEntry(c, 2)),
+                &key(StateKey::QueueEntry(c, 18)),
+                &mut |_, v| got.push(String::from_utf8(v.to_vec()).unwrap()),
+            )
+            .unwrap();
+        assert_eq!(got, vec![format!("{c}#2"), format!("{c}#17")]);
         drop(reader);
         drop(files);
         drop(dir);

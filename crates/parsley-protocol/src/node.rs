@@ -456,12 +456,29 @@ impl CausalNode {
         store: &dyn StoreRead,
         broker: &dyn BrokerOffsets,
     ) -> Result<Initialized, ProtocolError> {
+        Self::init_windowed(config, store, broker, None)
+    }
+
+    /// [`init`](Self::init) with a resident window set from the start (see
+    /// [`set_resident_window`](Self::set_resident_window)): held records
+    /// beyond it are checked as they are read and kept only as offset and
+    /// size, so a node restored with many records held never has them all
+    /// in memory. The host serves the node's
+    /// [`page_requests`](Self::page_requests) before anything else, as
+    /// after any call.
+    pub fn init_windowed(
+        config: NodeConfig,
+        store: &dyn StoreRead,
+        broker: &dyn BrokerOffsets,
+        window: Option<usize>,
+    ) -> Result<Initialized, ProtocolError> {
+        let window = window.map(|w| w.max(1));
         if let Some(c) = config.inputs.iter().find(|c| c.partition < 0) {
             return Err(ProtocolError::InvalidConfig(format!(
                 "input {c} has a negative partition"
             )));
         }
-        let mut p = Persisted::read(store)?;
+        let mut p = Persisted::read(store, window)?;
         let mut report = InitReport {
             fresh: p.scope.is_none(),
             ..InitReport::default()
@@ -635,7 +652,9 @@ impl CausalNode {
                 st.committed_head = head;
                 st.committed_tail = tail;
             }
-            st.queue = VecDeque::from(p.queues.remove(&ch).unwrap_or_default());
+            let (resident, paged) = p.queues.remove(&ch).unwrap_or_default();
+            st.queue = VecDeque::from(resident);
+            st.paged = paged;
             if let Some(marks) = carried_delivered.remove(&ch) {
                 st.delivered = marks;
             }
@@ -677,8 +696,9 @@ impl CausalNode {
             stamp_base: None,
             stepped: std::mem::take(&mut p.stepped),
             stats: NodeStats::default(),
-            window: None,
+            window,
         };
+        node.stats.paged_out_total = node.channels.iter().map(|c| c.paged.len() as u64).sum();
         // Restored records are gated (lazily, head first) against the
         // reconciled scope.
         node.held = node.channels.iter().map(ChannelState::len).sum();

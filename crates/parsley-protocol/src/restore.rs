@@ -1,6 +1,6 @@
 //! Reading a committed protocol store back into typed state, strictly.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::store::SteppedPast;
 
@@ -23,8 +23,9 @@ pub(crate) struct Persisted {
     pub(crate) carried: Option<VectorClock>,
     pub(crate) queue_meta: BTreeMap<Channel, (i64, i64)>,
     /// Held records per channel, in index order; complete for the indices
-    /// their metadata claims.
-    pub(crate) queues: BTreeMap<Channel, Vec<InboundRecord>>,
+    /// their metadata claims: the first ones decoded, the rest (beyond the
+    /// window [`read`](Self::read) was given) as offset and size only.
+    pub(crate) queues: BTreeMap<Channel, RestoredQueue>,
     pub(crate) send_seq: BTreeMap<Channel, i64>,
     pub(crate) delivered: BTreeMap<Channel, BTreeMap<SenderId, DeliveredMark>>,
     /// Skip marks of joined inputs: per sender, (sequence, end bound).
@@ -33,17 +34,49 @@ pub(crate) struct Persisted {
     pub(crate) stepped: BTreeMap<Channel, BTreeMap<i64, SteppedPast>>,
 }
 
+/// A held record as a store read gives it: decoded, or (beyond the
+/// resident window) checked and kept as its offset and held size only.
+pub(crate) enum HeldEntry {
+    Resident(InboundRecord),
+    Paged(i64, usize),
+}
+
+impl HeldEntry {
+    fn offset(&self) -> i64 {
+        match self {
+            HeldEntry::Resident(r) => r.offset,
+            HeldEntry::Paged(offset, _) => *offset,
+        }
+    }
+}
+
+type Entries = BTreeMap<Channel, Vec<(i64, HeldEntry)>>;
+
+/// One restored hold queue: its decoded records (the head first), then
+/// the offset and held size of each record beyond the window.
+pub(crate) type RestoredQueue = (Vec<InboundRecord>, VecDeque<(i64, usize)>);
+
 impl Persisted {
-    pub(crate) fn read(store: &dyn StoreRead) -> Result<Persisted, ProtocolError> {
+    /// Reads and checks `store`. With a `window`, a held record whose
+    /// index lies `window` or more past its queue's head is decoded (so a
+    /// damaged one is still refused) and then dropped, keeping only its
+    /// offset and size: a start with a million records held then never
+    /// has them all decoded at once. (A store that hands a queue's entries
+    /// over before its metadata gets them all decoded; the node pages the
+    /// excess out right after.)
+    pub(crate) fn read(
+        store: &dyn StoreRead,
+        window: Option<usize>,
+    ) -> Result<Persisted, ProtocolError> {
         let mut p = Persisted::default();
-        let mut entries: BTreeMap<Channel, Vec<(i64, InboundRecord)>> = BTreeMap::new();
+        let mut entries: Entries = BTreeMap::new();
         let mut first_error: Option<CorruptState> = None;
         store.for_each_state(&mut |key, value| {
             if first_error.is_some() {
                 return;
             }
             let absorbed = match key {
-                Ok(key) => p.absorb(key, value, &mut entries),
+                Ok(key) => p.absorb(key, value, window, &mut entries),
                 Err(text) => Err(CorruptState::new(text, "not a protocol state key")),
             };
             if let Err(e) = absorbed {
@@ -61,7 +94,8 @@ impl Persisted {
         &mut self,
         parsed: StateKey,
         value: &[u8],
-        entries: &mut BTreeMap<Channel, Vec<(i64, InboundRecord)>>,
+        window: Option<usize>,
+        entries: &mut Entries,
     ) -> Result<(), CorruptState> {
         let bad = |reason: String| CorruptState::new(parsed.text().as_str(), reason);
         let clock = |v: &[u8]| VectorClock::decode(v).map_err(|e| bad(e.to_string()));
@@ -86,7 +120,18 @@ impl Persisted {
             }
             StateKey::QueueEntry(c, index) => {
                 let record = decode_envelope(c, value).map_err(bad)?;
-                entries.entry(c).or_default().push((index, record));
+                let beyond = match (window, self.queue_meta.get(&c)) {
+                    (Some(w), Some(&(head, _))) => {
+                        index.saturating_sub(head) >= i64::try_from(w.max(1)).unwrap_or(i64::MAX)
+                    }
+                    _ => false,
+                };
+                let entry = if beyond {
+                    HeldEntry::Paged(record.offset, record.held_size())
+                } else {
+                    HeldEntry::Resident(record)
+                };
+                entries.entry(c).or_default().push((index, entry));
             }
             StateKey::SendSeq(c) => {
                 self.send_seq.insert(c, decode_i64(value).map_err(bad)?);
@@ -115,10 +160,7 @@ impl Persisted {
 
     /// Cross-key consistency: every per-input key belongs to a recorded
     /// input, and every hold queue is complete and in offset order.
-    fn check(
-        &mut self,
-        mut entries: BTreeMap<Channel, Vec<(i64, InboundRecord)>>,
-    ) -> Result<(), ProtocolError> {
+    fn check(&mut self, mut entries: Entries) -> Result<(), ProtocolError> {
         let inputs: Vec<Channel> = match &self.scope {
             Some((scope, _)) => scope.inputs.clone(),
             None => {
@@ -208,20 +250,30 @@ impl Persisted {
             let frontier = self.frontiers.get(&channel).copied().unwrap_or(-1);
             let mut last = frontier;
             for (index, record) in &held {
-                if record.offset <= last {
+                let offset = record.offset();
+                if offset <= last {
                     return Err(CorruptState::new(
                         StateKey::QueueEntry(channel, *index),
                         format!(
-                            "held offset {} is not above the frontier and the previous entry ({last})",
-                            record.offset
+                            "held offset {offset} is not above the frontier and the previous entry ({last})"
                         ),
                     )
                     .into());
                 }
-                last = record.offset;
+                last = offset;
             }
-            self.queues
-                .insert(channel, held.into_iter().map(|(_, r)| r).collect());
+            // Decoded records first, then the paged run (a record decoded
+            // after a paged one joins the run).
+            let mut resident = Vec::new();
+            let mut paged = VecDeque::new();
+            for (_, entry) in held {
+                match entry {
+                    HeldEntry::Resident(r) if paged.is_empty() => resident.push(r),
+                    HeldEntry::Resident(r) => paged.push_back((r.offset, r.held_size())),
+                    HeldEntry::Paged(offset, size) => paged.push_back((offset, size)),
+                }
+            }
+            self.queues.insert(channel, (resident, paged));
         }
         if let Some((&channel, held)) = entries.iter().next() {
             let index = held.first().map_or(0, |(i, _)| *i);

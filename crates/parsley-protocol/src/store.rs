@@ -929,6 +929,12 @@ impl MemStore {
         self.state.get(&key).map(Vec::as_slice)
     }
 
+    /// Removes the entry under a protocol key, returning its value (a host
+    /// that keeps some entries elsewhere lets them leave memory).
+    pub fn remove_state(&mut self, key: StateKey) -> Option<Vec<u8>> {
+        self.state.remove(&key)
+    }
+
     /// Every entry, in the order of the keys' text.
     pub fn iter(&self) -> impl Iterator<Item = (String, &[u8])> {
         let mut all: Vec<(String, &[u8])> = self

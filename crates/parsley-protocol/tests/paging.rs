@@ -216,3 +216,51 @@ fn paging_out_gives_back_the_room_the_paged_records_took() {
         h.node.paged_capacity()
     );
 }
+
+#[test]
+fn a_start_with_a_window_decodes_only_the_window() {
+    let (a, b) = (ch(1, 0), ch(2, 0));
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    for o in 0..6 {
+        assert!(h.feed(rec(b, o, offsets(&[(a, 0)]))).is_empty());
+    }
+    h.restart_windowed(Some(2));
+    assert_eq!(h.node.held_count(), 6);
+    assert_eq!(
+        h.node.paged_count(),
+        4,
+        "held from the start as offset and size"
+    );
+    assert_eq!(h.node.stats().paged_out_total, 4);
+    assert_eq!(h.node.resident_window(), Some(2));
+    let mut delivered = h.feed(rec(a, 0, VectorClock::new()));
+    delivered.extend(serve(&mut h).0);
+    let mut want = vec![(a, 0)];
+    want.extend((0..6).map(|o| (b, o)));
+    assert_eq!(delivered, want);
+}
+
+#[test]
+fn a_start_with_a_window_still_refuses_a_damaged_record_beyond_it() {
+    let (a, b) = (ch(1, 0), ch(2, 0));
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    for o in 0..6 {
+        assert!(h.feed(rec(b, o, offsets(&[(a, 0)]))).is_empty());
+    }
+    h.commit();
+    let key = StateKey::QueueEntry(b, 5).to_key();
+    h.store.get_raw_mut(&key).unwrap().truncate(3);
+    let Err(err) = CausalNode::init_windowed(h.config.clone(), &h.store, &h.broker, Some(2)) else {
+        panic!("a damaged held record beyond the window is refused");
+    };
+    assert!(matches!(err, ProtocolError::CorruptState(_)), "{err}");
+    // And a missing one.
+    h.store.remove_raw(&key);
+    let Err(err) = CausalNode::init_windowed(h.config.clone(), &h.store, &h.broker, Some(2)) else {
+        panic!("a missing held record beyond the window is refused");
+    };
+    assert!(
+        matches!(err, ProtocolError::MissingHeldRecords { index: 5, .. }),
+        "{err}"
+    );
+}

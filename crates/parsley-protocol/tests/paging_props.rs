@@ -19,6 +19,9 @@ enum Op {
     Advance(usize, i64),
     Send,
     Commit,
+    /// Commit, then start again from the store (with the run's window set
+    /// from the start).
+    Restart,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -33,13 +36,18 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..3usize, 0..3i64).prop_map(|(c, g)| Op::Advance(c, g)),
         1 => Just(Op::Send),
         3 => Just(Op::Commit),
+        1 => Just(Op::Restart),
     ]
 }
 
 const ME: SenderId = SenderId::from_halves(0x22, 0x22);
 
-/// The run's log, and how many records were paged in.
-fn run(ops: &[Op], window: Option<usize>) -> (Vec<String>, u64) {
+/// The run's log, how many records were paged in, and how many restarts
+/// left records paged.
+fn run(ops: &[Op], window: Option<usize>) -> (Vec<String>, u64, u64) {
+    let mut restarts_paged = 0;
+    // Node statistics start again at a restart.
+    let mut paged_in_before = 0;
     let chans = [ch(1, 0), ch(2, 0), ch(3, 1)];
     let sink = ch(9, 0);
     let senders = [sender(0xA), sender(0xB)];
@@ -81,6 +89,12 @@ fn run(ops: &[Op], window: Option<usize>) -> (Vec<String>, u64) {
             Op::Commit => {
                 h.commit();
             }
+            Op::Restart => {
+                paged_in_before += h.node.stats().paged_in_total;
+                h.restart_windowed(window);
+                out = std::mem::take(&mut h.init_deliveries);
+                restarts_paged += h.node.paged_count() as u64;
+            }
         }
         h.serve_pages(&mut out);
         for d in &out {
@@ -96,7 +110,11 @@ fn run(ops: &[Op], window: Option<usize>) -> (Vec<String>, u64) {
         ));
     }
     log.push(format!("per channel {per_channel:?}"));
-    (log, h.node.stats().paged_in_total)
+    (
+        log,
+        paged_in_before + h.node.stats().paged_in_total,
+        restarts_paged,
+    )
 }
 
 proptest! {
@@ -104,8 +122,8 @@ proptest! {
 
     #[test]
     fn paging_is_invisible(ops in prop::collection::vec(op(), 1..80), window in 1..4usize) {
-        let (all, _) = run(&ops, None);
-        let (paged, _) = run(&ops, Some(window));
+        let (all, _, _) = run(&ops, None);
+        let (paged, _, _) = run(&ops, Some(window));
         prop_assert_eq!(all, paged);
     }
 }
@@ -118,15 +136,23 @@ fn the_property_pages_records_in() {
     let strategy = prop::collection::vec(op(), 1..80);
     let mut paged_in = 0;
     let mut runs_with_paging = 0;
+    let mut runs_restarted_paged = 0;
     for _ in 0..200 {
         let ops = strategy.new_tree(&mut runner).unwrap().current();
-        let (_, n) = run(&ops, Some(1));
+        let (_, n, restarted) = run(&ops, Some(1));
         paged_in += n;
         runs_with_paging += u64::from(n > 0);
+        runs_restarted_paged += u64::from(restarted > 0);
     }
-    eprintln!("{runs_with_paging} of 200 runs paged records in ({paged_in} records)");
+    eprintln!(
+        "{runs_with_paging} of 200 runs paged records in ({paged_in} records); {runs_restarted_paged} restarted with records paged from the start"
+    );
     assert!(
         runs_with_paging >= 40,
         "only {runs_with_paging} of 200 runs paged a record in ({paged_in} records)"
+    );
+    assert!(
+        runs_restarted_paged >= 20,
+        "only {runs_restarted_paged} of 200 runs restarted with records paged from the start"
     );
 }

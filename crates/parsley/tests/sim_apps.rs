@@ -737,6 +737,28 @@ fn fold_cache_floors(name: &str, runs: &[Seeded]) {
     );
 }
 
+/// Held records kept in the local store instead of memory: worlds with
+/// local stores drop a held record's committed copy once the disk holds
+/// it, and read it back from the disk as the gate reaches it, when an abort
+/// rebuilds the task, and when a task starts from its store.
+fn held_on_disk_floors(name: &str, runs: &[Seeded]) {
+    floor(
+        name,
+        runs,
+        "held records that left memory for the disk",
+        |r| r.bridge.held_evicted > 0,
+    );
+    floor(name, runs, "held records read back from the disk", |r| {
+        r.bridge.held_disk_reads > 0
+    });
+    floor(
+        name,
+        runs,
+        "aborts rebuilt with held records on disk",
+        |r| r.bridge.resets_with_held_on_disk > 0,
+    );
+}
+
 /// Held records paged out and read back in (every world runs with a hold
 /// window of one to three records).
 fn paging_floor(name: &str, runs: &[Seeded]) {
@@ -869,6 +891,7 @@ fn settlement_under_incremental_assignment() {
     );
     common_floors(name, &runs);
     fold_cache_floors(name, &runs);
+    held_on_disk_floors(name, &runs);
     paging_floor(name, &runs);
     floor(name, &runs, "aborts with held records", |r| {
         r.world.aborts_while_holding > 0
@@ -925,6 +948,7 @@ fn incremental_assignment_with_restores_apart_from_processing() {
     );
     common_floors(name, &runs);
     fold_cache_floors(name, &runs);
+    held_on_disk_floors(name, &runs);
     paging_floor(name, &runs);
     floor(name, &runs, "a member holding half of a task", |r| {
         r.world.partial_holds > 0
@@ -974,10 +998,17 @@ fn local_stores_through_crashes_and_damaged_disks() {
     );
     common_floors(name, &runs);
     fold_cache_floors(name, &runs);
+    held_on_disk_floors(name, &runs);
     paging_floor(name, &runs);
     floor(name, &runs, "tasks started from a local store", |r| {
         r.bridge.local_starts > 0
     });
+    floor(
+        name,
+        &runs,
+        "tasks started with held records left on disk",
+        |r| r.bridge.restored_with_held_on_disk > 0,
+    );
     floor(name, &runs, "local stores wiped and rebuilt", |r| {
         r.bridge.local_rebuilds > 0
     });
@@ -1106,6 +1137,7 @@ fn tiny_hold_budgets_under_incremental_assignment_and_restores() {
     );
     common_floors(name, &runs);
     fold_cache_floors(name, &runs);
+    held_on_disk_floors(name, &runs);
     paging_floor(name, &runs);
     floor(name, &runs, "partitions paused for the hold budget", |r| {
         r.bridge.hold_pauses > 0

@@ -14,6 +14,8 @@ use parsley::*;
 
 #[path = "worker/backpressure.rs"]
 mod backpressure;
+#[path = "worker/held_on_disk.rs"]
+mod held_on_disk;
 
 type T = Topic<String, String>;
 
@@ -2798,6 +2800,9 @@ struct ReadableLocal {
     part_times: std::sync::Arc<std::sync::Mutex<Vec<i64>>>,
     /// Reads fail (a damaged file).
     broken_reads: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Writes land but are not reported applied (a writer thread behind);
+    /// the next write once this is off reports both.
+    lag: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl LocalWriter for ReadableLocal {
@@ -2849,6 +2854,30 @@ impl LocalReader for MemReader {
             .map(|s| s.fold.clone())
             .unwrap_or_default())
     }
+    fn protocol_range(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> Result<(), LocalStoreError> {
+        if self.broken.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(LocalStoreError::Corrupt {
+                task: self.task.clone(),
+                reason: "a damaged page (test)".into(),
+            });
+        }
+        let all = self.store.0.lock().unwrap();
+        for (k, v) in all
+            .get(&self.task)
+            .map(|s| s.protocol.as_slice())
+            .unwrap_or(&[])
+        {
+            if k.as_slice() >= from && k.as_slice() < to {
+                f(k, v);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl LocalStore for ReadableLocal {
@@ -2858,6 +2887,9 @@ impl LocalStore for ReadableLocal {
     fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
         let seq = write.seq;
         self.inner.write(task, write)?;
+        if self.lag.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
         if let Some(a) = self.applied.lock().unwrap().get(task) {
             a.store(seq, std::sync::atomic::Ordering::SeqCst);
         }

@@ -203,6 +203,18 @@ impl Harness {
         self.restart_with(c).expect("restart");
     }
 
+    /// Commits, then restarts from the store with a resident window set
+    /// from the start ([`CausalNode::init_windowed`]).
+    pub fn restart_windowed(&mut self, window: Option<usize>) {
+        self.commit();
+        let init =
+            CausalNode::init_windowed(self.config.clone(), &self.store, &self.broker, window)
+                .expect("restart");
+        self.node = init.node;
+        self.init_deliveries = init.deliveries;
+        self.report = init.report;
+    }
+
     /// Serves every page request from the committed store, as a host
     /// would, appending what the page-ins release to `out`; returns how
     /// many requests there were.

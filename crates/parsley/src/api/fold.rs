@@ -723,6 +723,15 @@ mod tests {
             self.check()?;
             Ok(self.state().into_iter().collect())
         }
+        fn protocol_range(
+            &self,
+            _from: &[u8],
+            _to: &[u8],
+            _f: &mut dyn FnMut(&[u8], &[u8]),
+        ) -> Result<(), LocalStoreError> {
+            // The fold store never reads protocol entries.
+            self.check()
+        }
     }
 
     fn put(k: u32, v: &[u8]) -> FoldWrites {

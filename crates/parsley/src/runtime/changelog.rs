@@ -366,9 +366,11 @@ pub fn restore_from(
     let TaskStores {
         protocol,
         fold,
+        held,
         diverted,
     } = stores;
     out.stores.diverted = diverted;
+    out.stores.held = held;
     let one = |topic| One {
         task,
         topic,

@@ -35,6 +35,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use parsley_protocol::TopicId;
+use parsley_protocol::store::StateKey;
 
 use crate::runtime::task::TaskId;
 
@@ -76,6 +77,28 @@ pub type LocalEntry = (StoreKind, Vec<u8>, Option<Vec<u8>>);
 
 /// One key and its value, as a store hands them back.
 pub type KeyValue = (Vec<u8>, Vec<u8>);
+
+/// What a task's start may leave in its local store instead of loading
+/// into memory (see [`LocalStore::open_leaving`]): it reads those entries
+/// through a [`LocalReader`] while it runs.
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
+pub struct LeaveOnDisk {
+    /// The fold store's entries.
+    pub fold: bool,
+    /// The held records in the protocol store (its
+    /// [`StateKey::QueueEntry`] entries; see [`is_held_entry`]).
+    pub held: bool,
+}
+
+/// Whether a protocol store key is a held record's entry.
+pub fn is_held_entry(key: &[u8]) -> bool {
+    // Cheap test first: every other key is short or starts differently.
+    key.starts_with(b"q/")
+        && std::str::from_utf8(key)
+            .ok()
+            .and_then(|k| k.parse::<StateKey>().ok())
+            .is_some_and(|k| matches!(k, StateKey::QueueEntry(..)))
+}
 
 /// A store's content as it was last written.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
@@ -128,7 +151,9 @@ pub trait LocalWriter: Send {
 
 /// Reads one task's local store by key while the task runs: the fold
 /// store's entries that its bounded cache let go (see
-/// [`FoldStore::attach`](crate::fold::FoldStore::attach)).
+/// [`FoldStore::attach`](crate::fold::FoldStore::attach)), and held
+/// records that left memory once the store held them (see
+/// [`HeldPages`](crate::runtime::paging::HeldPages)).
 ///
 /// A host may apply writes after [`LocalStore::write`] returns (the Kafka
 /// runtime writes on a thread of its own). A reader therefore answers as of
@@ -142,6 +167,14 @@ pub trait LocalReader: Send + Sync {
     fn fold_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, LocalStoreError>;
     /// Every fold store entry, in key order, as of the applied writes.
     fn fold_scan(&self) -> Result<Vec<KeyValue>, LocalStoreError>;
+    /// Hands `f` each protocol store entry whose key lies in `from..to`
+    /// (byte order), in key order, as of the applied writes.
+    fn protocol_range(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> Result<(), LocalStoreError>;
 }
 
 /// A local store that cannot be used.
@@ -183,15 +216,22 @@ pub trait LocalStore: Send {
         Ok(())
     }
     /// Reads task `task`'s store as [`open`](Self::open) does, leaving out
-    /// the fold store's entries (a task whose fold state reads through a
-    /// bounded cache reads them when it needs them).
-    fn open_without_fold(
+    /// what `leave` names (a task that reads those entries through a
+    /// [`LocalReader`] while it runs). A store that can do better than
+    /// reading everything and dropping the rest overrides this.
+    fn open_leaving(
         &mut self,
         task: &TaskId,
+        leave: LeaveOnDisk,
     ) -> Result<Option<LocalSnapshot>, LocalStoreError> {
         let mut snapshot = self.open(task)?;
         if let Some(s) = snapshot.as_mut() {
-            s.fold = Vec::new();
+            if leave.fold {
+                s.fold = Vec::new();
+            }
+            if leave.held {
+                s.protocol.retain(|(k, _)| !is_held_entry(k));
+            }
         }
         Ok(snapshot)
     }
@@ -209,7 +249,7 @@ pub trait LocalStore: Send {
         None
     }
     /// Whether [`reader`](Self::reader) gives readers: only then may a
-    /// task leave fold entries out of memory.
+    /// task leave fold entries or held records out of memory.
     fn reads_while_running(&self) -> bool {
         false
     }

@@ -307,6 +307,10 @@ pub(crate) struct Counted {
     pub(crate) paged_in: u64,
     /// The fold store's counts.
     pub(crate) fold: FoldCounts,
+    /// Held records whose in-memory copy left for the local store, and
+    /// held records read back from it.
+    pub(crate) held_evicted: u64,
+    pub(crate) held_disk_reads: u64,
 }
 
 #[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Debug)]
@@ -343,6 +347,9 @@ pub(crate) struct TaskMeters {
     /// The fold store's own counts at the last export (they live as long
     /// as the task's store, across aborts).
     fold_exported: FoldCounts,
+    /// The held records' local store counts at the last count (evicted,
+    /// read back), kept as the fold store's are.
+    held_exported: (u64, u64),
     pauses: Counter,
     pauses_total: u64,
     topics: BTreeMap<String, (Gauge, Gauge)>,
@@ -414,6 +421,7 @@ impl TaskMeters {
             fold_reads: counter(FOLD_STORE_READS_TOTAL),
             fold_evictions: counter(FOLD_CACHE_EVICTIONS_TOTAL),
             fold_exported: FoldCounts::default(),
+            held_exported: (0, 0),
             paused: gauge(PARTITIONS_PAUSED),
             pauses: counter(HOLD_PAUSES_TOTAL),
             pauses_total: 0,
@@ -434,9 +442,22 @@ impl TaskMeters {
     /// returns what it counted.
     pub(crate) fn count(&mut self, task: &Task) -> Counted {
         let fold = self.count_fold(task);
+        let (held_evicted, held_disk_reads) = match task.stores().held.stats() {
+            Some(h) => {
+                let d = (
+                    h.evicted.saturating_sub(self.held_exported.0),
+                    h.disk_reads.saturating_sub(self.held_exported.1),
+                );
+                self.held_exported = (h.evicted, h.disk_reads);
+                d
+            }
+            None => (0, 0),
+        };
         Counted {
             paged_in: self.count_node(task),
             fold,
+            held_evicted,
+            held_disk_reads,
         }
     }
 

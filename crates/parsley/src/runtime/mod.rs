@@ -19,6 +19,7 @@ pub mod holds;
 pub mod identity;
 pub mod local;
 pub mod metrics;
+pub mod paging;
 pub mod partition;
 pub mod restore;
 pub mod task;

@@ -283,10 +283,33 @@ pub struct TaskStores {
     pub protocol: MemStore,
     /// The fold store.
     pub fold: FoldStore,
+    /// Where held records are read back from once they leave `protocol`.
+    pub held: crate::runtime::paging::HeldPages,
     /// Emissions to send to a dead-letter topic instead of their sink. Not
     /// a store: the host sets them after a refusal, until the delivery that
     /// makes them commits.
     pub diverted: BTreeMap<EmissionOrigin, Diversion>,
+}
+
+impl TaskStores {
+    /// The sequence number of the last commit applied, counted since the
+    /// stores began reading through a local store: what the host puts on
+    /// that commit's local write ([`LocalWrite::seq`](crate::runtime::local::LocalWrite::seq)).
+    /// The fold store and the held records count the same commits from
+    /// the same attach.
+    pub fn local_seq(&self) -> u64 {
+        if self.fold.is_bounded() {
+            self.fold.seq()
+        } else {
+            self.held.seq()
+        }
+    }
+
+    /// Whether part of the committed state is only in the local store (a
+    /// store that fails then loses it).
+    pub fn reads_through_local(&self) -> bool {
+        self.fold.is_bounded() || self.held.is_attached()
+    }
 }
 
 /// The writes of a transaction handed to the host and not yet known to be
@@ -775,11 +798,20 @@ impl Task {
                 .chain(tick_route.as_ref().map(|(_, c)| c.topic))
                 .collect(),
         };
-        let init = CausalNode::init(config, &stores.protocol, broker).map_err(|source| {
-            TaskError::Protocol {
+        // Held records that only the local store holds are read from it,
+        // and those beyond the window are never decoded into memory.
+        let view = stores.held.view(&stores.protocol);
+        let init = CausalNode::init_windowed(config, &view, broker, stores.held.window());
+        if let Some(cause) = view.failure() {
+            return Err(TaskError::LocalStore {
                 task: id.clone(),
-                cause: source,
-            }
+                cause,
+            });
+        }
+        drop(view);
+        let init = init.map_err(|source| TaskError::Protocol {
+            task: id.clone(),
+            cause: source,
         })?;
         info!(
             task = %id,
@@ -840,7 +872,9 @@ impl Task {
                 task.dead_letters.insert(topic, d.partitions);
             }
         }
-        for d in init.deliveries {
+        let mut deliveries = init.deliveries;
+        task.serve_pages(&mut deliveries)?;
+        for d in deliveries {
             task.process(d)?;
         }
         task.refresh_holds();
@@ -896,39 +930,88 @@ impl Task {
         }
     }
 
+    /// The held records of a page request: from the transaction in flight,
+    /// the committed store, or (for those that left memory) the local
+    /// store, in one range read.
     fn read_paged(&self, request: PageRequest) -> Result<Vec<InboundRecord>, TaskError> {
         let PageRequest {
             channel,
             from,
             count,
         } = request;
-        let mut records = Vec::with_capacity(count);
-        for index in from..from.saturating_add(count as i64) {
+        let to = from.saturating_add(count as i64);
+        let decode = |index: i64, bytes: &[u8]| {
+            parsley_protocol::store::decode_envelope(channel, bytes).map_err(|reason| {
+                self.protocol(ProtocolError::CorruptState(
+                    parsley_protocol::store::CorruptState {
+                        key: StateKey::QueueEntry(channel, index).to_key(),
+                        reason,
+                    },
+                ))
+            })
+        };
+        let mut records: Vec<Option<InboundRecord>> = Vec::with_capacity(count);
+        let mut first_missing = None;
+        for index in from..to {
             let key = StateKey::QueueEntry(channel, index);
             let bytes = match self.in_flight.as_ref().and_then(|f| f.protocol.get(key)) {
                 Some(written) => written,
                 None => self.stores.protocol.get_state(key),
             };
-            let Some(bytes) = bytes else {
-                return Err(self.protocol(ProtocolError::MissingHeldRecords {
-                    channel,
-                    index,
-                    head: from,
-                    tail: from.saturating_add(count as i64),
-                }));
-            };
-            let record =
-                parsley_protocol::store::decode_envelope(channel, bytes).map_err(|reason| {
-                    self.protocol(ProtocolError::CorruptState(
-                        parsley_protocol::store::CorruptState {
-                            key: key.to_key(),
-                            reason,
-                        },
-                    ))
-                })?;
-            records.push(record);
+            match bytes {
+                Some(bytes) => records.push(Some(decode(index, bytes)?)),
+                None => {
+                    first_missing.get_or_insert(index);
+                    records.push(None);
+                }
+            }
         }
-        Ok(records)
+        if let Some(start) = first_missing {
+            let mut failed = None;
+            let read = self
+                .stores
+                .held
+                .read(channel, start, to, &mut |index, bytes| {
+                    if failed.is_some() {
+                        return;
+                    }
+                    let Some(slot) = usize::try_from(index - from)
+                        .ok()
+                        .and_then(|at| records.get_mut(at))
+                    else {
+                        return;
+                    };
+                    if slot.is_none() {
+                        match decode(index, bytes) {
+                            Ok(r) => *slot = Some(r),
+                            Err(e) => failed = Some(e),
+                        }
+                    }
+                });
+            if let Err(cause) = read {
+                return Err(TaskError::LocalStore {
+                    task: self.id.clone(),
+                    cause,
+                });
+            }
+            if let Some(e) = failed {
+                return Err(e);
+            }
+        }
+        records
+            .into_iter()
+            .zip(from..)
+            .map(|(r, index)| {
+                r.ok_or_else(|| {
+                    self.protocol(ProtocolError::MissingHeldRecords {
+                        channel,
+                        index,
+                        head: from,
+                        tail: to,
+                    })
+                })
+            })
+            .collect()
     }
 
     /// The channels whose fetching the host paused for the hold budget:
@@ -1156,6 +1239,7 @@ impl Task {
                     out.push((StoreKind::Fold, key.to_vec(), value.map(<[u8]>::to_vec)));
                 }
             }
+            self.stores.held.committed(&done.protocol);
             self.stores.protocol.apply_owned(done.protocol);
             self.stores.fold.apply(&done.fold);
             self.committed_tick_at = self.in_flight_tick_at;
@@ -1169,10 +1253,13 @@ impl Task {
         !self.outgoing.is_empty() || self.acted || !self.pending_fold.is_empty()
     }
 
-    /// Lets the committed fold store's entries the local store now holds
-    /// leave memory (see [`FoldStore::evict`]).
-    pub fn evict_fold(&mut self) {
+    /// Lets the committed entries the local store now holds leave memory:
+    /// fold entries over the cache's budget (see [`FoldStore::evict`]) and
+    /// held records (see [`HeldPages`](crate::runtime::paging::HeldPages)).
+    pub fn evict_local(&mut self) {
         self.stores.fold.evict();
+        let TaskStores { held, protocol, .. } = &mut self.stores;
+        held.evict(protocol);
     }
 
     /// Gives the committed fold store a new cache budget (see

@@ -424,6 +424,12 @@ pub struct WorkerStats {
     pub tasks_started: u64,
     /// Tasks restored with held records.
     pub restored_with_held: u64,
+    /// Of those, tasks whose held records were read from their local store
+    /// (not kept in memory at the start).
+    pub restored_with_held_on_disk: u64,
+    /// Tasks rebuilt after an abort while they held records their local
+    /// store kept for them.
+    pub resets_with_held_on_disk: u64,
     /// Truncation sweeps run (per task).
     pub sweeps: u64,
     /// Stamp-side entries the sweeps removed.
@@ -489,6 +495,12 @@ pub struct WorkerStats {
     /// Times an entry over the fold cache stayed in memory because the
     /// local store did not hold its latest write yet.
     pub fold_evictions_withheld: u64,
+    /// Held records whose in-memory copy was dropped once the task's
+    /// local store held them.
+    pub held_records_evicted: u64,
+    /// Held records read back from a task's local store (as the gate
+    /// reached them, or when the task started or was rebuilt).
+    pub held_records_read_from_disk: u64,
 }
 
 impl WorkerStats {
@@ -497,6 +509,8 @@ impl WorkerStats {
         self.fold_store_reads += c.fold.reads;
         self.fold_cache_evictions += c.fold.evicted;
         self.fold_evictions_withheld += c.fold.withheld;
+        self.held_records_evicted += c.held_evicted;
+        self.held_records_read_from_disk += c.held_disk_reads;
     }
 }
 
@@ -776,6 +790,9 @@ struct Prepared {
     /// The task's fold state reads through its local store: the store's
     /// fold entries were not loaded.
     bounded: bool,
+    /// The task's held records are read back from its local store: the
+    /// store's held records were not loaded.
+    held_on_disk: bool,
 }
 
 /// A task whose restore job is out.
@@ -1496,6 +1513,9 @@ impl Worker {
         task.set_hold_window(self.config.hold_window);
         if task.node().held_count() > 0 {
             self.stats.restored_with_held += 1;
+            if task.stores().held.is_attached() {
+                self.stats.restored_with_held_on_disk += 1;
+            }
         }
         self.stats.tasks_started += 1;
         let mut channels = Vec::new();
@@ -1572,11 +1592,18 @@ impl Worker {
         let bounded = self.config.fold_cache.is_some()
             && changelogs.fold.is_some()
             && self.local.as_ref().is_some_and(|s| s.reads_while_running());
+        // Every task whose store can be read while it runs leaves its held
+        // records there: they are read back as the gate reaches them.
+        let held_on_disk = self.local.as_ref().is_some_and(|s| s.reads_while_running());
+        let leave = local::LeaveOnDisk {
+            fold: bounded,
+            held: held_on_disk,
+        };
         let opened = self.local.as_mut().map(|store| {
-            if bounded {
-                store.open_without_fold(id)
-            } else {
+            if leave == local::LeaveOnDisk::default() {
                 store.open(id)
+            } else {
+                store.open_leaving(id, leave)
             }
         });
         // Log starts only to check a store; ends for progress, always.
@@ -1660,6 +1687,7 @@ impl Worker {
             identity,
             from_local: job.from_local,
             bounded: bounded && !local_off,
+            held_on_disk: held_on_disk && !local_off,
             local_off,
         };
         Ok((prepared, job))
@@ -1678,6 +1706,7 @@ impl Worker {
             from_local,
             local_off,
             bounded,
+            held_on_disk,
         } = prepared;
         self.stats.changelog_records_replayed += restored.replayed;
         if from_local {
@@ -1724,14 +1753,22 @@ impl Worker {
         // Once the write is in the store, the fold state can read through
         // it (the reader waits for the write).
         let reader = match &written {
-            Ok(()) if bounded => store.reader(id),
+            Ok(()) if bounded || held_on_disk => store.reader(id),
             _ => Ok(None),
         };
+        // What the start left in the store is only there now.
+        let needs_reader = (bounded && (from_local || spilled)) || (held_on_disk && from_local);
         match (written, reader) {
             (Ok(()), Ok(Some(reader))) => {
-                stores
-                    .fold
-                    .attach(reader, self.fold_share.load(Ordering::Relaxed));
+                if bounded {
+                    stores
+                        .fold
+                        .attach(reader.clone(), self.fold_share.load(Ordering::Relaxed));
+                }
+                if held_on_disk {
+                    let crate::runtime::task::TaskStores { held, protocol, .. } = &mut stores;
+                    held.attach(reader, self.config.hold_window, protocol);
+                }
                 Ok((
                     stores,
                     Local::Writing {
@@ -1740,14 +1777,14 @@ impl Worker {
                     },
                 ))
             }
-            (Ok(()), Ok(None)) if !(bounded && (from_local || spilled)) => Ok((
+            (Ok(()), Ok(None)) if !needs_reader => Ok((
                 stores,
                 Local::Writing {
                     identity,
                     checkpoint: restored.next,
                 },
             )),
-            (Err(e), _) if !(bounded && (from_local || spilled)) => {
+            (Err(e), _) if !needs_reader => {
                 self.stats.local_store_write_failures += 1;
                 warn!(task = %id, error = %e, "the local store could not be written; the task runs without it, its whole fold state in memory, until it starts again");
                 let _ = store.wipe(id);
@@ -2614,7 +2651,7 @@ impl Worker {
                             (Some(store), Local::Writing { .. }) if written.contains(id) => {
                                 let mut entries = Vec::new();
                                 task.commit_done_into(Some(&mut entries));
-                                let seq = task.stores().fold.seq();
+                                let seq = task.stores().local_seq();
                                 let reached = self.reached.remove(id);
                                 if write_committed(
                                     store.as_mut(),
@@ -2627,7 +2664,7 @@ impl Worker {
                                     // A store that applied the write at once
                                     // lets this commit's entries go now.
                                     if let Some(task) = slot.task.as_mut() {
-                                        task.evict_fold();
+                                        task.evict_local();
                                     }
                                 } else {
                                     self.stats.local_store_write_failures += 1;
@@ -2903,6 +2940,9 @@ impl Worker {
             slot.meters.rebase();
             match old.reset(cluster, cluster, self.now) {
                 Ok(mut task) => {
+                    if task.node().held_count() > 0 && task.stores().held.is_attached() {
+                        self.stats.resets_with_held_on_disk += 1;
+                    }
                     // The rebuilt task keeps its hold window itself.
                     task.set_hold_budget(self.config.hold_budget);
                     slot.task = Some(task);
@@ -2922,6 +2962,13 @@ impl Worker {
                     // The committed state is in the changelogs: the task
                     // restarts from there, now or at the next punctuation.
                     warn!(task = %id, error = %e, "task reset failed; it restarts from its changelogs");
+                    if matches!(e, TaskError::LocalStore { .. })
+                        && let Some(store) = self.local.as_mut()
+                    {
+                        // A store that cannot read back what it holds would
+                        // fail the restart too: it is rebuilt.
+                        let _ = store.wipe(id);
+                    }
                     if let Some(slot) = self.tasks.remove(id) {
                         for c in &slot.channels {
                             self.routes.remove(&(c.topic.clone(), c.partition));
@@ -3128,7 +3175,7 @@ fn write_committed(
     let bounded = slot
         .task
         .as_ref()
-        .is_some_and(|t| t.stores().fold.is_bounded());
+        .is_some_and(|t| t.stores().reads_through_local());
     slot.local = if bounded {
         Local::Lost(failure)
     } else {

@@ -130,6 +130,8 @@ pub struct Disk {
     pub lagged: u64,
     /// Writes a restore made in parts as it replayed (its writer's).
     pub parts: u64,
+    /// Held records read back from a store while their task ran.
+    pub held_reads: u64,
 }
 
 impl Disk {
@@ -409,6 +411,25 @@ impl LocalReader for SimReader {
     fn fold_scan(&self) -> Result<Vec<KeyValue>, LocalStoreError> {
         self.read(|s| s.fold.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
     }
+
+    fn protocol_range(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> Result<(), LocalStoreError> {
+        let entries: Vec<KeyValue> = self.read(|s| {
+            s.protocol
+                .range(from.to_vec()..to.to_vec())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })?;
+        self.disk.lock().unwrap().held_reads += entries.len() as u64;
+        for (k, v) in &entries {
+            f(k, v);
+        }
+        Ok(())
+    }
 }
 
 /// A host duty the bridge can switch off, so the kit proves it notices.
@@ -437,6 +458,8 @@ pub struct BridgeStats {
     pub positions_deferred: u64,
     /// Tasks started with held records restored from a changelog.
     pub restored_with_held: u64,
+    pub restored_with_held_on_disk: u64,
+    pub resets_with_held_on_disk: u64,
     /// Task starts retried after a failed lookup.
     pub start_retries: u64,
     /// Tasks that failed and stopped.
@@ -473,6 +496,8 @@ pub struct BridgeStats {
     pub fold_evictions: u64,
     /// Evictions put off because the disk did not hold the entry yet.
     pub fold_withheld: u64,
+    pub held_evicted: u64,
+    pub held_disk_reads: u64,
     /// Tasks failed because fold state beyond their cache was lost with a
     /// store write that failed.
     pub fold_store_failures: u64,
@@ -594,6 +619,10 @@ impl Thread {
         s.sweeps_skipped += now.truncation_sweeps_skipped - self.seen.truncation_sweeps_skipped;
         s.positions_deferred += now.positions_deferred - self.seen.positions_deferred;
         s.restored_with_held += now.restored_with_held - self.seen.restored_with_held;
+        s.restored_with_held_on_disk +=
+            now.restored_with_held_on_disk - self.seen.restored_with_held_on_disk;
+        s.resets_with_held_on_disk +=
+            now.resets_with_held_on_disk - self.seen.resets_with_held_on_disk;
         s.start_retries += now.task_start_retries - self.seen.task_start_retries;
         s.local_starts += now.local_store_starts - self.seen.local_store_starts;
         s.local_rebuilds += now.local_store_rebuilds - self.seen.local_store_rebuilds;
@@ -609,6 +638,9 @@ impl Thread {
         s.fold_reads += now.fold_store_reads - self.seen.fold_store_reads;
         s.fold_evictions += now.fold_cache_evictions - self.seen.fold_cache_evictions;
         s.fold_withheld += now.fold_evictions_withheld - self.seen.fold_evictions_withheld;
+        s.held_evicted += now.held_records_evicted - self.seen.held_records_evicted;
+        s.held_disk_reads +=
+            now.held_records_read_from_disk - self.seen.held_records_read_from_disk;
         self.seen = now;
     }
 

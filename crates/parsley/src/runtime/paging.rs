@@ -1,0 +1,277 @@
+//! Held records kept on disk instead of in memory.
+//!
+//! Every held record is written to the task's committed protocol store
+//! (a [`StateKey::QueueEntry`]) when the transaction that holds it
+//! commits, and the local store receives the same entry with that commit's
+//! write. Until then the committed in-memory store ([`MemStore`]) is the
+//! only place a paged-out record can be read back from, so it keeps a copy.
+//! Once the local store reports the write applied ([`LocalReader::applied`]),
+//! that copy is redundant: [`HeldPages`] drops it, and the task reads the
+//! record from the local store when its gate reaches it, when an abort
+//! rebuilds the node, and when the task starts from its local store.
+//!
+//! The rule that keeps this safe is the fold cache's: an entry leaves
+//! memory only once the store holds the commit that wrote it. Queue
+//! indices are handed out once (a queue's head and tail only grow), so an
+//! entry is put once and deleted once; a delete the store has not applied
+//! yet is harmless, because readers only ask for indices between the
+//! committed head and tail.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parsley_protocol::store::{StateKey, StateVisitor, StoreRead, WriteBatch, decode_pair};
+use parsley_protocol::{Channel, MemStore};
+
+use crate::runtime::local::{LocalReader, LocalStoreError};
+
+/// Where a task's held records are read back from once they leave its
+/// committed in-memory store: nowhere (the default: every held record stays
+/// in memory), or a local store (see the [module docs](self)).
+#[derive(Clone, Default)]
+pub struct HeldPages {
+    disk: Option<Box<HeldDisk>>,
+}
+
+#[derive(Clone)]
+struct HeldDisk {
+    reader: Arc<dyn LocalReader>,
+    /// The node's resident window, for a start from the store.
+    window: Option<usize>,
+    /// Commits applied since [`HeldPages::attach`].
+    seq: u64,
+    /// Held records' entries put by each commit, with its sequence number,
+    /// still in memory until the local store holds that commit.
+    waiting: VecDeque<(u64, Vec<StateKey>)>,
+    evicted: u64,
+    reads: Arc<AtomicU64>,
+}
+
+/// How a task's held records have used its local store.
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
+pub struct HeldPagesStats {
+    /// Held records whose in-memory copy was dropped because the local
+    /// store holds them.
+    pub evicted: u64,
+    /// Held records read back from the local store.
+    pub disk_reads: u64,
+    /// Held records committed but not yet in the local store (their copy
+    /// stays in memory).
+    pub waiting: usize,
+}
+
+impl fmt::Debug for HeldPages {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeldPages")
+            .field("on_disk", &self.disk.is_some())
+            .finish()
+    }
+}
+
+impl HeldPages {
+    /// Reads held records back from `reader` from now on, and drops every
+    /// held record's entry from `committed`: the reader's store must hold
+    /// everything `committed` holds (attach right after the host wrote the
+    /// store, with a reader that waited for that write). `window` is the
+    /// node's resident window, for a node started from the store.
+    pub fn attach(
+        &mut self,
+        reader: Arc<dyn LocalReader>,
+        window: Option<usize>,
+        committed: &mut MemStore,
+    ) {
+        let mut keys = Vec::new();
+        committed.for_each_state(&mut |key, _| {
+            if let Ok(k @ StateKey::QueueEntry(..)) = key {
+                keys.push(k);
+            }
+        });
+        let evicted = keys.len() as u64;
+        for k in keys {
+            committed.remove_state(k);
+        }
+        self.disk = Some(Box::new(HeldDisk {
+            reader,
+            window,
+            seq: 0,
+            waiting: VecDeque::new(),
+            evicted,
+            reads: Arc::default(),
+        }));
+    }
+
+    /// Whether held records are read back from a local store.
+    pub fn is_attached(&self) -> bool {
+        self.disk.is_some()
+    }
+
+    /// The resident window a node started from these stores keeps.
+    pub(crate) fn window(&self) -> Option<usize> {
+        self.disk.as_ref().and_then(|d| d.window)
+    }
+
+    /// The number of commits applied since [`attach`](Self::attach) (the
+    /// same count as [`FoldStore::seq`](crate::fold::FoldStore::seq) when
+    /// both read through one store).
+    pub fn seq(&self) -> u64 {
+        self.disk.as_ref().map_or(0, |d| d.seq)
+    }
+
+    /// The figures, when attached.
+    pub fn stats(&self) -> Option<HeldPagesStats> {
+        self.disk.as_ref().map(|d| HeldPagesStats {
+            evicted: d.evicted,
+            disk_reads: d.reads.load(Ordering::Relaxed),
+            waiting: d.waiting.iter().map(|(_, k)| k.len()).sum(),
+        })
+    }
+
+    /// Notes one commit's protocol writes, about to be applied to the
+    /// committed store: the held records it puts stay in memory until the
+    /// local store holds this commit.
+    pub(crate) fn committed(&mut self, batch: &WriteBatch) {
+        let Some(disk) = self.disk.as_mut() else {
+            return;
+        };
+        disk.seq += 1;
+        let keys: Vec<StateKey> = batch
+            .iter()
+            .filter_map(|(k, v)| match (k, v) {
+                (StateKey::QueueEntry(..), Some(_)) => Some(k),
+                _ => None,
+            })
+            .collect();
+        if !keys.is_empty() {
+            disk.waiting.push_back((disk.seq, keys));
+        }
+    }
+
+    /// Drops from `committed` the held records the local store now holds.
+    pub(crate) fn evict(&mut self, committed: &mut MemStore) {
+        let Some(disk) = self.disk.as_mut() else {
+            return;
+        };
+        let applied = disk.reader.applied();
+        while disk.waiting.front().is_some_and(|(seq, _)| *seq <= applied) {
+            if let Some((_, keys)) = disk.waiting.pop_front() {
+                for k in keys {
+                    // Released already: the delete took it.
+                    if committed.remove_state(k).is_some() {
+                        disk.evicted += 1;
+                    }
+                }
+            }
+        }
+        if disk.waiting.is_empty() && disk.waiting.capacity() > 64 {
+            disk.waiting = VecDeque::new();
+        }
+    }
+
+    /// Hands `f` the held records of `channel` with queue indices in
+    /// `from..to` that the local store holds, in index order. Nothing when
+    /// not attached.
+    pub(crate) fn read(
+        &self,
+        channel: Channel,
+        from: i64,
+        to: i64,
+        f: &mut dyn FnMut(i64, &[u8]),
+    ) -> Result<(), LocalStoreError> {
+        let Some(disk) = self.disk.as_ref() else {
+            return Ok(());
+        };
+        if from >= to {
+            return Ok(());
+        }
+        let start = StateKey::QueueEntry(channel, from).text();
+        let end = StateKey::QueueEntry(channel, to).text();
+        let mut n = 0u64;
+        let result =
+            disk.reader
+                .protocol_range(start.as_bytes(), end.as_bytes(), &mut |key, value| {
+                    if let Some(StateKey::QueueEntry(c, index)) = std::str::from_utf8(key)
+                        .ok()
+                        .and_then(|k| k.parse::<StateKey>().ok())
+                        && c == channel
+                    {
+                        n += 1;
+                        f(index, value);
+                    }
+                });
+        disk.reads.fetch_add(n, Ordering::Relaxed);
+        result
+    }
+
+    /// The committed protocol store as a node start reads it: `committed`,
+    /// and each queue's held records that only the local store holds.
+    pub(crate) fn view<'a>(&'a self, committed: &'a MemStore) -> HeldView<'a> {
+        HeldView {
+            committed,
+            pages: self,
+            failure: RefCell::new(None),
+        }
+    }
+}
+
+/// See [`HeldPages::view`]. A failed read of the local store ends the
+/// iteration early and is kept for [`failure`](Self::failure): the node
+/// then finds records missing, and the host reports the store's error.
+pub(crate) struct HeldView<'a> {
+    committed: &'a MemStore,
+    pages: &'a HeldPages,
+    failure: RefCell<Option<LocalStoreError>>,
+}
+
+impl HeldView<'_> {
+    /// The local store's failure during the last read, if any.
+    pub(crate) fn failure(&self) -> Option<LocalStoreError> {
+        self.failure.borrow_mut().take()
+    }
+
+    /// Each queue's committed (head, tail).
+    fn queues(&self) -> Vec<(Channel, i64, i64)> {
+        let mut out = Vec::new();
+        self.committed.for_each_state(&mut |key, value| {
+            if let Ok(StateKey::QueueMeta(c)) = key
+                && let Ok((head, tail)) = decode_pair(value)
+            {
+                out.push((c, head, tail));
+            }
+        });
+        out
+    }
+
+    fn on_disk(&self, f: &mut dyn FnMut(StateKey, &[u8])) {
+        if !self.pages.is_attached() {
+            return;
+        }
+        for (channel, head, tail) in self.queues() {
+            let read = self.pages.read(channel, head, tail, &mut |index, value| {
+                let key = StateKey::QueueEntry(channel, index);
+                // A copy still in memory was handed over already.
+                if self.committed.get_state(key).is_none() {
+                    f(key, value);
+                }
+            });
+            if let Err(e) = read {
+                *self.failure.borrow_mut() = Some(e);
+                return;
+            }
+        }
+    }
+}
+
+impl StoreRead for HeldView<'_> {
+    fn for_each_entry(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        self.committed.for_each_entry(f);
+        self.on_disk(&mut |key, value| f(key.text().as_str(), value));
+    }
+
+    fn for_each_state(&self, f: &mut StateVisitor<'_>) {
+        self.committed.for_each_state(f);
+        self.on_disk(&mut |key, value| f(Ok(key), value));
+    }
+}

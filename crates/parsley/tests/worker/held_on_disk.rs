@@ -1,0 +1,236 @@
+//! Held records on disk: once a task's local store holds the commit that
+//! held a record, the record's copy leaves memory; it comes back from the
+//! store as the gate reaches it, when an abort rebuilds the task, and when
+//! the task starts again from its store.
+
+use super::*;
+
+/// `a@offset` claiming `b@0`, which has not arrived.
+fn waiting_for_b(offset: i64) -> PolledRecord {
+    let mut r = rec("a", 0, offset, "x");
+    let mut clock = protocol::VectorClock::new();
+    clock.claim_offset(protocol::Channel::new(TopicId::from_u128(0x1001), 0), 0);
+    r.headers.push(Header::new("vc", clock.encode()));
+    r
+}
+
+fn on_disk_worker(app: &Parsley, store: &ReadableLocal) -> Worker {
+    Worker::new(
+        app,
+        WorkerConfig {
+            hold_window: Some(2),
+            ..WorkerConfig::default()
+        },
+    )
+    .with_local_store(Box::new(store.clone()))
+}
+
+/// Held records' entries in the task's committed in-memory store.
+fn in_memory(w: &Worker) -> usize {
+    let id = w.tasks().next().unwrap().clone();
+    w.task(&id)
+        .unwrap()
+        .stores()
+        .protocol
+        .iter()
+        .filter(|(k, _)| k.contains("/e/"))
+        .count()
+}
+
+/// Held records' entries in the local store.
+fn on_disk(store: &ReadableLocal) -> usize {
+    store
+        .inner
+        .0
+        .lock()
+        .unwrap()
+        .values()
+        .map(|s| {
+            s.protocol
+                .iter()
+                .filter(|(k, _)| parsley::runtime::local::is_held_entry(k))
+                .count()
+        })
+        .sum()
+}
+
+#[test]
+fn held_records_leave_memory_for_the_store_and_come_back_in_order() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let store = ReadableLocal::default();
+    let mut w = started_with(&cluster, on_disk_worker(&app, &store));
+    for o in 0..10 {
+        w.on_record(waiting_for_b(o)).unwrap();
+    }
+    commit(&mut w, &cluster);
+    assert_eq!(on_disk(&store), 10);
+    assert_eq!(
+        in_memory(&w),
+        0,
+        "the store holds them: none stays in memory"
+    );
+    let id = w.tasks().next().unwrap().clone();
+    let held = w.task(&id).unwrap().stores().held.stats().unwrap();
+    assert_eq!(held.evicted, 10);
+    assert_eq!(w.task(&id).unwrap().node().held_count(), 10);
+
+    // An abort rebuilds the task from its committed stores: the held
+    // records come from the store.
+    w.on_record(waiting_for_b(10)).unwrap();
+    w.flush().unwrap().unwrap();
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    assert_eq!(w.stats().resets_with_held_on_disk, 1);
+    assert_eq!(w.task(&id).unwrap().node().held_count(), 10);
+    assert_eq!(
+        w.task(&id).unwrap().node().paged_count(),
+        8,
+        "beyond the window of two, never decoded"
+    );
+    seek(&mut w);
+
+    // b@0 releases all ten, in order, read back from the store.
+    w.on_record(rec("b", 0, 0, "y")).unwrap();
+    let txn = commit(&mut w, &cluster);
+    let mut want = vec!["count[0]:b:0@0".to_owned()];
+    want.extend((0..10).map(|o| format!("count[0]:a:0@{o}")));
+    assert_eq!(delivered(&txn), want);
+    assert!(w.stats().held_records_read_from_disk >= 10);
+    assert_eq!(on_disk(&store), 0, "released records are deleted");
+}
+
+#[test]
+fn a_restart_reads_held_records_from_the_store_not_into_memory() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let store = ReadableLocal::default();
+    let mut w = started_with(&cluster, on_disk_worker(&app, &store));
+    for o in 0..6 {
+        w.on_record(waiting_for_b(o)).unwrap();
+    }
+    commit(&mut w, &cluster);
+    drop(w);
+
+    let mut again = on_disk_worker(&app, &store);
+    again
+        .assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    let stats = again.stats();
+    assert_eq!(stats.local_store_starts, 1);
+    assert_eq!(stats.restored_with_held_on_disk, 1);
+    let id = again.tasks().next().unwrap().clone();
+    let task = again.task(&id).unwrap();
+    assert_eq!(task.node().held_count(), 6);
+    assert_eq!(task.node().paged_count(), 4);
+    assert_eq!(in_memory(&again), 0);
+    seek(&mut again);
+    again.on_record(rec("b", 0, 0, "y")).unwrap();
+    let txn = commit(&mut again, &cluster);
+    assert_eq!(delivered(&txn).len(), 7);
+}
+
+/// A store that fails to read a held record back fails the task (its
+/// records are not skipped), and the task's store is wiped so that its
+/// restart rebuilds from the changelog.
+#[test]
+fn a_held_record_the_store_cannot_read_fails_the_task() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let store = ReadableLocal::default();
+    let mut w = started_with(&cluster, on_disk_worker(&app, &store));
+    for o in 0..6 {
+        w.on_record(waiting_for_b(o)).unwrap();
+    }
+    commit(&mut w, &cluster);
+    store
+        .broken_reads
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = w.on_record(rec("b", 0, 0, "y")).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("cannot be read from its local store"),
+        "{err}"
+    );
+    w.abort(&cluster).unwrap();
+    assert_eq!(w.take_task_failures().len(), 1);
+    let id = w.stopped_tasks().next().unwrap().clone();
+    assert!(
+        !store.inner.0.lock().unwrap().contains_key(&id),
+        "the damaged store is wiped"
+    );
+    store
+        .broken_reads
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    // The restart rebuilds from the changelog and delivers everything.
+    let wait = w.restart_task(&id, &cluster).unwrap().unwrap();
+    w.punctuate(wait.as_millis() as i64, &cluster).unwrap();
+    assert_eq!(w.stats().task_restarts, 1);
+    seek(&mut w);
+    w.on_record(rec("b", 0, 0, "y")).unwrap();
+    let txn = commit(&mut w, &cluster);
+    assert_eq!(delivered(&txn).len(), 7, "{:?}", delivered(&txn));
+}
+
+/// A held record's copy stays in memory until the store says it holds the
+/// commit that wrote it: a store that lags keeps it readable.
+#[test]
+fn a_held_record_stays_in_memory_until_the_store_holds_it() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let store = ReadableLocal::default();
+    let mut w = started_with(&cluster, on_disk_worker(&app, &store));
+    store.lag.store(true, std::sync::atomic::Ordering::SeqCst);
+    for o in 0..4 {
+        w.on_record(waiting_for_b(o)).unwrap();
+    }
+    commit(&mut w, &cluster);
+    assert_eq!(in_memory(&w), 4, "the store has not reported the write");
+    store.lag.store(false, std::sync::atomic::Ordering::SeqCst);
+    w.on_record(waiting_for_b(4)).unwrap();
+    commit(&mut w, &cluster);
+    assert_eq!(in_memory(&w), 0);
+    w.on_record(rec("b", 0, 0, "y")).unwrap();
+    let txn = commit(&mut w, &cluster);
+    assert_eq!(delivered(&txn).len(), 6);
+}
+
+/// An abort whose rebuild cannot read the held records back from the
+/// store restarts the task from its changelogs, with the store wiped (it
+/// would fail that start too).
+#[test]
+fn an_abort_that_cannot_read_the_store_rebuilds_from_the_changelog() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let store = ReadableLocal::default();
+    let mut w = started_with(&cluster, on_disk_worker(&app, &store));
+    for o in 0..5 {
+        w.on_record(waiting_for_b(o)).unwrap();
+    }
+    commit(&mut w, &cluster);
+    let id = w.tasks().next().unwrap().clone();
+    store
+        .broken_reads
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    w.on_record(waiting_for_b(5)).unwrap();
+    w.flush().unwrap().unwrap();
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    assert_eq!(w.tasks().count(), 0, "the reset failed");
+    assert!(
+        !store.inner.0.lock().unwrap().contains_key(&id),
+        "the store that could not be read is wiped"
+    );
+    store
+        .broken_reads
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    w.punctuate(10, &cluster).unwrap();
+    assert_eq!(w.tasks().count(), 1);
+    assert_eq!(
+        w.stats().local_store_starts,
+        0,
+        "rebuilt from the changelog"
+    );
+    seek(&mut w);
+    w.on_record(rec("b", 0, 0, "y")).unwrap();
+    let txn = commit(&mut w, &cluster);
+    assert_eq!(delivered(&txn).len(), 6, "{:?}", delivered(&txn));
+}
