@@ -18,6 +18,8 @@
 //! resident set (`VmRSS`) before the start, at the plateau (the holds no
 //! longer growing, just before the commit), at its peak (the release
 //! included), and after the release, with the time the release took.
+//! With `HOLDS_STOP_AT_PLATEAU` set it exits at the plateau instead (for a
+//! heap profiler, whose peak is then the plateau's).
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -173,6 +175,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let waiting = read(&s);
     let plateau = resident_mib();
+    if std::env::var_os("HOLDS_STOP_AT_PLATEAU").is_some() {
+        // For a heap profiler: the process ends holding everything (its
+        // peak is then the plateau).
+        println!(
+            "plateau: {} held, {plateau:.0} MiB resident ({before:.0} MiB before)",
+            waiting.held
+        );
+        std::process::exit(0);
+    }
     let committed = Instant::now();
     upstream.commit_transaction(Duration::from_secs(30))?;
     let total = (records + partitions as usize) as u64;
@@ -186,7 +197,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The counts are sampled every half second: the release took at most
     // this long (and at least this minus half a second).
     let released = committed.elapsed();
-    std::thread::sleep(Duration::from_secs(2));
+    // The last commits (and their local store writes) finish meanwhile.
+    let settle = Instant::now();
+    while settle.elapsed() < Duration::from_secs(2) {
+        peak = peak.max(resident_mib());
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let after = resident_mib();
     s.close(Duration::from_secs(60))?;
     let budget_text = budget.map_or("none".to_owned(), |b| format!("{} MiB", b >> 20));

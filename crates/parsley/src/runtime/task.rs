@@ -873,10 +873,7 @@ impl Task {
             }
         }
         let mut deliveries = init.deliveries;
-        task.serve_pages(&mut deliveries)?;
-        for d in deliveries {
-            task.process(d)?;
-        }
+        task.release(&mut deliveries)?;
         task.refresh_holds();
         Ok(task)
     }
@@ -910,13 +907,19 @@ impl Task {
         self.node.set_resident_window(window)
     }
 
-    /// Serves the node's page requests from the committed protocol store
-    /// (the transaction in flight first: it holds what the last commit
-    /// wrote), appending what they release to `out`, until the node asks
-    /// for nothing more. A held record the store does not have, or does
-    /// not decode, fails the task: it is never skipped.
-    fn serve_pages(&mut self, out: &mut Vec<Delivery>) -> Result<(), TaskError> {
+    /// Hands `deliveries` to the logic, in order, then serves the node's
+    /// page requests (from the transaction in flight, the committed
+    /// protocol store, or the local store) and hands over what each page
+    /// releases, until the node asks for nothing more. A page's records
+    /// reach the logic before the next page is read, so a release of a
+    /// million held records never has them all decoded at once. A held
+    /// record the stores do not have, or that does not decode, fails the
+    /// task: it is never skipped.
+    fn release(&mut self, deliveries: &mut Vec<Delivery>) -> Result<(), TaskError> {
         loop {
+            for d in deliveries.drain(..) {
+                self.process(d)?;
+            }
             let requests = self.node.page_requests();
             if requests.is_empty() {
                 return Ok(());
@@ -924,7 +927,7 @@ impl Task {
             for request in requests {
                 let records = self.read_paged(request)?;
                 self.node
-                    .page_in(request.channel, records, out)
+                    .page_in(request.channel, records, deliveries)
                     .map_err(|e| self.protocol(e))?;
             }
         }
@@ -1090,10 +1093,7 @@ impl Task {
                 .node
                 .position_advance(channel, position)
                 .map_err(|e| t.protocol(e))?;
-            t.serve_pages(&mut deliveries)?;
-            for d in deliveries {
-                t.process(d)?;
-            }
+            t.release(&mut deliveries)?;
             t.refresh_holds();
             Ok(())
         })
@@ -1529,7 +1529,8 @@ impl Task {
         if let Err(e) = self.node.on_record_into(inbound, &mut deliveries) {
             return Err(self.protocol(e));
         }
-        self.serve_pages(&mut deliveries)?;
+        // Whether the arriving record joined a queue (held now, or held
+        // and released by what arrived): known before any page is served.
         let released = deliveries.iter().filter(|d| d.was_held).count();
         if self.node.held_count() + released > held_before {
             // Only the arriving record can join a queue in one call; its
@@ -1554,9 +1555,7 @@ impl Task {
                 self.events.push(TaskEvent::Held { coordinate });
             }
         }
-        for d in deliveries.drain(..) {
-            self.process(d)?;
-        }
+        self.release(&mut deliveries)?;
         // The buffer is kept for the next record, unless the release of a
         // long hold grew it (100k released records leave about 20 MiB of
         // room behind otherwise).
