@@ -19,7 +19,8 @@
 //! longer growing, just before the commit), at its peak (the release
 //! included), and after the release, with the time the release took.
 //! With `HOLDS_STOP_AT_PLATEAU` set it exits at the plateau instead (for a
-//! heap profiler, whose peak is then the plateau's).
+//! heap profiler, whose peak is then the plateau's); `RELEASE_PER_TRANSACTION`
+//! (a number, or `none`) sets the option of that name.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -70,12 +71,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", &bootstrap);
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
-    let (causes, effects) = (
+    let (causes, effects, done) = (
         format!("holds-bench-{nanos}-causes"),
         format!("holds-bench-{nanos}-effects"),
+        format!("holds-bench-{nanos}-done"),
     );
     let cluster = KafkaCluster::new(&config, Duration::from_secs(30))?;
-    let new: Vec<NewTopic<'_>> = [&causes, &effects]
+    let new: Vec<NewTopic<'_>> = [&causes, &effects, &done]
         .iter()
         .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
         .collect();
@@ -136,13 +138,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         producer.flush(Duration::from_secs(300))?;
     }
 
-    let (c, e): (T, T) = (
+    let (c, e, d): (T, T, T) = (
         Topic::new(&causes, Codec::utf8(), Codec::utf8()),
         Topic::new(&effects, Codec::utf8(), Codec::utf8()),
+        Topic::new(&done, Codec::utf8(), Codec::utf8()),
     );
+    // The last effect of each partition sends one record: once all are
+    // committed (read_committed), the release is.
+    let last: std::collections::BTreeSet<String> = (records.saturating_sub(partitions as usize)
+        ..records)
+        .map(|i| format!("k{:06}", i % 1_000_000))
+        .collect();
+    let sink = d.clone();
     let stage = Stage::named("wait")
         .on(&c, |_m: &Message<String, String>| Vec::<Emission>::new())
-        .on(&e, |_m: &Message<String, String>| Vec::<Emission>::new())
+        .on(&e, move |m: &Message<String, String>| match m.key() {
+            Some(k) if last.contains(k) => vec![sink.send(Some(k.clone()), "done".to_owned())],
+            _ => Vec::new(),
+        })
+        .sink(&d)
         .build()?;
     let app = Parsley::named(format!("holds-bench-{nanos}").as_str(), [stage])?;
     let before = resident_mib();
@@ -150,6 +164,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         instance_id: Some("bench".to_owned()),
         state_dir: Some(std::env::temp_dir().join(format!("holds-bench-{nanos}"))),
         hold_budget: budget,
+        release_per_transaction: match std::env::var("RELEASE_PER_TRANSACTION").as_deref() {
+            Ok("none") => None,
+            Ok(n) => Some(n.parse()?),
+            Err(_) => StreamsOptions::default().release_per_transaction,
+        },
         ..StreamsOptions::default()
     });
     s.start()?;
@@ -197,6 +216,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The counts are sampled every half second: the release took at most
     // this long (and at least this minus half a second).
     let released = committed.elapsed();
+    // Delivered is not committed: the release is over when the last
+    // effects' records are readable (read_committed).
+    let reader: rdkafka::consumer::BaseConsumer = config
+        .clone()
+        .set("group.id", format!("holds-bench-{nanos}-reader"))
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .create()?;
+    // Assigned, not subscribed: no group join in the measured time.
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(&done, p, rdkafka::Offset::Beginning)?;
+    }
+    rdkafka::consumer::Consumer::assign(&reader, &tpl)?;
+    let mut seen = 0;
+    while seen < partitions {
+        peak = peak.max(resident_mib());
+        if let Some(m) = reader.poll(Duration::from_millis(5)) {
+            m?;
+            seen += 1;
+        }
+        if committed.elapsed() > Duration::from_secs(600) {
+            return Err(format!("only {seen} of the last effects committed").into());
+        }
+    }
+    let committed_all = committed.elapsed();
+    drop(reader);
     // The last commits (and their local store writes) finish meanwhile.
     let settle = Instant::now();
     while settle.elapsed() < Duration::from_secs(2) {
@@ -207,16 +253,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     s.close(Duration::from_secs(60))?;
     let budget_text = budget.map_or("none".to_owned(), |b| format!("{} MiB", b >> 20));
     println!(
-        "| records | budget per task | held at the plateau (bytes) | partitions paused | RSS before | RSS at the plateau | RSS peak | RSS after the release | release |"
+        "| records | budget per task | held at the plateau (bytes) | partitions paused | RSS before | RSS at the plateau | RSS peak | RSS after the release | release: delivered / committed |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     println!(
-        "| {records} | {budget_text} | {} ({:.1} MiB; peak {} records) | {} | {before:.0} MiB | {plateau:.0} MiB | {peak:.0} MiB | {after:.0} MiB | {:.2} s |",
+        "| {records} | {budget_text} | {} ({:.1} MiB; peak {} records) | {} | {before:.0} MiB | {plateau:.0} MiB | {peak:.0} MiB | {after:.0} MiB | {:.2} s / {:.2} s |",
         waiting.held,
         waiting.held_bytes as f64 / (1 << 20) as f64,
         peak_held.0,
         waiting.paused,
         released.as_secs_f64(),
+        committed_all.as_secs_f64(),
     );
     Ok(())
 }

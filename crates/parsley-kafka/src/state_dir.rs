@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use parsley::protocol::TopicId;
+use parsley::protocol::store::StateKey;
 use parsley::runtime::local::{
     LeaveOnDisk, LocalReader, LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, LocalWriter,
     StoreIdentity, StoreKind, is_held_entry,
@@ -640,7 +641,21 @@ impl LocalStore for Files {
         {
             let mut protocol = txn.open_table(PROTOCOL).map_err(|e| io(task, e))?;
             let mut fold = txn.open_table(FOLD).map_err(|e| io(task, e))?;
-            for (kind, key, value) in &write.entries {
+            let mut at = 0;
+            while at < write.entries.len() {
+                // A run of deletes of one queue's consecutive held records
+                // (a release) goes as one range: one walk of the tree
+                // instead of a search per key.
+                if let Some((first, last, n)) = held_delete_run(&write.entries[at..]) {
+                    let (first, last) = (first.text(), last.text());
+                    protocol
+                        .retain_in(first.as_bytes()..=last.as_bytes(), |_, _| false)
+                        .map_err(|e| io(task, e))?;
+                    at += n;
+                    continue;
+                }
+                let (kind, key, value) = &write.entries[at];
+                at += 1;
                 let table = match kind {
                     StoreKind::Protocol => &mut protocol,
                     StoreKind::Fold => &mut fold,
@@ -700,6 +715,44 @@ impl LocalStore for Files {
             .map_err(|e| io(task, e))?;
         txn.commit().map_err(|e| io(task, e))
     }
+}
+
+/// Below this many, deletes go one by one.
+const RANGE_DELETE_MIN: usize = 16;
+
+/// The run of deletes `entries` starts with when they remove one queue's
+/// held records at consecutive indices (at least [`RANGE_DELETE_MIN`] of
+/// them): its first and last key and its length. The keys between two
+/// held records' keys of one queue are exactly the indices between them,
+/// so removing the range removes exactly the run.
+fn held_delete_run(
+    entries: &[parsley::runtime::local::LocalEntry],
+) -> Option<(StateKey, StateKey, usize)> {
+    let held = |e: &parsley::runtime::local::LocalEntry| match e {
+        (StoreKind::Protocol, key, None) => match std::str::from_utf8(key)
+            .ok()
+            .and_then(|k| k.parse::<StateKey>().ok())
+        {
+            Some(StateKey::QueueEntry(c, i)) => Some((c, i)),
+            _ => None,
+        },
+        _ => None,
+    };
+    let (channel, start) = held(entries.first()?)?;
+    let mut n = 1;
+    while let Some((c, i)) = entries.get(n).and_then(held) {
+        if c != channel || i != start + n as i64 {
+            break;
+        }
+        n += 1;
+    }
+    (n >= RANGE_DELETE_MIN).then(|| {
+        (
+            StateKey::QueueEntry(channel, start),
+            StateKey::QueueEntry(channel, start + n as i64 - 1),
+            n,
+        )
+    })
 }
 
 fn encode_identity(id: &StoreIdentity) -> Vec<(String, Vec<u8>)> {
@@ -950,6 +1003,61 @@ mod tests {
             )
             .unwrap();
         assert_eq!(got, vec![format!("{c}#2"), format!("{c}#17")]);
+
+        // A release's deletes of consecutive held records go as one range
+        // and remove exactly those records: not the queue's others, not
+        // another queue's (channel 30's keys sort right after 3's as text).
+        let mut puts = Vec::new();
+        for index in 100..160 {
+            for ch in [c, other] {
+                puts.push((
+                    StoreKind::Protocol,
+                    key(StateKey::QueueEntry(ch, index)),
+                    Some(vec![1]),
+                ));
+            }
+        }
+        let write = |entries, seq| LocalWrite {
+            identity: Some(identity()),
+            checkpoint: BTreeMap::new(),
+            replace: false,
+            written_at: 1,
+            entries,
+            seq,
+        };
+        files.write(&task(), write(puts, 1)).unwrap();
+        let deletes: Vec<_> = (110..150)
+            .map(|index| {
+                (
+                    StoreKind::Protocol,
+                    key(StateKey::QueueEntry(c, index)),
+                    None,
+                )
+            })
+            .collect();
+        assert!(held_delete_run(&deletes).is_some(), "a range");
+        files.write(&task(), write(deletes, 2)).unwrap();
+        let left = files.open(&task()).unwrap().unwrap().protocol;
+        let held_of = |ch: Channel| {
+            left.iter()
+                .filter_map(
+                    |(k, _)| match std::str::from_utf8(k).unwrap().parse().unwrap() {
+                        StateKey::QueueEntry(x, i) if x == ch && i >= 100 => Some(i),
+                        _ => None,
+                    },
+                )
+                .collect::<Vec<i64>>()
+        };
+        let mut want: Vec<i64> = (100..110).collect();
+        want.extend(150..160);
+        assert_eq!(held_of(c), want);
+        assert_eq!(held_of(other), (100..160).collect::<Vec<_>>());
+        // A run with a gap, or of another store's keys, is no range.
+        let gap = vec![
+            (StoreKind::Protocol, key(StateKey::QueueEntry(c, 1)), None),
+            (StoreKind::Protocol, key(StateKey::QueueEntry(c, 3)), None),
+        ];
+        assert!(held_delete_run(&gap).is_none());
         drop(reader);
         drop(files);
         drop(dir);

@@ -208,6 +208,13 @@ pub struct StreamsOptions {
     /// back in order when the gate reaches them. `None` keeps them all.
     /// 256 by default.
     pub hold_window: Option<usize>,
+    /// How many held records a task releases per transaction at most,
+    /// when a cause lets many go at once: the rest go in the next
+    /// transactions, each committed as soon as the one before. Keeps the
+    /// memory a large release takes (its deliveries, and a changelog
+    /// delete per record) to a transaction's worth. `None` sets no bound.
+    /// 16,384 by default.
+    pub release_per_transaction: Option<usize>,
     /// How much fold state the instance keeps in memory, in bytes, at
     /// most (an estimate of what the entries take), shared evenly by its
     /// stream threads and, within a thread, by its stateful tasks: the
@@ -237,6 +244,9 @@ impl Default for StreamsOptions {
             static_membership: false,
             hold_budget: Some(parsley::runtime::worker::DEFAULT_HOLD_BUDGET),
             hold_window: Some(parsley::runtime::worker::DEFAULT_HOLD_WINDOW),
+            release_per_transaction: Some(
+                parsley::runtime::worker::DEFAULT_RELEASE_PER_TRANSACTION,
+            ),
             fold_cache: Some(parsley::runtime::worker::DEFAULT_FOLD_CACHE),
         }
     }
@@ -2277,6 +2287,7 @@ impl StreamThread {
                 restores: parsley::runtime::worker::RestoreMode::Deferred,
                 hold_budget: self.options.hold_budget,
                 hold_window: self.options.hold_window,
+                release_per_transaction: self.options.release_per_transaction,
                 fold_cache: self
                     .options
                     .fold_cache
@@ -2404,6 +2415,7 @@ impl StreamThread {
                     [
                         shared.worker.commit_due_in(now),
                         shared.worker.restart_due_in(now),
+                        shared.worker.release_due_in(),
                         restoring,
                     ]
                     .into_iter()

@@ -464,8 +464,7 @@ impl CausalNode {
     /// beyond it are checked as they are read and kept only as offset and
     /// size, so a node restored with many records held never has them all
     /// in memory. The host serves the node's
-    /// [`page_requests`](Self::page_requests) before anything else, as
-    /// after any call.
+    /// [`page_requests`](Self::page_requests), as after any call.
     pub fn init_windowed(
         config: NodeConfig,
         store: &dyn StoreRead,
@@ -1086,8 +1085,14 @@ impl CausalNode {
     /// resident records run out before its paged ones, the gate stops on
     /// that queue and [`page_requests`](Self::page_requests) names the
     /// records the host must read back from its store and hand to
-    /// [`page_in`](Self::page_in). A host that sets a window serves every
-    /// page request before it hands the node anything else.
+    /// [`page_in`](Self::page_in). A request may stay pending while the
+    /// host hands the node other calls (a host that bounds what one
+    /// transaction releases serves the rest after its commit): the queue
+    /// only waits, its frontier held below the paged head, and nothing
+    /// queued behind it moves. Diagnostics that look at heads
+    /// ([`held_heads`](Self::held_heads),
+    /// [`claimed_by_heads`](Self::claimed_by_heads)) do not see a paged
+    /// head until it is paged in.
     ///
     /// Returns how many records were paged out now.
     pub fn set_resident_window(&mut self, window: Option<usize>) -> usize {

@@ -475,6 +475,9 @@ fn world(
         // A hold window of one to three records: every world pages held
         // records out and back in, through its crashes, aborts and moves.
         config.hold_window = Some(1 + (seed % 3) as usize);
+        // Releases of one or two records per transaction: a release
+        // that pages in more goes on after the commit.
+        config.release_per_transaction = Some(1 + (seed / 27 % 2) as usize);
         // Fold caches of a few hundred bytes at most (a handful of
         // entries, none at all for a third of the seeds): tasks with a
         // local store read most of their fold state back from it.
@@ -764,6 +767,9 @@ fn held_on_disk_floors(name: &str, runs: &[Seeded]) {
 fn paging_floor(name: &str, runs: &[Seeded]) {
     floor(name, runs, "held records paged back in", |r| {
         r.bridge.paged_in > 0
+    });
+    floor(name, runs, "releases resumed in a later transaction", |r| {
+        r.bridge.releases_resumed > 0
     });
 }
 

@@ -219,13 +219,20 @@ impl Harness {
     /// would, appending what the page-ins release to `out`; returns how
     /// many requests there were.
     pub fn serve_pages(&mut self, out: &mut Vec<Delivery>) -> usize {
+        self.serve_at_most(usize::MAX, out)
+    }
+
+    /// [`serve_pages`](Self::serve_pages), stopping after `limit` requests
+    /// (a host that bounds what one transaction releases leaves the rest
+    /// for later).
+    pub fn serve_at_most(&mut self, limit: usize, out: &mut Vec<Delivery>) -> usize {
         let mut served = 0;
         loop {
             let requests = self.node.page_requests();
-            if requests.is_empty() {
+            if requests.is_empty() || served >= limit {
                 return served;
             }
-            for r in requests {
+            for r in requests.into_iter().take(limit - served) {
                 let records = (r.from..r.from + r.count as i64)
                     .map(|index| {
                         let bytes = self

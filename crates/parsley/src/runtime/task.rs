@@ -656,6 +656,11 @@ pub struct Task {
     holds: BTreeMap<Channel, HoldTrack>,
     /// The most the task may hold, in bytes, if bounded.
     hold_budget: Option<usize>,
+    /// Held records a release may page in per transaction (`None`: no
+    /// bound); the rest wait for the next one.
+    release_cap: Option<usize>,
+    /// Held records paged in since the last transaction was handed over.
+    paged_in_since_commit: usize,
     /// Channels whose fetching is paused for the hold budget: an arriving
     /// record with an unmet claim on one of them is noted in
     /// `arrival_claims`, for the host core to resume it.
@@ -847,6 +852,8 @@ impl Task {
             committed_tick_at: next_tick_at,
             holds: BTreeMap::new(),
             hold_budget: None,
+            release_cap: None,
+            paged_in_since_commit: 0,
             watched: Vec::new(),
             arrival_claims: Vec::new(),
             poisoned: false,
@@ -915,10 +922,18 @@ impl Task {
     /// million held records never has them all decoded at once. A held
     /// record the stores do not have, or that does not decode, fails the
     /// task: it is never skipped.
+    ///
+    /// With a release cap ([`set_release_cap`](Self::set_release_cap)),
+    /// it stops paging in once the open transaction has paged in that
+    /// many records: the queues wait, and the host resumes the release
+    /// after the commit ([`resume_release`](Self::resume_release)).
     fn release(&mut self, deliveries: &mut Vec<Delivery>) -> Result<(), TaskError> {
         loop {
             for d in deliveries.drain(..) {
                 self.process(d)?;
+            }
+            if self.release_full() {
+                return Ok(());
             }
             let requests = self.node.page_requests();
             if requests.is_empty() {
@@ -926,11 +941,45 @@ impl Task {
             }
             for request in requests {
                 let records = self.read_paged(request)?;
+                self.paged_in_since_commit += records.len();
                 self.node
                     .page_in(request.channel, records, deliveries)
                     .map_err(|e| self.protocol(e))?;
             }
         }
+    }
+
+    fn release_full(&self) -> bool {
+        self.release_cap
+            .is_some_and(|cap| self.paged_in_since_commit >= cap)
+    }
+
+    /// Bounds how many held records a release pages in per transaction
+    /// (`None`, the default: no bound). A release larger than that goes
+    /// out over several transactions, each carrying its share of the
+    /// deliveries and of the deletes of the records released, instead of
+    /// one transaction of them all.
+    pub fn set_release_cap(&mut self, cap: Option<usize>) {
+        self.release_cap = cap.map(|c| c.max(1));
+    }
+
+    /// Whether a release stopped at the cap and waits for the next
+    /// transaction ([`resume_release`](Self::resume_release)).
+    pub fn release_waiting(&self) -> bool {
+        self.release_full() && !self.node.page_requests().is_empty()
+    }
+
+    /// Goes on with a release that stopped at the cap, once the open
+    /// transaction has been handed over. Nothing when none waits.
+    pub fn resume_release(&mut self) -> Result<(), TaskError> {
+        if self.release_full() || self.node.page_requests().is_empty() {
+            return Ok(());
+        }
+        self.guarded(|t| {
+            t.release(&mut Vec::new())?;
+            t.refresh_holds();
+            Ok(())
+        })
     }
 
     /// The held records of a page request: from the transaction in flight,
@@ -1161,6 +1210,7 @@ impl Task {
             });
         }
         self.in_flight_tick_at = self.next_tick_at;
+        self.paged_in_since_commit = 0;
         let protocol = self.node.take_writes();
         let fold = std::mem::take(&mut self.pending_fold);
         let mut changelog = Vec::with_capacity(protocol.len() + fold.len());
@@ -1292,6 +1342,7 @@ impl Task {
             committed_tick_at,
             record_events,
             hold_budget,
+            release_cap,
             ..
         } = self;
         let mut task = Task::init(
@@ -1305,6 +1356,7 @@ impl Task {
         )?;
         task.record_events = record_events;
         task.hold_budget = hold_budget;
+        task.release_cap = release_cap;
         task.set_hold_window(window);
         // A tick of the aborted transaction is due again: resume the
         // schedule as it was committed, not a fresh one from now.

@@ -237,6 +237,13 @@ pub struct WorkerConfig {
     /// hold costs one copy of each record instead of two. `None` keeps
     /// every held record in the node. 256 by default.
     pub hold_window: Option<usize>,
+    /// How many held records a task's release pages back in per
+    /// transaction. A cause that releases more (a million records behind
+    /// an upstream transaction that finally commits) is released over
+    /// several transactions, each committed as soon as the previous one
+    /// is, instead of one transaction carrying every delivery and every
+    /// delete at once. `None` sets no bound. 16,384 by default.
+    pub release_per_transaction: Option<usize>,
     /// How many bytes of fold state this worker's tasks keep in memory
     /// together, at most, when its host keeps a local store that can be
     /// read while a task runs ([`LocalStore::reader`]): the tasks share it
@@ -269,6 +276,7 @@ impl Default for WorkerConfig {
             restores: RestoreMode::Inline,
             hold_budget: Some(DEFAULT_HOLD_BUDGET),
             hold_window: Some(DEFAULT_HOLD_WINDOW),
+            release_per_transaction: Some(DEFAULT_RELEASE_PER_TRANSACTION),
             fold_cache: Some(DEFAULT_FOLD_CACHE),
             thread_id: "0".to_owned(),
             events: true,
@@ -278,6 +286,10 @@ impl Default for WorkerConfig {
 
 /// The default [`WorkerConfig::hold_budget`]: 32 MiB per task.
 pub const DEFAULT_HOLD_BUDGET: usize = 32 << 20;
+
+/// The default [`WorkerConfig::release_per_transaction`]: 16,384 held
+/// records per task and transaction.
+pub const DEFAULT_RELEASE_PER_TRANSACTION: usize = 16_384;
 
 /// The default [`WorkerConfig::hold_window`]: 256 records per hold queue.
 pub const DEFAULT_HOLD_WINDOW: usize = 256;
@@ -501,6 +513,9 @@ pub struct WorkerStats {
     /// Held records read back from a task's local store (as the gate
     /// reached them, or when the task started or was rebuilt).
     pub held_records_read_from_disk: u64,
+    /// Releases that went on in a later transaction after stopping at
+    /// [`WorkerConfig::release_per_transaction`].
+    pub releases_resumed: u64,
 }
 
 impl WorkerStats {
@@ -1511,6 +1526,7 @@ impl Worker {
         task.set_record_events(self.config.events);
         task.set_hold_budget(self.config.hold_budget);
         task.set_hold_window(self.config.hold_window);
+        task.set_release_cap(self.config.release_per_transaction);
         if task.node().held_count() > 0 {
             self.stats.restored_with_held += 1;
             if task.stores().held.is_attached() {
@@ -2397,6 +2413,7 @@ impl Worker {
             self.try_start(id, cluster)?;
         }
         self.restart_due(cluster)?;
+        self.resume_releases()?;
         let interval = ms(self.config.truncation_interval);
         let mut failed = None;
         for (id, slot) in &mut self.tasks {
@@ -2501,6 +2518,10 @@ impl Worker {
         if !self.dirty {
             return None;
         }
+        // A release waiting for this transaction to go out: at once.
+        if self.releases_waiting() {
+            return Some(Duration::ZERO);
+        }
         let Some(last) = self.last_handed else {
             return Some(Duration::ZERO);
         };
@@ -2508,6 +2529,70 @@ impl Worker {
         Some(Duration::from_millis(
             u64::try_from(due.saturating_sub(now.max(self.now))).unwrap_or(0),
         ))
+    }
+
+    /// Whether a task's release stopped at
+    /// [`WorkerConfig::release_per_transaction`] and waits for the open
+    /// transaction to be handed over.
+    pub fn releases_waiting(&self) -> bool {
+        self.config.release_per_transaction.is_some()
+            && self
+                .tasks
+                .values()
+                .any(|s| s.task.as_ref().is_some_and(Task::release_waiting))
+    }
+
+    /// `Some(ZERO)` when a release that stopped at the cap can go on now
+    /// (the transaction it filled was handed over): the host punctuates
+    /// without waiting, as it does for a due restart.
+    pub fn release_due_in(&self) -> Option<Duration> {
+        let resumable = self.config.release_per_transaction.is_some()
+            && self.tasks.values().any(|s| {
+                s.task
+                    .as_ref()
+                    .is_some_and(|t| !t.release_waiting() && !t.node().page_requests().is_empty())
+            });
+        resumable.then_some(Duration::ZERO)
+    }
+
+    /// Goes on with the releases that stopped at the cap (after the
+    /// transaction they filled was handed over).
+    fn resume_releases(&mut self) -> Result<(), WorkerError> {
+        if self.config.release_per_transaction.is_none() {
+            return Ok(());
+        }
+        let ids: Vec<TaskId> = self
+            .tasks
+            .iter()
+            .filter(|(_, s)| {
+                s.task
+                    .as_ref()
+                    .is_some_and(|t| !t.node().page_requests().is_empty())
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            let Some(slot) = self.tasks.get_mut(&id) else {
+                continue;
+            };
+            let Some(task) = slot.task.as_mut() else {
+                continue;
+            };
+            let r = task.resume_release();
+            self.stats.add(slot.meters.count(task));
+            if let Err(e) = r {
+                return self.fail_task(id, e);
+            }
+            self.stats.releases_resumed += 1;
+            if task.has_work() {
+                self.dirty = true;
+            }
+            let regulate = slot.throttle.engaged(task, self.config.hold_budget);
+            if regulate {
+                self.regulate(&id);
+            }
+        }
+        Ok(())
     }
 
     /// The open transaction now, whatever its age (before a revocation or a

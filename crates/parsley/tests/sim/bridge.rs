@@ -497,6 +497,7 @@ pub struct BridgeStats {
     /// Evictions put off because the disk did not hold the entry yet.
     pub fold_withheld: u64,
     pub held_evicted: u64,
+    pub releases_resumed: u64,
     pub held_disk_reads: u64,
     /// Tasks failed because fold state beyond their cache was lost with a
     /// store write that failed.
@@ -639,6 +640,7 @@ impl Thread {
         s.fold_evictions += now.fold_cache_evictions - self.seen.fold_cache_evictions;
         s.fold_withheld += now.fold_evictions_withheld - self.seen.fold_evictions_withheld;
         s.held_evicted += now.held_records_evicted - self.seen.held_records_evicted;
+        s.releases_resumed += now.releases_resumed - self.seen.releases_resumed;
         s.held_disk_reads +=
             now.held_records_read_from_disk - self.seen.held_records_read_from_disk;
         self.seen = now;
@@ -975,7 +977,7 @@ impl StreamThread for Thread {
     }
 
     fn needs_punctuation(&self) -> bool {
-        self.worker.waiting_tasks().next().is_some()
+        self.worker.waiting_tasks().next().is_some() || self.worker.release_due_in().is_some()
     }
 
     fn held_heads(&self) -> Vec<(String, i32, i64)> {

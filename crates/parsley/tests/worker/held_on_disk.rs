@@ -234,3 +234,67 @@ fn an_abort_that_cannot_read_the_store_rebuilds_from_the_changelog() {
     let txn = commit(&mut w, &cluster);
     assert_eq!(delivered(&txn).len(), 6, "{:?}", delivered(&txn));
 }
+
+/// A release larger than `release_per_transaction` goes out over several
+/// transactions: each commits at once (no waiting for the interval), the
+/// release goes on at the next punctuation, and the records arrive in
+/// order, each once.
+#[test]
+fn a_large_release_goes_out_over_several_transactions_in_order() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let store = ReadableLocal::default();
+    let w = Worker::new(
+        &app,
+        WorkerConfig {
+            hold_window: Some(2),
+            release_per_transaction: Some(4),
+            commit_interval: Duration::from_secs(60),
+            ..WorkerConfig::default()
+        },
+    )
+    .with_local_store(Box::new(store.clone()));
+    let mut w = started_with(&cluster, w);
+    for o in 0..20 {
+        w.on_record(waiting_for_b(o)).unwrap();
+    }
+    commit(&mut w, &cluster);
+    w.on_record(rec("b", 0, 0, "y")).unwrap();
+    let mut all = Vec::new();
+    let mut transactions = 0;
+    let mut now = 1_000;
+    loop {
+        if w.releases_waiting() {
+            assert_eq!(
+                w.commit_due_in(now),
+                Some(Duration::ZERO),
+                "a full release commits at once"
+            );
+        }
+        let Some(txn) = w.flush().unwrap() else { break };
+        let got = delivered(&txn);
+        assert!(got.len() <= 4 + 2 + 1, "{got:?}");
+        all.extend(got);
+        let offsets = cluster.commit(&txn.records);
+        w.delivered(&offsets);
+        w.commit_outcome(CommitOutcome::Committed, &cluster)
+            .unwrap();
+        transactions += 1;
+        assert_eq!(
+            w.release_due_in(),
+            (w.task(&w.tasks().next().unwrap().clone())
+                .unwrap()
+                .node()
+                .held_count()
+                > 0)
+            .then_some(Duration::ZERO)
+        );
+        now += 1;
+        w.punctuate(now, &cluster).unwrap();
+    }
+    let mut want = vec!["count[0]:b:0@0".to_owned()];
+    want.extend((0..20).map(|o| format!("count[0]:a:0@{o}")));
+    assert_eq!(all, want);
+    assert!(transactions >= 4, "{transactions} transactions");
+    assert!(w.stats().releases_resumed >= 3);
+}
