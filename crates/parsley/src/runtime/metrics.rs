@@ -62,8 +62,9 @@ pub const RECORDS_HELD_BYTES: &str = "records-held-bytes";
 /// The most the task may hold before it pauses fetching, in bytes (gauge;
 /// 0 when unbounded).
 pub const HOLD_BUDGET_BYTES: &str = "hold-budget-bytes";
-/// Held records paged out of the task's memory: kept only in its committed
-/// protocol store until the gate reaches them (gauge).
+/// Held records paged out of the task's node: kept only in its committed
+/// protocol store, or its state file, until the gate reaches them
+/// (gauge).
 pub const RECORDS_HELD_PAGED: &str = "records-held-paged";
 /// What the paged-out held records take, counted as the hold budget counts
 /// them (gauge).

@@ -71,9 +71,15 @@
 //! Within what is held, only the front of each hold queue stays decoded
 //! ([`WorkerConfig::hold_window`] records): the rest, once committed, is
 //! kept only as the protocol-store entry every held record is written as,
-//! and each task reads it back in order as its gate reaches it. Every
+//! and each task reads it back in order as its gate reaches it. With a
+//! local store that can be read while the task runs, that entry leaves
+//! memory too once the store holds it
+//! ([`HeldPages`](crate::runtime::paging::HeldPages)). A release pages in
+//! at most [`WorkerConfig::release_per_transaction`] records per
+//! transaction; the transaction is then due at once, and the release goes
+//! on at the next punctuation ([`Worker::release_due_in`]). Every
 //! simulator application world runs with a window of one to three
-//! records.
+//! records and releases of one or two records per transaction.
 //!
 //! # Determinism
 //!
@@ -233,9 +239,9 @@ pub struct WorkerConfig {
     /// node's memory (the head and a read-ahead window behind it). The
     /// others, once committed, are kept only in the task's committed
     /// protocol store (every held record is written there at commit in any
-    /// case) and read back in order when the gate reaches them, so a long
-    /// hold costs one copy of each record instead of two. `None` keeps
-    /// every held record in the node. 256 by default.
+    /// case), and with a readable local store only there once it holds
+    /// them, and read back in order when the gate reaches them. `None`
+    /// keeps every held record in the node. 256 by default.
     pub hold_window: Option<usize>,
     /// How many held records a task's release pages back in per
     /// transaction. A cause that releases more (a million records behind
