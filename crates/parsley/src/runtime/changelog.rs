@@ -226,9 +226,10 @@ pub struct Restored {
     /// local store (for the host to bring that store up to date); empty
     /// for a restore from nothing.
     pub tail: Vec<crate::runtime::local::LocalEntry>,
-    /// Whether part of the fold state went to the local store during the
-    /// replay ([`FoldSpill`]): then `stores.fold` holds only the rest, and
-    /// the store must be completed, not replaced.
+    /// Whether part of the fold state, or of a rebuild's held records,
+    /// went to the local store during the replay ([`FoldSpill`]): then the
+    /// stores hold only the rest, and the local store must be completed,
+    /// not replaced.
     pub spilled: bool,
     /// Deletes of a rebuild that spilled, still to write.
     pub pending: Vec<crate::runtime::local::LocalEntry>,
@@ -253,10 +254,24 @@ pub struct FoldSpill {
     held: usize,
     spilled: bool,
     /// A rebuild's deletes since the last part (the keys may be in parts
-    /// written before).
-    deletes: std::collections::BTreeSet<Vec<u8>>,
+    /// written before), by store.
+    deletes: std::collections::BTreeSet<(StoreKind, Vec<u8>)>,
     failed: Option<crate::runtime::local::LocalStoreError>,
+    /// Whether fold entries go out in parts (the task reads its fold state
+    /// through a bounded cache).
+    fold: bool,
+    /// Whether a rebuild's held records go out in parts (the task reads
+    /// its held records from the store), and the bytes of them replayed
+    /// into memory since the last part, with their keys.
+    held_records: bool,
+    held_bytes: usize,
+    held_keys: Vec<parsley_protocol::store::StateKey>,
 }
+
+/// A rebuild writes the held records it replayed to the local store each
+/// time they pass this many bytes (or the task's fold cache share, when
+/// smaller).
+const HELD_PART_BYTES: usize = 8 << 20;
 
 impl std::fmt::Debug for FoldSpill {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -284,6 +299,86 @@ impl FoldSpill {
             spilled: false,
             deletes: Default::default(),
             failed: None,
+            fold: true,
+            held_records: false,
+            held_bytes: 0,
+            held_keys: Vec::new(),
+        }
+    }
+
+    /// Which parts to write: fold entries (on by default), and a rebuild's
+    /// held records.
+    pub fn with_parts(mut self, fold: bool, held_records: bool) -> FoldSpill {
+        self.fold = fold;
+        self.held_records = held_records;
+        self
+    }
+
+    /// After a rebuild's protocol record: a held record's entry counts
+    /// towards the next part, and once they pass [`HELD_PART_BYTES`] the
+    /// held records in memory go to the store (first part: replacing it).
+    fn take_held(&mut self, task: &TaskId, key: &[u8], value: Option<&[u8]>, store: &mut MemStore) {
+        use parsley_protocol::store::StateKey;
+        if self.failed.is_some() || !self.held_records {
+            return;
+        }
+        let Some(k @ StateKey::QueueEntry(..)) = std::str::from_utf8(key)
+            .ok()
+            .and_then(|k| k.parse::<StateKey>().ok())
+        else {
+            return;
+        };
+        match value {
+            Some(v) => {
+                self.deletes.remove(&(StoreKind::Protocol, key.to_vec()));
+                self.held_keys.push(k);
+                self.held_bytes += key.len() + v.len();
+            }
+            None => {
+                self.deletes.insert((StoreKind::Protocol, key.to_vec()));
+            }
+        }
+        let part = HELD_PART_BYTES.min(self.budget.load(std::sync::atomic::Ordering::Relaxed));
+        if self.held_bytes < part {
+            return;
+        }
+        let mut entries = Vec::new();
+        for k in std::mem::take(&mut self.held_keys) {
+            // Released later in the replay: its delete is in `deletes`.
+            if let Some(v) = store.remove_state(k) {
+                entries.push((StoreKind::Protocol, k.text().as_bytes().to_vec(), Some(v)));
+            }
+        }
+        let deletes = std::mem::take(&mut self.deletes);
+        let (protocol, fold): (Vec<_>, Vec<_>) = deletes
+            .into_iter()
+            .partition(|(kind, _)| *kind == StoreKind::Protocol);
+        // Fold deletes wait for the fold's own parts.
+        self.deletes.extend(fold);
+        entries.extend(protocol.into_iter().map(|(kind, k)| (kind, k, None)));
+        self.write_part(task, true, entries);
+        self.held_bytes = 0;
+    }
+
+    fn write_part(
+        &mut self,
+        task: &TaskId,
+        rebuild: bool,
+        entries: Vec<crate::runtime::local::LocalEntry>,
+    ) {
+        let write = crate::runtime::local::LocalWrite {
+            identity: None,
+            checkpoint: BTreeMap::new(),
+            replace: rebuild && !self.spilled,
+            written_at: self.written_at,
+            entries,
+            seq: 0,
+        };
+        match self.writer.write(task, write) {
+            Ok(()) => {
+                self.spilled = true;
+            }
+            Err(e) => self.failed = Some(e),
         }
     }
 
@@ -297,14 +392,15 @@ impl FoldSpill {
         fold: &mut FoldStore,
         tail: &mut Vec<crate::runtime::local::LocalEntry>,
     ) {
-        if self.failed.is_some() {
+        if self.failed.is_some() || !self.fold {
             return;
         }
         self.held += crate::fold::cost(key, value.unwrap_or_default());
         if rebuild {
+            let k = (StoreKind::Fold, key.to_vec());
             match value {
-                Some(_) => self.deletes.remove(key),
-                None => self.deletes.insert(key.to_vec()),
+                Some(_) => self.deletes.remove(&k),
+                None => self.deletes.insert(k),
             };
         }
         if self.held <= self.budget.load(std::sync::atomic::Ordering::Relaxed) {
@@ -316,11 +412,13 @@ impl FoldSpill {
                 .into_iter()
                 .map(|(k, v)| (StoreKind::Fold, k, Some(v)))
                 .collect();
-            entries.extend(
-                std::mem::take(&mut self.deletes)
-                    .into_iter()
-                    .map(|k| (StoreKind::Fold, k, None)),
-            );
+            let deletes = std::mem::take(&mut self.deletes);
+            let (fold, protocol): (Vec<_>, Vec<_>) = deletes
+                .into_iter()
+                .partition(|(kind, _)| *kind == StoreKind::Fold);
+            // Held records' deletes wait for the held records' own parts.
+            self.deletes.extend(protocol);
+            entries.extend(fold.into_iter().map(|(kind, k)| (kind, k, None)));
             entries
         } else {
             // The tail holds every record replayed, in order; what memory
@@ -328,21 +426,8 @@ impl FoldSpill {
             drop(fold.drain_bytes());
             std::mem::take(tail)
         };
-        let write = crate::runtime::local::LocalWrite {
-            identity: None,
-            checkpoint: BTreeMap::new(),
-            replace: rebuild && !self.spilled,
-            written_at: self.written_at,
-            entries,
-            seq: 0,
-        };
-        match self.writer.write(task, write) {
-            Ok(()) => {
-                self.spilled = true;
-                self.held = 0;
-            }
-            Err(e) => self.failed = Some(e),
-        }
+        self.write_part(task, rebuild, entries);
+        self.held = 0;
     }
 }
 
@@ -379,12 +464,25 @@ pub fn restore_from(
         reader,
     };
     let kind = |k| keep_tail.then_some(k);
+    // A rebuild's held records go out in parts too, when the task reads
+    // them from the store.
+    let mut held_spilling = spill
+        .as_deref_mut()
+        .filter(|s| s.held_records && !keep_tail)
+        .map(|s| {
+            move |store: &mut MemStore,
+                  _: &mut Vec<crate::runtime::local::LocalEntry>,
+                  key: &[u8],
+                  value: Option<&[u8]>| { s.take_held(task, key, value, store) }
+        });
     out.stores.protocol = one(changelogs.state).replay_into(
         &mut out,
         kind(StoreKind::Protocol),
         protocol,
         put_protocol,
-        None,
+        held_spilling
+            .as_mut()
+            .map(|f| f as &mut After<'_, MemStore>),
         progress,
     )?;
     if let Some(topic) = changelogs.fold {
@@ -405,14 +503,14 @@ pub fn restore_from(
             spilling.as_mut().map(|f| f as &mut After<'_, FoldStore>),
             progress,
         )?;
-        if let Some(s) = spill {
-            out.spilled = s.spilled;
-            out.spill_failed = s.failed.take();
-            out.pending = std::mem::take(&mut s.deletes)
-                .into_iter()
-                .map(|k| (StoreKind::Fold, k, None))
-                .collect();
-        }
+    }
+    if let Some(s) = spill {
+        out.spilled = s.spilled;
+        out.spill_failed = s.failed.take();
+        out.pending = std::mem::take(&mut s.deletes)
+            .into_iter()
+            .map(|(kind, k)| (kind, k, None))
+            .collect();
     }
     Ok(out)
 }

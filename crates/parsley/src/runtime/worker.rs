@@ -1686,10 +1686,11 @@ impl Worker {
             .as_ref()
             .and_then(|s| s.written_at)
             .unwrap_or(self.now);
-        let spill = match (bounded && !local_off, self.local.as_mut()) {
-            (true, Some(store)) => store
-                .writer()
-                .map(|w| changelog::FoldSpill::new(w, self.fold_share.clone(), written_at)),
+        let spill = match ((bounded || held_on_disk) && !local_off, self.local.as_mut()) {
+            (true, Some(store)) => store.writer().map(|w| {
+                changelog::FoldSpill::new(w, self.fold_share.clone(), written_at)
+                    .with_parts(bounded, held_on_disk)
+            }),
             _ => None,
         };
         let job = RestoreJob {
@@ -1779,7 +1780,7 @@ impl Worker {
             _ => Ok(None),
         };
         // What the start left in the store is only there now.
-        let needs_reader = (bounded && (from_local || spilled)) || (held_on_disk && from_local);
+        let needs_reader = (bounded || held_on_disk) && (from_local || spilled);
         match (written, reader) {
             (Ok(()), Ok(Some(reader))) => {
                 if bounded {

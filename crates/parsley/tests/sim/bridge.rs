@@ -132,6 +132,8 @@ pub struct Disk {
     pub parts: u64,
     /// Held records read back from a store while their task ran.
     pub held_reads: u64,
+    /// Restore parts that carried held records.
+    pub held_parts: u64,
 }
 
 impl Disk {
@@ -214,6 +216,15 @@ impl Disks {
             .borrow()
             .iter()
             .map(|d| d.lock().unwrap().parts)
+            .sum()
+    }
+
+    /// Of those, parts that carried held records.
+    pub fn held_parts(&self) -> u64 {
+        self.0
+            .borrow()
+            .iter()
+            .map(|d| d.lock().unwrap().held_parts)
             .sum()
     }
 
@@ -362,7 +373,14 @@ impl LocalStore for SimLocal {
 /// A restore job's writes: queued with the process's other writes.
 impl LocalWriter for SimLocal {
     fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
-        self.0.lock().unwrap().parts += 1;
+        let held = write
+            .entries
+            .iter()
+            .any(|(_, k, v)| v.is_some() && parsley::runtime::local::is_held_entry(k));
+        let mut d = self.0.lock().unwrap();
+        d.parts += 1;
+        d.held_parts += u64::from(held);
+        drop(d);
         LocalStore::write(self, task, write)
     }
 }

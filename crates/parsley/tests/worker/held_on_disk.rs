@@ -298,3 +298,51 @@ fn a_large_release_goes_out_over_several_transactions_in_order() {
     assert!(transactions >= 4, "{transactions} transactions");
     assert!(w.stats().releases_resumed >= 3);
 }
+
+/// A rebuild from the changelog (a task arriving without its file) writes
+/// the held records it replays to the new file in parts, as it goes: none
+/// stays in memory, and the release reads them back in order.
+#[test]
+fn a_rebuild_writes_held_records_out_in_parts() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started_with(&cluster, on_disk_worker(&app, &ReadableLocal::default()));
+    for o in 0..12 {
+        w.on_record(waiting_for_b(o)).unwrap();
+    }
+    commit(&mut w, &cluster);
+    drop(w);
+
+    // Another machine: an empty state directory, and a fold cache share
+    // small enough that every held record makes a part.
+    let store = ReadableLocal {
+        parts_before_full: std::sync::Arc::new(AtomicU64::new(u64::MAX)),
+        ..ReadableLocal::default()
+    };
+    let mut again = Worker::new(
+        &app,
+        WorkerConfig {
+            hold_window: Some(2),
+            fold_cache: Some(1),
+            ..WorkerConfig::default()
+        },
+    )
+    .with_local_store(Box::new(store.clone()));
+    again
+        .assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    assert_eq!(again.stats().local_store_starts, 0, "a rebuild");
+    assert!(
+        store.parts.load(std::sync::atomic::Ordering::SeqCst) >= 12,
+        "{} parts",
+        store.parts.load(std::sync::atomic::Ordering::SeqCst)
+    );
+    assert_eq!(in_memory(&again), 0);
+    assert_eq!(on_disk(&store), 12);
+    seek(&mut again);
+    again.on_record(rec("b", 0, 0, "y")).unwrap();
+    let txn = commit(&mut again, &cluster);
+    let mut want = vec!["count[0]:b:0@0".to_owned()];
+    want.extend((0..12).map(|o| format!("count[0]:a:0@{o}")));
+    assert_eq!(delivered(&txn), want);
+}
