@@ -11,19 +11,19 @@
 #[path = "../examples/shared/bench_util.rs"]
 mod bench_util;
 mod common;
+#[path = "common/open_cause.rs"]
+mod open_cause;
 
 use std::time::{Duration, Instant};
 
-use bench_util::send_when_room;
 use common::{config, create_topics, unique};
+use open_cause::{open_cause, send_effects};
 
-use parsley::protocol::headers::CLOCK_HEADER;
-use parsley::protocol::{Channel, VectorClock};
+use parsley::protocol::Channel;
 use parsley::task::TopicMetadata;
 use parsley::*;
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::Producer;
 
 /// Dependent records produced while the cause's transaction is open.
 const EFFECTS: usize = 400_000;
@@ -44,40 +44,8 @@ fn records_held_behind_an_open_transaction_wait_on_disk_and_all_arrive_in_order(
     let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
     let causes_id = cluster.describe(&c).unwrap().id;
 
-    let mut upstream_config = config();
-    upstream_config
-        .set("transactional.id", unique("upstream"))
-        .set("transaction.timeout.ms", "600000");
-    let upstream: BaseProducer = upstream_config.create().unwrap();
-    upstream.init_transactions(Duration::from_secs(20)).unwrap();
-    upstream.begin_transaction().unwrap();
-    send_when_room(
-        &upstream,
-        BaseRecord::to(&c).partition(0).key("k").payload("cause"),
-    );
-    upstream.flush(Duration::from_secs(20)).unwrap();
-    {
-        let mut clock = VectorClock::new();
-        clock.claim_offset(Channel::new(causes_id, 0), 0);
-        let clock = clock.encode();
-        let producer: BaseProducer = config().set("linger.ms", "20").create().unwrap();
-        let value = "v".repeat(100);
-        for i in 0..EFFECTS {
-            let key = format!("k{i:06}");
-            send_when_room(
-                &producer,
-                BaseRecord::to(&e)
-                    .partition(0)
-                    .key(key.as_str())
-                    .payload(value.as_str())
-                    .headers(OwnedHeaders::new().insert(Header {
-                        key: CLOCK_HEADER,
-                        value: Some(&clock),
-                    })),
-            );
-        }
-        producer.flush(Duration::from_secs(120)).unwrap();
-    }
+    let upstream = open_cause(&c);
+    send_effects(&e, EFFECTS, Channel::new(causes_id, 0));
 
     let (causes, effects, sink) = (topic(&c), topic(&e), topic(&out));
     let (o1, o2) = (sink.clone(), sink.clone());

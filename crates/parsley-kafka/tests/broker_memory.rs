@@ -11,18 +11,19 @@
 #[path = "../examples/shared/bench_util.rs"]
 mod bench_util;
 mod common;
+#[path = "common/open_cause.rs"]
+mod open_cause;
 
 use std::time::{Duration, Instant};
 
 use bench_util::send_when_room;
 use common::{config, create_topics, unique};
 
-use parsley::protocol::headers::CLOCK_HEADER;
-use parsley::protocol::{Channel, VectorClock};
+use open_cause::{open_cause, send_effects, stamped};
+use parsley::protocol::Channel;
 use parsley::task::TopicMetadata;
 use parsley::*;
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 /// Dependent records produced while the cause's transaction is open.
@@ -39,15 +40,6 @@ fn topic(name: &str) -> T {
 /// This process's resident set (`VmRSS`), in bytes.
 fn rss() -> u64 {
     bench_util::status_bytes("self", "VmRSS").expect("the resident set is readable on Linux")
-}
-
-fn stamped(claim: Channel, offset: i64) -> OwnedHeaders {
-    let mut clock = VectorClock::new();
-    clock.claim_offset(claim, offset);
-    OwnedHeaders::new().insert(Header {
-        key: CLOCK_HEADER,
-        value: Some(&clock.encode()),
-    })
 }
 
 /// Sums over the instance's tasks: (held bytes, partitions paused,
@@ -79,37 +71,10 @@ fn records_behind_an_open_transaction_stay_within_the_budget_and_all_arrive_in_o
         cluster.describe(&e).unwrap().id,
     );
 
-    // The cause, in a transaction left open.
-    let mut upstream_config = config();
-    upstream_config
-        .set("transactional.id", unique("upstream"))
-        .set("transaction.timeout.ms", "600000");
-    let upstream: BaseProducer = upstream_config.create().unwrap();
-    upstream.init_transactions(Duration::from_secs(20)).unwrap();
-    upstream.begin_transaction().unwrap();
-    send_when_room(
-        &upstream,
-        BaseRecord::to(&c).partition(0).key("k").payload("cause"),
-    );
-    upstream.flush(Duration::from_secs(20)).unwrap();
-
-    // Every effect claims the cause (causes:0@0).
-    {
-        let producer: BaseProducer = config().set("linger.ms", "20").create().unwrap();
-        let value = "v".repeat(100);
-        for i in 0..EFFECTS {
-            let key = format!("k{i:06}");
-            send_when_room(
-                &producer,
-                BaseRecord::to(&e)
-                    .partition(0)
-                    .key(key.as_str())
-                    .payload(value.as_str())
-                    .headers(stamped(Channel::new(causes_id, 0), 0)),
-            );
-        }
-        producer.flush(Duration::from_secs(120)).unwrap();
-    }
+    // The cause, in a transaction left open; every effect claims it
+    // (causes:0@0).
+    let upstream = open_cause(&c);
+    send_effects(&e, EFFECTS, Channel::new(causes_id, 0));
 
     let (causes, effects, replies, sink) = (topic(&c), topic(&e), topic(&r), topic(&out));
     let (o1, o2, o3) = (sink.clone(), sink.clone(), sink.clone());

@@ -42,77 +42,128 @@ fn op() -> impl Strategy<Value = Op> {
 
 const ME: SenderId = SenderId::from_halves(0x22, 0x22);
 
+/// A node over three input channels and one sink, driven one [`Op`] at a
+/// time.
+struct World {
+    h: Harness,
+    chans: [Channel; 3],
+    sink: Channel,
+    senders: [SenderId; 2],
+    next: [i64; 3],
+    seqs: [i64; 2],
+    window: Option<usize>,
+}
+
+impl World {
+    fn new(window: Option<usize>) -> World {
+        let chans = [ch(1, 0), ch(2, 0), ch(3, 1)];
+        let sink = ch(9, 0);
+        let broker = FakeBroker::default().with_topic(sink.topic, 1, 0);
+        let mut h = Harness::start(config(ME, &chans, &[sink.topic]), broker);
+        h.node.set_resident_window(window);
+        World {
+            h,
+            chans,
+            sink,
+            senders: [sender(0xA), sender(0xB)],
+            next: [0; 3],
+            seqs: [0; 2],
+            window,
+        }
+    }
+
+    /// Applies `op`, appending what it delivers to `out`; returns the
+    /// stamp a send made.
+    fn apply(&mut self, op: &Op, out: &mut Vec<Delivery>) -> Option<String> {
+        let h = &mut self.h;
+        match op {
+            Op::Record(c, gap, claims, tag) => {
+                self.next[*c] += gap;
+                let offset = self.next[*c];
+                self.next[*c] += 1;
+                let mut clock = VectorClock::new();
+                for &(k, rel) in claims {
+                    if k != *c {
+                        clock.claim_offset(self.chans[k], (self.next[k] + rel).max(0));
+                    }
+                }
+                let mut r = rec(self.chans[*c], offset, clock);
+                if let Some(s) = tag {
+                    self.seqs[*s] += 1;
+                    r = tagged(r, self.senders[*s], self.seqs[*s]);
+                }
+                h.node.on_record_into(r, out).unwrap();
+            }
+            Op::Advance(c, gap) => {
+                self.next[*c] += gap;
+                out.extend(
+                    h.node
+                        .position_advance(self.chans[*c], self.next[*c])
+                        .unwrap(),
+                );
+            }
+            Op::Send => {
+                let stamp = h.node.prepare_send(self.sink).unwrap();
+                return Some(format!("{stamp:?}"));
+            }
+            Op::Commit => {
+                h.commit();
+            }
+            Op::Restart => {
+                h.restart_windowed(self.window);
+                out.append(&mut h.init_deliveries);
+            }
+        }
+        None
+    }
+
+    /// Appends each delivery's offset to its channel's list.
+    fn record(&self, out: &[Delivery], per_channel: &mut [Vec<i64>]) {
+        for d in out {
+            let i = self
+                .chans
+                .iter()
+                .position(|c| *c == d.record.channel)
+                .unwrap();
+            per_channel[i].push(d.record.offset);
+        }
+    }
+}
+
 /// The run's log, how many records were paged in, and how many restarts
 /// left records paged.
 fn run(ops: &[Op], window: Option<usize>) -> (Vec<String>, u64, u64) {
     let mut restarts_paged = 0;
     // Node statistics start again at a restart.
     let mut paged_in_before = 0;
-    let chans = [ch(1, 0), ch(2, 0), ch(3, 1)];
-    let sink = ch(9, 0);
-    let senders = [sender(0xA), sender(0xB)];
-    let broker = FakeBroker::default().with_topic(sink.topic, 1, 0);
-    let mut h = Harness::start(config(ME, &chans, &[sink.topic]), broker);
-    h.node.set_resident_window(window);
-    let mut next = [0i64; 3];
-    let mut seqs = [0i64; 2];
+    let mut w = World::new(window);
     let mut log = Vec::new();
     let mut per_channel: Vec<Vec<i64>> = vec![Vec::new(); 3];
     for op in ops {
         let mut out = Vec::new();
-        match op {
-            Op::Record(c, gap, claims, tag) => {
-                next[*c] += gap;
-                let offset = next[*c];
-                next[*c] += 1;
-                let mut clock = VectorClock::new();
-                for &(k, rel) in claims {
-                    if k != *c {
-                        clock.claim_offset(chans[k], (next[k] + rel).max(0));
-                    }
-                }
-                let mut r = rec(chans[*c], offset, clock);
-                if let Some(s) = tag {
-                    seqs[*s] += 1;
-                    r = tagged(r, senders[*s], seqs[*s]);
-                }
-                h.node.on_record_into(r, &mut out).unwrap();
-            }
-            Op::Advance(c, gap) => {
-                next[*c] += gap;
-                out = h.node.position_advance(chans[*c], next[*c]).unwrap();
-            }
-            Op::Send => {
-                let stamp = h.node.prepare_send(sink).unwrap();
-                log.push(format!("{stamp:?}"));
-            }
-            Op::Commit => {
-                h.commit();
-            }
-            Op::Restart => {
-                paged_in_before += h.node.stats().paged_in_total;
-                h.restart_windowed(window);
-                out = std::mem::take(&mut h.init_deliveries);
-                restarts_paged += h.node.paged_count() as u64;
-            }
+        if matches!(op, Op::Restart) {
+            paged_in_before += w.h.node.stats().paged_in_total;
         }
-        h.serve_pages(&mut out);
-        for d in &out {
-            let i = chans.iter().position(|c| *c == d.record.channel).unwrap();
-            per_channel[i].push(d.record.offset);
+        if let Some(stamp) = w.apply(op, &mut out) {
+            log.push(stamp);
         }
+        if matches!(op, Op::Restart) {
+            restarts_paged += w.h.node.paged_count() as u64;
+        }
+        w.h.serve_pages(&mut out);
+        w.record(&out, &mut per_channel);
         let mut step = coords(&out);
         step.sort();
         log.push(format!(
             "{step:?} held {} ({} bytes)",
-            h.node.held_count(),
-            h.node.held_bytes()
+            w.h.node.held_count(),
+            w.h.node.held_bytes()
         ));
     }
     log.push(format!("per channel {per_channel:?}"));
     (
         log,
-        paged_in_before + h.node.stats().paged_in_total,
+        paged_in_before + w.h.node.stats().paged_in_total,
         restarts_paged,
     )
 }
@@ -163,66 +214,22 @@ fn the_property_pages_records_in() {
 /// the same records in the same order as under a host that serves at
 /// once, and the same records are held.
 fn lazy_run(ops: &[Op], window: usize, per_step: usize) -> (Vec<Vec<i64>>, usize, u64) {
-    let chans = [ch(1, 0), ch(2, 0), ch(3, 1)];
-    let sink = ch(9, 0);
-    let senders = [sender(0xA), sender(0xB)];
-    let broker = FakeBroker::default().with_topic(sink.topic, 1, 0);
-    let mut h = Harness::start(config(ME, &chans, &[sink.topic]), broker);
-    h.node.set_resident_window(Some(window));
-    let mut next = [0i64; 3];
-    let mut seqs = [0i64; 2];
+    let mut w = World::new(Some(window));
     let mut per_channel: Vec<Vec<i64>> = vec![Vec::new(); 3];
     let mut left_pending = 0u64;
     let mut out = Vec::new();
     for op in ops {
-        match op {
-            Op::Record(c, gap, claims, tag) => {
-                next[*c] += gap;
-                let offset = next[*c];
-                next[*c] += 1;
-                let mut clock = VectorClock::new();
-                for &(k, rel) in claims {
-                    if k != *c {
-                        clock.claim_offset(chans[k], (next[k] + rel).max(0));
-                    }
-                }
-                let mut r = rec(chans[*c], offset, clock);
-                if let Some(s) = tag {
-                    seqs[*s] += 1;
-                    r = tagged(r, senders[*s], seqs[*s]);
-                }
-                h.node.on_record_into(r, &mut out).unwrap();
-            }
-            Op::Advance(c, gap) => {
-                next[*c] += gap;
-                out.extend(h.node.position_advance(chans[*c], next[*c]).unwrap());
-            }
-            Op::Send => {
-                h.node.prepare_send(sink).unwrap();
-            }
-            Op::Commit => {
-                h.commit();
-            }
-            Op::Restart => {
-                h.restart_windowed(Some(window));
-                out.extend(std::mem::take(&mut h.init_deliveries));
-            }
-        }
-        h.serve_at_most(per_step, &mut out);
-        if !h.node.page_requests().is_empty() {
+        w.apply(op, &mut out);
+        w.h.serve_at_most(per_step, &mut out);
+        if !w.h.node.page_requests().is_empty() {
             left_pending += 1;
         }
-        for d in out.drain(..) {
-            let i = chans.iter().position(|c| *c == d.record.channel).unwrap();
-            per_channel[i].push(d.record.offset);
-        }
+        w.record(&out, &mut per_channel);
+        out.clear();
     }
-    h.serve_pages(&mut out);
-    for d in out.drain(..) {
-        let i = chans.iter().position(|c| *c == d.record.channel).unwrap();
-        per_channel[i].push(d.record.offset);
-    }
-    (per_channel, h.node.held_count(), left_pending)
+    w.h.serve_pages(&mut out);
+    w.record(&out, &mut per_channel);
+    (per_channel, w.h.node.held_count(), left_pending)
 }
 
 proptest! {

@@ -25,6 +25,26 @@ fn on_disk_worker(app: &Parsley, store: &ReadableLocal) -> Worker {
     .with_local_store(Box::new(store.clone()))
 }
 
+/// A started on-disk worker (with its cluster and store) whose task holds
+/// `a@0..n`, committed.
+fn holding(app: &Parsley, n: i64) -> (Worker, Cluster, ReadableLocal) {
+    let cluster = counting_cluster(1);
+    let store = ReadableLocal::default();
+    let mut w = started_with(&cluster, on_disk_worker(app, &store));
+    if n > 0 {
+        hold(&mut w, &cluster, 0..n);
+    }
+    (w, cluster, store)
+}
+
+/// Hands over `a@range`, each waiting for `b@0`, and commits.
+fn hold(w: &mut Worker, cluster: &Cluster, range: std::ops::Range<i64>) {
+    for o in range {
+        w.on_record(waiting_for_b(o)).unwrap();
+    }
+    commit(w, cluster);
+}
+
 /// Held records' entries in the task's committed in-memory store.
 fn in_memory(w: &Worker) -> usize {
     let id = w.tasks().next().unwrap().clone();
@@ -57,13 +77,7 @@ fn on_disk(store: &ReadableLocal) -> usize {
 #[test]
 fn held_records_leave_memory_for_the_store_and_come_back_in_order() {
     let app = counting_app();
-    let cluster = counting_cluster(1);
-    let store = ReadableLocal::default();
-    let mut w = started_with(&cluster, on_disk_worker(&app, &store));
-    for o in 0..10 {
-        w.on_record(waiting_for_b(o)).unwrap();
-    }
-    commit(&mut w, &cluster);
+    let (mut w, cluster, store) = holding(&app, 10);
     assert_eq!(on_disk(&store), 10);
     assert_eq!(
         in_memory(&w),
@@ -102,13 +116,7 @@ fn held_records_leave_memory_for_the_store_and_come_back_in_order() {
 #[test]
 fn a_restart_reads_held_records_from_the_store_not_into_memory() {
     let app = counting_app();
-    let cluster = counting_cluster(1);
-    let store = ReadableLocal::default();
-    let mut w = started_with(&cluster, on_disk_worker(&app, &store));
-    for o in 0..6 {
-        w.on_record(waiting_for_b(o)).unwrap();
-    }
-    commit(&mut w, &cluster);
+    let (mut w, cluster, store) = holding(&app, 6);
     drop(w);
 
     let mut again = on_disk_worker(&app, &store);
@@ -135,13 +143,7 @@ fn a_restart_reads_held_records_from_the_store_not_into_memory() {
 #[test]
 fn a_held_record_the_store_cannot_read_fails_the_task() {
     let app = counting_app();
-    let cluster = counting_cluster(1);
-    let store = ReadableLocal::default();
-    let mut w = started_with(&cluster, on_disk_worker(&app, &store));
-    for o in 0..6 {
-        w.on_record(waiting_for_b(o)).unwrap();
-    }
-    commit(&mut w, &cluster);
+    let (mut w, cluster, store) = holding(&app, 6);
     store
         .broken_reads
         .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -176,14 +178,9 @@ fn a_held_record_the_store_cannot_read_fails_the_task() {
 #[test]
 fn a_held_record_stays_in_memory_until_the_store_holds_it() {
     let app = counting_app();
-    let cluster = counting_cluster(1);
-    let store = ReadableLocal::default();
-    let mut w = started_with(&cluster, on_disk_worker(&app, &store));
+    let (mut w, cluster, store) = holding(&app, 0);
     store.lag.store(true, std::sync::atomic::Ordering::SeqCst);
-    for o in 0..4 {
-        w.on_record(waiting_for_b(o)).unwrap();
-    }
-    commit(&mut w, &cluster);
+    hold(&mut w, &cluster, 0..4);
     assert_eq!(in_memory(&w), 4, "the store has not reported the write");
     store.lag.store(false, std::sync::atomic::Ordering::SeqCst);
     w.on_record(waiting_for_b(4)).unwrap();
@@ -200,13 +197,7 @@ fn a_held_record_stays_in_memory_until_the_store_holds_it() {
 #[test]
 fn an_abort_that_cannot_read_the_store_rebuilds_from_the_changelog() {
     let app = counting_app();
-    let cluster = counting_cluster(1);
-    let store = ReadableLocal::default();
-    let mut w = started_with(&cluster, on_disk_worker(&app, &store));
-    for o in 0..5 {
-        w.on_record(waiting_for_b(o)).unwrap();
-    }
-    commit(&mut w, &cluster);
+    let (mut w, cluster, store) = holding(&app, 5);
     let id = w.tasks().next().unwrap().clone();
     store
         .broken_reads
@@ -255,10 +246,7 @@ fn a_large_release_goes_out_over_several_transactions_in_order() {
     )
     .with_local_store(Box::new(store.clone()));
     let mut w = started_with(&cluster, w);
-    for o in 0..20 {
-        w.on_record(waiting_for_b(o)).unwrap();
-    }
-    commit(&mut w, &cluster);
+    hold(&mut w, &cluster, 0..20);
     w.on_record(rec("b", 0, 0, "y")).unwrap();
     let mut all = Vec::new();
     let mut transactions = 0;
@@ -305,12 +293,7 @@ fn a_large_release_goes_out_over_several_transactions_in_order() {
 #[test]
 fn a_rebuild_writes_held_records_out_in_parts() {
     let app = counting_app();
-    let cluster = counting_cluster(1);
-    let mut w = started_with(&cluster, on_disk_worker(&app, &ReadableLocal::default()));
-    for o in 0..12 {
-        w.on_record(waiting_for_b(o)).unwrap();
-    }
-    commit(&mut w, &cluster);
+    let (w, cluster, _) = holding(&app, 12);
     drop(w);
 
     // Another machine: an empty state directory, and a fold cache share
