@@ -1122,8 +1122,9 @@ impl CausalNode {
     }
 
     /// The paged-out runs the gate is waiting for: queues whose resident
-    /// records ran out while paged ones remain. Empty whenever the node is
-    /// at rest (the host served every request).
+    /// records ran out while paged ones remain. Empty once the host has
+    /// served every request (it may leave some pending for a while; see
+    /// [`set_resident_window`](Self::set_resident_window)).
     pub fn page_requests(&self) -> Vec<PageRequest> {
         if self.held == 0 {
             // The in-order path: nothing held, nothing to look through.

@@ -112,6 +112,12 @@ impl World {
             Op::Restart => {
                 h.restart_windowed(self.window);
                 out.append(&mut h.init_deliveries);
+                // The consumer resumes where it was and reports its
+                // positions again, as a host does after a restart (the
+                // node does not keep them).
+                for (c, &position) in self.chans.iter().zip(&self.next) {
+                    out.extend(h.node.position_advance(*c, position).unwrap());
+                }
             }
         }
         None

@@ -2803,6 +2803,8 @@ struct ReadableLocal {
     /// Writes land but are not reported applied (a writer thread behind);
     /// the next write once this is off reports both.
     lag: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Store writes fail (a full disk).
+    writes_fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl LocalWriter for ReadableLocal {
@@ -2885,6 +2887,12 @@ impl LocalStore for ReadableLocal {
         self.inner.open(task)
     }
     fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
+        if self.writes_fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(LocalStoreError::Io {
+                task: task.clone(),
+                message: "no space left on device (test)".into(),
+            });
+        }
         let seq = write.seq;
         self.inner.write(task, write)?;
         if self.lag.load(std::sync::atomic::Ordering::SeqCst) {

@@ -453,9 +453,11 @@ pub fn restore_from(
         fold,
         held,
         diverted,
+        release_cap,
     } = stores;
     out.stores.diverted = diverted;
     out.stores.held = held;
+    out.stores.release_cap = release_cap;
     let one = |topic| One {
         task,
         topic,

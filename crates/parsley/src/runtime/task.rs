@@ -285,6 +285,11 @@ pub struct TaskStores {
     pub fold: FoldStore,
     /// Where held records are read back from once they leave `protocol`.
     pub held: crate::runtime::paging::HeldPages,
+    /// Not a store: how many held records a release of the task pages in
+    /// per transaction (see [`Task::set_release_cap`]), set by the host
+    /// before the task starts so that the start's own release keeps to it
+    /// too. `None`: no bound.
+    pub release_cap: Option<usize>,
     /// Emissions to send to a dead-letter topic instead of their sink. Not
     /// a store: the host sets them after a refusal, until the delivery that
     /// makes them commits.
@@ -306,9 +311,33 @@ impl TaskStores {
     }
 
     /// Whether part of the committed state is only in the local store (a
-    /// store that fails then loses it).
+    /// store that fails then loses it): fold state beyond the cache, or a
+    /// held record whose copy left memory.
     pub fn reads_through_local(&self) -> bool {
-        self.fold.is_bounded() || self.held.is_attached()
+        self.fold.is_bounded() || (self.held.is_attached() && self.held_only_on_disk())
+    }
+
+    /// Whether some committed held record is not in `protocol`.
+    fn held_only_on_disk(&self) -> bool {
+        use parsley_protocol::store::{StateKey, StoreRead, decode_pair};
+        let (mut queued, mut present) = (0i64, 0i64);
+        self.protocol.for_each_state(&mut |key, value| match key {
+            Ok(StateKey::QueueMeta(_)) => {
+                if let Ok((head, tail)) = decode_pair(value) {
+                    queued += tail - head;
+                }
+            }
+            Ok(StateKey::QueueEntry(..)) => present += 1,
+            _ => {}
+        });
+        queued > present
+    }
+
+    /// Stops reading held records from the local store (it was wiped and
+    /// every held record is still in memory): none leaves memory from now
+    /// on.
+    pub fn detach_held(&mut self) {
+        self.held = crate::runtime::paging::HeldPages::default();
     }
 }
 
@@ -879,6 +908,7 @@ impl Task {
                 task.dead_letters.insert(topic, d.partitions);
             }
         }
+        task.release_cap = task.stores.release_cap;
         let mut deliveries = init.deliveries;
         task.release(&mut deliveries)?;
         task.refresh_holds();
@@ -961,6 +991,7 @@ impl Task {
     /// one transaction of them all.
     pub fn set_release_cap(&mut self, cap: Option<usize>) {
         self.release_cap = cap.map(|c| c.max(1));
+        self.stores.release_cap = self.release_cap;
     }
 
     /// Whether a release stopped at the cap and waits for the next
@@ -970,16 +1001,18 @@ impl Task {
     }
 
     /// Goes on with a release that stopped at the cap, once the open
-    /// transaction has been handed over. Nothing when none waits.
-    pub fn resume_release(&mut self) -> Result<(), TaskError> {
+    /// transaction has been handed over. Returns whether it did (false when
+    /// none waits, or the open transaction is full already).
+    pub fn resume_release(&mut self) -> Result<bool, TaskError> {
         if self.release_full() || self.node.page_requests().is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         self.guarded(|t| {
             t.release(&mut Vec::new())?;
             t.refresh_holds();
             Ok(())
-        })
+        })?;
+        Ok(true)
     }
 
     /// The held records of a page request: from the transaction in flight,
@@ -1163,8 +1196,9 @@ impl Task {
                 t.emit_tick()?;
                 t.next_tick_at = Some(next_grid_point(t.wall_clock, ms(interval)));
             }
-            // Hold heads only change in on_record, position_advance and
-            // init, and each refreshes the tracking; here only time moves.
+            // Hold heads change in on_record, position_advance, init and
+            // a resumed release, and each refreshes the tracking; here
+            // only time moves.
             if let Some(threshold) = t.stage.hold_warning_after() {
                 let threshold = ms(threshold);
                 let due = t
@@ -1312,6 +1346,20 @@ impl Task {
         held.evict(protocol);
     }
 
+    /// Stops reading held records from the local store (see
+    /// [`TaskStores::detach_held`]).
+    pub fn detach_held(&mut self) {
+        self.stores.detach_held();
+    }
+
+    /// Lets the held records the local store now holds leave memory (the
+    /// host calls it when idle too: an eviction otherwise waits for the
+    /// task's next commit).
+    pub fn evict_held(&mut self) {
+        let TaskStores { held, protocol, .. } = &mut self.stores;
+        held.evict(protocol);
+    }
+
     /// Gives the committed fold store a new cache budget (see
     /// [`FoldStore::set_budget`]).
     pub fn set_fold_budget(&mut self, budget: usize) {
@@ -1342,7 +1390,6 @@ impl Task {
             committed_tick_at,
             record_events,
             hold_budget,
-            release_cap,
             ..
         } = self;
         let mut task = Task::init(
@@ -1356,7 +1403,6 @@ impl Task {
         )?;
         task.record_events = record_events;
         task.hold_budget = hold_budget;
-        task.release_cap = release_cap;
         task.set_hold_window(window);
         // A tick of the aborted transaction is due again: resume the
         // schedule as it was committed, not a fresh one from now.

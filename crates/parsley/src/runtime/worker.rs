@@ -1520,7 +1520,9 @@ impl Worker {
             }
             stores.diverted = diversions.clone();
         }
-        let mut task = Task::init(
+        // The start's own release keeps to the cap too.
+        stores.release_cap = self.config.release_per_transaction;
+        let started = Task::init(
             &self.app,
             &id.stage,
             id.partition,
@@ -1528,7 +1530,20 @@ impl Worker {
             cluster,
             cluster,
             self.now,
-        )?;
+        );
+        let mut task = match started {
+            Ok(task) => task,
+            Err(e) => {
+                if matches!(e, TaskError::LocalStore { .. })
+                    && let Some(store) = self.local.as_mut()
+                {
+                    // It could not read back the held records it left in
+                    // the file: the next start rebuilds the file instead.
+                    let _ = store.wipe(id);
+                }
+                return Err(e.into());
+            }
+        };
         task.set_record_events(self.config.events);
         task.set_hold_budget(self.config.hold_budget);
         task.set_hold_window(self.config.hold_window);
@@ -2428,6 +2443,9 @@ impl Worker {
                 continue;
             };
             let r = task.punctuate(now);
+            // Held records a lagging file took in since the last commit
+            // leave memory now, not at the next commit.
+            task.evict_held();
             self.stats.add(slot.meters.count(task));
             if let Err(e) = r {
                 failed = Some((id.clone(), e));
@@ -2553,7 +2571,8 @@ impl Worker {
     /// (the transaction it filled was handed over): the host punctuates
     /// without waiting, as it does for a due restart.
     pub fn release_due_in(&self) -> Option<Duration> {
-        let resumable = self.config.release_per_transaction.is_some()
+        let resumable = matches!(self.state, State::Open)
+            && self.config.release_per_transaction.is_some()
             && self.tasks.values().any(|s| {
                 s.task
                     .as_ref()
@@ -2587,10 +2606,11 @@ impl Worker {
             };
             let r = task.resume_release();
             self.stats.add(slot.meters.count(task));
-            if let Err(e) = r {
-                return self.fail_task(id, e);
+            match r {
+                Err(e) => return self.fail_task(id, e),
+                Ok(true) => self.stats.releases_resumed += 1,
+                Ok(false) => continue,
             }
-            self.stats.releases_resumed += 1;
             if task.has_work() {
                 self.dirty = true;
             }
@@ -3268,6 +3288,10 @@ fn write_committed(
         .task
         .as_ref()
         .is_some_and(|t| t.stores().reads_through_local());
+    if !bounded && let Some(task) = slot.task.as_mut() {
+        // Every held record is still in memory: keep them there.
+        task.detach_held();
+    }
     slot.local = if bounded {
         Local::Lost(failure)
     } else {

@@ -676,6 +676,9 @@ fn driver_config() -> WorkerConfig {
         // A failed step is retried at the next call, as before the task
         // backoff existed: the driver's clock moves only when told.
         task_backoff: crate::runtime::failure::Backoff::NONE,
+        // A step releases everything it can: a test sees a release whole,
+        // not a transaction's share of it.
+        release_per_transaction: None,
         ..WorkerConfig::default()
     }
 }

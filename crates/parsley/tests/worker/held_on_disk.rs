@@ -19,6 +19,9 @@ fn on_disk_worker(app: &Parsley, store: &ReadableLocal) -> Worker {
         app,
         WorkerConfig {
             hold_window: Some(2),
+            // The fold state stays in memory: only held records are on
+            // disk (a failed write then matters only for them).
+            fold_cache: None,
             ..WorkerConfig::default()
         },
     )
@@ -116,7 +119,7 @@ fn held_records_leave_memory_for_the_store_and_come_back_in_order() {
 #[test]
 fn a_restart_reads_held_records_from_the_store_not_into_memory() {
     let app = counting_app();
-    let (mut w, cluster, store) = holding(&app, 6);
+    let (w, cluster, store) = holding(&app, 6);
     drop(w);
 
     let mut again = on_disk_worker(&app, &store);
@@ -328,4 +331,88 @@ fn a_rebuild_writes_held_records_out_in_parts() {
     let mut want = vec!["count[0]:b:0@0".to_owned()];
     want.extend((0..12).map(|o| format!("count[0]:a:0@{o}")));
     assert_eq!(delivered(&txn), want);
+}
+
+/// A failed store write is fatal to a task only when part of its state is
+/// on disk alone: with every held record still in memory (the store had
+/// not reported them yet) the task runs on without its store, keeping them
+/// there; with held records on disk only, it fails at its next
+/// transaction (and restarts from its changelog).
+#[test]
+fn a_failed_write_fails_the_task_only_when_held_records_were_on_disk_only() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let app = counting_app();
+    // In memory still: the task runs on.
+    let (mut w, cluster, store) = holding(&app, 0);
+    store.lag.store(true, SeqCst);
+    hold(&mut w, &cluster, 0..4);
+    assert_eq!(in_memory(&w), 4);
+    store.writes_fail.store(true, SeqCst);
+    hold(&mut w, &cluster, 4..6);
+    assert_eq!(w.stats().local_store_write_failures, 1);
+    store.lag.store(false, SeqCst);
+    store.writes_fail.store(false, SeqCst);
+    w.on_record(waiting_for_b(6)).unwrap();
+    commit(&mut w, &cluster);
+    assert_eq!(in_memory(&w), 7, "none leaves for the wiped store");
+    w.on_record(rec("b", 0, 0, "y")).unwrap();
+    let txn = commit(&mut w, &cluster);
+    assert_eq!(delivered(&txn).len(), 8);
+    assert!(w.take_task_failures().is_empty());
+
+    // On disk only: the task fails.
+    let (mut w, cluster, store) = holding(&app, 4);
+    assert_eq!(in_memory(&w), 0);
+    store.writes_fail.store(true, SeqCst);
+    hold(&mut w, &cluster, 4..6);
+    w.on_record(waiting_for_b(6)).unwrap();
+    let err = w.flush().unwrap_err();
+    assert!(err.to_string().contains("local store"), "{err}");
+}
+
+/// A release that an abort interrupts goes on, after the reset, within the
+/// same bound per transaction (the start's own release keeps to it).
+#[test]
+fn a_reset_keeps_the_release_bound() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let w = Worker::new(
+        &app,
+        WorkerConfig {
+            hold_window: Some(2),
+            release_per_transaction: Some(4),
+            ..WorkerConfig::default()
+        },
+    )
+    .with_local_store(Box::new(ReadableLocal::default()));
+    let mut w = started_with(&cluster, w);
+    hold(&mut w, &cluster, 0..30);
+    w.on_record(rec("b", 0, 0, "y")).unwrap();
+    commit(&mut w, &cluster);
+    w.punctuate(1, &cluster).unwrap();
+    // This transaction aborts: the reset starts from the committed state,
+    // with about 25 records still held and b@0 delivered.
+    w.flush().unwrap().unwrap();
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    seek(&mut w);
+    let mut now = 2;
+    let mut total = 0;
+    while let Some(txn) = w.flush().unwrap() {
+        let n = delivered(&txn).len();
+        assert!(n <= 4 + 2, "{n} delivered in one transaction");
+        total += n;
+        let offsets = cluster.commit(&txn.records);
+        w.delivered(&offsets);
+        w.commit_outcome(CommitOutcome::Committed, &cluster)
+            .unwrap();
+        now += 1;
+        w.punctuate(now, &cluster).unwrap();
+    }
+    let held = w
+        .task(&w.tasks().next().unwrap().clone())
+        .unwrap()
+        .node()
+        .held_count();
+    assert_eq!(held, 0);
+    assert!(total >= 20, "{total}");
 }
