@@ -2443,9 +2443,10 @@ impl Worker {
                 continue;
             };
             let r = task.punctuate(now);
-            // Held records a lagging file took in since the last commit
-            // leave memory now, not at the next commit.
-            task.evict_held();
+            // What a lagging file took in since the last commit (held
+            // records, fold entries over the cache) leaves memory now, not
+            // at the next commit: an idle task lets go too.
+            task.evict_local();
             self.stats.add(slot.meters.count(task));
             if let Err(e) = r {
                 failed = Some((id.clone(), e));
