@@ -1121,6 +1121,16 @@ impl CausalNode {
         paged
     }
 
+    /// Whether [`page_requests`](Self::page_requests) would name anything,
+    /// without building the list (a host asks on every turn of its loop).
+    pub fn pages_wanted(&self) -> bool {
+        self.held > 0
+            && self
+                .channels
+                .iter()
+                .any(|ch| ch.queue.is_empty() && !ch.paged.is_empty())
+    }
+
     /// The paged-out runs the gate is waiting for: queues whose resident
     /// records ran out while paged ones remain. Empty once the host has
     /// served every request (it may leave some pending for a while; see

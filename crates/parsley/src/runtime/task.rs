@@ -908,7 +908,7 @@ impl Task {
                 task.dead_letters.insert(topic, d.partitions);
             }
         }
-        task.release_cap = task.stores.release_cap;
+        task.set_release_cap(task.stores.release_cap);
         let mut deliveries = init.deliveries;
         task.release(&mut deliveries)?;
         task.refresh_holds();
@@ -997,14 +997,21 @@ impl Task {
     /// Whether a release stopped at the cap and waits for the next
     /// transaction ([`resume_release`](Self::resume_release)).
     pub fn release_waiting(&self) -> bool {
-        self.release_full() && !self.node.page_requests().is_empty()
+        self.release_full() && self.node.pages_wanted()
+    }
+
+    /// Whether a release waits for held records to be paged in and the
+    /// open transaction has room for them
+    /// ([`resume_release`](Self::resume_release) would go on).
+    pub fn release_resumable(&self) -> bool {
+        !self.release_full() && self.node.pages_wanted()
     }
 
     /// Goes on with a release that stopped at the cap, once the open
     /// transaction has been handed over. Returns whether it did (false when
     /// none waits, or the open transaction is full already).
     pub fn resume_release(&mut self) -> Result<bool, TaskError> {
-        if self.release_full() || self.node.page_requests().is_empty() {
+        if !self.release_resumable() {
             return Ok(false);
         }
         self.guarded(|t| {

@@ -1116,20 +1116,11 @@ impl Worker {
     /// and the abort that follows stops that task alone.
     fn fail_task<T>(&mut self, id: TaskId, e: impl Into<WorkerError>) -> Result<T, WorkerError> {
         let e = e.into();
-        if let (WorkerError::Task(TaskError::LocalStore { cause, .. }), Some(store)) =
-            (&e, self.local.as_mut())
+        if let WorkerError::Task(task_error) = &e
+            && wipe_unreadable(self.local.as_mut(), &id, task_error)
+            && let Some(slot) = self.tasks.get_mut(&id)
         {
-            // The store the task read its fold state from failed (a damaged
-            // file reads as damaged again): the task's next start rebuilds
-            // it from the changelog instead of trusting it.
-            wipe(
-                store.as_mut(),
-                &id,
-                &WipeReason::Unreadable(cause.to_string()),
-            );
-            if let Some(slot) = self.tasks.get_mut(&id) {
-                slot.local = Local::Stale;
-            }
+            slot.local = Local::Stale;
         }
         self.failing = Some(Failing {
             task: id,
@@ -1534,20 +1525,15 @@ impl Worker {
         let mut task = match started {
             Ok(task) => task,
             Err(e) => {
-                if matches!(e, TaskError::LocalStore { .. })
-                    && let Some(store) = self.local.as_mut()
-                {
-                    // It could not read back the held records it left in
-                    // the file: the next start rebuilds the file instead.
-                    let _ = store.wipe(id);
-                }
+                // It could not read back the held records it left in the
+                // file: the next start rebuilds the file instead.
+                wipe_unreadable(self.local.as_mut(), id, &e);
                 return Err(e.into());
             }
         };
         task.set_record_events(self.config.events);
         task.set_hold_budget(self.config.hold_budget);
         task.set_hold_window(self.config.hold_window);
-        task.set_release_cap(self.config.release_per_transaction);
         if task.node().held_count() > 0 {
             self.stats.restored_with_held += 1;
             if task.stores().held.is_attached() {
@@ -1626,23 +1612,18 @@ impl Worker {
         };
         // A stateful task whose fold state can read through its local
         // store starts without loading the store's fold entries.
-        let bounded = self.config.fold_cache.is_some()
-            && changelogs.fold.is_some()
-            && self.local.as_ref().is_some_and(|s| s.reads_while_running());
         // Every task whose store can be read while it runs leaves its held
         // records there: they are read back as the gate reaches them.
         let held_on_disk = self.local.as_ref().is_some_and(|s| s.reads_while_running());
+        let bounded = self.config.fold_cache.is_some() && changelogs.fold.is_some() && held_on_disk;
         let leave = local::LeaveOnDisk {
             fold: bounded,
             held: held_on_disk,
         };
-        let opened = self.local.as_mut().map(|store| {
-            if leave == local::LeaveOnDisk::default() {
-                store.open(id)
-            } else {
-                store.open_leaving(id, leave)
-            }
-        });
+        let opened = self
+            .local
+            .as_mut()
+            .map(|store| store.open_leaving(id, leave));
         // Log starts only to check a store; ends for progress, always.
         let with_starts = matches!(opened, Some(Ok(Some(_))));
         let bounds = changelog_bounds(&identity, id.partition, cluster, with_starts).map_err(
@@ -2574,11 +2555,10 @@ impl Worker {
     pub fn release_due_in(&self) -> Option<Duration> {
         let resumable = matches!(self.state, State::Open)
             && self.config.release_per_transaction.is_some()
-            && self.tasks.values().any(|s| {
-                s.task
-                    .as_ref()
-                    .is_some_and(|t| !t.release_waiting() && !t.node().page_requests().is_empty())
-            });
+            && self
+                .tasks
+                .values()
+                .any(|s| s.task.as_ref().is_some_and(Task::release_resumable));
         resumable.then_some(Duration::ZERO)
     }
 
@@ -2591,11 +2571,7 @@ impl Worker {
         let ids: Vec<TaskId> = self
             .tasks
             .iter()
-            .filter(|(_, s)| {
-                s.task
-                    .as_ref()
-                    .is_some_and(|t| !t.node().page_requests().is_empty())
-            })
+            .filter(|(_, s)| s.task.as_ref().is_some_and(Task::release_resumable))
             .map(|(id, _)| id.clone())
             .collect();
         for id in ids {
@@ -3075,13 +3051,9 @@ impl Worker {
                     // The committed state is in the changelogs: the task
                     // restarts from there, now or at the next punctuation.
                     warn!(task = %id, error = %e, "task reset failed; it restarts from its changelogs");
-                    if matches!(e, TaskError::LocalStore { .. })
-                        && let Some(store) = self.local.as_mut()
-                    {
-                        // A store that cannot read back what it holds would
-                        // fail the restart too: it is rebuilt.
-                        let _ = store.wipe(id);
-                    }
+                    // A store that cannot read back what it holds would
+                    // fail the restart too: it is rebuilt.
+                    wipe_unreadable(self.local.as_mut(), id, &e);
                     if let Some(slot) = self.tasks.remove(id) {
                         for c in &slot.channels {
                             self.routes.remove(&(c.topic.clone(), c.partition));
@@ -3233,6 +3205,24 @@ fn all_entries(
 }
 
 /// Wipes a store that cannot be used, saying why.
+/// Wipes the store of a task that failed reading it back
+/// (`TaskError::LocalStore`): a damaged file reads as damaged again, so the
+/// task's next start rebuilds it from the changelog instead. Anything else
+/// leaves the store as it is. Returns whether it wiped.
+fn wipe_unreadable(local: Option<&mut Box<dyn LocalStore>>, id: &TaskId, e: &TaskError) -> bool {
+    match (e, local) {
+        (TaskError::LocalStore { cause, .. }, Some(store)) => {
+            wipe(
+                store.as_mut(),
+                id,
+                &WipeReason::Unreadable(cause.to_string()),
+            );
+            true
+        }
+        _ => false,
+    }
+}
+
 fn wipe(store: &mut dyn LocalStore, id: &TaskId, reason: &WipeReason) {
     warn!(task = %id, %reason, "the local store is wiped and rebuilt from the changelog");
     if let Err(e) = store.wipe(id) {
