@@ -21,6 +21,12 @@
 //! With `HOLDS_STOP_AT_PLATEAU` set it exits at the plateau instead (for a
 //! heap profiler, whose peak is then the plateau's); `RELEASE_PER_TRANSACTION`
 //! (a number, or `none`) sets the option of that name.
+//!
+//! With `HOLDS_FLOOR` set it then measures what the release must write at
+//! the least, on the same broker: a plain transactional producer sends one
+//! tombstone per held record (keyed as the stage's changelog keys a held
+//! record) to a compacted topic, in transactions of the release's size,
+//! and the time to its last commit is printed as the floor.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -251,6 +257,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let after = resident_mib();
     s.close(Duration::from_secs(60))?;
+    if std::env::var_os("HOLDS_FLOOR").is_some() {
+        let per_transaction = match std::env::var("RELEASE_PER_TRANSACTION").as_deref() {
+            Ok("none") => None,
+            Ok(n) => Some(n.parse::<usize>()?),
+            Err(_) => StreamsOptions::default().release_per_transaction,
+        };
+        let took = tombstone_floor(
+            &config,
+            &cluster,
+            &format!("holds-bench-{nanos}-floor"),
+            records,
+            partitions,
+            // The stage releases up to the cap per task in one transaction.
+            per_transaction.map(|n| n * partitions as usize),
+        )?;
+        println!(
+            "floor: {records} changelog tombstones, committed in {:.2} s ({:.0}/s)",
+            took.as_secs_f64(),
+            records as f64 / took.as_secs_f64()
+        );
+    }
     let budget_text = budget.map_or("none".to_owned(), |b| format!("{} MiB", b >> 20));
     println!(
         "| records | budget per task | held at the plateau (bytes) | partitions paused | RSS before | RSS at the plateau | RSS peak | RSS after the release | release: delivered / committed |"
@@ -266,4 +293,59 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         committed_all.as_secs_f64(),
     );
     Ok(())
+}
+
+/// The time a plain transactional producer takes to write and commit one
+/// tombstone per record, keyed as a held record's changelog entry, to a
+/// compacted topic of `partitions` partitions, `per_transaction` at a time
+/// (all in one when `None`): the least a release of that many records
+/// writes.
+fn tombstone_floor(
+    config: &ClientConfig,
+    cluster: &KafkaCluster,
+    topic: &str,
+    records: usize,
+    partitions: i32,
+    per_transaction: Option<usize>,
+) -> Result<Duration, Box<dyn std::error::Error>> {
+    use parsley::protocol::store::StateKey;
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1))
+        .set("cleanup.policy", "compact");
+    for r in
+        futures_executor::block_on(cluster.admin().create_topics([&new], &AdminOptions::new()))?
+    {
+        r.map_err(|(t, e)| format!("{t}: {e}"))?;
+    }
+    while cluster.describe(topic).is_err() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let id = cluster.describe(topic)?.id;
+    let keys: Vec<String> = (0..records)
+        .map(|i| {
+            let p = (i % partitions as usize) as i32;
+            StateKey::QueueEntry(Channel::new(id, p), (i / partitions as usize) as i64).to_key()
+        })
+        .collect();
+    let producer: BaseProducer = config
+        .clone()
+        .set("transactional.id", format!("{topic}-producer"))
+        .create()?;
+    producer.init_transactions(Duration::from_secs(30))?;
+    let chunk = per_transaction.unwrap_or(records).max(1);
+    let start = Instant::now();
+    for part in keys.chunks(chunk).enumerate() {
+        let (n, part) = part;
+        producer.begin_transaction()?;
+        for (i, key) in part.iter().enumerate() {
+            let p = ((n * chunk + i) % partitions as usize) as i32;
+            send_when_room(
+                &producer,
+                BaseRecord::<str, [u8]>::to(topic)
+                    .partition(p)
+                    .key(key.as_str()),
+            );
+        }
+        producer.commit_transaction(Duration::from_secs(120))?;
+    }
+    Ok(start.elapsed())
 }

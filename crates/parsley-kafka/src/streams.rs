@@ -1811,17 +1811,21 @@ impl Shared {
             self.producer.context().begin(txn.records.len());
         }
         for (i, r) in txn.records.iter().enumerate() {
-            let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
-            for h in &r.headers {
-                headers = headers.insert(rdkafka::message::Header {
-                    key: &h.name,
-                    value: h.value.as_deref(),
-                });
-            }
             let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(&r.topic, i)
                 .partition(r.partition)
-                .timestamp(r.timestamp)
-                .headers(headers);
+                .timestamp(r.timestamp);
+            // No header list for a record without headers (a changelog
+            // write): librdkafka allocates one per list.
+            if !r.headers.is_empty() {
+                let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
+                for h in &r.headers {
+                    headers = headers.insert(rdkafka::message::Header {
+                        key: &h.name,
+                        value: h.value.as_deref(),
+                    });
+                }
+                record = record.headers(headers);
+            }
             if let Some(k) = &r.key {
                 record = record.key(k.as_slice());
             }

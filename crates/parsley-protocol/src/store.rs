@@ -97,6 +97,42 @@ impl CorruptState {
     }
 }
 
+/// Recognises the entry keys of one queue by their text: one prefix
+/// comparison and the index's sixteen digits per key, instead of parsing
+/// the whole key (a page-in reads a run of one queue's entries back from
+/// the local store, and the channel's text is the same in all of them).
+#[derive(Clone)]
+pub struct QueueEntryKeys {
+    key: KeyText,
+}
+
+impl fmt::Debug for QueueEntryKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("QueueEntryKeys")
+            .field(&self.key.as_str())
+            .finish()
+    }
+}
+
+impl QueueEntryKeys {
+    /// The entry keys of `channel`'s queue.
+    pub fn new(channel: Channel) -> Self {
+        QueueEntryKeys {
+            key: StateKey::QueueEntry(channel, 0).text(),
+        }
+    }
+
+    /// The index of `key` if it is an entry key of this queue, else `None`.
+    pub fn index(&self, key: &[u8]) -> Option<i64> {
+        let own = self.key.as_str().as_bytes();
+        let head = own.get(..own.len().checked_sub(16)?)?;
+        if key.len() != own.len() || !key.starts_with(head) {
+            return None;
+        }
+        parse_hex16(&key[head.len()..])
+    }
+}
+
 /// A parsed state-store key.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub enum StateKey {

@@ -4,8 +4,8 @@
 //! check, and the write batch and memory store the hosts build on.
 
 use parsley_protocol::store::{
-    MemStore, StateKey, WriteBatch, decode_envelope, decode_pair, encode_envelope, encode_i64,
-    encode_pair,
+    MemStore, QueueEntryKeys, StateKey, WriteBatch, decode_envelope, decode_pair, encode_envelope,
+    encode_i64, encode_pair,
 };
 use parsley_protocol::*;
 
@@ -356,4 +356,34 @@ fn a_store_of_parsed_keys_reads_back_as_its_text_does() {
     store.for_each_entry(&mut |k, v| entries.push((k.to_owned(), v.to_vec())));
     entries.sort();
     assert_eq!(entries, text.into_iter().collect::<Vec<_>>());
+}
+
+#[test]
+fn queue_entry_keys_read_only_their_own_queues_entries() {
+    let (a, b) = (ch(1, 0), ch(1, 1));
+    let keys = QueueEntryKeys::new(a);
+    for index in [0, 1, 0x7f, i64::MAX] {
+        let own = StateKey::QueueEntry(a, index).to_key();
+        assert_eq!(keys.index(own.as_bytes()), Some(index), "{own}");
+        // Another queue's entry, or another key of this queue: not ours.
+        let other = StateKey::QueueEntry(b, index).to_key();
+        assert_eq!(keys.index(other.as_bytes()), None, "{other}");
+    }
+    assert_eq!(keys.index(StateKey::QueueMeta(a).to_key().as_bytes()), None);
+    assert_eq!(
+        keys.index(StateKey::Stepped(a, 1).to_key().as_bytes()),
+        None
+    );
+    // Not the key's spelling (upper case, one digit short or long).
+    let own = StateKey::QueueEntry(a, 0xab).to_key();
+    assert_eq!(keys.index(own.to_uppercase().as_bytes()), None);
+    assert_eq!(keys.index(&own.as_bytes()[..own.len() - 1]), None);
+    assert_eq!(keys.index(format!("{own}0").as_bytes()), None);
+    assert_eq!(
+        keys.index(
+            own.replace("00000000000000ab", "000000000000000g")
+                .as_bytes()
+        ),
+        None
+    );
 }

@@ -23,7 +23,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parsley_protocol::store::{StateKey, StateVisitor, StoreRead, WriteBatch, decode_pair};
+use parsley_protocol::store::{
+    QueueEntryKeys, StateKey, StateVisitor, StoreRead, WriteBatch, decode_pair,
+};
 use parsley_protocol::{Channel, MemStore};
 
 use crate::runtime::local::{LocalReader, LocalStoreError};
@@ -188,15 +190,12 @@ impl HeldPages {
         }
         let start = StateKey::QueueEntry(channel, from).text();
         let end = StateKey::QueueEntry(channel, to).text();
+        let keys = QueueEntryKeys::new(channel);
         let mut n = 0u64;
         let result =
             disk.reader
                 .protocol_range(start.as_bytes(), end.as_bytes(), &mut |key, value| {
-                    if let Some(StateKey::QueueEntry(c, index)) = std::str::from_utf8(key)
-                        .ok()
-                        .and_then(|k| k.parse::<StateKey>().ok())
-                        && c == channel
-                    {
+                    if let Some(index) = keys.index(key) {
                         n += 1;
                         f(index, value);
                     }
