@@ -834,6 +834,34 @@ struct Span {
     end: usize,
 }
 
+/// Which task, and which of its channels, each assigned partition's
+/// records go to. Looked up by a borrowed topic name and the task named by
+/// a shared id, so routing a record allocates nothing.
+#[derive(Default)]
+struct Routes(BTreeMap<String, BTreeMap<i32, (Arc<TaskId>, usize)>>);
+
+impl Routes {
+    fn get(&self, topic: &str, partition: i32) -> Option<&(Arc<TaskId>, usize)> {
+        self.0.get(topic)?.get(&partition)
+    }
+
+    fn insert(&mut self, topic: &str, partition: i32, task: &Arc<TaskId>, channel: usize) {
+        self.0
+            .entry(topic.to_owned())
+            .or_default()
+            .insert(partition, (Arc::clone(task), channel));
+    }
+
+    fn remove(&mut self, topic: &str, partition: i32) {
+        if let Some(partitions) = self.0.get_mut(topic) {
+            partitions.remove(&partition);
+            if partitions.is_empty() {
+                self.0.remove(topic);
+            }
+        }
+    }
+}
+
 /// The host core for one stream thread. See the [module
 /// documentation](self).
 pub struct Worker {
@@ -884,7 +912,7 @@ pub struct Worker {
     /// Failed tasks whose restart in place is starting now.
     restarting: BTreeSet<TaskId>,
     next_job: u64,
-    routes: BTreeMap<(String, i32), (TaskId, usize)>,
+    routes: Routes,
     state: State,
     /// When the last transaction was handed over, by the host's clock.
     last_handed: Option<i64>,
@@ -942,7 +970,7 @@ impl Worker {
             jobs: Vec::new(),
             restarting: BTreeSet::new(),
             next_job: 0,
-            routes: BTreeMap::new(),
+            routes: Routes::default(),
             state: State::Open,
             last_handed: None,
             dirty: false,
@@ -1070,14 +1098,14 @@ impl Worker {
 
     /// The next offset the consumer must fetch on a partition.
     pub fn position(&self, topic: &str, partition: i32) -> Option<i64> {
-        let (id, i) = self.routes.get(&(topic.to_owned(), partition))?;
-        Some(self.tasks.get(id)?.channels[*i].position)
+        let (id, i) = self.routes.get(topic, partition)?;
+        Some(self.tasks.get(&**id)?.channels[*i].position)
     }
 
     /// The committed position of a partition.
     pub fn committed(&self, topic: &str, partition: i32) -> Option<i64> {
-        let (id, i) = self.routes.get(&(topic.to_owned(), partition))?;
-        Some(self.tasks.get(id)?.channels[*i].committed)
+        let (id, i) = self.routes.get(topic, partition)?;
+        Some(self.tasks.get(&**id)?.channels[*i].committed)
     }
 
     /// Whether a transaction is in flight.
@@ -1272,7 +1300,7 @@ impl Worker {
             refused,
         } = failing;
         for c in &slot.channels {
-            self.routes.remove(&(c.topic.clone(), c.partition));
+            self.routes.remove(&c.topic, c.partition);
             // Nothing reads them until the task restarts.
             self.flow.push(FlowChange {
                 topic: c.topic.clone(),
@@ -1561,9 +1589,9 @@ impl Worker {
                 assigned,
             });
         }
+        let shared = Arc::new(id.clone());
         for (i, c) in channels.iter().enumerate() {
-            self.routes
-                .insert((c.topic.clone(), c.partition), (id.clone(), i));
+            self.routes.insert(&c.topic, c.partition, &shared, i);
         }
         info!(task = %id, channels = channels.len(), "task started");
         let next_sweep_at = self.now.saturating_add(ms(self.config.truncation_interval));
@@ -2043,10 +2071,10 @@ impl Worker {
         partition: i32,
         offset: i64,
     ) -> Result<(), WorkerError> {
-        let Some((id, i)) = self.routes.get(&(topic.to_owned(), partition)).cloned() else {
+        let Some((id, i)) = self.routes.get(topic, partition).cloned() else {
             return Ok(());
         };
-        if let Some(slot) = self.tasks.get_mut(&id) {
+        if let Some(slot) = self.tasks.get_mut(&*id) {
             let c = &mut slot.channels[i];
             if c.awaiting_seek == Some(offset) {
                 c.awaiting_seek = None;
@@ -2091,8 +2119,8 @@ impl Worker {
         let mut touched = BTreeSet::new();
         for key in partitions {
             self.assigned.remove(key);
-            if let Some((id, _)) = self.routes.get(key) {
-                closing.insert(id.clone());
+            if let Some((id, _)) = self.routes.get(&key.0, key.1) {
+                closing.insert(TaskId::clone(id));
             }
             if let Some(id) = self.task_of(&key.0, key.1) {
                 self.waiting.remove(&id);
@@ -2111,7 +2139,7 @@ impl Worker {
             if let Some(slot) = self.tasks.remove(&id) {
                 self.close_local(&id);
                 for c in &slot.channels {
-                    self.routes.remove(&(c.topic.clone(), c.partition));
+                    self.routes.remove(&c.topic, c.partition);
                 }
                 let left: Vec<String> = slot
                     .channels
@@ -2155,12 +2183,15 @@ impl Worker {
 
     /// The task and channel of a partition; `None` for a partition assigned
     /// here whose task is waiting to start.
-    fn route(&self, topic: &str, partition: i32) -> Result<Option<(TaskId, usize)>, WorkerError> {
-        let key = (topic.to_owned(), partition);
-        if let Some(r) = self.routes.get(&key) {
+    fn route(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Option<(Arc<TaskId>, usize)>, WorkerError> {
+        if let Some(r) = self.routes.get(topic, partition) {
             return Ok(Some(r.clone()));
         }
-        if self.assigned.contains_key(&key) {
+        if self.assigned.contains_key(&(topic.to_owned(), partition)) {
             return Ok(None);
         }
         Err(WorkerError::NotAssigned {
@@ -2176,7 +2207,7 @@ impl Worker {
             self.stats.dropped_while_waiting += 1;
             return Ok(());
         };
-        let Some(slot) = self.tasks.get_mut(&id) else {
+        let Some(slot) = self.tasks.get_mut(&*id) else {
             return Err(WorkerError::NotAssigned {
                 topic: record.topic,
                 partition: record.partition,
@@ -2216,7 +2247,7 @@ impl Worker {
             headers: record.headers,
         });
         if let Err(e) = r {
-            return self.fail_task(id, e);
+            return self.fail_task(TaskId::clone(&id), e);
         }
         self.stats.add(slot.meters.count(task));
         self.dirty = true;
@@ -2250,7 +2281,7 @@ impl Worker {
         let Some((id, i)) = self.route(topic, partition)? else {
             return Ok(());
         };
-        let Some(slot) = self.tasks.get_mut(&id) else {
+        let Some(slot) = self.tasks.get_mut(&*id) else {
             return Ok(());
         };
         let c = &mut slot.channels[i];
@@ -2978,7 +3009,7 @@ impl Worker {
         self.flow.clear();
         self.diversions.clear();
         self.owners.clear();
-        self.routes.clear();
+        self.routes = Routes::default();
         self.assigned.clear();
         self.seeks.clear();
         self.state = State::Open;
@@ -3056,7 +3087,7 @@ impl Worker {
                     wipe_unreadable(self.local.as_mut(), id, &e);
                     if let Some(slot) = self.tasks.remove(id) {
                         for c in &slot.channels {
-                            self.routes.remove(&(c.topic.clone(), c.partition));
+                            self.routes.remove(&c.topic, c.partition);
                         }
                         // Its next start fetches them again.
                         for &i in &slot.throttle.paused {
