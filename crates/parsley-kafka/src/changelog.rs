@@ -147,7 +147,7 @@ impl Replayer {
                         ),
                     });
                 }
-                Some(Err(e)) if crate::streams::consumer_error_is_fatal(&e) => {
+                Some(Err(e)) if crate::error::consumer_error_is_fatal(&e) => {
                     return Err(MetadataError::Failed {
                         topic: topic.to_owned(),
                         message: e.to_string(),

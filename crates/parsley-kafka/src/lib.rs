@@ -48,6 +48,8 @@ mod cluster;
 #[cfg(feature = "streams")]
 pub mod diagnostics;
 #[cfg(feature = "streams")]
+mod error;
+#[cfg(feature = "streams")]
 mod policy;
 #[cfg(feature = "streams")]
 mod settings;

@@ -17,7 +17,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tracing::{error, info, warn};
 
-use crate::streams::StreamsError;
+use crate::error::StreamsError;
 pub use parsley::runtime::worker::RefusedRecord;
 
 /// What to do after a stream thread fails.

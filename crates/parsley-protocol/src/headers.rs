@@ -16,8 +16,52 @@
 //! claim" would let an effect overtake its cause, so the caller must fail the
 //! record's task instead.
 
+use std::borrow::Cow;
+
 use crate::clock::{CorruptClock, VectorClock};
 use crate::ids::SenderId;
+
+/// A record header. Kafka allows repeated names and null values; both are
+/// kept as they are.
+///
+/// The name is a `Cow` so that the names every record carries (the three
+/// causal ones, and any a host knows in advance) cost no allocation; see
+/// [`Header::named`].
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct Header {
+    /// The header name.
+    pub name: Cow<'static, str>,
+    /// The header value; `None` is Kafka's null value.
+    pub value: Option<Vec<u8>>,
+}
+
+impl Header {
+    /// A header with a value.
+    pub fn new(name: impl Into<Cow<'static, str>>, value: impl Into<Vec<u8>>) -> Self {
+        Header {
+            name: name.into(),
+            value: Some(value.into()),
+        }
+    }
+
+    /// A header named by text read off the wire: the three causal names
+    /// are borrowed from constants (every stamped record carries them, and
+    /// a host copies headers per record), any other name is copied.
+    pub fn named(name: &str, value: Option<Vec<u8>>) -> Self {
+        let name = match name {
+            CLOCK_HEADER => Cow::Borrowed(CLOCK_HEADER),
+            SENDER_HEADER => Cow::Borrowed(SENDER_HEADER),
+            SEQ_HEADER => Cow::Borrowed(SEQ_HEADER),
+            other => Cow::Owned(other.to_owned()),
+        };
+        Header { name, value }
+    }
+
+    /// The header name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
 
 /// Header name of the dependency clock.
 pub const CLOCK_HEADER: &str = "vc";
@@ -148,9 +192,9 @@ impl CausalHeaders {
 
     /// [`encode`](Self::encode) as record headers appended to `out`, their
     /// names borrowed (no allocation beyond the three values).
-    pub fn encode_headers_into(&self, out: &mut Vec<crate::record::Header>) {
+    pub fn encode_headers_into(&self, out: &mut Vec<Header>) {
         self.encode_each(|name, value| {
-            out.push(crate::record::Header {
+            out.push(Header {
                 name: std::borrow::Cow::Borrowed(name),
                 value: Some(value),
             })

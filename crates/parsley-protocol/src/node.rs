@@ -45,6 +45,7 @@ use crate::headers::{CausalHeaders, SenderTag};
 use crate::ids::{Channel, SenderId, TopicId};
 use crate::record::{Delivery, InboundRecord};
 use crate::restore::Persisted;
+pub use crate::restore::{DeliveredMark, SkipMark};
 use crate::store::{ScopeRecord, StateKey, SteppedPast, StoreRead, WriteBatch, encode_envelope};
 
 /// What a node is: who it is, what it consumes, where it may send.
@@ -56,29 +57,6 @@ pub struct NodeConfig {
     pub inputs: BTreeSet<Channel>,
     /// The topics this node may send to.
     pub sinks: BTreeSet<TopicId>,
-}
-
-/// The highest send sequence delivered from one sender on one channel, and
-/// the offset of that record.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct DeliveredMark {
-    /// The sender's send sequence on the channel.
-    pub seq: i64,
-    /// The offset of the record that carried it.
-    pub offset: i64,
-}
-
-/// Records of one sender on a joined input that the node's past already
-/// claimed by sequence when the input joined: that sender's records on the
-/// channel with a send sequence up to `seq` and an offset below `bound` (the
-/// channel's end offset at the join) are skipped, not delivered.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct SkipMark {
-    /// The highest claimed send sequence.
-    pub seq: i64,
-    /// The channel's end offset when the input joined; nothing at or above
-    /// it can have been in the node's past.
-    pub bound: i64,
 }
 
 /// Counters a host can export as metrics.

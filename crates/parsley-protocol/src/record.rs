@@ -2,50 +2,9 @@
 
 use std::borrow::Cow;
 
-use crate::headers::{CLOCK_HEADER, CausalHeaders, SENDER_HEADER, SEQ_HEADER};
+use crate::headers::CausalHeaders;
+pub use crate::headers::Header;
 use crate::ids::Channel;
-
-/// A record header. Kafka allows repeated names and null values; both are
-/// kept as they are.
-///
-/// The name is a `Cow` so that the names every record carries (the three
-/// causal ones, and any a host knows in advance) cost no allocation; see
-/// [`Header::named`].
-#[derive(Clone, PartialEq, Eq, Hash, Debug)]
-pub struct Header {
-    /// The header name.
-    pub name: Cow<'static, str>,
-    /// The header value; `None` is Kafka's null value.
-    pub value: Option<Vec<u8>>,
-}
-
-impl Header {
-    /// A header with a value.
-    pub fn new(name: impl Into<Cow<'static, str>>, value: impl Into<Vec<u8>>) -> Self {
-        Header {
-            name: name.into(),
-            value: Some(value.into()),
-        }
-    }
-
-    /// A header named by text read off the wire: the three causal names
-    /// are borrowed from constants (every stamped record carries them, and
-    /// a host copies headers per record), any other name is copied.
-    pub fn named(name: &str, value: Option<Vec<u8>>) -> Self {
-        let name = match name {
-            CLOCK_HEADER => Cow::Borrowed(CLOCK_HEADER),
-            SENDER_HEADER => Cow::Borrowed(SENDER_HEADER),
-            SEQ_HEADER => Cow::Borrowed(SEQ_HEADER),
-            other => Cow::Owned(other.to_owned()),
-        };
-        Header { name, value }
-    }
-
-    /// The header name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-}
 
 /// A fetched record as the host hands it to
 /// [`CausalNode::on_record`](crate::CausalNode::on_record).

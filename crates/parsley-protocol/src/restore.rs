@@ -7,11 +7,33 @@ use crate::store::SteppedPast;
 use crate::clock::VectorClock;
 use crate::error::ProtocolError;
 use crate::ids::{Channel, SenderId};
-use crate::node::{DeliveredMark, SkipMark};
 use crate::record::InboundRecord;
 use crate::store::{
     CorruptState, ScopeRecord, StateKey, StoreRead, decode_envelope, decode_i64, decode_pair,
 };
+
+/// The highest send sequence delivered from one sender on one channel, and
+/// the offset of that record.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct DeliveredMark {
+    /// The sender's send sequence on the channel.
+    pub seq: i64,
+    /// The offset of the record that carried it.
+    pub offset: i64,
+}
+
+/// Records of one sender on a joined input that the node's past already
+/// claimed by sequence when the input joined: that sender's records on the
+/// channel with a send sequence up to `seq` and an offset below `bound` (the
+/// channel's end offset at the join) are skipped, not delivered.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct SkipMark {
+    /// The highest claimed send sequence.
+    pub seq: i64,
+    /// The channel's end offset when the input joined; nothing at or above
+    /// it can have been in the node's past.
+    pub bound: i64,
+}
 
 /// Everything a committed store holds, parsed and checked for consistency.
 #[derive(Default)]
