@@ -700,7 +700,7 @@ mod tests {
         fn check(&self) -> Result<(), LocalStoreError> {
             if self.broken.load(Ordering::SeqCst) {
                 return Err(LocalStoreError::Io {
-                    task: crate::runtime::task::TaskId {
+                    task: crate::runtime::identity::TaskId {
                         stage: "s".into(),
                         partition: 0,
                     },

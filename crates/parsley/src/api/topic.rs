@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use crate::codec::{Codec, CodecError};
-use crate::message::{Header, Message};
+use parsley_protocol::Header;
 
 /// What a key or value type must be to travel in an [`Emission`]: comparable
 /// and printable (so emissions are testable with `assert_eq!`), and safe to
@@ -440,30 +440,6 @@ impl Emission {
         self.body
             .add_header(Header::new(Into::<String>::into(name), value));
         self
-    }
-
-    /// The same emission carrying the dead-letter headers for a record that
-    /// could not be processed: the error and the source record's
-    /// coordinate ([`DEAD_LETTER_ERROR`], [`DEAD_LETTER_TOPIC`],
-    /// [`DEAD_LETTER_PARTITION`], [`DEAD_LETTER_OFFSET`]), so whoever reads
-    /// the dead-letter topic can find the original and the reason.
-    ///
-    /// ```
-    /// use parsley::{Codec, Message, Topic, DEAD_LETTER_ERROR, DEAD_LETTER_OFFSET};
-    /// let orders: Topic<String, String> = Topic::new("orders", Codec::utf8(), Codec::utf8());
-    /// let dead: Topic<String, String> = Topic::new("orders-dlq", Codec::utf8(), Codec::utf8());
-    /// let m = Message::new(&orders, "o-1", "{not json").with_position(0, 41);
-    /// let e = dead
-    ///     .send(m.key().cloned(), m.value().cloned())
-    ///     .dead_letter(&m, "expected value at line 1 column 2");
-    /// assert_eq!(e.header(DEAD_LETTER_OFFSET), Some(&b"41"[..]));
-    /// assert_eq!(e.header(DEAD_LETTER_ERROR), Some(&b"expected value at line 1 column 2"[..]));
-    /// ```
-    pub fn dead_letter<K, V>(self, source: &Message<K, V>, error: impl fmt::Display) -> Self {
-        self.with_header(DEAD_LETTER_ERROR, error.to_string())
-            .with_header(DEAD_LETTER_TOPIC, source.topic())
-            .with_header(DEAD_LETTER_PARTITION, source.partition().to_string())
-            .with_header(DEAD_LETTER_OFFSET, source.offset().to_string())
     }
 
     /// The emission's headers, in the order they were added.

@@ -17,7 +17,9 @@
 
 use std::time::Duration;
 
-use crate::task::TaskId;
+use crate::runtime::changelog::ChangelogError;
+use crate::runtime::identity::TaskId;
+use crate::runtime::task::TaskError;
 
 /// How long to wait before a retry: `initial` after the first failure,
 /// doubling with each further failure in a row, up to `max`. A run that
@@ -132,7 +134,7 @@ pub enum Directive {
     Rejoin,
     /// Stop the stream thread with this error; the error handler decides
     /// what follows.
-    Fail(Box<crate::runtime::worker::WorkerError>),
+    Fail(Box<WorkerError>),
     /// Nothing to do: the client recovers by itself.
     Continue,
 }
@@ -234,4 +236,168 @@ mod tests {
         s.restarted_at = Some(500);
         assert_eq!(s.fail(1_501, &b), 0, "ran longer than the cap");
     }
+}
+
+/// What the worker refuses.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// A task failed; abort the transaction.
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    /// A changelog could not restore a task.
+    #[error(transparent)]
+    Changelog(#[from] ChangelogError),
+    /// A channel's committed position lies below its partition's log
+    /// start: records the stage never read are gone.
+    #[error(
+        "task {task}: {topic}:{partition} was consumed up to offset {committed}, but its log starts at {log_start}: retention or DeleteRecords removed {} records this stage never read. Restore them, or set the option to resume at the log start (StreamsOptions::on_retention_loss = OnRetentionLoss::ResumeAtLogStart) to go on without them",
+        .log_start - .committed
+    )]
+    RetentionLoss {
+        /// The task.
+        task: TaskId,
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// Where the channel's consumption stood (the next offset to read).
+        committed: i64,
+        /// The partition's first offset.
+        log_start: i64,
+    },
+    /// A channel with no committed position starts at its partition's
+    /// last stable offset ([`StartPolicy::Latest`](crate::runtime::worker::StartPolicy::Latest)), and that was not known.
+    #[error(
+        "task {task}: {topic}:{partition} has no committed position and starts at its last stable offset (StartPolicy::Latest), but the lookup of that offset gave no answer; the worker does not guess (the high watermark would skip the records of a transaction still open)"
+    )]
+    EndUnknown {
+        /// The task.
+        task: TaskId,
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+    },
+    /// The consumer stopped fetching a partition because its fetch offset
+    /// was out of range, yet every channel's position lies within its log.
+    #[error(
+        "the consumer reported a fetch offset out of range, but every channel of this thread is at or above its log start: the log may have been truncated below what this stage already read (an unclean leader election, or a topic recreated under the same id); the worker does not guess where to go on"
+    )]
+    OffsetOutOfRange,
+    /// The log starts an out-of-range fetch needed could not be looked up.
+    #[error(
+        "the consumer reported a fetch offset out of range, and the log starts that would tell whether records were lost could not be looked up: {0}"
+    )]
+    LogStartUnknown(String),
+    /// The Kafka client failed and will not recover (the host passes the
+    /// client's own words).
+    #[error("the Kafka client failed ({class}): {message}")]
+    Client {
+        /// The fault's class ([`Fault::class`]).
+        class: &'static str,
+        /// The client's error.
+        message: String,
+    },
+    /// A refused record that is not an emission (a changelog record or a
+    /// tick) cannot go to a dead-letter topic.
+    #[error(
+        "task {task}: the record refused for {topic} is not an emission (a changelog record or a tick), so it cannot go to a dead-letter topic: {reason}"
+    )]
+    NotAnEmission {
+        /// The task.
+        task: TaskId,
+        /// The topic it was for.
+        topic: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A partition of a topic no stage of the application consumes.
+    #[error(
+        "partition {topic}:{partition} is not consumed by any stage of application {application:?}; subscribe only to the application's source and tick topics"
+    )]
+    UnknownPartition {
+        /// The application.
+        application: String,
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+    },
+    /// A task's partitions did not all land on this worker.
+    #[error(
+        "task {task} needs {} on one stream thread, but this thread was assigned only {}; use the range assignor with identical subscriptions so partition p of every source lands together",
+        .needed.join(", "), .assigned.join(", ")
+    )]
+    SplitTask {
+        /// The task.
+        task: TaskId,
+        /// Every partition the task consumes.
+        needed: Vec<String>,
+        /// The ones this worker holds.
+        assigned: Vec<String>,
+    },
+    /// A record or position for a partition not assigned here.
+    #[error("{topic}:{partition} is not assigned to this worker")]
+    NotAssigned {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+    },
+    /// A consumer position behind the records already handed over.
+    #[error(
+        "position {position} of {topic}:{partition} is behind the records already handed over (next {consumed}); a position must cover what the polls returned"
+    )]
+    PositionBehind {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The reported position.
+        position: i64,
+        /// The next offset after what was handed over.
+        consumed: i64,
+    },
+    /// A record below the next expected offset.
+    #[error(
+        "record {topic}:{partition}@{offset} arrived out of order (next expected {expected}); seek as the worker said"
+    )]
+    OutOfOrder {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The record's offset.
+        offset: i64,
+        /// The next expected offset.
+        expected: i64,
+    },
+    /// A record or position for a partition whose seek the host has not
+    /// confirmed.
+    #[error(
+        "{topic}:{partition} was told to seek to {offset} and the seek was not confirmed; seek, then call seek_applied"
+    )]
+    SeekNotApplied {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// Where the seek goes.
+        offset: i64,
+    },
+    /// A transaction is in flight: report its outcome first.
+    #[error("a transaction is in flight; report its outcome with commit_outcome first")]
+    CommitInFlight,
+    /// The open transaction failed: abort it first.
+    #[error("the open transaction failed ({reason}); abort it before anything else")]
+    AbortRequired {
+        /// The failure that poisoned it.
+        reason: String,
+    },
+    /// Work is open: commit or abort it before revoking.
+    #[error("work is open; commit (flush) or abort it before revoking partitions")]
+    OpenTransaction,
+    /// No transaction is in flight.
+    #[error("no transaction is in flight")]
+    NoTransaction,
 }

@@ -8,6 +8,8 @@
 //! can contain `/`, so distinct tasks never share an input string. Every
 //! host (the test driver, the Kafka runtime) uses [`sender_id`].
 
+use std::fmt;
+
 use parsley_protocol::{SenderId, TopicId};
 use uuid::Uuid;
 
@@ -71,5 +73,21 @@ mod tests {
             "617623ee-e6a3-5ddf-b348-9338c5e08323"
         );
         assert_eq!(test_topic_id("t", 0), test_topic_id("t", 0));
+    }
+}
+
+/// A task: a stage and the partition number it consumes.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct TaskId {
+    /// The stage name.
+    pub stage: String,
+    /// The partition number.
+    pub partition: i32,
+}
+
+impl fmt::Display for TaskId {
+    /// `stage[partition]`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}]", self.stage, self.partition)
     }
 }

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use parsley_protocol::TopicId;
 use parsley_protocol::store::StateKey;
 
-use crate::runtime::task::TaskId;
+use crate::runtime::identity::TaskId;
 
 /// What a local store belongs to. A store whose identity differs from the
 /// task that opens it is wiped.

@@ -115,21 +115,7 @@ pub trait TopicMetadata {
     fn describe(&self, topic: &str) -> Result<TopicDescription, MetadataError>;
 }
 
-/// A task: a stage and the partition number it consumes.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
-pub struct TaskId {
-    /// The stage name.
-    pub stage: String,
-    /// The partition number.
-    pub partition: i32,
-}
-
-impl fmt::Display for TaskId {
-    /// `stage[partition]`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}[{}]", self.stage, self.partition)
-    }
-}
+pub use crate::runtime::identity::TaskId;
 
 /// A record as the host fetched it: raw bytes and every header, the causal
 /// ones included.
