@@ -64,7 +64,8 @@ pub(crate) fn decode(arg: Option<String>) -> Result<String, String> {
     let bytes = hex::decode(&text).map_err(|e| format!("invalid hex: {e}"))?;
     let clock = VectorClock::decode(&bytes).map_err(|e| e.to_string())?;
     let json = ClockJson {
-        version: parsley_protocol::clock::CLOCK_VERSION,
+        // The version the bytes were written in (1, or the compact 2).
+        version: bytes[0],
         offsets: clock
             .offsets()
             .iter()
@@ -96,11 +97,11 @@ pub(crate) fn encode() -> Result<String, String> {
 fn encode_json(text: &str) -> Result<String, String> {
     let json: ClockJson =
         serde_json::from_str(text).map_err(|e| format!("malformed clock JSON: {e}"))?;
-    if json.version != parsley_protocol::clock::CLOCK_VERSION {
+    use parsley_protocol::clock::{CLOCK_VERSION, CLOCK_VERSION_COMPACT};
+    if json.version != CLOCK_VERSION && json.version != CLOCK_VERSION_COMPACT {
         return Err(format!(
-            "unsupported clock version {}, this build writes version {}",
+            "unsupported clock version {}, this build writes versions {CLOCK_VERSION} and {CLOCK_VERSION_COMPACT}",
             json.version,
-            parsley_protocol::clock::CLOCK_VERSION
         ));
     }
     let mut offsets = Vec::with_capacity(json.offsets.len());
@@ -134,9 +135,12 @@ fn encode_json(text: &str) -> Result<String, String> {
             seq: s.seq,
         });
     }
-    Ok(hex::encode(
-        VectorClock::from_claims(offsets, sequences).encode(),
-    ))
+    let clock = VectorClock::from_claims(offsets, sequences);
+    Ok(hex::encode(if json.version == CLOCK_VERSION_COMPACT {
+        clock.encode_compact()
+    } else {
+        clock.encode()
+    }))
 }
 
 fn non_negative(v: i64, what: &str) -> Result<(), String> {

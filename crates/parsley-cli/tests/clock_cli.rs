@@ -116,6 +116,36 @@ fn encode_prints_canonical_hex() {
 }
 
 #[test]
+fn the_compact_version_is_decoded_and_encoded_when_asked_for() {
+    // One offset claim, topic 00000000-0000-0001-0000-000000000002
+    // partition 0 at 41, in version 2 (see the guide's wire-format page).
+    let compact = "02010000000000000001000000000000000201002900";
+    let json = stdout(&parsley(&["clock", "decode", compact], None));
+    assert!(json.starts_with("{\"version\":2,"), "{json}");
+    assert_eq!(
+        stdout(&parsley(&["clock", "encode"], Some(&json))).trim(),
+        compact
+    );
+    // The same claims asked for as version 1.
+    let v1 = stdout(&parsley(
+        &["clock", "encode"],
+        Some(&json.replacen("\"version\":2", "\"version\":1", 1)),
+    ));
+    assert_eq!(
+        v1.trim(),
+        concat!(
+            "01",
+            "00000001",
+            "0000000000000001",
+            "0000000000000002",
+            "00000000",
+            "0000000000000029",
+            "00000000"
+        )
+    );
+}
+
+#[test]
 fn round_trip_through_both_commands() {
     let json = stdout(&parsley(&["clock", "decode", UNSORTED_HEX], None));
     let hex = stdout(&parsley(&["clock", "encode"], Some(&json)));
@@ -127,9 +157,9 @@ fn bad_input_fails_with_one_line_and_no_stdout() {
     let cases: Vec<(Vec<&str>, Option<&str>, &str)> = vec![
         (vec!["clock", "decode", "zz"], None, "invalid hex"),
         (
-            vec!["clock", "decode", "020000000000000000"],
+            vec!["clock", "decode", "030000000000000000"],
             None,
-            "unknown version 2",
+            "unknown version 3",
         ),
         (vec!["clock", "decode", "0100000001"], None, "truncated"),
         (
@@ -141,8 +171,8 @@ fn bad_input_fails_with_one_line_and_no_stdout() {
         (vec!["clock", "encode"], Some("{"), "malformed clock JSON"),
         (
             vec!["clock", "encode"],
-            Some(r#"{"version":2,"offsets":[],"sequences":[]}"#),
-            "version 2",
+            Some(r#"{"version":3,"offsets":[],"sequences":[]}"#),
+            "version 3",
         ),
         (
             vec!["clock", "encode"],

@@ -76,6 +76,11 @@ fn main() -> std::io::Result<()> {
 
     for n in [0u8, 1, 4] {
         write("clock", &format!("width-{n}"), &clock(n).encode())?;
+        write(
+            "clock",
+            &format!("compact-width-{n}"),
+            &clock(n).encode_compact(),
+        )?;
     }
 
     let tagged = CausalHeaders {

@@ -13,11 +13,12 @@
 //! * `node/restore/N`: init from a store holding N held records, each with a
 //!   100-byte value and a 9-entry clock (divide by N for the per-record
 //!   cost; dropping the node afterwards is not timed).
-//! * `stamp/{send,encode,gate}/P`: a stage writing one sink of P partitions
-//!   (its own-output seed claims every one, so its stamps are P wide):
-//!   stamping one output, encoding its `vc`, and a downstream stage that
-//!   consumes one partition of that sink gating the output. The `vc` size
-//!   per P is printed once, before the timings.
+//! * `stamp/{send,encode,encode_compact,decode,decode_compact,gate}/P`: a
+//!   stage writing one sink of P partitions (its own-output seed claims
+//!   every one, so its stamps are P wide): stamping one output, encoding
+//!   its `vc` in version 1 and in the compact version 2, decoding each, and
+//!   a downstream stage that consumes one partition of that sink gating
+//!   the output. The `vc` sizes per P are printed once, before the timings.
 //! * `release/{decoded,paged}/N`: N held records (100-byte values),
 //!   committed to a store, released by their cause: all kept decoded, or
 //!   paged out past a window of 256 and read back from the store as the
@@ -254,7 +255,14 @@ impl BrokerOffsets for Wide {
             .map(|&t| {
                 (
                     t,
-                    TopicOffsets::Present((0..self.0).map(|p| (p, 100)).collect()),
+                    // A sink some 12M records deep, its partitions tens of
+                    // thousands of records apart (what the compact clock's
+                    // differences see in a real sink).
+                    TopicOffsets::Present(
+                        (0..self.0)
+                            .map(|p| (p, 12_000_000 + (i64::from(p) * 7_919) % 50_000))
+                            .collect(),
+                    ),
                 )
             })
             .collect())
@@ -298,9 +306,11 @@ fn bench_stamp(c: &mut Criterion) {
             Err(e) => panic!("stamp: {e}"),
         };
         let vc = headers.clock.encode();
+        let compact = headers.clock.encode_compact();
         eprintln!(
-            "stamp: a sink of {partitions} partition(s): vc {} bytes, {} offset claims",
+            "stamp: a sink of {partitions} partition(s): vc {} bytes (version 1), {} bytes (compact), {} offset claims",
             vc.len(),
+            compact.len(),
             headers.clock.offsets().len()
         );
         g.bench_with_input(BenchmarkId::new("send", partitions), &out, |b, &out| {
@@ -317,6 +327,25 @@ fn bench_stamp(c: &mut Criterion) {
                     black_box(buf.len())
                 })
             },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("encode_compact", partitions),
+            &headers.clock,
+            |b, clock| {
+                b.iter(|| {
+                    buf.clear();
+                    black_box(clock).encode_compact_into(&mut buf);
+                    black_box(buf.len())
+                })
+            },
+        );
+        g.bench_with_input(BenchmarkId::new("decode", partitions), &vc, |b, vc| {
+            b.iter(|| black_box(VectorClock::decode(black_box(vc))))
+        });
+        g.bench_with_input(
+            BenchmarkId::new("decode_compact", partitions),
+            &compact,
+            |b, compact| b.iter(|| black_box(VectorClock::decode(black_box(compact)))),
         );
         // Downstream: consumes partition 0 of the sink; the claims on the
         // other partitions are carried, not gated.

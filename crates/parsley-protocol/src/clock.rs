@@ -49,8 +49,24 @@ use std::fmt;
 use crate::bytes::{be_i32, be_i64};
 use crate::ids::{Channel, SenderId, TopicId};
 
-/// The only clock version this build reads and writes.
+mod compact;
+
+pub use compact::CLOCK_VERSION_COMPACT;
+
+/// The clock version the Java library reads and writes, and the one this
+/// library writes unless a sink asks for the compact one
+/// ([`CLOCK_VERSION_COMPACT`]). Both are read.
 pub const CLOCK_VERSION: u8 = 1;
+
+/// Which version a clock is written in.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub enum ClockVersion {
+    /// Version 1, the Java library's ([`VectorClock::encode`]).
+    #[default]
+    V1,
+    /// Version 2, compact ([`VectorClock::encode_compact`]).
+    Compact,
+}
 
 const OFFSET_ENTRY_LEN: usize = 8 + 8 + 4 + 8;
 const SEQUENCE_ENTRY_LEN: usize = 8 + 8 + 4 + 8 + 8 + 8;
@@ -107,7 +123,9 @@ pub enum CorruptClock {
     #[error("corrupt clock: empty input, expected at least a version byte")]
     Empty,
     /// A version this build does not know.
-    #[error("corrupt clock: unknown version {0}, this build reads version {CLOCK_VERSION}")]
+    #[error(
+        "corrupt clock: unknown version {0}, this build reads versions {CLOCK_VERSION} and {CLOCK_VERSION_COMPACT}"
+    )]
     UnknownVersion(u8),
     /// An entry count below zero.
     #[error("corrupt clock: negative {section} entry count {count}")]
@@ -160,6 +178,28 @@ pub enum CorruptClock {
     /// Bytes left over after the sequence section.
     #[error("corrupt clock: {0} trailing bytes after the sequence section")]
     TrailingBytes(usize),
+    /// A version-2 varint that is cut off, longer than ten bytes, spelt
+    /// with more bytes than its value needs, or larger than 64 bits.
+    #[error("corrupt clock: malformed varint at byte {at}")]
+    BadVarint {
+        /// Byte position where the varint starts.
+        at: usize,
+    },
+    /// A version-2 value outside its field's range (a partition above
+    /// `i32::MAX`, an offset or sequence above `i64::MAX` or below zero).
+    #[error("corrupt clock: value out of range at byte {at}")]
+    OutOfRange {
+        /// Byte position of the entry or value.
+        at: usize,
+    },
+    /// A version-2 topic group without entries.
+    #[error("corrupt clock: empty {section} group at byte {at}")]
+    EmptyGroup {
+        /// The section of the group.
+        section: ClockSection,
+        /// Byte position of its entry count.
+        at: usize,
+    },
 }
 
 /// A vector clock with an offset section and a sequence section, both in
@@ -400,6 +440,14 @@ impl VectorClock {
         out
     }
 
+    /// The canonical encoding in `version`.
+    pub fn encode_as(&self, version: ClockVersion) -> Vec<u8> {
+        match version {
+            ClockVersion::V1 => self.encode(),
+            ClockVersion::Compact => self.encode_compact(),
+        }
+    }
+
     /// Appends the canonical version-1 encoding to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         let start = out.len();
@@ -437,10 +485,14 @@ impl VectorClock {
         }
     }
 
-    /// Decodes a version-1 clock. See the module documentation for what is
-    /// rejected and how duplicates are treated.
+    /// Decodes a clock of either version (1, or the compact 2; see
+    /// [`encode_compact`](Self::encode_compact)). See the module
+    /// documentation for what is rejected and how duplicates are treated.
     pub fn decode(bytes: &[u8]) -> Result<VectorClock, CorruptClock> {
         let (&version, rest) = bytes.split_first().ok_or(CorruptClock::Empty)?;
+        if version == CLOCK_VERSION_COMPACT {
+            return compact::decode(bytes);
+        }
         if version != CLOCK_VERSION {
             return Err(CorruptClock::UnknownVersion(version));
         }

@@ -18,7 +18,7 @@
 
 use std::borrow::Cow;
 
-use crate::clock::{CorruptClock, VectorClock};
+use crate::clock::{ClockVersion, CorruptClock, VectorClock};
 use crate::ids::SenderId;
 
 /// A record header. Kafka allows repeated names and null values; both are
@@ -193,7 +193,13 @@ impl CausalHeaders {
     /// [`encode`](Self::encode) as record headers appended to `out`, their
     /// names borrowed (no allocation beyond the three values).
     pub fn encode_headers_into(&self, out: &mut Vec<Header>) {
-        self.encode_each(|name, value| {
+        self.encode_headers_into_as(ClockVersion::V1, out);
+    }
+
+    /// [`encode_headers_into`](Self::encode_headers_into) with the `vc`
+    /// written in `version`.
+    pub fn encode_headers_into_as(&self, version: ClockVersion, out: &mut Vec<Header>) {
+        self.encode_each_as(version, |name, value| {
             out.push(Header {
                 name: std::borrow::Cow::Borrowed(name),
                 value: Some(value),
@@ -202,8 +208,12 @@ impl CausalHeaders {
     }
 
     /// Calls `f` with each header name and value, in wire order.
-    fn encode_each(&self, mut f: impl FnMut(&'static str, Vec<u8>)) {
-        f(CLOCK_HEADER, self.clock.encode());
+    fn encode_each(&self, f: impl FnMut(&'static str, Vec<u8>)) {
+        self.encode_each_as(ClockVersion::V1, f);
+    }
+
+    fn encode_each_as(&self, version: ClockVersion, mut f: impl FnMut(&'static str, Vec<u8>)) {
+        f(CLOCK_HEADER, self.clock.encode_as(version));
         if let Some(tag) = self.sender {
             f(SENDER_HEADER, tag.sender.to_bytes().to_vec());
             f(SEQ_HEADER, tag.seq.to_be_bytes().to_vec());

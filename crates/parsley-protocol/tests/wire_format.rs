@@ -157,7 +157,9 @@ fn malformed_clocks_are_rejected() {
     let cases: Vec<(&str, String, CorruptClock)> = vec![
         ("empty", String::new(), CorruptClock::Empty),
         ("version 0", "00 00000000 00000000".into(), CorruptClock::UnknownVersion(0)),
-        ("version 2", "02 00000000 00000000".into(), CorruptClock::UnknownVersion(2)),
+        // Version 2 is the compact form: these bytes are not one of it.
+        ("version 2, laid out as 1", "02 00000000 00000000".into(), CorruptClock::TrailingBytes(6)),
+        ("version 3", "03 00000000 00000000".into(), CorruptClock::UnknownVersion(3)),
         (
             "negative offset count",
             "01 ffffffff 00000000".into(),
@@ -327,8 +329,8 @@ fn headers_decode_strictly() {
         ),
         (
             "undecodable clock",
-            vec![("vc", Some("02 00000000 00000000"))],
-            CorruptHeader::Clock(CorruptClock::UnknownVersion(2)),
+            vec![("vc", Some("03 00000000 00000000"))],
+            CorruptHeader::Clock(CorruptClock::UnknownVersion(3)),
         ),
         (
             "null clock",
@@ -657,5 +659,112 @@ fn malformed_envelopes_are_rejected() {
         ),
     ] {
         assert!(decode_envelope(ch, &hex(bad)).is_err(), "case: {name}");
+    }
+}
+
+// Version 2 (compact). Each vector is written out by hand from the layout
+// on the guide's wire-format page.
+
+const T1_HEX: &str = "0000000000000001 0000000000000002";
+
+#[test]
+fn compact_empty_clock() {
+    assert_eq!(VectorClock::new().encode_compact(), hex("02 00 00"));
+    assert_eq!(
+        VectorClock::decode(&hex("02 00 00")).unwrap(),
+        VectorClock::new()
+    );
+}
+
+#[test]
+fn compact_one_offset_claim() {
+    // 22 bytes where version 1 takes 37.
+    let bytes = hex(&format!("02 01 {T1_HEX} 01 00 29 00"));
+    let clock = offsets(&[(c(T1, 0), 41)]);
+    assert_eq!(clock.encode_compact(), bytes);
+    assert_eq!(bytes.len(), 22);
+    assert_eq!(clock.encoded_len_compact(), 22);
+    assert_eq!(VectorClock::decode(&bytes).unwrap(), clock);
+}
+
+#[test]
+fn compact_partitions_and_offsets_are_differences() {
+    // Partitions 0, 1, 3: 0, then gaps 0 and 1. Offsets 1000 (e8 07),
+    // then -2 (zigzag 3) and +5 (zigzag 10).
+    let bytes = hex(&format!("02 01 {T1_HEX} 03 00 e807 00 03 01 0a 00"));
+    let clock = offsets(&[(c(T1, 0), 1000), (c(T1, 1), 998), (c(T1, 3), 1003)]);
+    assert_eq!(clock.encode_compact(), bytes);
+    assert_eq!(VectorClock::decode(&bytes).unwrap(), clock);
+}
+
+#[test]
+fn compact_groups_follow_the_canonical_topic_order() {
+    // THIGH sorts before T1 (its most significant half is negative).
+    let bytes = hex(&format!(
+        "02 02 8000000000000000 0000000000000001 01 02 05 {T1_HEX} 01 00 ac02 00"
+    ));
+    let clock = offsets(&[(c(T1, 0), 300), (c(THIGH, 2), 5)]);
+    assert_eq!(clock.encode_compact(), bytes);
+    assert_eq!(VectorClock::decode(&bytes).unwrap(), clock);
+}
+
+#[test]
+fn compact_sequence_claims() {
+    // Two claims on partition 1: SHIGH's sorts first (its most significant
+    // half is negative), then S1's on the same partition (step 0).
+    let bytes = hex(&format!(
+        "02 00 01 {T1_HEX} 02
+           01 8000000000000000 0000000000000000 03
+           00 000000000000000a 000000000000000b 07"
+    ));
+    let clock = seqs(&[(c(T1, 1), S1, 7), (c(T1, 1), SHIGH, 3)]);
+    assert_eq!(clock.encode_compact(), bytes);
+    assert_eq!(VectorClock::decode(&bytes).unwrap(), clock);
+}
+
+#[test]
+fn compact_repeated_topics_merge_by_maximum() {
+    let bytes = hex(&format!("02 02 {T1_HEX} 01 00 05 {T1_HEX} 01 00 07 00"));
+    assert_eq!(
+        VectorClock::decode(&bytes).unwrap(),
+        offsets(&[(c(T1, 0), 7)])
+    );
+}
+
+#[test]
+fn malformed_compact_clocks_are_rejected() {
+    use CorruptClock::*;
+    let cases: Vec<(String, CorruptClock)> = vec![
+        ("02".into(), BadVarint { at: 1 }),
+        ("02 8000 00".into(), BadVarint { at: 1 }),
+        (
+            "02 01".into(),
+            Truncated {
+                section: ClockSection::Offsets,
+                at: 2,
+                needed: 19,
+                available: 0,
+            },
+        ),
+        (
+            format!("02 01 {T1_HEX} 00 00 00"),
+            EmptyGroup {
+                section: ClockSection::Offsets,
+                at: 18,
+            },
+        ),
+        (
+            format!("02 01 {T1_HEX} 01 8080808008 00 00"),
+            OutOfRange { at: 19 },
+        ),
+        (
+            format!("02 01 {T1_HEX} 02 00 01 00 03 00"),
+            OutOfRange { at: 21 },
+        ),
+        ("02 00 00 00".into(), TrailingBytes(1)),
+        ("03 00 00".into(), UnknownVersion(3)),
+    ];
+    for (input, want) in cases {
+        assert_eq!(VectorClock::decode(&hex(&input)), Err(want), "{input}");
     }
 }

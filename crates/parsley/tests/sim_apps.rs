@@ -84,7 +84,9 @@ impl App {
 
 /// orders -> checkout -> (order-log, payments) -> ledger (stateful): the
 /// settlement shape, where a payment must never reach the ledger before
-/// the order it was made for.
+/// the order it was made for. Payments carry the compact clock (version 2)
+/// and the order log version 1, so the ledger gates on both through every
+/// fault the world injects.
 fn settlement() -> App {
     let (orders, log, payments) = (topic("orders"), topic("order-log"), topic("payments"));
     let (l, p) = (log.clone(), payments.clone());
@@ -97,6 +99,7 @@ fn settlement() -> App {
         })
         .sink(&log)
         .sink(&payments)
+        .compact_clock(&payments)
         .build()
         .unwrap();
     let ledger = Stage::named("ledger")

@@ -208,3 +208,102 @@ fn tick_logic_reads_keyed_state_and_fails_on_an_undecodable_key() {
     );
     assert_eq!(d.values(&summaries).unwrap().len(), 1, "nothing committed");
 }
+
+/// The `vc` of each record a pipeline wrote to `out` and to `last`, and
+/// the values on `last`: a stage `fan` reads `a` and writes `out` (with
+/// compact clocks or not), a stage `tail` reads `out` (so it decodes and
+/// gates on those clocks) and writes `last`.
+fn pipeline(compact: bool) -> (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<String>) {
+    let (a, out, last) = (topic("a"), topic("out"), topic("last"));
+    let copy = out.clone();
+    let fan = Stage::named("fan").on(&a, move |m: &Message<String, String>| {
+        vec![copy.send(m.key().cloned(), m.value().cloned())]
+    });
+    let fan = if compact {
+        // ANCHOR: compact_clock
+        fan.sink(&out) // declared as usual
+            .compact_clock(&out) // its outputs' vc in version 2
+            .build()
+            .unwrap()
+        // ANCHOR_END: compact_clock
+    } else {
+        fan.sink(&out).build().unwrap()
+    };
+    assert_eq!(fan.writes_compact_clock("out"), compact);
+    let mut tail = Stage::named("tail");
+    let to_last = tail.add_sink(&last);
+    let tail = tail
+        .on(&out, move |m| {
+            vec![to_last.send(m.key().cloned(), m.value().cloned())]
+        })
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [fan, tail]).unwrap();
+    let mut d = TestDriver::new(&app).unwrap();
+    for (k, v) in [("k1", "one"), ("k2", "two"), ("k1", "three")] {
+        d.pipe(&a, k, v).unwrap();
+    }
+    let vc = |t: &T, d: &TestDriver| -> Vec<Vec<u8>> {
+        d.records(t)
+            .unwrap()
+            .into_iter()
+            .map(|r| {
+                r.headers
+                    .iter()
+                    .find(|h| h.name() == "vc")
+                    .and_then(|h| h.value.clone())
+                    .expect("a stamped record")
+            })
+            .collect()
+    };
+    let values = d
+        .records(&last)
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| r.value)
+        .collect();
+    (vc(&out, &d), vc(&last, &d), values)
+}
+
+/// A sink with compact clocks gets version 2 `vc` headers that say what the
+/// version 1 ones say, a stage downstream reads them, and its own sink
+/// (left at the default) stays at version 1.
+#[test]
+fn compact_clock_sinks_carry_version_2_and_are_read_downstream() {
+    let (v1_out, v1_last, v1_values) = pipeline(false);
+    let (v2_out, v2_last, v2_values) = pipeline(true);
+    assert_eq!(v1_out.len(), 3);
+    assert!(v1_out.iter().all(|vc| vc[0] == 1));
+    assert!(v2_out.iter().all(|vc| vc[0] == 2), "{v2_out:02x?}");
+    for (one, two) in v1_out.iter().zip(&v2_out) {
+        assert_eq!(
+            protocol::VectorClock::decode(one).unwrap(),
+            protocol::VectorClock::decode(two).unwrap()
+        );
+        assert!(two.len() < one.len());
+    }
+    // Downstream delivered the same records, stamped the same way.
+    assert_eq!(v2_values, v1_values);
+    assert_eq!(v2_values, vec!["one", "two", "three"]);
+    assert_eq!(v2_last, v1_last);
+    assert!(v2_last.iter().all(|vc| vc[0] == 1));
+}
+
+#[test]
+fn compact_clocks_on_a_topic_that_is_not_a_sink_are_refused() {
+    let (a, out, other) = (topic("a"), topic("out"), topic("other"));
+    let err = Stage::named("s")
+        .on(&a, |_m: &Message<String, String>| Vec::<Emission>::new())
+        .sink(&out)
+        .compact_clock(&other)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        StageError::CompactClockNotASink {
+            stage: "s".into(),
+            topic: "other".into(),
+        }
+    );
+    assert!(err.to_string().contains(".sink(..)"), "{err}");
+}

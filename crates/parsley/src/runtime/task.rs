@@ -47,6 +47,7 @@ use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
+use parsley_protocol::clock::ClockVersion;
 use parsley_protocol::headers::is_causal_header;
 use parsley_protocol::{
     BrokerOffsets, CausalHeaders, CausalNode, Channel, CorruptHeader, Delivery, Header,
@@ -594,6 +595,8 @@ enum SourceSlot {
 struct SinkInfo {
     id: TopicId,
     partitions: i32,
+    /// The version its outputs' `vc` is written in.
+    clock: ClockVersion,
     /// The declared sink: its types and codecs are the ones that encode.
     topic: AnyTopic,
 }
@@ -778,6 +781,11 @@ impl Task {
                 SinkInfo {
                     id: d.id,
                     partitions: d.partitions,
+                    clock: if stage_def.writes_compact_clock(sink.name()) {
+                        ClockVersion::Compact
+                    } else {
+                        ClockVersion::V1
+                    },
                     topic: sink.clone(),
                 },
             );
@@ -1976,7 +1984,7 @@ impl Task {
             timestamp,
             headers: {
                 let mut headers = Vec::with_capacity(3 + emission.headers().len());
-                stamp.encode_headers_into(&mut headers);
+                stamp.encode_headers_into_as(sink.clock, &mut headers);
                 headers.extend(emission.headers().iter().cloned());
                 headers
             },
