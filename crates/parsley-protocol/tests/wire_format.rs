@@ -694,6 +694,7 @@ fn compact_partitions_and_offsets_are_differences() {
     let bytes = hex(&format!("02 01 {T1_HEX} 03 00 e807 00 03 01 0a 00"));
     let clock = offsets(&[(c(T1, 0), 1000), (c(T1, 1), 998), (c(T1, 3), 1003)]);
     assert_eq!(clock.encode_compact(), bytes);
+    assert_eq!(bytes.len(), 27);
     assert_eq!(VectorClock::decode(&bytes).unwrap(), clock);
 }
 
@@ -705,6 +706,7 @@ fn compact_groups_follow_the_canonical_topic_order() {
     ));
     let clock = offsets(&[(c(T1, 0), 300), (c(THIGH, 2), 5)]);
     assert_eq!(clock.encode_compact(), bytes);
+    assert_eq!(bytes.len(), 42);
     assert_eq!(VectorClock::decode(&bytes).unwrap(), clock);
 }
 
@@ -719,6 +721,7 @@ fn compact_sequence_claims() {
     ));
     let clock = seqs(&[(c(T1, 1), S1, 7), (c(T1, 1), SHIGH, 3)]);
     assert_eq!(clock.encode_compact(), bytes);
+    assert_eq!(bytes.len(), 56);
     assert_eq!(VectorClock::decode(&bytes).unwrap(), clock);
 }
 

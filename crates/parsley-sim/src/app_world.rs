@@ -43,6 +43,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
+use parsley_protocol::clock::{CLOCK_VERSION_COMPACT, ClockVersion};
+use parsley_protocol::headers::CLOCK_HEADER;
 use parsley_protocol::{CausalHeaders, Channel, Header};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -505,6 +507,8 @@ pub struct AppStats {
     pub partial_holds: u64,
     /// Committed deliveries made while a reconciliation was under way.
     pub deliveries_while_reconciling: u64,
+    /// Records fetched whose `vc` was sent in the compact version 2.
+    pub compact_clocks_fetched: u64,
     /// Incremental reconciliation steps carried out.
     pub reconcile_steps: u64,
     /// Tasks holding records that kept every partition through a
@@ -1449,8 +1453,15 @@ impl AppWorld {
                 break;
             };
             let mut headers = rec.headers.clone();
-            for (name, value) in rec.causal.encode() {
-                headers.push(Header::new(name, value));
+            rec.causal
+                .encode_headers_into_as(rec.clock_version, &mut headers);
+            // Counted from the bytes served, so a broker that rewrote the
+            // clock in version 1 would count none.
+            let served = headers.iter().rev().find(|h| h.name() == CLOCK_HEADER);
+            if served.and_then(|h| h.value.as_deref()?.first().copied())
+                == Some(CLOCK_VERSION_COMPACT)
+            {
+                self.stats.compact_clocks_fetched += 1;
             }
             self.members[i].buffer.push_back(Fetched {
                 topic: t.clone(),
@@ -1922,6 +1933,15 @@ impl AppWorld {
                 .collect(),
             causal,
             oracle_id,
+            clock_version: match r.headers.iter().find(|h| h.name() == CLOCK_HEADER) {
+                Some(h)
+                    if h.value.as_deref().and_then(<[u8]>::first)
+                        == Some(&CLOCK_VERSION_COMPACT) =>
+                {
+                    ClockVersion::Compact
+                }
+                _ => ClockVersion::V1,
+            },
         })
     }
 }

@@ -38,6 +38,9 @@ pub struct StoredRecord {
     pub causal: CausalHeaders,
     /// The oracle's handle on this record (its index in the oracle's table).
     pub oracle_id: usize,
+    /// The version its `vc` was sent in; a fetch serves it back in the
+    /// same version, so a stage reads what the sender wrote.
+    pub clock_version: parsley_protocol::clock::ClockVersion,
 }
 
 /// One offset of a partition.

@@ -149,6 +149,7 @@ impl EdgeProducer {
                     headers: Vec::new(),
                     causal,
                     oracle_id: id,
+                    clock_version: parsley_protocol::clock::ClockVersion::V1,
                 },
                 true,
             );

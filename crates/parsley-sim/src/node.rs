@@ -940,6 +940,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
                 headers: Vec::new(),
                 causal,
                 oracle_id: usize::MAX,
+                clock_version: parsley_protocol::clock::ClockVersion::V1,
             },
         })
     }

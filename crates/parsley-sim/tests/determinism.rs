@@ -116,6 +116,7 @@ fn append_bytes_change_the_trace() {
             }),
         },
         oracle_id: 0,
+        clock_version: parsley_protocol::clock::ClockVersion::V1,
     };
     let digest = |value: u8, clock_offset: i64, seq: i64, committed: bool, marker: bool| {
         let mut b = SimBroker::new();

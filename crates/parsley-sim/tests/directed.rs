@@ -222,6 +222,7 @@ fn plain_record() -> StoredRecord {
         headers: Vec::new(),
         causal: CausalHeaders::default(),
         oracle_id: usize::MAX,
+        clock_version: parsley_protocol::clock::ClockVersion::V1,
     }
 }
 

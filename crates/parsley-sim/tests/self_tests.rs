@@ -224,6 +224,7 @@ fn over_claiming(offset: i64) -> Result<WorldStats, WorldFailure> {
             headers: Vec::new(),
             causal: CausalHeaders::default(),
             oracle_id: usize::MAX,
+            clock_version: parsley_protocol::clock::ClockVersion::V1,
         };
         w.broker.append(gone, record, true);
     }

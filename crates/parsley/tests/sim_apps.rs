@@ -823,6 +823,13 @@ fn settlement_pipeline() {
         "task starts retried after a failed lookup",
         |r| r.bridge.start_retries > 0,
     );
+    // The ledger read payments' compact clocks (version 2) as sent.
+    floor(
+        "settlement",
+        &runs,
+        "records fetched with a compact clock",
+        |r| r.world.compact_clocks_fetched > 0,
+    );
 }
 
 /// Every class of client fault, injected into commits and polls, with

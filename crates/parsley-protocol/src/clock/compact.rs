@@ -164,20 +164,26 @@ fn sequence_groups(claims: &[SequenceClaim]) -> impl Iterator<Item = &[SequenceC
 /// An offset entry's partition step and value, after `prev` in its group
 /// (claims are canonical: partitions strictly ascending, values at least
 /// zero).
+///
+/// A clock built by hand with a negative partition (which no decoder
+/// accepts) is written as a value the decoder refuses, never a panic: the
+/// arithmetic is in 64 bits and wraps.
 fn offset_entry(prev: Option<&OffsetClaim>, c: &OffsetClaim) -> (u64, u64) {
+    let partition = i64::from(c.channel.partition);
     match prev {
-        None => (c.channel.partition as u64, c.offset as u64),
+        None => (partition as u64, c.offset as u64),
         Some(p) => (
-            (c.channel.partition - p.channel.partition - 1) as u64,
-            zigzag(c.offset - p.offset),
+            (partition - i64::from(p.channel.partition) - 1) as u64,
+            zigzag(c.offset.wrapping_sub(p.offset)),
         ),
     }
 }
 
 fn sequence_step(prev: Option<i32>, c: &SequenceClaim) -> u64 {
+    let partition = i64::from(c.channel.partition);
     match prev {
-        None => c.channel.partition as u64,
-        Some(p) => (c.channel.partition - p) as u64,
+        None => partition as u64,
+        Some(p) => (partition - i64::from(p)) as u64,
     }
 }
 
@@ -383,6 +389,34 @@ mod tests {
                 "{bad:02x?}"
             );
         }
+    }
+
+    #[test]
+    fn a_negative_partition_built_by_hand_is_written_as_bytes_the_decoder_refuses() {
+        let t = TopicId::from_u128(1);
+        let clock = VectorClock::from_claims(
+            [
+                OffsetClaim {
+                    channel: Channel::new(t, -1),
+                    offset: 0,
+                },
+                OffsetClaim {
+                    channel: Channel::new(t, i32::MAX),
+                    offset: 0,
+                },
+            ],
+            [SequenceClaim {
+                channel: Channel::new(t, i32::MIN),
+                sender: SenderId::from_u128(2),
+                seq: 0,
+            }],
+        );
+        let bytes = clock.encode_compact();
+        assert_eq!(bytes.len(), clock.encoded_len_compact());
+        assert!(matches!(
+            VectorClock::decode(&bytes),
+            Err(CorruptClock::OutOfRange { .. })
+        ));
     }
 
     #[test]
