@@ -97,13 +97,13 @@ pub(crate) fn encode() -> Result<String, String> {
 fn encode_json(text: &str) -> Result<String, String> {
     let json: ClockJson =
         serde_json::from_str(text).map_err(|e| format!("malformed clock JSON: {e}"))?;
-    use parsley_protocol::clock::{CLOCK_VERSION, CLOCK_VERSION_COMPACT};
-    if json.version != CLOCK_VERSION && json.version != CLOCK_VERSION_COMPACT {
+    use parsley_protocol::clock::{CLOCK_VERSION, CLOCK_VERSION_COMPACT, ClockVersion};
+    let Some(version) = ClockVersion::from_byte(json.version) else {
         return Err(format!(
             "unsupported clock version {}, this build writes versions {CLOCK_VERSION} and {CLOCK_VERSION_COMPACT}",
             json.version,
         ));
-    }
+    };
     let mut offsets = Vec::with_capacity(json.offsets.len());
     for (i, o) in json.offsets.iter().enumerate() {
         let topic: TopicId = o
@@ -135,12 +135,9 @@ fn encode_json(text: &str) -> Result<String, String> {
             seq: s.seq,
         });
     }
-    let clock = VectorClock::from_claims(offsets, sequences);
-    Ok(hex::encode(if json.version == CLOCK_VERSION_COMPACT {
-        clock.encode_compact()
-    } else {
-        clock.encode()
-    }))
+    Ok(hex::encode(
+        VectorClock::from_claims(offsets, sequences).encode_as(version),
+    ))
 }
 
 fn non_negative(v: i64, what: &str) -> Result<(), String> {

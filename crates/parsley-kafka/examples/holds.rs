@@ -72,6 +72,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(mib) => Some(mib.parse::<usize>()? << 20),
     };
     let partitions: i32 = args.next().map_or(Ok(6), |a| a.parse())?;
+    let release_per_transaction: Option<usize> =
+        match std::env::var("RELEASE_PER_TRANSACTION").as_deref() {
+            Ok("none") => None,
+            Ok(n) => Some(n.parse()?),
+            Err(_) => StreamsOptions::default().release_per_transaction,
+        };
     let bootstrap =
         std::env::var("PARSLEY_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_owned());
     let mut config = ClientConfig::new();
@@ -87,13 +93,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
         .collect();
-    for r in futures_executor::block_on(cluster.admin().create_topics(&new, &AdminOptions::new()))?
-    {
-        r.map_err(|(t, e)| format!("{t}: {e}"))?;
-    }
-    while cluster.describe(&causes).is_err() || cluster.describe(&effects).is_err() {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    create_topics(&cluster, &new)?;
     let causes_id = cluster.describe(&causes)?.id;
 
     // The causes: one per partition, in a transaction left open.
@@ -170,11 +170,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         instance_id: Some("bench".to_owned()),
         state_dir: Some(std::env::temp_dir().join(format!("holds-bench-{nanos}"))),
         hold_budget: budget,
-        release_per_transaction: match std::env::var("RELEASE_PER_TRANSACTION").as_deref() {
-            Ok("none") => None,
-            Ok(n) => Some(n.parse()?),
-            Err(_) => StreamsOptions::default().release_per_transaction,
-        },
+        release_per_transaction,
         ..StreamsOptions::default()
     });
     s.start()?;
@@ -258,11 +254,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let after = resident_mib();
     s.close(Duration::from_secs(60))?;
     if std::env::var_os("HOLDS_FLOOR").is_some() {
-        let per_transaction = match std::env::var("RELEASE_PER_TRANSACTION").as_deref() {
-            Ok("none") => None,
-            Ok(n) => Some(n.parse::<usize>()?),
-            Err(_) => StreamsOptions::default().release_per_transaction,
-        };
         let took = tombstone_floor(
             &config,
             &cluster,
@@ -270,7 +261,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             records,
             partitions,
             // The stage releases up to the cap per task in one transaction.
-            per_transaction.map(|n| n * partitions as usize),
+            release_per_transaction.map(|n| n * partitions as usize),
         )?;
         println!(
             "floor: {records} changelog tombstones, committed in {:.2} s ({:.0}/s)",
@@ -295,6 +286,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Creates `topics` and waits until the cluster describes each of them.
+fn create_topics(
+    cluster: &KafkaCluster,
+    topics: &[NewTopic<'_>],
+) -> Result<(), Box<dyn std::error::Error>> {
+    for r in
+        futures_executor::block_on(cluster.admin().create_topics(topics, &AdminOptions::new()))?
+    {
+        r.map_err(|(t, e)| format!("{t}: {e}"))?;
+    }
+    while topics.iter().any(|t| cluster.describe(t.name).is_err()) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
 /// The time a plain transactional producer takes to write and commit one
 /// tombstone per record, keyed as a held record's changelog entry, to a
 /// compacted topic of `partitions` partitions, `per_transaction` at a time
@@ -309,16 +316,11 @@ fn tombstone_floor(
     per_transaction: Option<usize>,
 ) -> Result<Duration, Box<dyn std::error::Error>> {
     use parsley::protocol::store::StateKey;
-    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1))
-        .set("cleanup.policy", "compact");
-    for r in
-        futures_executor::block_on(cluster.admin().create_topics([&new], &AdminOptions::new()))?
-    {
-        r.map_err(|(t, e)| format!("{t}: {e}"))?;
-    }
-    while cluster.describe(topic).is_err() {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    create_topics(
+        cluster,
+        &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))
+            .set("cleanup.policy", "compact")],
+    )?;
     let id = cluster.describe(topic)?.id;
     let keys: Vec<String> = (0..records)
         .map(|i| {

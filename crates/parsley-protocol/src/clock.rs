@@ -68,6 +68,25 @@ pub enum ClockVersion {
     Compact,
 }
 
+impl ClockVersion {
+    /// The version its first byte names, `None` for one this build does
+    /// not know.
+    pub fn from_byte(byte: u8) -> Option<ClockVersion> {
+        match byte {
+            CLOCK_VERSION => Some(ClockVersion::V1),
+            CLOCK_VERSION_COMPACT => Some(ClockVersion::Compact),
+            _ => None,
+        }
+    }
+
+    /// The version an encoded clock is written in, by its first byte
+    /// (`None` for empty bytes or an unknown version; the rest is not
+    /// checked).
+    pub fn of(encoded: &[u8]) -> Option<ClockVersion> {
+        encoded.first().copied().and_then(ClockVersion::from_byte)
+    }
+}
+
 const OFFSET_ENTRY_LEN: usize = 8 + 8 + 4 + 8;
 const SEQUENCE_ENTRY_LEN: usize = 8 + 8 + 4 + 8 + 8 + 8;
 

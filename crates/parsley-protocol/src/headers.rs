@@ -186,7 +186,7 @@ impl CausalHeaders {
     /// clock, so a stamped record is distinguishable from an unstamped one.
     pub fn encode(&self) -> Vec<(&'static str, Vec<u8>)> {
         let mut out = Vec::with_capacity(3);
-        self.encode_each(|name, value| out.push((name, value)));
+        self.encode_each_as(ClockVersion::V1, |name, value| out.push((name, value)));
         out
     }
 
@@ -208,10 +208,6 @@ impl CausalHeaders {
     }
 
     /// Calls `f` with each header name and value, in wire order.
-    fn encode_each(&self, f: impl FnMut(&'static str, Vec<u8>)) {
-        self.encode_each_as(ClockVersion::V1, f);
-    }
-
     fn encode_each_as(&self, version: ClockVersion, mut f: impl FnMut(&'static str, Vec<u8>)) {
         f(CLOCK_HEADER, self.clock.encode_as(version));
         if let Some(tag) = self.sender {

@@ -43,7 +43,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
-use parsley_protocol::clock::{CLOCK_VERSION_COMPACT, ClockVersion};
+use parsley_protocol::clock::ClockVersion;
 use parsley_protocol::headers::CLOCK_HEADER;
 use parsley_protocol::{CausalHeaders, Channel, Header};
 use rand::{Rng, SeedableRng};
@@ -1458,8 +1458,8 @@ impl AppWorld {
             // Counted from the bytes served, so a broker that rewrote the
             // clock in version 1 would count none.
             let served = headers.iter().rev().find(|h| h.name() == CLOCK_HEADER);
-            if served.and_then(|h| h.value.as_deref()?.first().copied())
-                == Some(CLOCK_VERSION_COMPACT)
+            if served.and_then(|h| ClockVersion::of(h.value.as_deref()?))
+                == Some(ClockVersion::Compact)
             {
                 self.stats.compact_clocks_fetched += 1;
             }
@@ -1933,15 +1933,12 @@ impl AppWorld {
                 .collect(),
             causal,
             oracle_id,
-            clock_version: match r.headers.iter().find(|h| h.name() == CLOCK_HEADER) {
-                Some(h)
-                    if h.value.as_deref().and_then(<[u8]>::first)
-                        == Some(&CLOCK_VERSION_COMPACT) =>
-                {
-                    ClockVersion::Compact
-                }
-                _ => ClockVersion::V1,
-            },
+            clock_version: r
+                .headers
+                .iter()
+                .find(|h| h.name() == CLOCK_HEADER)
+                .and_then(|h| ClockVersion::of(h.value.as_deref()?))
+                .unwrap_or_default(),
         })
     }
 }
