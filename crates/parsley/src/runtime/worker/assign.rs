@@ -1,0 +1,365 @@
+//! The group's assignment: partitions grouped into tasks, where each channel
+//! starts, the seeks that put it there, and revocation.
+
+use super::*;
+
+impl Worker {
+    /// The seeks the consumer must make, in order (after an assignment or
+    /// an abort).
+    pub fn take_seeks(&mut self) -> Vec<Seek> {
+        std::mem::take(&mut self.seeks)
+    }
+
+    /// The group assigned these partitions (in addition to what this worker
+    /// holds). Starts every task they complete, restoring its stores from
+    /// its changelogs, and queues the consumer seeks.
+    pub fn assign(
+        &mut self,
+        partitions: Vec<AssignedPartition>,
+        cluster: &dyn Cluster,
+        now: i64,
+    ) -> Result<(), WorkerError> {
+        self.ready()?;
+        self.now = self.now.max(now);
+        // Validate the whole assignment before changing anything.
+        let mut touched = BTreeSet::new();
+        let mut incoming = BTreeSet::new();
+        for p in &partitions {
+            let Some(id) = self.task_of(&p.topic, p.partition) else {
+                return Err(WorkerError::UnknownPartition {
+                    application: self.app.application_id().to_owned(),
+                    topic: p.topic.clone(),
+                    partition: p.partition,
+                });
+            };
+            touched.insert(id);
+            incoming.insert((p.topic.clone(), p.partition));
+        }
+        for id in &touched {
+            if self.tasks.contains_key(id)
+                || self.waiting.contains(id)
+                || self.restoring.contains_key(id)
+                || self.stopped.contains_key(id)
+            {
+                continue;
+            }
+            let needed = self.needed(id);
+            let here = |k: &(String, i32)| self.assigned.contains_key(k) || incoming.contains(k);
+            if self.config.assignment == Assignment::Complete && !needed.iter().all(here) {
+                let fmt =
+                    |v: &[&(String, i32)]| v.iter().map(|(t, p)| format!("{t}:{p}")).collect();
+                let held: Vec<&(String, i32)> = needed.iter().filter(|k| here(k)).collect();
+                return Err(WorkerError::SplitTask {
+                    task: id.clone(),
+                    needed: fmt(&needed.iter().collect::<Vec<_>>()),
+                    assigned: fmt(&held),
+                });
+            }
+        }
+        for p in partitions {
+            self.assigned.insert((p.topic.clone(), p.partition), p);
+        }
+        for id in touched {
+            if self.tasks.contains_key(&id)
+                || self.waiting.contains(&id)
+                || self.restoring.contains_key(&id)
+                || self.stopped.contains_key(&id)
+            {
+                continue;
+            }
+            let needed = self.needed(&id);
+            if !needed.iter().all(|k| self.assigned.contains_key(k)) {
+                // Only under incremental assignment (checked above): wait
+                // for the rest, fetching nothing meanwhile.
+                self.hold_partial(&id);
+                continue;
+            }
+            if self.partial.remove(&id) {
+                debug!(task = %id, "every partition of the task is here; it forms");
+                for (topic, partition) in needed {
+                    self.flow.push(FlowChange {
+                        topic,
+                        partition,
+                        paused: false,
+                    });
+                }
+            }
+            self.try_start(id, cluster)?;
+        }
+        Ok(())
+    }
+
+    /// A task with only some of its partitions here: they are paused (and
+    /// their records dropped) until the rest arrive.
+    pub(super) fn hold_partial(&mut self, id: &TaskId) {
+        if self.partial.insert(id.clone()) {
+            self.stats.partial_tasks += 1;
+        }
+        let here: Vec<(String, i32)> = self
+            .needed(id)
+            .into_iter()
+            .filter(|k| self.assigned.contains_key(k))
+            .collect();
+        debug!(task = %id, here = here.len(), "some of the task's partitions are here; it forms when the rest arrive");
+        for (topic, partition) in here {
+            self.flow.push(FlowChange {
+                topic,
+                partition,
+                paused: true,
+            });
+        }
+    }
+
+    /// Tasks waiting for the rest of their partitions
+    /// ([`Assignment::Incremental`]).
+    pub fn partial_tasks(&self) -> impl Iterator<Item = &TaskId> {
+        self.partial.iter()
+    }
+
+    /// Starts a task; a transient lookup failure leaves it waiting (its
+    /// partitions' records are dropped, to be fetched again from its start
+    /// position once it runs), to be retried at the next punctuation. Any
+    /// other failure is final.
+    pub(super) fn try_start(
+        &mut self,
+        id: TaskId,
+        cluster: &dyn Cluster,
+    ) -> Result<(), WorkerError> {
+        match self.start_task(&id, cluster) {
+            Ok(()) => {
+                self.waiting.remove(&id);
+                Ok(())
+            }
+            Err(e) if transient(&e) => {
+                warn!(task = %id, error = %e, "task start failed on a lookup; retrying at the next punctuation");
+                self.stats.task_start_retries += 1;
+                self.waiting.insert(id);
+                Ok(())
+            }
+            Err(e) => self.poison(e),
+        }
+    }
+
+    /// Tasks still waiting to start.
+    pub fn waiting_tasks(&self) -> impl Iterator<Item = &TaskId> {
+        self.waiting.iter()
+    }
+
+    /// The partitions a task consumes: partition `p` of every source and of
+    /// the tick topic.
+    pub(super) fn needed(&self, id: &TaskId) -> Vec<(String, i32)> {
+        let mut out = Vec::new();
+        if let Some(stage) = self.app.stage(&id.stage) {
+            for t in stage.source_topics() {
+                out.push((t.to_owned(), id.partition));
+            }
+        }
+        if let Some(t) = self.app.tick_topic(&id.stage) {
+            out.push((t.to_owned(), id.partition));
+        }
+        out
+    }
+
+    pub(super) fn task_of(&self, topic: &str, partition: i32) -> Option<TaskId> {
+        self.app.stages().iter().find_map(|s| {
+            let consumes =
+                s.source_topics().contains(&topic) || self.app.tick_topic(s.name()) == Some(topic);
+            consumes.then(|| TaskId {
+                stage: s.name().to_owned(),
+                partition,
+            })
+        })
+    }
+
+    /// The consumer stopped fetching a partition because its fetch offset
+    /// is out of range (librdkafka's `auto.offset.reset=error`, which the
+    /// Kafka runtime sets): retention or DeleteRecords removed records
+    /// this thread had not read yet, or the log was truncated. The worker
+    /// looks up the log start of every channel of its running tasks; each
+    /// channel whose position lies below its log start has lost records,
+    /// and [`WorkerConfig::on_retention_loss`] decides: fail with
+    /// [`WorkerError::RetentionLoss`], or go on from the log start (a seek
+    /// to ask for, the frontier moved past the loss). When no channel is
+    /// below its log start the cause is unknown, and the worker fails with
+    /// [`WorkerError::OffsetOutOfRange`] rather than guess.
+    ///
+    /// A channel below its log start whose records still sit in the
+    /// consumer's buffer counts as lost too: what is below the log start
+    /// is gone from the cluster, and a restart could not read it again.
+    pub fn offset_out_of_range(&mut self, cluster: &dyn Cluster) -> Result<(), WorkerError> {
+        self.ready()?;
+        let ids: BTreeSet<parsley_protocol::TopicId> = self
+            .tasks
+            .values()
+            .flat_map(|s| s.channels.iter().map(|c| c.channel.topic))
+            .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let starts = match cluster.log_starts(&ids) {
+            Ok(s) => s,
+            // A failed lookup cannot tell a loss from anything else; the
+            // consumer stays stopped on that partition, so fail loudly.
+            Err(e) => return self.poison(WorkerError::LogStartUnknown(e.to_string())),
+        };
+        let on_loss = self.config.on_retention_loss;
+        let mut lost = 0;
+        for (id, slot) in &mut self.tasks {
+            let Some(task) = slot.task.as_mut() else {
+                continue;
+            };
+            for c in &mut slot.channels {
+                let log_start = match starts.get(&c.channel.topic) {
+                    Some(parsley_protocol::TopicOffsets::Present(p)) => {
+                        p.get(&c.partition).copied().unwrap_or(0)
+                    }
+                    _ => continue,
+                };
+                if c.position >= log_start {
+                    continue;
+                }
+                lost += 1;
+                let at = c.position;
+                match retention_loss(on_loss, &mut self.stats, id, c, at, log_start) {
+                    Ok(start) => {
+                        c.restart_at(start, &mut self.seeks);
+                        task.position_advance(c.channel, start)?;
+                        self.dirty = true;
+                    }
+                    Err(e) => {
+                        self.failing = Some(Failing {
+                            task: id.clone(),
+                            reason: e.to_string(),
+                            refused: None,
+                        });
+                        self.state = State::MustAbort(e.to_string());
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        if lost == 0 {
+            return self.poison(WorkerError::OffsetOutOfRange);
+        }
+        Ok(())
+    }
+
+    /// The host made a seek the worker asked for: records of the partition
+    /// are accepted again. Until then they are refused, so a host that
+    /// forgot a seek fails at once instead of skipping records.
+    pub fn seek_applied(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Result<(), WorkerError> {
+        let Some((id, i)) = self.routes.get(topic, partition).cloned() else {
+            return Ok(());
+        };
+        if let Some(slot) = self.tasks.get_mut(&*id) {
+            let c = &mut slot.channels[i];
+            if c.awaiting_seek == Some(offset) {
+                c.awaiting_seek = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// What the host must do before revoking: commit open work, abort it
+    /// when the assignment was lost, or nothing.
+    pub fn revoke_plan(&self, lost: bool) -> RevokePlan {
+        let failed = matches!(self.state, State::MustAbort(_));
+        if failed || (lost && self.dirty) {
+            RevokePlan::Abort
+        } else if self.dirty {
+            RevokePlan::Commit
+        } else {
+            RevokePlan::Nothing
+        }
+    }
+
+    /// The group took these partitions away. The open work must have been
+    /// committed or aborted first ([`revoke_plan`](Self::revoke_plan)).
+    /// Every task owning one of them is closed; its committed state lives
+    /// on in its changelogs.
+    pub fn revoke(&mut self, partitions: &[(String, i32)]) -> Result<(), WorkerError> {
+        self.ready()?;
+        if self.dirty {
+            return Err(WorkerError::OpenTransaction);
+        }
+        let mut closing = BTreeSet::new();
+        self.seeks.retain(|k| {
+            !partitions
+                .iter()
+                .any(|(t, p)| *t == k.topic && *p == k.partition)
+        });
+        self.flow.retain(|f| {
+            !partitions
+                .iter()
+                .any(|(t, p)| *t == f.topic && *p == f.partition)
+        });
+        let mut touched = BTreeSet::new();
+        for key in partitions {
+            self.assigned.remove(key);
+            if let Some((id, _)) = self.routes.get(&key.0, key.1) {
+                closing.insert(TaskId::clone(id));
+            }
+            if let Some(id) = self.task_of(&key.0, key.1) {
+                self.waiting.remove(&id);
+                if self.restoring.remove(&id).is_some() {
+                    info!(task = %id, "restoring task revoked");
+                    self.jobs.retain(|j| j.task != id);
+                }
+                if self.stopped.remove(&id).is_some() {
+                    info!(task = %id, "stopped task revoked");
+                }
+                self.diversions.remove(&id);
+                touched.insert(id);
+            }
+        }
+        for id in closing {
+            if let Some(slot) = self.tasks.remove(&id) {
+                self.close_local(&id);
+                for c in &slot.channels {
+                    self.routes.remove(&c.topic, c.partition);
+                }
+                let left: Vec<String> = slot
+                    .channels
+                    .iter()
+                    .filter(|c| self.assigned.contains_key(&(c.topic.clone(), c.partition)))
+                    .map(|c| format!("{}:{}", c.topic, c.partition))
+                    .collect();
+                info!(task = %id, "task revoked");
+                if !left.is_empty() && self.config.assignment == Assignment::Complete {
+                    let needed = slot
+                        .channels
+                        .iter()
+                        .map(|c| format!("{}:{}", c.topic, c.partition))
+                        .collect();
+                    return self.poison(WorkerError::SplitTask {
+                        task: id,
+                        needed,
+                        assigned: left,
+                    });
+                }
+            }
+        }
+        // What is left of each touched task waits for the task to form
+        // again (incremental assignment), or is gone.
+        for id in touched {
+            if self.tasks.contains_key(&id) {
+                continue;
+            }
+            if self
+                .needed(&id)
+                .iter()
+                .any(|k| self.assigned.contains_key(k))
+            {
+                self.hold_partial(&id);
+            } else {
+                self.partial.remove(&id);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,428 @@
+//! One transaction over every task: when it is due, what it carries, and
+//! what its outcome does to the tasks and their local stores.
+
+use super::*;
+
+impl Worker {
+    /// The offset each record of the transaction handed over last got, by
+    /// index (from the producer's delivery reports), reported before its
+    /// [`commit_outcome`](Self::commit_outcome). With a local store, these
+    /// are the checkpoints the commit's writes reach; a commit whose
+    /// offsets were not reported cannot be checkpointed, and the stores of
+    /// the tasks it wrote are wiped (rebuilt at their next start).
+    pub fn delivered(&mut self, offsets: &[i64]) {
+        self.reached.clear();
+        if self.local.is_none() {
+            return;
+        }
+        let mut broken = BTreeSet::new();
+        for span in &self.spans {
+            // A partition's records get increasing offsets: the last one
+            // is the furthest.
+            match span.end.checked_sub(1).and_then(|i| offsets.get(i)) {
+                Some(&offset) if offset >= 0 => {
+                    let next = self
+                        .reached
+                        .entry(span.task.clone())
+                        .or_default()
+                        .entry(span.topic.clone())
+                        .or_insert(0);
+                    *next = (*next).max(offset.saturating_add(1));
+                }
+                _ => {
+                    broken.insert(span.task.clone());
+                }
+            }
+        }
+        for task in broken {
+            self.reached.remove(&task);
+        }
+    }
+
+    /// Samples every task's gauges now and publishes them with every held
+    /// head ([`published`](Self::published)). [`punctuate`](Self::punctuate)
+    /// does this every [`SAMPLE_INTERVAL`]; a host (or a test) that wants a
+    /// fresh reading can call it any time.
+    pub fn sample(&mut self) -> &Published {
+        let now = self.now;
+        let mut metrics = Vec::with_capacity(self.tasks.len());
+        let mut holds = Vec::new();
+        for slot in self.tasks.values_mut() {
+            let Some(task) = slot.task.as_ref() else {
+                continue;
+            };
+            metrics.push(slot.meters.sample(
+                now,
+                task,
+                slot.throttle.paused.len(),
+                self.config.hold_budget.unwrap_or(0),
+            ));
+            holds.extend(task.held());
+        }
+        crate::holds::sort_longest_first(&mut holds);
+        self.published = Published {
+            at: now,
+            metrics,
+            holds,
+        };
+        &self.published
+    }
+
+    /// The last sample: every task's metrics and every held head, longest
+    /// held first (`explain_holds`). It lists only tasks this worker runs.
+    pub fn published(&self) -> &Published {
+        &self.published
+    }
+
+    /// The open transaction, once it has been open for the commit interval
+    /// (and holds anything).
+    pub fn poll_transaction(&mut self, now: i64) -> Result<Option<Transaction>, WorkerError> {
+        self.ready()?;
+        self.now = self.now.max(now);
+        if self.commit_due_in(self.now) == Some(Duration::ZERO) {
+            self.take_transaction().map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// How long from `now` (the host's clock) until
+    /// [`poll_transaction`](Self::poll_transaction) hands a transaction
+    /// over: zero when one is due, `None` while no work is open. A host
+    /// that waits for records waits no longer than this, so a due commit
+    /// is not held back by an idle poll.
+    ///
+    /// The interval runs from the previous hand-over, so a steady stream
+    /// commits every interval (a record waits half of one on average) and
+    /// a record after a quiet spell longer than the interval commits at
+    /// once; either way there is at most one transaction per interval.
+    pub fn commit_due_in(&self, now: i64) -> Option<Duration> {
+        if !self.dirty {
+            return None;
+        }
+        // A release waiting for this transaction to go out: at once.
+        if self.releases_waiting() {
+            return Some(Duration::ZERO);
+        }
+        let Some(last) = self.last_handed else {
+            return Some(Duration::ZERO);
+        };
+        let due = last.saturating_add(ms(self.config.commit_interval));
+        Some(Duration::from_millis(
+            u64::try_from(due.saturating_sub(now.max(self.now))).unwrap_or(0),
+        ))
+    }
+
+    /// Whether a task's release stopped at
+    /// [`WorkerConfig::release_per_transaction`] and waits for the open
+    /// transaction to be handed over.
+    pub fn releases_waiting(&self) -> bool {
+        self.config.release_per_transaction.is_some()
+            && self
+                .tasks
+                .values()
+                .any(|s| s.task.as_ref().is_some_and(Task::release_waiting))
+    }
+
+    /// `Some(ZERO)` when a release that stopped at the cap can go on now
+    /// (the transaction it filled was handed over): the host punctuates
+    /// without waiting, as it does for a due restart.
+    pub fn release_due_in(&self) -> Option<Duration> {
+        let resumable = matches!(self.state, State::Open)
+            && self.config.release_per_transaction.is_some()
+            && self
+                .tasks
+                .values()
+                .any(|s| s.task.as_ref().is_some_and(Task::release_resumable));
+        resumable.then_some(Duration::ZERO)
+    }
+
+    /// Goes on with the releases that stopped at the cap (after the
+    /// transaction they filled was handed over).
+    pub(super) fn resume_releases(&mut self) -> Result<(), WorkerError> {
+        if self.config.release_per_transaction.is_none() {
+            return Ok(());
+        }
+        let ids: Vec<TaskId> = self
+            .tasks
+            .iter()
+            .filter(|(_, s)| s.task.as_ref().is_some_and(Task::release_resumable))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            let Some(slot) = self.tasks.get_mut(&id) else {
+                continue;
+            };
+            let Some(task) = slot.task.as_mut() else {
+                continue;
+            };
+            let r = task.resume_release();
+            self.stats.add(slot.meters.count(task));
+            match r {
+                Err(e) => return self.fail_task(id, e),
+                Ok(true) => self.stats.releases_resumed += 1,
+                Ok(false) => continue,
+            }
+            if task.has_work() {
+                self.dirty = true;
+            }
+            let regulate = slot.throttle.engaged(task, self.config.hold_budget);
+            if regulate {
+                self.regulate(&id);
+            }
+        }
+        Ok(())
+    }
+
+    /// The open transaction now, whatever its age (before a revocation or a
+    /// shutdown); `None` when nothing is open.
+    pub fn flush(&mut self) -> Result<Option<Transaction>, WorkerError> {
+        self.ready()?;
+        if !self.dirty {
+            return Ok(None);
+        }
+        self.take_transaction().map(Some)
+    }
+
+    /// Splits the fold cache evenly over the tasks whose fold state reads
+    /// through it (their number changes as tasks start and leave).
+    pub(super) fn share_fold_cache(&mut self) {
+        let Some(total) = self.config.fold_cache else {
+            return;
+        };
+        let bounded = |slot: &Slot| {
+            slot.task
+                .as_ref()
+                .is_some_and(|t| t.stores().fold.is_bounded())
+        };
+        // Tasks restoring count too: their replays hold fold state as well.
+        let n = self.tasks.values().filter(|s| bounded(s)).count() + self.restoring.len();
+        let Some(share) = total.checked_div(n) else {
+            return;
+        };
+        self.fold_share.store(share, Ordering::Relaxed);
+        for slot in self.tasks.values_mut() {
+            if let Some(task) = slot.task.as_mut() {
+                task.set_fold_budget(share);
+            }
+        }
+    }
+
+    pub(super) fn take_transaction(&mut self) -> Result<Transaction, WorkerError> {
+        let id = self.next_txn;
+        self.owners.clear();
+        self.spans.clear();
+        self.reached.clear();
+        self.commit_retries = 0;
+        let mut txn = Transaction {
+            id,
+            ..Transaction::default()
+        };
+        self.share_fold_cache();
+        let mut failed = None;
+        for (task_id, slot) in &mut self.tasks {
+            let Some(task) = slot.task.as_mut() else {
+                continue;
+            };
+            if let Local::Lost(reason) = &slot.local {
+                // Its fold state beyond the cache is gone with the store.
+                failed = Some((
+                    task_id.clone(),
+                    TaskError::LocalStore {
+                        task: task_id.clone(),
+                        cause: local::LocalStoreError::Io {
+                            task: task_id.clone(),
+                            message: reason.clone(),
+                        },
+                    },
+                ));
+                break;
+            }
+            match task.take_commit() {
+                Ok(commit) => {
+                    // The first task's records move over whole (no copy of
+                    // a transaction's worth of records on one task).
+                    if txn.records.is_empty() {
+                        txn.records = commit.records;
+                    } else {
+                        txn.records.extend(commit.records);
+                    }
+                    let mut run: Option<Span> = None;
+                    for (at, r) in (txn.records.len()..).zip(&commit.changelog) {
+                        match &mut run {
+                            Some(span) if span.topic == r.topic => span.end = at + 1,
+                            _ => {
+                                self.spans.extend(run.take());
+                                run = Some(Span {
+                                    task: task_id.clone(),
+                                    topic: r.topic.clone(),
+                                    end: at + 1,
+                                });
+                            }
+                        }
+                    }
+                    self.spans.extend(run);
+                    txn.records.extend(commit.changelog);
+                    self.owners.push((txn.records.len(), task_id.clone()));
+                    txn.events
+                        .extend(commit.events.into_iter().map(|event| WorkerEvent {
+                            task: task_id.clone(),
+                            event,
+                        }));
+                }
+                Err(e) => {
+                    failed = Some((task_id.clone(), e));
+                    break;
+                }
+            }
+            // Every channel's position, moved or not: the offset commit is
+            // what carries the group generation, so it is what fences a
+            // zombie (EOS v2), even for a transaction of ticks alone.
+            for c in &slot.channels {
+                {
+                    txn.offsets.push(ConsumedOffset {
+                        topic: c.topic.clone(),
+                        partition: c.partition,
+                        offset: c.position,
+                    });
+                }
+            }
+        }
+        if let Some((id, e)) = failed {
+            return self.fail_task(id, e);
+        }
+        self.next_txn += 1;
+        self.state = State::InFlight;
+        self.last_handed = Some(self.now);
+        Ok(txn)
+    }
+
+    /// How the transaction handed over last ended.
+    pub fn commit_outcome(
+        &mut self,
+        outcome: CommitOutcome,
+        cluster: &dyn Cluster,
+    ) -> Result<(), WorkerError> {
+        if !matches!(self.state, State::InFlight) {
+            return Err(WorkerError::NoTransaction);
+        }
+        match outcome {
+            CommitOutcome::Committed => {
+                let written: BTreeSet<&TaskId> = self.spans.iter().map(|s| &s.task).collect();
+                for (id, slot) in &mut self.tasks {
+                    if let Some(task) = slot.task.as_mut() {
+                        match (&mut self.local, &mut slot.local) {
+                            (Some(store), Local::Writing { .. }) if written.contains(id) => {
+                                let mut entries = Vec::new();
+                                task.commit_done_into(Some(&mut entries));
+                                let seq = task.stores().local_seq();
+                                let reached = self.reached.remove(id);
+                                if write_committed(
+                                    store.as_mut(),
+                                    self.now,
+                                    id,
+                                    slot,
+                                    (entries, seq),
+                                    reached,
+                                ) {
+                                    // A store that applied the write at once
+                                    // lets this commit's entries go now.
+                                    if let Some(task) = slot.task.as_mut() {
+                                        task.evict_local();
+                                    }
+                                } else {
+                                    self.stats.local_store_write_failures += 1;
+                                }
+                            }
+                            _ => task.commit_done(),
+                        }
+                    }
+                    for c in &mut slot.channels {
+                        c.committed = c.position;
+                        // A task that restarts later (after a failed reset)
+                        // starts from here, not from the assignment's offset.
+                        if let Some(a) = self.assigned.get_mut(&(c.topic.clone(), c.partition)) {
+                            a.committed = Some(c.position);
+                        }
+                    }
+                }
+                self.stats.commits += 1;
+                self.state = State::Open;
+                self.dirty = false;
+                self.spans.clear();
+                self.reached.clear();
+                self.prune_diversions();
+                Ok(())
+            }
+            CommitOutcome::Aborted => {
+                self.state = State::Open;
+                self.rollback(cluster).map(|_| ())
+            }
+            CommitOutcome::Fenced | CommitOutcome::Unknown => {
+                self.fenced();
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Writes one committed transaction's writes of a task to its local store,
+/// with the checkpoint they reach. Without a checkpoint (the host did not
+/// report the offsets), or when the write fails, the store is wiped and the
+/// task writes no more to it. Returns false then.
+pub(super) fn write_committed(
+    store: &mut dyn LocalStore,
+    now: i64,
+    id: &TaskId,
+    slot: &mut Slot,
+    (entries, seq): (Vec<crate::runtime::local::LocalEntry>, u64),
+    reached: Option<BTreeMap<String, i64>>,
+) -> bool {
+    let Local::Writing {
+        identity,
+        checkpoint,
+    } = &mut slot.local
+    else {
+        return true;
+    };
+    let failure = match reached {
+        None => "the commit's changelog offsets were not reported".to_owned(),
+        Some(reached) => {
+            let mut next = checkpoint.clone();
+            next.extend(reached);
+            let write = LocalWrite {
+                identity: Some(identity.clone()),
+                checkpoint: next.clone(),
+                replace: false,
+                written_at: now,
+                entries,
+                seq,
+            };
+            match store.write(id, write) {
+                Ok(()) => {
+                    *checkpoint = next;
+                    return true;
+                }
+                Err(e) => e.to_string(),
+            }
+        }
+    };
+    warn!(task = %id, reason = %failure, "the local store missed a commit: it is wiped, and rebuilt when the task starts again");
+    if let Err(e) = store.wipe(id) {
+        warn!(task = %id, error = %e, "the local store could not be wiped");
+    }
+    let bounded = slot
+        .task
+        .as_ref()
+        .is_some_and(|t| t.stores().reads_through_local());
+    if !bounded && let Some(task) = slot.task.as_mut() {
+        // Every held record is still in memory: keep them there.
+        task.detach_held();
+    }
+    slot.local = if bounded {
+        Local::Lost(failure)
+    } else {
+        Local::Stale
+    };
+    false
+}

@@ -1,0 +1,360 @@
+//! Failures: a task's error rolls the open work back and stops that task; a
+//! client's fault gets a directive; fencing drops every task.
+
+use super::*;
+
+impl Worker {
+    pub(super) fn ready(&self) -> Result<(), WorkerError> {
+        match &self.state {
+            State::Open => Ok(()),
+            State::InFlight => Err(WorkerError::CommitInFlight),
+            State::MustAbort(reason) => Err(WorkerError::AbortRequired {
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    pub(super) fn poison<T>(&mut self, e: impl Into<WorkerError>) -> Result<T, WorkerError> {
+        let e = e.into();
+        self.state = State::MustAbort(e.to_string());
+        Err(e)
+    }
+
+    /// A task's own error: it poisons the open transaction like any other,
+    /// and the abort that follows stops that task alone.
+    pub(super) fn fail_task<T>(
+        &mut self,
+        id: TaskId,
+        e: impl Into<WorkerError>,
+    ) -> Result<T, WorkerError> {
+        let e = e.into();
+        if let WorkerError::Task(task_error) = &e
+            && wipe_unreadable(self.local.as_mut(), &id, task_error)
+            && let Some(slot) = self.tasks.get_mut(&id)
+        {
+            slot.local = Local::Stale;
+        }
+        self.failing = Some(Failing {
+            task: id,
+            reason: e.to_string(),
+            refused: None,
+        });
+        self.poison(e)
+    }
+
+    /// The task whose error the open transaction must be aborted for, if
+    /// a task's error poisoned it (the abort stops that task).
+    pub fn failing_task(&self) -> Option<&TaskId> {
+        self.failing.as_ref().map(|f| &f.task)
+    }
+
+    /// A failure the host's client reported, by class; the answer is what
+    /// the host does next:
+    ///
+    /// | fault | what the worker does | directive |
+    /// |-------|----------------------|-----------|
+    /// | [`Fault::Fenced`], [`Fault::AbortFailed`] | drops every task | [`Directive::Rejoin`] |
+    /// | [`Fault::Fatal`] | drops every task | [`Directive::Fail`] (the error handler decides) |
+    /// | [`Fault::Abortable`] | nothing yet | [`Directive::Abort`]; report the abort as usual |
+    /// | [`Fault::Retriable`] in a commit | counts the retry | [`Directive::Retry`], up to [`WorkerConfig::commit_retries`] times; then the commit's fate is unknown: drops every task, [`Directive::Rejoin`] |
+    /// | [`Fault::RecordRefused`] | marks the task that made the record | [`Directive::Abort`]; the abort stops that task, and its [`TaskFailure::refused`] names the record |
+    /// | [`Fault::Poll`], not fatal | nothing (the client retries) | [`Directive::Continue`] |
+    /// | [`Fault::Poll`], fatal | drops every task | [`Directive::Fail`] |
+    pub fn on_fault(&mut self, fault: Fault) -> Directive {
+        self.stats.faults += 1;
+        let class = fault.class();
+        match fault {
+            Fault::Poll {
+                fatal: false,
+                message,
+            } => {
+                warn!(class, error = %message, "consumer error; the client retries it");
+                Directive::Continue
+            }
+            Fault::Fenced(message) | Fault::AbortFailed(message) => {
+                warn!(class, error = %message, "another owner has the tasks now; rejoining");
+                self.fenced();
+                Directive::Rejoin
+            }
+            Fault::Fatal(message)
+            | Fault::Poll {
+                fatal: true,
+                message,
+            } => {
+                self.fenced();
+                Directive::Fail(Box::new(WorkerError::Client { class, message }))
+            }
+            Fault::Abortable(message) => {
+                debug!(class, error = %message, "the transaction aborts");
+                Directive::Abort
+            }
+            Fault::Retriable(message) => {
+                let in_flight = matches!(self.state, State::InFlight);
+                if in_flight && self.commit_retries < self.config.commit_retries {
+                    let after = COMMIT_RETRY.saturating_mul(1 << self.commit_retries.min(16));
+                    self.commit_retries += 1;
+                    self.stats.commit_retries += 1;
+                    warn!(class, error = %message, attempt = self.commit_retries, ?after, "a commit step failed in a way that may pass on a retry; retrying it");
+                    Directive::Retry { after }
+                } else {
+                    warn!(class, error = %message, "the commit's fate is unknown after its retries; dropping every task and rejoining");
+                    self.fenced();
+                    Directive::Rejoin
+                }
+            }
+            Fault::RecordRefused {
+                record,
+                topic,
+                partition,
+                origin,
+                reason,
+            } => {
+                let owner = self
+                    .owners
+                    .iter()
+                    .find(|(end, _)| record < *end)
+                    .map(|(_, id)| id.clone());
+                let Some(task) = owner else {
+                    // Not a record of the transaction in flight: nothing to
+                    // pin it on, so nothing is safe to keep.
+                    self.fenced();
+                    return Directive::Fail(Box::new(WorkerError::Client {
+                        class,
+                        message: format!(
+                            "record {record} for {topic}:{partition} was refused ({reason}), but the transaction in flight has no such record"
+                        ),
+                    }));
+                };
+                let diverted = origin.is_some_and(|o| {
+                    self.diversions
+                        .get(&task)
+                        .is_some_and(|d| d.contains_key(&o))
+                });
+                let why = if diverted {
+                    format!(
+                        "the dead-letter topic {topic:?} refused the emission sent there instead of its sink: {reason}"
+                    )
+                } else {
+                    format!("a record for {topic}:{partition} could not be produced: {reason}")
+                };
+                self.failing = Some(Failing {
+                    task,
+                    reason: why,
+                    // A dead-letter record refused in turn is not sent
+                    // anywhere else: the task fails.
+                    refused: (!diverted).then_some(RefusedRecord {
+                        topic,
+                        partition,
+                        reason,
+                        origin,
+                    }),
+                });
+                Directive::Abort
+            }
+        }
+    }
+
+    /// After a refused record stopped its task ([`TaskFailure::refused`]),
+    /// sends that emission to `topic`, a dead-letter topic, instead of its
+    /// sink, and restarts the task at once (no backoff: this is a fix, not
+    /// a retry). The emission goes there unstamped, with its own headers
+    /// and the `parsley.dlq.*` headers naming the delivery that made it,
+    /// the sink and the reason. Returns false when the task is not stopped
+    /// here (revoked meanwhile).
+    pub fn divert(
+        &mut self,
+        task: &TaskId,
+        refused: &RefusedRecord,
+        topic: &str,
+        cluster: &dyn Cluster,
+    ) -> Result<bool, WorkerError> {
+        let Some(origin) = refused.origin else {
+            return Err(WorkerError::NotAnEmission {
+                task: task.clone(),
+                topic: refused.topic.clone(),
+                reason: refused.reason.clone(),
+            });
+        };
+        if !self.stopped.contains_key(task) {
+            return Ok(false);
+        }
+        // The topic's partition count is looked up when the task starts,
+        // where a failed lookup is retried.
+        self.diversions.entry(task.clone()).or_default().insert(
+            origin,
+            Diversion {
+                topic: topic.to_owned(),
+                partitions: 0,
+                reason: refused.reason.clone(),
+            },
+        );
+        if let Some(s) = self.stopped.get_mut(task) {
+            s.restart_at = Some(self.now);
+        }
+        self.restart_due(cluster)?;
+        Ok(true)
+    }
+
+    /// Drops the diversions whose delivery is committed (it will not be
+    /// handled again).
+    pub(super) fn prune_diversions(&mut self) {
+        let tasks = &self.tasks;
+        self.diversions.retain(|id, d| {
+            let Some(slot) = tasks.get(id) else {
+                // Stopped (or waiting): kept for its restart.
+                return true;
+            };
+            d.retain(|o, _| {
+                slot.channels
+                    .iter()
+                    .find(|c| c.channel == o.channel)
+                    .is_none_or(|c| o.offset >= c.committed)
+            });
+            !d.is_empty()
+        });
+    }
+
+    /// Drops every task and the whole assignment: the producer or the group
+    /// membership was fenced (also outside a commit), or a commit's fate is
+    /// unknown. The host rejoins the group; nothing here is committed.
+    pub fn fenced(&mut self) {
+        self.stats.fenced += 1;
+        warn!("fenced or commit fate unknown: dropping every task; rejoin the group");
+        let ids: Vec<TaskId> = self.tasks.keys().cloned().collect();
+        for id in &ids {
+            self.close_local(id);
+        }
+        self.tasks.clear();
+        self.spans.clear();
+        self.reached.clear();
+        self.restoring.clear();
+        self.jobs.clear();
+        self.waiting.clear();
+        self.failing = None;
+        self.stopped.clear();
+        self.partial.clear();
+        self.flow.clear();
+        self.diversions.clear();
+        self.owners.clear();
+        self.routes = Routes::default();
+        self.assigned.clear();
+        self.seeks.clear();
+        self.state = State::Open;
+        self.dirty = false;
+    }
+
+    /// The host aborted the open transaction (a task failed, or the
+    /// assignment was lost). Every task returns to its committed state and
+    /// every channel is sought back to its committed position. Returns the
+    /// records the open transaction had produced so far, which a host that
+    /// streams records into the open transaction has seen aborted.
+    pub fn abort(&mut self, cluster: &dyn Cluster) -> Result<Vec<OutgoingRecord>, WorkerError> {
+        if matches!(self.state, State::InFlight) {
+            return Err(WorkerError::CommitInFlight);
+        }
+        self.state = State::Open;
+        self.rollback(cluster)
+    }
+
+    pub(super) fn rollback(
+        &mut self,
+        cluster: &dyn Cluster,
+    ) -> Result<Vec<OutgoingRecord>, WorkerError> {
+        self.stats.aborts += 1;
+        self.dirty = false;
+        self.seeks.clear();
+        let mut abandoned = Vec::new();
+        if let Some(failing) = self.failing.take()
+            && let Some(mut slot) = self.tasks.remove(&failing.task)
+        {
+            if let Some(old) = slot.task.as_mut() {
+                abandoned.extend(old.take_abandoned());
+            }
+            self.stop_task(slot, failing);
+        }
+        let ids: Vec<TaskId> = self.tasks.keys().cloned().collect();
+        let mut failed = None;
+        for id in &ids {
+            let Some(slot) = self.tasks.get_mut(id) else {
+                continue;
+            };
+            let Some(mut old) = slot.task.take() else {
+                continue;
+            };
+            abandoned.extend(old.take_abandoned());
+            for c in &mut slot.channels {
+                c.position = c.committed;
+                c.pending = None;
+            }
+            self.stats.add(slot.meters.count(&old));
+            slot.meters.rebase();
+            match old.reset(cluster, cluster, self.now) {
+                Ok(mut task) => {
+                    if task.node().held_count() > 0 && task.stores().held.is_attached() {
+                        self.stats.resets_with_held_on_disk += 1;
+                    }
+                    // The rebuilt task keeps its hold window itself.
+                    task.set_hold_budget(self.config.hold_budget);
+                    slot.task = Some(task);
+                    // What it holds starts again from the committed state.
+                    let paused = std::mem::take(&mut slot.throttle.paused);
+                    slot.throttle = Throttle::default();
+                    for i in paused {
+                        let c = &slot.channels[i];
+                        self.flow.push(FlowChange {
+                            topic: c.topic.clone(),
+                            partition: c.partition,
+                            paused: false,
+                        });
+                    }
+                }
+                Err(e) => {
+                    // The committed state is in the changelogs: the task
+                    // restarts from there, now or at the next punctuation.
+                    warn!(task = %id, error = %e, "task reset failed; it restarts from its changelogs");
+                    // A store that cannot read back what it holds would
+                    // fail the restart too: it is rebuilt.
+                    wipe_unreadable(self.local.as_mut(), id, &e);
+                    if let Some(slot) = self.tasks.remove(id) {
+                        for c in &slot.channels {
+                            self.routes.remove(&c.topic, c.partition);
+                        }
+                        // Its next start fetches them again.
+                        for &i in &slot.throttle.paused {
+                            let c = &slot.channels[i];
+                            self.flow.push(FlowChange {
+                                topic: c.topic.clone(),
+                                partition: c.partition,
+                                paused: false,
+                            });
+                        }
+                    }
+                    if transient_task(&e) {
+                        self.waiting.insert(id.clone());
+                    } else {
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        for id in &ids {
+            if !self.tasks.contains_key(id) {
+                continue;
+            }
+            if let Err(e) = self.begin_task(id, false) {
+                failed.get_or_insert(match e {
+                    WorkerError::Task(t) => t,
+                    other => return self.poison(other),
+                });
+            }
+        }
+        if let Some(e) = failed {
+            return self.poison(e);
+        }
+        debug!(
+            tasks = ids.len(),
+            "transaction aborted; tasks back at their committed state"
+        );
+        Ok(abandoned)
+    }
+}
