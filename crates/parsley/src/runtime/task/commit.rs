@@ -1,0 +1,211 @@
+//! The commit: what a task hands its host, what it does once the host
+//! committed, and its stores across a reset.
+
+use super::*;
+
+impl Task {
+    /// Takes everything this transaction produced: the records to append
+    /// and the changelog records of both stores. The host appends them and
+    /// commits them with the consumed positions, atomically, then reports
+    /// the outcome: [`commit_done`](Self::commit_done) once committed, or
+    /// [`reset`](Self::reset) after an abort.
+    pub fn take_commit(&mut self) -> Result<TaskCommit, TaskError> {
+        if self.poisoned {
+            return Err(TaskError::Poisoned {
+                task: self.id.clone(),
+            });
+        }
+        if self.in_flight.is_some() {
+            return Err(TaskError::InFlight {
+                task: self.id.clone(),
+            });
+        }
+        self.in_flight_tick_at = self.next_tick_at;
+        self.paged_in_since_commit = 0;
+        let protocol = self.node.take_writes();
+        let fold = std::mem::take(&mut self.pending_fold);
+        let mut changelog = Vec::with_capacity(protocol.len() + fold.len());
+        let names = self.app.owned_names(&self.id.stage);
+        if !protocol.is_empty() {
+            let Some(topic) = names.map(|n| n.state_changelog.clone()) else {
+                return Err(TaskError::Config {
+                    task: self.id.clone(),
+                    message: "the stage has no state changelog name".to_owned(),
+                });
+            };
+            for (key, value) in protocol.iter() {
+                changelog.push(self.changelog_record(&topic, key.text().as_bytes(), value));
+            }
+        }
+        if !fold.is_empty() {
+            let Some(topic) = names.and_then(|n| n.fold_changelog.clone()) else {
+                return Err(TaskError::Config {
+                    task: self.id.clone(),
+                    message: "fold state written by a stage without a fold store".to_owned(),
+                });
+            };
+            for (key, value) in fold.iter() {
+                changelog.push(self.changelog_record(&topic, key, value));
+            }
+        }
+        self.in_flight = Some(InFlight { protocol, fold });
+        self.acted = false;
+        Ok(TaskCommit {
+            records: std::mem::take(&mut self.outgoing),
+            changelog,
+            events: std::mem::take(&mut self.events),
+        })
+    }
+
+    pub(super) fn changelog_record(
+        &self,
+        topic: &str,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> OutgoingRecord {
+        OutgoingRecord {
+            topic: topic.to_owned(),
+            partition: self.id.partition,
+            key: Some(key.to_vec()),
+            value: value.map(<[u8]>::to_vec),
+            timestamp: self.wall_clock,
+            headers: Vec::new(),
+            origin: None,
+        }
+    }
+
+    /// The records emitted since the last commit, taken without committing
+    /// anything (an abort: a host that streams records into its open
+    /// transaction has produced them, and they end up aborted).
+    pub fn take_abandoned(&mut self) -> Vec<OutgoingRecord> {
+        std::mem::take(&mut self.outgoing)
+    }
+
+    /// The transaction taken last was committed: its writes join the
+    /// committed stores.
+    pub fn commit_done(&mut self) {
+        self.commit_done_into(None);
+    }
+
+    /// As [`commit_done`](Self::commit_done), also listing the committed
+    /// writes in `out` (for a local store): puts and deletes of both
+    /// stores, protocol store first, each in key order.
+    pub fn commit_done_into(&mut self, out: Option<&mut Vec<crate::runtime::local::LocalEntry>>) {
+        use crate::runtime::local::StoreKind;
+        if let Some(done) = self.in_flight.take() {
+            if let Some(out) = out {
+                for (key, value) in done.protocol.iter() {
+                    out.push((
+                        StoreKind::Protocol,
+                        key.text().as_bytes().to_vec(),
+                        value.map(<[u8]>::to_vec),
+                    ));
+                }
+                for (key, value) in done.fold.iter() {
+                    out.push((StoreKind::Fold, key.to_vec(), value.map(<[u8]>::to_vec)));
+                }
+            }
+            self.stores.held.committed(&done.protocol);
+            self.stores.protocol.apply_owned(done.protocol);
+            self.stores.fold.apply(&done.fold);
+            self.committed_tick_at = self.in_flight_tick_at;
+        }
+    }
+
+    /// Whether the task has anything for the next transaction.
+    pub fn has_work(&self) -> bool {
+        // Every event stands for work one of these already shows: a
+        // delivery or a hold sets `acted`, a send fills `outgoing`.
+        !self.outgoing.is_empty() || self.acted || !self.pending_fold.is_empty()
+    }
+
+    /// Lets the committed entries the local store now holds leave memory:
+    /// fold entries over the cache's budget (see [`FoldStore::evict`]) and
+    /// held records (see [`HeldPages`](crate::runtime::paging::HeldPages)).
+    pub fn evict_local(&mut self) {
+        self.stores.fold.evict();
+        let TaskStores { held, protocol, .. } = &mut self.stores;
+        held.evict(protocol);
+    }
+
+    /// Gives the committed fold store a new cache budget (see
+    /// [`FoldStore::set_budget`]).
+    pub fn set_fold_budget(&mut self, budget: usize) {
+        self.stores.fold.set_budget(budget);
+    }
+
+    /// The committed stores (what an abort returns to).
+    pub fn stores(&self) -> &TaskStores {
+        &self.stores
+    }
+
+    /// Rebuilds the task from its committed stores, dropping everything not
+    /// committed (an abort): a new node restored from the committed protocol
+    /// store, the committed fold state, and the tick schedule as of the last
+    /// commit (a tick the aborted transaction carried falls due again).
+    /// Nothing is copied: the stores move into the new task.
+    pub fn reset(
+        self,
+        metadata: &dyn TopicMetadata,
+        broker: &dyn BrokerOffsets,
+        now_ms: i64,
+    ) -> Result<Task, TaskError> {
+        let window = self.node.resident_window();
+        let Task {
+            app,
+            id,
+            stores,
+            committed_tick_at,
+            record_events,
+            hold_budget,
+            ..
+        } = self;
+        let mut task = Task::init(
+            &app,
+            &id.stage,
+            id.partition,
+            stores,
+            metadata,
+            broker,
+            now_ms,
+        )?;
+        task.record_events = record_events;
+        task.hold_budget = hold_budget;
+        task.set_hold_window(window);
+        // A tick of the aborted transaction is due again: resume the
+        // schedule as it was committed, not a fresh one from now.
+        if committed_tick_at.is_some() {
+            task.next_tick_at = committed_tick_at;
+            task.committed_tick_at = committed_tick_at;
+        }
+        Ok(task)
+    }
+
+    /// Gives up the task, keeping only its committed stores.
+    pub fn into_stores(self) -> TaskStores {
+        self.stores
+    }
+
+    /// The truncation sweep: drops stamp-side claims below each claimed
+    /// channel's log start. A failed lookup changes nothing and is returned
+    /// for the host to count and skip; it never poisons the task.
+    pub fn sweep(&mut self, broker: &dyn BrokerOffsets) -> Result<TruncationReport, ProtocolError> {
+        self.node.truncate_to_log_starts(broker)
+    }
+
+    /// The state bytes in a fold slot, as this task sees them (including
+    /// writes not yet committed).
+    pub fn fold_state(&self, slot: &FoldKey) -> Option<Cow<'_, [u8]>> {
+        self.fold_get(&slot.to_bytes())
+    }
+
+    pub(super) fn fold_get(&self, key: &[u8]) -> Option<Cow<'_, [u8]>> {
+        if let Some(v) = self.pending_fold.get(key) {
+            return v.map(Cow::Borrowed);
+        }
+        if let Some(v) = self.in_flight.as_ref().and_then(|f| f.fold.get(key)) {
+            return v.map(Cow::Borrowed);
+        }
+        self.stores.fold.get_bytes(key)
+    }
+}

@@ -1,0 +1,198 @@
+//! Building a task: its node from the protocol store, its fold state, its
+//! tick schedule and its source and sink tables.
+
+use super::*;
+
+impl Task {
+    /// Starts task `partition` of `stage` from committed state: describes
+    /// its topics, initialises the causal node (restore, rescope, own-output
+    /// seed), loads the fold state, and processes whatever the node released
+    /// during init. Those records' outputs belong to the first transaction.
+    ///
+    /// A task consumes partition `partition` of each source topic. All of a
+    /// stage's sources, and its tick topic, must have the same partition
+    /// count ([`TaskError::PartitionCounts`] otherwise).
+    pub fn init(
+        app: &Parsley,
+        stage: &str,
+        partition: i32,
+        stores: TaskStores,
+        metadata: &dyn TopicMetadata,
+        broker: &dyn BrokerOffsets,
+        now_ms: i64,
+    ) -> Result<Task, TaskError> {
+        let id = TaskId {
+            stage: stage.to_owned(),
+            partition,
+        };
+        let config_err = |message: String| TaskError::Config {
+            task: id.clone(),
+            message,
+        };
+        let Some(stage_def) = app.stage(stage).cloned() else {
+            return Err(config_err(format!(
+                "application {:?} has no stage {stage:?}",
+                app.application_id()
+            )));
+        };
+        let describe = |topic: &str| {
+            metadata
+                .describe(topic)
+                .map_err(|source| TaskError::Metadata {
+                    task: id.clone(),
+                    cause: source,
+                })
+        };
+        let mut inputs = Vec::new();
+        let mut slots = BTreeMap::new();
+        let mut names = BTreeMap::new();
+        let mut counts: Vec<(String, i32)> = Vec::new();
+        for (i, src) in stage_def.def.sources.iter().enumerate() {
+            let name = src.topic.name();
+            let d = describe(name)?;
+            counts.push((name.to_owned(), d.partitions));
+            slots.insert(d.id, SourceSlot::User(i));
+            names.insert(d.id, name.into());
+            inputs.push(InputChannel {
+                topic: name.to_owned(),
+                channel: Channel::new(d.id, partition),
+                tick: false,
+            });
+        }
+        let mut sinks = BTreeMap::new();
+        for sink in &stage_def.def.sinks {
+            let d = describe(sink.name())?;
+            names.insert(d.id, sink.name().into());
+            sinks.insert(
+                sink.name().to_owned(),
+                SinkInfo {
+                    id: d.id,
+                    partitions: d.partitions,
+                    clock: if stage_def.writes_compact_clock(sink.name()) {
+                        ClockVersion::Compact
+                    } else {
+                        ClockVersion::V1
+                    },
+                    topic: sink.clone(),
+                },
+            );
+        }
+        let mut tick_route = None;
+        if let Some(tick_topic) = app.tick_topic(stage) {
+            let d = describe(tick_topic)?;
+            counts.push((tick_topic.to_owned(), d.partitions));
+            let channel = Channel::new(d.id, partition);
+            slots.insert(d.id, SourceSlot::Ticks);
+            names.insert(d.id, tick_topic.into());
+            inputs.push(InputChannel {
+                topic: tick_topic.to_owned(),
+                channel,
+                tick: true,
+            });
+            tick_route = Some((tick_topic.to_owned(), channel));
+        }
+        let tasks = counts.first().map_or(0, |(_, n)| *n);
+        if counts.iter().any(|(_, n)| *n != tasks) {
+            return Err(TaskError::PartitionCounts {
+                task: id.clone(),
+                counts,
+            });
+        }
+        if partition < 0 || partition >= tasks {
+            return Err(config_err(format!(
+                "partition {partition} is out of range: the stage's topics have {tasks} partition(s)"
+            )));
+        }
+        inputs.sort_by_key(|i| i.channel);
+        let config = NodeConfig {
+            sender: app.sender_id(stage, partition),
+            inputs: inputs.iter().map(|i| i.channel).collect(),
+            sinks: sinks
+                .values()
+                .map(|s| s.id)
+                .chain(tick_route.as_ref().map(|(_, c)| c.topic))
+                .collect(),
+        };
+        // Held records that only the local store holds are read from it,
+        // and those beyond the window are never decoded into memory.
+        let view = stores.held.view(&stores.protocol);
+        let init = CausalNode::init_windowed(config, &view, broker, stores.held.window());
+        if let Some(cause) = view.failure() {
+            return Err(TaskError::LocalStore {
+                task: id.clone(),
+                cause,
+            });
+        }
+        drop(view);
+        let init = init.map_err(|source| TaskError::Protocol {
+            task: id.clone(),
+            cause: source,
+        })?;
+        info!(
+            task = %id,
+            channels = ?inputs.iter().map(|i| format!("{} -> {}", i.topic, i.channel)).collect::<Vec<_>>(),
+            restored_held = init.report.restored_held,
+            released_at_init = init.deliveries.len(),
+            "task initialised"
+        );
+        let next_tick_at = stage_def
+            .tick_interval()
+            .map(|d| next_grid_point(now_ms, ms(d)));
+        let mut task = Task {
+            app: app.clone(),
+            stage: stage_def,
+            id,
+            node: init.node,
+            inputs,
+            slots,
+            names,
+            sinks,
+            tick_route,
+            stores,
+            in_flight: None,
+            pending_fold: FoldWrites::new(),
+            outgoing: Vec::new(),
+            events: Vec::new(),
+            record_events: true,
+            acted: false,
+            deliveries: Vec::new(),
+            wall_clock: now_ms,
+            next_tick_at,
+            in_flight_tick_at: next_tick_at,
+            committed_tick_at: next_tick_at,
+            holds: BTreeMap::new(),
+            hold_budget: None,
+            release_cap: None,
+            paged_in_since_commit: 0,
+            watched: Vec::new(),
+            arrival_claims: Vec::new(),
+            poisoned: false,
+            stats: TaskStats::default(),
+            dead_letters: BTreeMap::new(),
+        };
+        // The dead-letter topics this task may step records past to: the
+        // stage's own, and any an operator recorded in the store.
+        let mut dead: Vec<String> = task
+            .node
+            .stepped()
+            .map(|(_, _, s)| s.dead_letter.clone())
+            .collect();
+        dead.extend(task.stage.corrupt_headers_dead_letter().map(str::to_owned));
+        for topic in dead {
+            if !task.dead_letters.contains_key(&topic) {
+                let d = metadata
+                    .describe(&topic)
+                    .map_err(|cause| TaskError::Metadata {
+                        task: task.id.clone(),
+                        cause,
+                    })?;
+                task.dead_letters.insert(topic, d.partitions);
+            }
+        }
+        task.set_release_cap(task.stores.release_cap);
+        let mut deliveries = init.deliveries;
+        task.release(&mut deliveries)?;
+        task.refresh_holds();
+        Ok(task)
+    }
+}
