@@ -266,7 +266,7 @@ impl CausalNode {
         }
     }
 
-    pub(super) fn deliver(
+    fn deliver(
         &mut self,
         i: usize,
         record: InboundRecord,
@@ -310,7 +310,7 @@ impl CausalNode {
         }
     }
 
-    pub(super) fn drain_channel(&mut self, i: usize, out: &mut Vec<Delivery>) -> bool {
+    fn drain_channel(&mut self, i: usize, out: &mut Vec<Delivery>) -> bool {
         let mut progressed = false;
         loop {
             let clean = self.channels[i].clean_prefix();
@@ -360,7 +360,7 @@ impl CausalNode {
 }
 
 /// Raises a channel's frontier; returns whether it moved.
-pub(super) fn set_frontier(ch: &mut ChannelState, to: i64) -> bool {
+fn set_frontier(ch: &mut ChannelState, to: i64) -> bool {
     if to > ch.frontier {
         ch.frontier = to;
         ch.frontier_dirty = true;

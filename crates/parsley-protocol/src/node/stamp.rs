@@ -82,7 +82,7 @@ impl CausalNode {
                 .sum::<usize>()
     }
 
-    pub(super) fn compute_stamp_base(&self) -> VectorClock {
+    fn compute_stamp_base(&self) -> VectorClock {
         let mut base = VectorClock::from_claims(
             self.channels
                 .iter()

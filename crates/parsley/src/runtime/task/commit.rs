@@ -57,12 +57,7 @@ impl Task {
         })
     }
 
-    pub(super) fn changelog_record(
-        &self,
-        topic: &str,
-        key: &[u8],
-        value: Option<&[u8]>,
-    ) -> OutgoingRecord {
+    fn changelog_record(&self, topic: &str, key: &[u8], value: Option<&[u8]>) -> OutgoingRecord {
         OutgoingRecord {
             topic: topic.to_owned(),
             partition: self.id.partition,

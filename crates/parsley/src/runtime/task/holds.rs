@@ -57,7 +57,7 @@ impl Task {
         }
     }
 
-    pub(super) fn release_full(&self) -> bool {
+    fn release_full(&self) -> bool {
         self.release_cap
             .is_some_and(|cap| self.paged_in_since_commit >= cap)
     }
@@ -103,7 +103,7 @@ impl Task {
     /// The held records of a page request: from the transaction in flight,
     /// the committed store, or (for those that left memory) the local
     /// store, in one range read.
-    pub(super) fn read_paged(&self, request: PageRequest) -> Result<Vec<InboundRecord>, TaskError> {
+    fn read_paged(&self, request: PageRequest) -> Result<Vec<InboundRecord>, TaskError> {
         let PageRequest {
             channel,
             from,

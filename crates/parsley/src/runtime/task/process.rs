@@ -72,7 +72,7 @@ impl Task {
         })
     }
 
-    pub(super) fn on_record_inner(&mut self, record: FetchedRecord) -> Result<(), TaskError> {
+    fn on_record_inner(&mut self, record: FetchedRecord) -> Result<(), TaskError> {
         if let Some(stepped) = self
             .node
             .stepped_past(record.channel, record.offset)
@@ -197,7 +197,7 @@ impl Task {
     /// dead-letter topic it is stepped past to, with the `parsley.dlq.*`
     /// headers saying where it came from and why; it never reaches the
     /// node, so to the gate its offset is like a transaction marker's.
-    pub(super) fn dead_letter_input(
+    fn dead_letter_input(
         &mut self,
         record: FetchedRecord,
         stepped: &SteppedPast,
@@ -432,7 +432,7 @@ impl Task {
     }
 
     /// A clock with the task's topic names in place of ids.
-    pub(super) fn describe_clock(&self, clock: &VectorClock) -> String {
+    fn describe_clock(&self, clock: &VectorClock) -> String {
         crate::holds::describe_clock(clock, |t| self.topic_name(t), |s| s.to_string())
     }
 
@@ -440,7 +440,7 @@ impl Task {
         Coordinate::new(self.topic_name(channel.topic), channel.partition, offset)
     }
 
-    pub(super) fn emit_tick(&mut self) -> Result<(), TaskError> {
+    fn emit_tick(&mut self) -> Result<(), TaskError> {
         let Some((topic, channel)) = self.tick_route.clone() else {
             return Ok(());
         };

@@ -128,7 +128,7 @@ impl Task {
     /// Sends an emission the sink refused to its dead-letter topic instead:
     /// unstamped (it takes no send sequence, so no record's claims wait for
     /// it), with the emission's own headers and where it came from and why.
-    pub(super) fn divert(
+    fn divert(
         &mut self,
         emission: &Emission,
         encoded: crate::topic::EncodedEmission,

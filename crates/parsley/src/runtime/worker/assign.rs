@@ -91,7 +91,7 @@ impl Worker {
 
     /// A task with only some of its partitions here: they are paused (and
     /// their records dropped) until the rest arrive.
-    pub(super) fn hold_partial(&mut self, id: &TaskId) {
+    fn hold_partial(&mut self, id: &TaskId) {
         if self.partial.insert(id.clone()) {
             self.stats.partial_tasks += 1;
         }
@@ -160,7 +160,7 @@ impl Worker {
         out
     }
 
-    pub(super) fn task_of(&self, topic: &str, partition: i32) -> Option<TaskId> {
+    fn task_of(&self, topic: &str, partition: i32) -> Option<TaskId> {
         self.app.stages().iter().find_map(|s| {
             let consumes =
                 s.source_topics().contains(&topic) || self.app.tick_topic(s.name()) == Some(topic);

@@ -186,7 +186,7 @@ impl Worker {
 
     /// Splits the fold cache evenly over the tasks whose fold state reads
     /// through it (their number changes as tasks start and leave).
-    pub(super) fn share_fold_cache(&mut self) {
+    fn share_fold_cache(&mut self) {
         let Some(total) = self.config.fold_cache else {
             return;
         };
@@ -208,7 +208,7 @@ impl Worker {
         }
     }
 
-    pub(super) fn take_transaction(&mut self) -> Result<Transaction, WorkerError> {
+    fn take_transaction(&mut self) -> Result<Transaction, WorkerError> {
         let id = self.next_txn;
         self.owners.clear();
         self.spans.clear();
@@ -370,7 +370,7 @@ impl Worker {
 /// with the checkpoint they reach. Without a checkpoint (the host did not
 /// report the offsets), or when the write fails, the store is wiped and the
 /// task writes no more to it. Returns false then.
-pub(super) fn write_committed(
+fn write_committed(
     store: &mut dyn LocalStore,
     now: i64,
     id: &TaskId,

@@ -6,7 +6,7 @@ use super::*;
 impl Worker {
     /// The task and channel of a partition; `None` for a partition assigned
     /// here whose task is waiting to start.
-    pub(super) fn route(
+    fn route(
         &self,
         topic: &str,
         partition: i32,
@@ -137,12 +137,7 @@ impl Worker {
         self.apply_position(&id, i, position)
     }
 
-    pub(super) fn apply_position(
-        &mut self,
-        id: &TaskId,
-        i: usize,
-        position: i64,
-    ) -> Result<(), WorkerError> {
+    fn apply_position(&mut self, id: &TaskId, i: usize, position: i64) -> Result<(), WorkerError> {
         let Some(slot) = self.tasks.get_mut(id) else {
             return Ok(());
         };

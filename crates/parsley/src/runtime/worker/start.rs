@@ -192,7 +192,7 @@ impl Worker {
 
     /// Starts a restored task: its node and fold state from the stores,
     /// its channels, and its start positions (the seeks).
-    pub(super) fn complete_start(
+    fn complete_start(
         &mut self,
         id: &TaskId,
         mut prepared: Prepared,
@@ -297,7 +297,7 @@ impl Worker {
     /// against the changelogs (wiping it, with a WARN that says why, when
     /// it cannot be used), and makes the replay job: from the store's
     /// checkpoint, or from the beginning.
-    pub(super) fn prepare(
+    fn prepare(
         &mut self,
         id: &TaskId,
         changelogs: &Changelogs<'_>,
@@ -423,7 +423,7 @@ impl Worker {
 
     /// What a finished replay leaves: the stores, and the local store
     /// brought up to the changelog's end (rewritten whole after a rebuild).
-    pub(super) fn finish_restore(
+    fn finish_restore(
         &mut self,
         id: &TaskId,
         prepared: Prepared,
@@ -675,7 +675,7 @@ impl Worker {
 /// of each kind for all of the task's changelogs (the log starts only when
 /// `with_starts`; else they read as 0). The error names the topic
 /// and what the lookup said.
-pub(super) fn changelog_bounds(
+fn changelog_bounds(
     identity: &StoreIdentity,
     partition: i32,
     cluster: &dyn Cluster,
@@ -734,7 +734,7 @@ pub(super) fn changelog_bounds(
 }
 
 /// Every entry of both stores, as puts (a rebuild's write).
-pub(super) fn all_entries(
+fn all_entries(
     stores: &crate::runtime::task::TaskStores,
 ) -> Vec<crate::runtime::local::LocalEntry> {
     let mut out = Vec::with_capacity(stores.protocol.len() + stores.fold.len());

@@ -245,7 +245,7 @@ impl TestDriver {
         )
     }
 
-    pub(super) fn describe_headers(&self, headers: &[Header]) -> String {
+    fn describe_headers(&self, headers: &[Header]) -> String {
         if !headers.iter().any(|h| h.name == CLOCK_HEADER) {
             return "unstamped".to_owned();
         }
@@ -421,7 +421,7 @@ pub(super) fn encode_part<T: 'static>(
     }
 }
 
-pub(super) fn decode_part<T: 'static>(
+fn decode_part<T: 'static>(
     coordinate: &Coordinate,
     codec: &Codec<T>,
     b: Option<&[u8]>,

@@ -1,0 +1,693 @@
+//! One stream thread: its consumer and producer, the poll loop, the restorer
+//! beside it, and what a failed task does to the loop.
+
+use super::*;
+
+/// How long a poll waits, at most, while a task restores: a finished
+/// restore starts its task within this.
+const RESTORE_POLL: Duration = Duration::from_millis(10);
+
+/// A stream thread's restore thread: it runs the worker's restore jobs
+/// (changelog replays) with its own replay consumer, while the stream
+/// thread goes on processing the tasks that are ready. It ends when the
+/// membership does (after the job it is running).
+struct Restorer {
+    jobs: std::sync::mpsc::Sender<parsley::runtime::worker::RestoreJob>,
+    outcomes: std::sync::mpsc::Receiver<parsley::runtime::worker::RestoreOutcome>,
+}
+
+pub(super) struct StreamThread {
+    pub(super) app: Parsley,
+    pub(super) index: usize,
+    pub(super) config: ClientConfig,
+    pub(super) options: StreamsOptions,
+    pub(super) transactional_id: String,
+    /// The instance id (the `thread-id` metric label is `<instance>-<index>`).
+    pub(super) instance: String,
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) rejoins: Arc<AtomicU64>,
+    pub(super) reports: Reports,
+    pub(super) handler: Option<ErrorHandler>,
+    pub(super) replacements: Arc<AtomicU64>,
+    pub(super) task_restarts: Arc<AtomicU64>,
+    pub(super) production_handler: Option<ProductionHandler>,
+    pub(super) dead_lettered: Arc<AtomicU64>,
+    /// The first failure that shut the instance down, for every thread to
+    /// see.
+    pub(super) failure: Arc<Mutex<Option<String>>>,
+    /// What this thread is doing.
+    pub(super) phase: Phase,
+    /// Whether each thread is ready.
+    pub(super) readiness: Arc<Readiness>,
+    /// The instance's state directory, if it keeps one.
+    pub(super) state_dir: Option<Arc<StateDir>>,
+    pub(super) restores: Arc<RestoreTotals>,
+    pub(super) restore_listener: Option<Arc<dyn RestoreListener>>,
+}
+
+/// How one membership of a stream thread ended.
+enum Session {
+    /// The application is closing; the thread left the group.
+    Closed,
+    /// Fenced: join again as a new member.
+    Rejoin,
+    /// A failure the error handler already answered (a task's).
+    Failed(StreamsError, ErrorResponse),
+}
+
+impl Shared {
+    fn on_message(&mut self, m: &BorrowedMessage<'_>) -> Result<(), StreamsError> {
+        let headers = m
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| Header::named(h.key, h.value.map(<[u8]>::to_vec)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let topic = m.topic();
+        let (partition, offset) = (m.partition(), m.offset());
+        self.worker.on_record(PolledRecord {
+            topic: topic.to_owned(),
+            partition,
+            offset,
+            timestamp: m.timestamp().to_millis().unwrap_or(0),
+            key: m.key().map(<[u8]>::to_vec),
+            value: m.payload().map(<[u8]>::to_vec),
+            headers,
+        })?;
+        // Looked up by name first: a topic's entry is made once, not per
+        // record.
+        match self.last_fed.get_mut(topic) {
+            Some(fed) => {
+                fed.insert(partition, offset);
+            }
+            None => {
+                self.last_fed
+                    .insert(topic.to_owned(), BTreeMap::from([(partition, offset)]));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reports the consumer's positions. Every record a poll returned was
+    /// handed to the worker before the next poll, so the polls' highest
+    /// returned offsets are the ones fed.
+    fn report_positions(
+        &mut self,
+        consumer: &BaseConsumer<ThreadContext>,
+    ) -> Result<(), StreamsError> {
+        let positions = consumer.position()?;
+        for e in positions.elements() {
+            if let Offset::Offset(p) = e.offset() {
+                let last = self
+                    .last_fed
+                    .get(e.topic())
+                    .and_then(|fed| fed.get(&e.partition()))
+                    .copied();
+                self.worker.on_position(e.topic(), e.partition(), p, last)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A failure inside a turn of the poll loop. A task's error aborted
+    /// nothing on the broker yet (records are produced only at a commit):
+    /// the worker rolls back, stopping that task, and the loop goes on. Any
+    /// other failure ends the membership.
+    fn recover(
+        &mut self,
+        consumer: &BaseConsumer<ThreadContext>,
+        e: StreamsError,
+    ) -> Result<(), StreamsError> {
+        if self.worker.failing_task().is_none() || self.worker.in_flight() {
+            return Err(e);
+        }
+        debug!(error = %e, "a task failed; the open work rolls back");
+        self.worker.abort(&self.cluster)?;
+        self.apply_seeks(consumer)
+    }
+}
+
+impl StreamThread {
+    /// Starts this membership's restore thread, its replay consumer
+    /// connecting while the stream thread joins its group.
+    fn restorer(&self) -> Result<Restorer, StreamsError> {
+        let cluster = KafkaCluster::new(&self.config, self.options.request_timeout)?
+            .with_restore_stall(self.options.restore_stall_timeout);
+        let changelogs: Vec<String> = self
+            .app
+            .stages()
+            .iter()
+            .filter_map(|s| self.app.owned_names(s.name()))
+            .flat_map(|n| {
+                std::iter::once(n.state_changelog.clone()).chain(n.fold_changelog.clone())
+            })
+            .collect();
+        let (jobs, job_rx) = std::sync::mpsc::channel::<parsley::runtime::worker::RestoreJob>();
+        let (outcome_tx, outcomes) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name(format!(
+                "parsley-restore-{}-{}-{}",
+                self.app.application_id(),
+                self.instance,
+                self.index
+            ))
+            .spawn(move || {
+                let names: Vec<&str> = changelogs.iter().map(String::as_str).collect();
+                cluster.warm_replayer(&names);
+                for job in job_rx {
+                    let outcome = job.run(&cluster, &cluster);
+                    if outcome_tx.send(outcome).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| StreamsError::Thread {
+                thread: self.index,
+                message: format!("its restore thread could not start: {e}"),
+            })?;
+        Ok(Restorer { jobs, outcomes })
+    }
+
+    /// Runs memberships until the application closes: a fenced member
+    /// (a zombie that woke after the group moved on, or a commit whose fate
+    /// is unknown) has already dropped its tasks, and joins again with a new
+    /// producer and consumer. Any other failure stops the thread.
+    pub(super) fn run(self) -> Result<(), StreamsError> {
+        let backoff = self.options.rejoin_backoff;
+        // Failures and rejoins in a row, for the backoff.
+        let mut in_a_row = 0;
+        loop {
+            let began = Instant::now();
+            let session = self.session();
+            // A thread that left the group runs no tasks until it joins again.
+            lock(&self.reports).remove(&self.index);
+            if began.elapsed() > backoff.max {
+                // It ran long enough that this is not the same failure again.
+                in_a_row = 0;
+            }
+            let e = match session {
+                Ok(Session::Closed) => return Ok(()),
+                Ok(Session::Rejoin) => {
+                    // Out of the group until it joins again.
+                    self.readiness.set(self.index, false);
+                    self.rejoins.fetch_add(1, Ordering::SeqCst);
+                    let wait = backoff.step(in_a_row);
+                    in_a_row += 1;
+                    info!(
+                        thread = self.index,
+                        ?wait,
+                        "stream thread rejoins the group"
+                    );
+                    if !self.pause(wait) {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                Ok(Session::Failed(e, response)) => (e, Some(response)),
+                Err(e) => (e, None),
+            };
+            let (e, decided) = e;
+            if self.stop.load(Ordering::SeqCst) {
+                // Already shutting down (another thread's failure, or close).
+                return Err(e);
+            }
+            let response =
+                decided.unwrap_or_else(|| policy::decide(self.handler.as_ref(), self.index, &e));
+            match response {
+                ErrorResponse::ReplaceThread => {
+                    self.readiness.set(self.index, false);
+                    self.replacements.fetch_add(1, Ordering::SeqCst);
+                    // A failure that recurs at once is reported once per
+                    // step of the backoff, and joins the group once per
+                    // step: never a rebalance loop.
+                    let wait = backoff.step(in_a_row);
+                    in_a_row += 1;
+                    warn!(thread = self.index, error = %e, ?wait, failures_in_a_row = in_a_row, "stream thread failed; replacing it after a pause");
+                    if !self.pause(wait) {
+                        return Ok(());
+                    }
+                }
+                ErrorResponse::ShutdownClient => {
+                    error!(thread = self.index, error = %e, "stream thread failed; shutting the instance down");
+                    lock(&self.failure).get_or_insert_with(|| e.to_string());
+                    self.stop.store(true, Ordering::SeqCst);
+                    return Err(e);
+                }
+                ErrorResponse::ShutdownApplication => {
+                    error!(thread = self.index, error = %e, "stream thread failed; shutting the application down");
+                    let reason = format!("instance {} thread {}: {e}", self.instance, self.index);
+                    if let Err(r) = policy::request_shutdown(
+                        &self.config,
+                        &policy::control_topic(self.app.application_id()),
+                        &reason,
+                        self.options.request_timeout,
+                    ) {
+                        error!(error = %r, "the shutdown request could not be written; only this instance stops");
+                    }
+                    lock(&self.failure).get_or_insert_with(|| e.to_string());
+                    self.stop.store(true, Ordering::SeqCst);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// A task failed and stopped (the worker aborted for it). The error
+    /// handler hears of it once: `ReplaceThread` restarts the task in place
+    /// after its backoff step, with no rebalance; the other responses end
+    /// the membership, already decided.
+    fn task_failed(
+        &self,
+        consumer: &BaseConsumer<ThreadContext>,
+        failure: TaskFailure,
+    ) -> Option<Session> {
+        if let Some(refused) = &failure.refused
+            && let ProductionResponse::DeadLetter(topic) =
+                policy::decide_production(self.production_handler.as_ref(), refused)
+        {
+            let mut shared = lock(&consumer.context().shared);
+            let Shared {
+                worker, cluster, ..
+            } = &mut *shared;
+            let r = worker.divert(&failure.task, refused, &topic, cluster);
+            let r = r.map_err(StreamsError::from).and_then(|diverted| {
+                // The task restarted at once: its seeks go out now.
+                shared.apply_seeks(consumer).map(|()| diverted)
+            });
+            match r {
+                Ok(diverted) => {
+                    // Not diverted: the task was revoked meanwhile, and its
+                    // new owner meets the refusal on its own.
+                    if diverted {
+                        self.dead_lettered.fetch_add(1, Ordering::SeqCst);
+                    }
+                    return None;
+                }
+                Err(e) => {
+                    drop(shared);
+                    let response = policy::decide(self.handler.as_ref(), self.index, &e);
+                    return Some(Session::Failed(e, response));
+                }
+            }
+        }
+        let e = StreamsError::Task {
+            task: failure.task.clone(),
+            error: failure.error,
+            earlier_in_a_row: failure.earlier_in_a_row,
+        };
+        let response = policy::decide(self.handler.as_ref(), self.index, &e);
+        if response != ErrorResponse::ReplaceThread {
+            return Some(Session::Failed(e, response));
+        }
+        let mut shared = lock(&consumer.context().shared);
+        let Shared {
+            worker, cluster, ..
+        } = &mut *shared;
+        let r = worker.restart_task(&failure.task, cluster);
+        // A restart without a wait happened now: its seeks go out now.
+        let r = r
+            .map_err(StreamsError::from)
+            .and_then(|wait| shared.apply_seeks(consumer).map(|()| wait));
+        match r {
+            Ok(Some(wait)) => {
+                self.task_restarts.fetch_add(1, Ordering::SeqCst);
+                warn!(thread = self.index, error = %e, ?wait, "task failed; restarting it in place after a pause");
+                None
+            }
+            // Revoked meanwhile: whoever owns it now starts it.
+            Ok(None) => None,
+            Err(restart) => Some(Session::Failed(restart, ErrorResponse::ShutdownClient)),
+        }
+    }
+
+    /// Waits `wait`, or less if the application closes meanwhile; says
+    /// whether to go on.
+    pub(super) fn pause(&self, wait: Duration) -> bool {
+        set_phase(&self.phase, "waiting to join the group again (backoff)");
+        let until = Instant::now() + wait;
+        while Instant::now() < until {
+            if self.stop.load(Ordering::SeqCst) {
+                return false;
+            }
+            std::thread::sleep(
+                until
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(20)),
+            );
+        }
+        !self.stop.load(Ordering::SeqCst)
+    }
+
+    fn thread_report(&self, published: &Published) -> ThreadReport {
+        ThreadReport {
+            instance: self.instance.clone(),
+            thread: self.index,
+            at: published.at,
+            tasks: published
+                .metrics
+                .iter()
+                .map(|m| m.task.to_string())
+                .collect(),
+            holds: published.holds.iter().map(HoldReport::from).collect(),
+        }
+    }
+
+    fn session(&self) -> Result<Session, StreamsError> {
+        set_phase(
+            &self.phase,
+            "joining the group (producer and consumer set-up)",
+        );
+        let timeout = self.options.request_timeout;
+        let cluster = KafkaCluster::new(&self.config, timeout)?
+            .with_restore_stall(self.options.restore_stall_timeout);
+        let restorer = self.restorer()?;
+        let mut producer_config = settings::for_producer(&self.config);
+        producer_config.set("transactional.id", &self.transactional_id);
+        // A transaction left open by a frozen or dead instance holds back
+        // every read_committed reader (a restoring task among them) until
+        // it times out: keep that short unless the user chose otherwise.
+        if producer_config.get("transaction.timeout.ms").is_none() {
+            producer_config.set("transaction.timeout.ms", "10000");
+        }
+        if producer_config.get("linger.ms").is_none() {
+            producer_config.set("linger.ms", "0");
+        }
+        let producer: TxnProducer = producer_config.create_with_context(Deliveries::default())?;
+        // Fences any earlier producer of this thread's id (this thread's own
+        // previous membership among them) and aborts what it left open.
+        producer.init_transactions(timeout)?;
+        let mut worker = Worker::new(
+            &self.app,
+            WorkerConfig {
+                commit_interval: self.options.commit_interval,
+                truncation_interval: self.options.truncation_interval,
+                start_policy: self.options.start_policy,
+                on_retention_loss: self.options.on_retention_loss,
+                task_backoff: self.options.task_backoff,
+                assignment: match self.options.group_protocol {
+                    GroupProtocol::Consumer => parsley::runtime::worker::Assignment::Incremental,
+                    GroupProtocol::Classic => parsley::runtime::worker::Assignment::Complete,
+                },
+                thread_id: format!("{}-{}", self.instance, self.index),
+                // Nothing here reads what the tasks did record by record.
+                events: false,
+                // Replays run on the thread's restore thread, so the ready
+                // tasks go on processing meanwhile.
+                restores: parsley::runtime::worker::RestoreMode::Deferred,
+                hold_budget: self.options.hold_budget,
+                hold_window: self.options.hold_window,
+                release_per_transaction: self.options.release_per_transaction,
+                fold_cache: self
+                    .options
+                    .fold_cache
+                    .map(|b| b / self.options.threads.max(1)),
+                ..WorkerConfig::default()
+            },
+        );
+        if let Some(dir) = &self.state_dir {
+            worker = worker.with_local_store(Box::new(dir.stores()));
+        }
+        if let Some(listener) = &self.restore_listener {
+            worker = worker.with_restore_listener(listener.clone());
+        }
+        let context = ThreadContext {
+            shared: Mutex::new(Shared {
+                worker,
+                start_policy: self.options.start_policy,
+                producer,
+                cluster,
+                timeout,
+                last_fed: BTreeMap::new(),
+                error: None,
+                stop: self.stop.clone(),
+                phase: self.phase.clone(),
+                rejoin: None,
+                assigned: false,
+                ending: false,
+                incremental: self.options.group_protocol == GroupProtocol::Consumer,
+                index: self.index,
+                reports: self.reports.clone(),
+                readiness: self.readiness.clone(),
+                restores: self.restores.clone(),
+                seen: parsley::runtime::worker::WorkerStats::default(),
+            }),
+        };
+        let mut consumer_config = settings::for_consumer(&self.config);
+        for (k, v) in OWNED {
+            consumer_config.set(*k, *v);
+        }
+        set_prefetch_defaults(&mut consumer_config);
+        match self.options.group_protocol {
+            GroupProtocol::Classic => {
+                consumer_config.set("partition.assignment.strategy", "range");
+            }
+            GroupProtocol::Consumer => {
+                for setting in [
+                    "session.timeout.ms",
+                    "heartbeat.interval.ms",
+                    "partition.assignment.strategy",
+                    "group.protocol.type",
+                ] {
+                    if consumer_config.get(setting).is_some() {
+                        if self.index == 0 {
+                            warn!(
+                                setting,
+                                "ignored under the consumer group protocol (KIP-848): the broker sets it (group.consumer.session.timeout.ms, group.consumer.heartbeat.interval.ms), and assigns with its range assignor"
+                            );
+                        }
+                        consumer_config.remove(setting);
+                    }
+                }
+                consumer_config
+                    .set("group.protocol", "consumer")
+                    .set("group.remote.assignor", "range");
+            }
+        }
+        if self.options.static_membership {
+            consumer_config.set("group.instance.id", &self.transactional_id);
+        }
+        consumer_config
+            .set("group.id", self.app.application_id())
+            // A fetch offset out of range (retention passed what this
+            // thread had not read) stops the partition and reports an
+            // error, which the worker judges; never a silent reset.
+            .set("auto.offset.reset", "error");
+        let consumer: BaseConsumer<ThreadContext> = consumer_config.create_with_context(context)?;
+        // Dropped before the consumer, however the membership ends: the
+        // revocation the consumer's close makes then changes no state.
+        let _ending = Ending(&consumer);
+        let mut topics: Vec<&str> = Vec::new();
+        for stage in self.app.stages() {
+            topics.extend(stage.source_topics());
+            if let Some(t) = self.app.tick_topic(stage.name()) {
+                topics.push(t);
+            }
+        }
+        consumer.subscribe(&topics)?;
+        info!(thread = self.index, transactional_id = %self.transactional_id, "stream thread started");
+        set_phase(&self.phase, "polling");
+        let mut last_report = Instant::now();
+        let mut published_at = 0;
+        let mut accounted_at = 0;
+        let mut publisher = Publisher::new(
+            &self.config,
+            self.app.application_id(),
+            &self.instance,
+            self.index,
+        );
+        // Whatever way this membership ends, say the thread holds nothing.
+        let leave = |publisher: &mut Option<Publisher>| {
+            if let Some(p) = publisher.as_mut() {
+                p.leave(&self.thread_report(&Published {
+                    at: now_ms(),
+                    ..Published::default()
+                }));
+            }
+        };
+        while !self.stop.load(Ordering::SeqCst) {
+            let mut turn = || -> Result<Option<Session>, StreamsError> {
+                // A batch of what the consumer has buffered: the first poll
+                // waits, the rest take only what is already fetched. Each
+                // record is handed over (and any seek it asks for made) before
+                // the next poll, as position reports require; the per-batch
+                // work (positions, the clock, transactions) is paid once per
+                // batch instead of once per record.
+                // The wait for the first record ends no later than the
+                // worker's next commit is due.
+                let wait = {
+                    let mut shared = lock(&consumer.context().shared);
+                    // Restores the rebalance queued go to the restore
+                    // thread; the finished ones start their tasks.
+                    restorer.exchange(&mut shared, &consumer)?;
+                    let now = now_ms();
+                    let restoring = shared.worker.restoring_tasks().next().map(|_| RESTORE_POLL);
+                    [
+                        shared.worker.commit_due_in(now),
+                        shared.worker.restart_due_in(now),
+                        shared.worker.release_due_in(),
+                        restoring,
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .fold(POLL_WAIT, Duration::min)
+                };
+                let mut polled = consumer.poll(wait);
+                let mut batch = 0;
+                let idle = loop {
+                    let mut shared = lock(&consumer.context().shared);
+                    if let Some(e) = shared.error.take() {
+                        return Err(e);
+                    }
+                    if let Some(e) = shared.rejoin.take() {
+                        warn!(thread = self.index, error = %e, "fenced; leaving the group to join again");
+                        drop(shared);
+                        leave(&mut publisher);
+                        return Ok(Some(Session::Rejoin));
+                    }
+                    match polled {
+                        None => break true,
+                        Some(Ok(m)) => {
+                            shared.on_message(&m)?;
+                            shared.apply_seeks(&consumer)?;
+                        }
+                        Some(Err(KafkaError::MessageConsumption(
+                            rdkafka::types::RDKafkaErrorCode::AutoOffsetReset,
+                        ))) => {
+                            let Shared {
+                                worker, cluster, ..
+                            } = &mut *shared;
+                            worker.offset_out_of_range(cluster)?;
+                            shared.apply_seeks(&consumer)?;
+                            break true;
+                        }
+                        Some(Err(e)) => {
+                            // The client says whether it gives up on the
+                            // consumer; the worker decides what follows.
+                            let fault = Fault::Poll {
+                                fatal: consumer_error_is_fatal(&e),
+                                message: e.to_string(),
+                            };
+                            let d = shared.worker.on_fault(fault);
+                            shared.follow(d)?;
+                            break true;
+                        }
+                    }
+                    batch += 1;
+                    if batch == POLL_BATCH {
+                        break false;
+                    }
+                    drop(shared);
+                    polled = consumer.poll(Duration::ZERO);
+                };
+                // Every poll above was followed by the error and rejoin checks.
+                let mut shared = lock(&consumer.context().shared);
+                let now = now_ms();
+                if idle || last_report.elapsed() > Duration::from_millis(50) {
+                    shared.report_positions(&consumer)?;
+                    last_report = Instant::now();
+                }
+                {
+                    let Shared {
+                        worker, cluster, ..
+                    } = &mut *shared;
+                    worker.punctuate(now, cluster)?;
+                    if worker.published().at != published_at {
+                        published_at = worker.published().at;
+                        let published = worker.published().clone();
+                        if let Some(p) = publisher.as_mut() {
+                            p.publish(&self.thread_report(&published));
+                        }
+                        lock(&self.reports).insert(self.index, published);
+                    }
+                }
+                if shared.worker.published().at != accounted_at {
+                    accounted_at = shared.worker.published().at;
+                    shared.account();
+                }
+                // A task whose start waited on a lookup may have started.
+                shared.refresh_ready();
+                shared.apply_seeks(&consumer)?;
+                if let Some(txn) = shared.worker.poll_transaction(now)? {
+                    set_phase(&self.phase, "committing");
+                    shared.commit(&consumer, txn)?;
+                    shared.apply_seeks(&consumer)?;
+                    set_phase(&self.phase, "polling");
+                }
+                Ok(None)
+            };
+            let r = turn();
+            match r {
+                Ok(Some(session)) => return Ok(session),
+                Ok(None) => {}
+                Err(e) => lock(&consumer.context().shared).recover(&consumer, e)?,
+            }
+            // A task that failed stopped alone; the handler decides what
+            // follows.
+            let failures = lock(&consumer.context().shared).worker.take_task_failures();
+            for failure in failures {
+                if let Some(session) = self.task_failed(&consumer, failure) {
+                    leave(&mut publisher);
+                    return Ok(session);
+                }
+            }
+        }
+        // Graceful close: commit what is open, then leave the group.
+        {
+            set_phase(&self.phase, "closing: committing the open transaction");
+            let mut shared = lock(&consumer.context().shared);
+            shared.report_positions(&consumer)?;
+            if let Some(txn) = shared.worker.flush()? {
+                shared.commit(&consumer, txn)?;
+            }
+        }
+        set_phase(&self.phase, "closing: leaving the group");
+        consumer.unsubscribe();
+        // Serve the revocation the unsubscribe triggers.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline
+            && consumer
+                .assignment()
+                .map(|a| a.count() > 0)
+                .unwrap_or(false)
+        {
+            let _ = consumer.poll(Duration::from_millis(50));
+        }
+        leave(&mut publisher);
+        info!(thread = self.index, "stream thread stopped");
+        Ok(Session::Closed)
+    }
+}
+
+impl Restorer {
+    /// Sends the worker's new jobs, and hands it the finished ones (each
+    /// starts its task: resumes, seeks and readiness follow).
+    fn exchange(
+        &self,
+        shared: &mut Shared,
+        consumer: &BaseConsumer<ThreadContext>,
+    ) -> Result<(), StreamsError> {
+        for job in shared.worker.take_restore_jobs() {
+            if self.jobs.send(job).is_err() {
+                return Err(StreamsError::Thread {
+                    thread: shared.index,
+                    message: "its restore thread is gone".to_owned(),
+                });
+            }
+        }
+        let mut started = false;
+        while let Ok(outcome) = self.outcomes.try_recv() {
+            let Shared {
+                worker, cluster, ..
+            } = &mut *shared;
+            worker.restored(outcome, cluster)?;
+            started = true;
+        }
+        if started {
+            shared.apply_seeks(consumer)?;
+            shared.republish();
+        }
+        Ok(())
+    }
+}

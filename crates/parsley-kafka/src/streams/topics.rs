@@ -1,0 +1,159 @@
+//! The topics an application needs: sinks, changelogs and the diagnostics
+//! topic checked or created before any thread starts, and a changelog's
+//! settings held to what exactly-once replay requires.
+
+use super::*;
+
+impl CausalStreams {
+    pub(super) fn prepare_topics(&self, cluster: &KafkaCluster) -> Result<(), StreamsError> {
+        let mut creates = Vec::new();
+        // The control topic carries application-wide shutdown requests.
+        let control = policy::control_topic(self.app.application_id());
+        match cluster.describe(&control) {
+            Ok(_) => {}
+            Err(MetadataError::Missing(_)) => creates.push((control, 1)),
+            Err(e) => return Err(e.into()),
+        }
+        // The diagnostics topic carries each thread's holds, for `parsley
+        // holds`.
+        let diagnostics = diagnostics_topic(self.app.application_id());
+        match cluster.describe(&diagnostics) {
+            Ok(_) => {}
+            Err(MetadataError::Missing(_)) => creates.push((diagnostics, 1)),
+            Err(e) => return Err(e.into()),
+        }
+        for stage in self.app.stages() {
+            // Partition p of every source (and of the tick topic) meets in
+            // task p: they must agree on the count.
+            let mut counts: Vec<(String, i32)> = Vec::new();
+            let tick = self.app.tick_topic(stage.name());
+            let mut topics: Vec<&str> = stage.source_topics();
+            topics.extend(stage.sink_topics());
+            topics.extend(tick);
+            topics.extend(stage.corrupt_headers_dead_letter());
+            for t in topics {
+                match cluster.describe(t) {
+                    Ok(d) => {
+                        if stage.source_topics().contains(&t) || tick == Some(t) {
+                            counts.push((t.to_owned(), d.partitions));
+                        }
+                    }
+                    Err(MetadataError::Missing(_)) => {
+                        return Err(StreamsError::MissingTopic {
+                            topic: t.to_owned(),
+                        });
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            let tasks = counts.first().map_or(1, |(_, n)| *n);
+            if counts.iter().any(|(_, n)| *n != tasks) {
+                return Err(StreamsError::PartitionCounts {
+                    stage: stage.name().to_owned(),
+                    counts,
+                });
+            }
+            let Some(names) = self.app.owned_names(stage.name()) else {
+                continue;
+            };
+            for changelog in std::iter::once(&names.state_changelog).chain(&names.fold_changelog) {
+                match cluster.describe(changelog) {
+                    Ok(d) => self.check_changelog(cluster, changelog, d.partitions, tasks)?,
+                    Err(MetadataError::Missing(_)) => creates.push((changelog.clone(), tasks)),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        if creates.is_empty() {
+            return Ok(());
+        }
+        let topics: Vec<NewTopic<'_>> = creates
+            .iter()
+            .map(|(name, n)| {
+                let t = NewTopic::new(name, *n, TopicReplication::Fixed(-1));
+                if name.ends_with("-control") {
+                    // Requests matter only to instances running when they
+                    // are made; a day of them is plenty.
+                    t.set("cleanup.policy", "delete")
+                        .set("retention.ms", "86400000")
+                } else {
+                    CHANGELOG_SETTINGS.iter().fold(t, |t, (k, v)| t.set(k, v))
+                }
+            })
+            .collect();
+        let opts = AdminOptions::new().operation_timeout(Some(self.options.request_timeout));
+        for result in block_on(cluster.admin().create_topics(&topics, &opts))? {
+            match result {
+                Ok(name) => info!(topic = %name, "topic created"),
+                Err((name, code)) => {
+                    if code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists {
+                        return Err(StreamsError::Kafka(KafkaError::AdminOp(code))).inspect_err(
+                            |_| {
+                                warn!(topic = %name, "changelog topic could not be created");
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        // Creation settles asynchronously.
+        for (name, _) in &creates {
+            let deadline = Instant::now() + self.options.request_timeout;
+            while cluster.describe(name).is_err() {
+                if Instant::now() > deadline {
+                    return Err(StreamsError::MissingTopic {
+                        topic: name.clone(),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
+
+    /// An existing changelog must have one partition per task (task `p`
+    /// writes partition `p`) and be compacted only: a `delete` policy (also
+    /// `compact,delete`) lets retention remove a held record or a fold
+    /// entry that a restore needs, which would lose it silently.
+    fn check_changelog(
+        &self,
+        cluster: &KafkaCluster,
+        topic: &str,
+        partitions: i32,
+        tasks: i32,
+    ) -> Result<(), StreamsError> {
+        if partitions != tasks {
+            return Err(StreamsError::Changelog {
+                topic: topic.to_owned(),
+                reason: format!(
+                    "it has {partitions} partition(s) but the stage runs {tasks} task(s); a changelog needs one partition per task"
+                ),
+            });
+        }
+        let opts = AdminOptions::new().request_timeout(Some(self.options.request_timeout));
+        let resources = block_on(
+            cluster
+                .admin()
+                .describe_configs([&ResourceSpecifier::Topic(topic)], &opts),
+        )?;
+        let policy = resources
+            .into_iter()
+            .next()
+            .and_then(Result::ok)
+            .and_then(|r| r.get("cleanup.policy").and_then(|e| e.value.clone()))
+            .ok_or_else(|| StreamsError::Changelog {
+                topic: topic.to_owned(),
+                reason: "its cleanup.policy could not be read".to_owned(),
+            })?;
+        let parts: Vec<&str> = policy.split(',').map(str::trim).collect();
+        if parts != ["compact"] {
+            return Err(StreamsError::Changelog {
+                topic: topic.to_owned(),
+                reason: format!(
+                    "its cleanup.policy is {policy:?}; it must be \"compact\", or retention could delete state a restore needs"
+                ),
+            });
+        }
+        Ok(())
+    }
+}
