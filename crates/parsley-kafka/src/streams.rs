@@ -829,9 +829,6 @@ struct Shared {
     producer: TxnProducer,
     cluster: KafkaCluster,
     timeout: Duration,
-    /// The highest offset handed to the worker per partition since the last
-    /// position report.
-    last_fed: BTreeMap<String, BTreeMap<i32, i64>>,
     error: Option<StreamsError>,
     /// The instance is closing: the thread takes no new tasks.
     stop: Arc<AtomicBool>,

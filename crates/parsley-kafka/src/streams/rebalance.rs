@@ -249,7 +249,6 @@ impl Shared {
         // Seeks for the revoked partitions are dropped with them; the
         // others (tasks that stay, rolled back by an abort) are made.
         self.worker.revoke(&partitions(tpl))?;
-        self.last_fed.clear();
         self.give_up(consumer, tpl)?;
         self.apply_seeks(consumer)?;
         info!(
@@ -328,9 +327,6 @@ impl Shared {
             if let Err(e) = r {
                 debug!(topic = %f.topic, partition = f.partition, paused = f.paused, error = %e, "fetch pause or resume refused");
             }
-            if let Some(fed) = self.last_fed.get_mut(&f.topic) {
-                fed.remove(&f.partition);
-            }
         }
     }
 
@@ -354,9 +350,6 @@ impl Shared {
                 self.restart_fetch(consumer, &s.topic, s.partition, s.offset)?;
             }
             self.worker.seek_applied(&s.topic, s.partition, s.offset)?;
-            if let Some(fed) = self.last_fed.get_mut(&s.topic) {
-                fed.remove(&s.partition);
-            }
         }
         Ok(())
     }
@@ -381,9 +374,6 @@ impl Shared {
             let mut at = TopicPartitionList::new();
             at.add_partition_offset(topic, partition, Offset::Offset(offset))?;
             consumer.incremental_assign(&at)?;
-            if let Some(fed) = self.last_fed.get_mut(topic) {
-                fed.remove(&partition);
-            }
             return Ok(());
         }
         let mut tpl = TopicPartitionList::new();
@@ -396,7 +386,6 @@ impl Shared {
             tpl.add_partition_offset(&t, p, at)?;
         }
         consumer.assign(&tpl)?;
-        self.last_fed.clear();
         Ok(())
     }
 }

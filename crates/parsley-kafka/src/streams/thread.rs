@@ -65,34 +65,23 @@ impl Shared {
                     .collect()
             })
             .unwrap_or_default();
-        let topic = m.topic();
-        let (partition, offset) = (m.partition(), m.offset());
         self.worker.on_record(PolledRecord {
-            topic: topic.to_owned(),
-            partition,
-            offset,
+            topic: m.topic().to_owned(),
+            partition: m.partition(),
+            offset: m.offset(),
             timestamp: m.timestamp().to_millis().unwrap_or(0),
             key: m.key().map(<[u8]>::to_vec),
             value: m.payload().map(<[u8]>::to_vec),
             headers,
         })?;
-        // Looked up by name first: a topic's entry is made once, not per
-        // record.
-        match self.last_fed.get_mut(topic) {
-            Some(fed) => {
-                fed.insert(partition, offset);
-            }
-            None => {
-                self.last_fed
-                    .insert(topic.to_owned(), BTreeMap::from([(partition, offset)]));
-            }
-        }
         Ok(())
     }
 
-    /// Reports the consumer's positions. Every record a poll returned was
-    /// handed to the worker before the next poll, so the polls' highest
-    /// returned offsets are the ones fed.
+    /// Reports the consumer's positions. The loop hands every record a poll
+    /// returns to the worker before it polls again, so no record below a
+    /// position is still on its way: there is nothing polled and not handed
+    /// over to name, and the worker's own record of what it was handed is
+    /// the whole story.
     fn report_positions(
         &mut self,
         consumer: &BaseConsumer<ThreadContext>,
@@ -100,12 +89,7 @@ impl Shared {
         let positions = consumer.position()?;
         for e in positions.elements() {
             if let Offset::Offset(p) = e.offset() {
-                let last = self
-                    .last_fed
-                    .get(e.topic())
-                    .and_then(|fed| fed.get(&e.partition()))
-                    .copied();
-                self.worker.on_position(e.topic(), e.partition(), p, last)?;
+                self.worker.on_position(e.topic(), e.partition(), p, None)?;
             }
         }
         Ok(())
@@ -419,7 +403,6 @@ impl StreamThread {
                 producer,
                 cluster,
                 timeout,
-                last_fed: BTreeMap::new(),
                 error: None,
                 stop: self.stop.clone(),
                 phase: self.phase.clone(),

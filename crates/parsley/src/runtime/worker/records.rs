@@ -89,10 +89,13 @@ impl Worker {
         Ok(())
     }
 
-    /// The consumer's position on a partition after a poll, with the
-    /// highest offset the polls have returned there (`None` if none).
-    /// Passed to the task once every returned record up to that offset has
-    /// been handed over; refused if it is behind what was handed over.
+    /// The consumer's position on a partition after a poll. A host that
+    /// polls records ahead of handing them over passes the highest offset
+    /// its polls returned there (`last_returned`), and the position waits
+    /// until every record up to it has been handed over; a host that hands
+    /// each polled record over before it reports positions (the Kafka
+    /// runtime does) passes `None`, since the worker already knows what it
+    /// was handed. A position behind what was handed over is refused.
     pub fn on_position(
         &mut self,
         topic: &str,
