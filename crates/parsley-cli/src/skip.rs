@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use parsley::TaskId;
 use parsley::protocol::{Channel, SteppedPast};
-use parsley::runtime::changelog::{ChangelogReader, step_past_record};
-use parsley::task::TopicMetadata;
+use parsley::runtime::changelog::step_past_record;
+use parsley::runtime::host::ChangelogReader;
+use parsley::runtime::host::TopicMetadata;
 use parsley_kafka::KafkaCluster;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};

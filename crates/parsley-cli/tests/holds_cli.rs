@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::{bootstrap, create, parsley, unique};
 use parsley::protocol::headers::CLOCK_HEADER;
 use parsley::protocol::{Channel, VectorClock};
-use parsley::task::TopicMetadata;
+use parsley::runtime::host::TopicMetadata;
 use parsley::*;
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
 use rdkafka::ClientConfig;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::{bootstrap, create, unique};
 use parsley::protocol::headers::CLOCK_HEADER;
 use parsley::protocol::{Channel, VectorClock};
-use parsley::task::TopicMetadata;
+use parsley::runtime::host::TopicMetadata;
 use parsley_kafka::KafkaCluster;
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};

@@ -10,8 +10,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use parsley::FoldKey;
-use parsley::runtime::changelog::{self, ChangelogReader, ChangelogRecord};
-use parsley::task::{MetadataError, TaskId, TopicDescription, TopicMetadata};
+use parsley::runtime::changelog::{self};
+use parsley::runtime::host::{ChangelogReader, ChangelogRecord};
+use parsley::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
+use parsley::task::TaskId;
 use parsley_protocol::headers::{CLOCK_HEADER, CausalHeaders, SENDER_HEADER, SEQ_HEADER};
 use parsley_protocol::store::{
     ScopeRecord, StateKey, decode_envelope, decode_i64, decode_pair, encode_envelope,

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parsley::protocol::headers::CLOCK_HEADER;
 use parsley::protocol::{Channel, VectorClock};
-use parsley::task::TopicMetadata;
+use parsley::runtime::host::TopicMetadata;
 use parsley::*;
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
 use rdkafka::ClientConfig;

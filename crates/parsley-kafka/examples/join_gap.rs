@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tracing_subscriber::Layer as _;
 
-use parsley::task::TopicMetadata;
+use parsley::runtime::host::TopicMetadata;
 use parsley::*;
 use parsley_kafka::{CausalStreams, GroupProtocol, KafkaCluster, StreamsOptions, StreamsState};
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};

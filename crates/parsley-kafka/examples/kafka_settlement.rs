@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures_executor::block_on;
 use parsley::protocol::headers::CLOCK_HEADER;
 use parsley::protocol::{BrokerOffsets, Channel, TopicOffsets, VectorClock};
-use parsley::task::TopicMetadata;
+use parsley::runtime::host::TopicMetadata;
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};

@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use parsley::task::TopicMetadata;
+use parsley::runtime::host::TopicMetadata;
 use parsley::*;
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions, StreamsState};
 use rdkafka::ClientConfig;

@@ -15,8 +15,8 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use parsley::runtime::changelog::ChangelogReader;
-use parsley::task::TopicMetadata;
+use parsley::runtime::host::ChangelogReader;
+use parsley::runtime::host::TopicMetadata;
 use parsley_kafka::KafkaCluster;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};

@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use parsley::runtime::changelog::ChangelogRecord;
-use parsley::task::MetadataError;
+use parsley::runtime::host::ChangelogRecord;
+use parsley::runtime::host::MetadataError;
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;

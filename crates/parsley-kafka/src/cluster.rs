@@ -18,8 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use parsley::runtime::changelog::{ChangelogReader, ChangelogRecord};
-use parsley::task::{MetadataError, TopicDescription, TopicMetadata};
+use parsley::runtime::host::{ChangelogReader, ChangelogRecord};
+use parsley::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
 use parsley_protocol::{BrokerOffsets, BrokerOffsetsError, TopicId, TopicOffsets};
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;

@@ -3,8 +3,8 @@
 //! Kept apart from the runtime so that the policies and the restorer can
 //! name them without importing the runtime that imports them.
 
+use parsley::runtime::host::MetadataError;
 use parsley::runtime::worker::WorkerError;
-use parsley::task::MetadataError;
 use rdkafka::error::KafkaError;
 
 /// Where a running application is.

@@ -22,12 +22,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use thread::StreamThread;
 
 use futures_executor::block_on;
+use parsley::runtime::host::{AssignedPartition, PolledRecord};
+use parsley::runtime::host::{MetadataError, TopicMetadata};
 use parsley::runtime::metrics::{Published, TaskMetrics};
 use parsley::runtime::worker::{
-    AssignedPartition, CommitOutcome, Directive, Fault, OnRetentionLoss, PolledRecord, RevokePlan,
-    StartPolicy, TaskFailure, Transaction, Worker, WorkerConfig,
+    CommitOutcome, Directive, Fault, OnRetentionLoss, RevokePlan, StartPolicy, TaskFailure,
+    Transaction, Worker, WorkerConfig,
 };
-use parsley::task::{MetadataError, TopicMetadata};
 use parsley::{HeldRecord, Parsley};
 use parsley_protocol::Header;
 use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};

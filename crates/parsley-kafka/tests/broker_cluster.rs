@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::{config, unique};
 
 use futures_executor::block_on;
-use parsley::task::{MetadataError, TopicMetadata};
+use parsley::runtime::host::{MetadataError, TopicMetadata};
 use parsley_kafka::KafkaCluster;
 use parsley_protocol::{BrokerOffsets, TopicOffsets};
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
@@ -282,7 +282,7 @@ fn cluster_probes_report_a_broken_topic_set() {
 #[test]
 #[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
 fn a_changelog_replay_logs_no_error_at_the_partitions_end() {
-    use parsley::runtime::changelog::ChangelogReader;
+    use parsley::runtime::host::ChangelogReader;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tracing_subscriber::layer::SubscriberExt;

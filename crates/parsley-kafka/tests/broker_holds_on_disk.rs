@@ -20,7 +20,7 @@ use common::{config, create_topics, unique};
 use open_cause::{open_cause, send_effects};
 
 use parsley::protocol::Channel;
-use parsley::task::TopicMetadata;
+use parsley::runtime::host::TopicMetadata;
 use parsley::*;
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
 use rdkafka::producer::Producer;

@@ -21,7 +21,7 @@ use common::{config, create_topics, unique};
 
 use open_cause::{open_cause, send_effects, stamped};
 use parsley::protocol::Channel;
-use parsley::task::TopicMetadata;
+use parsley::runtime::host::TopicMetadata;
 use parsley::*;
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};

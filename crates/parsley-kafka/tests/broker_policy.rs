@@ -436,8 +436,8 @@ fn a_record_the_broker_refuses_fails_its_task_or_goes_to_the_dead_letter_topic()
                 r.unwrap();
             }
             wait_for("the topics", || {
-                parsley::task::TopicMetadata::describe(&cluster, &o).is_ok()
-                    && parsley::task::TopicMetadata::describe(&cluster, &dlq).is_ok()
+                parsley::runtime::host::TopicMetadata::describe(&cluster, &o).is_ok()
+                    && parsley::runtime::host::TopicMetadata::describe(&cluster, &dlq).is_ok()
             });
             let (input, output) = (topic(&i), topic(&o));
             let mut builder = Stage::named("grow");

@@ -325,7 +325,7 @@ fn a_damaged_store_and_a_store_of_a_recreated_changelog_are_rebuilt() {
         r.unwrap();
     }
     wait_for("the changelog to be gone", Duration::from_secs(30), || {
-        use parsley::task::TopicMetadata;
+        use parsley::runtime::host::TopicMetadata;
         cluster.describe(&fold).is_err()
     });
     std::thread::sleep(Duration::from_secs(1));

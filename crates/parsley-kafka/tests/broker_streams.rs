@@ -16,7 +16,7 @@ use common::{config, create_topics, unique};
 use futures_executor::block_on;
 use parsley::protocol::headers::{CLOCK_HEADER, CausalHeaders};
 use parsley::protocol::{Channel, VectorClock};
-use parsley::task::TopicMetadata;
+use parsley::runtime::host::TopicMetadata;
 use parsley::*;
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
 use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};

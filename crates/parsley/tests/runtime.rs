@@ -441,7 +441,8 @@ fn a_stage_can_step_past_corrupt_stamps_to_a_dead_letter_topic() {
 #[test]
 fn a_recorded_step_past_lets_a_restored_task_go_on_past_a_poison_record() {
     use parsley::protocol::SteppedPast;
-    use parsley::runtime::changelog::{ChangelogRecord, StepError, step_past_record};
+    use parsley::runtime::changelog::{StepError, step_past_record};
+    use parsley::runtime::host::ChangelogRecord;
     let (c1, out) = (topic("c1"), topic("out"));
     let o = out.clone();
     let stage = Stage::named("s")

@@ -7,9 +7,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use parsley::protocol::{BrokerOffsets, BrokerOffsetsError, TopicId, TopicOffsets};
-use parsley::runtime::changelog::{ChangelogError, ChangelogReader, ChangelogRecord};
+use parsley::runtime::changelog::ChangelogError;
+use parsley::runtime::host::{ChangelogReader, ChangelogRecord};
+use parsley::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
 use parsley::runtime::worker::*;
-use parsley::task::{MetadataError, OutgoingRecord, TaskEvent, TopicDescription, TopicMetadata};
+use parsley::task::{OutgoingRecord, TaskEvent};
 use parsley::*;
 
 #[path = "worker/backpressure.rs"]

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parsley::partition::partition_for_key;
-use parsley::task::TopicMetadata;
+use parsley::runtime::host::TopicMetadata;
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

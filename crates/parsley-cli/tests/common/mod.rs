@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_executor::block_on;
-use parsley::task::TopicMetadata;
+use parsley::runtime::host::TopicMetadata;
 use parsley_kafka::KafkaCluster;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};

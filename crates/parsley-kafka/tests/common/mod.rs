@@ -7,7 +7,7 @@ pub mod assignments;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_executor::block_on;
-use parsley::task::TopicMetadata;
+use parsley::runtime::host::TopicMetadata;
 use parsley_kafka::KafkaCluster;
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};

@@ -15,63 +15,10 @@ use std::collections::BTreeMap;
 use parsley_protocol::MemStore;
 
 use crate::fold::FoldStore;
+pub use crate::runtime::host::{ChangelogReader, ChangelogRecord};
+use crate::runtime::host::{MetadataError, TopicMetadata};
 use crate::runtime::local::StoreKind;
-use crate::runtime::task::{MetadataError, TaskId, TaskStores, TopicMetadata};
-
-/// One committed changelog record, as read back.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct ChangelogRecord {
-    /// Its offset in the changelog partition.
-    pub offset: i64,
-    /// The store key.
-    pub key: Option<Vec<u8>>,
-    /// The stored bytes; `None` is a tombstone.
-    pub value: Option<Vec<u8>>,
-}
-
-/// Reads changelog partitions back, supplied by the host.
-pub trait ChangelogReader {
-    /// Every committed record of one changelog partition, from its log start
-    /// to its end, in offset order (a `read_committed` replay).
-    fn read_changelog(
-        &self,
-        topic: &str,
-        partition: i32,
-    ) -> Result<Vec<ChangelogRecord>, MetadataError>;
-
-    /// The same records, handed to `apply` one by one as they arrive, so a
-    /// restore keeps only the live state, never every superseded version
-    /// at once. The default reads them all first; a host that can stream
-    /// overrides it.
-    fn replay_changelog(
-        &self,
-        topic: &str,
-        partition: i32,
-        apply: &mut dyn FnMut(ChangelogRecord),
-    ) -> Result<(), MetadataError> {
-        for r in self.read_changelog(topic, partition)? {
-            apply(r);
-        }
-        Ok(())
-    }
-
-    /// The records at offset `from` and above, handed to `apply` in offset
-    /// order (the tail a local store's checkpoint leaves to read). The
-    /// default filters a whole replay; a host that can seek overrides it.
-    fn replay_changelog_from(
-        &self,
-        topic: &str,
-        partition: i32,
-        from: i64,
-        apply: &mut dyn FnMut(ChangelogRecord),
-    ) -> Result<(), MetadataError> {
-        self.replay_changelog(topic, partition, &mut |r| {
-            if r.offset >= from {
-                apply(r);
-            }
-        })
-    }
-}
+use crate::runtime::task::{TaskId, TaskStores};
 
 /// A changelog that cannot be used to restore a task.
 #[derive(Debug, thiserror::Error)]

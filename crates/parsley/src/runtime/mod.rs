@@ -10,12 +10,15 @@
 //! * [`changelog`]: how a task's stores travel through changelog topics and
 //!   come back; [`local`]: the same stores kept on the host's disk between
 //!   runs.
+//! * [`host`]: what a host supplies (topic metadata, broker offsets,
+//!   changelog reads) and the values it exchanges with the worker.
 //! * [`partition`]: Kafka's default partitioner; [`identity`]: sender
 //!   identities; [`holds`]: hold diagnostics.
 
 pub mod changelog;
 pub mod failure;
 pub mod holds;
+pub mod host;
 pub mod identity;
 pub mod local;
 pub mod metrics;

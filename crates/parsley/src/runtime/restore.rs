@@ -20,12 +20,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::runtime::changelog::{
-    self, ChangelogError, ChangelogReader, Changelogs, FoldSpill, Progress, RestoreListener,
-    RestoreStart, Restored,
+    self, ChangelogError, Changelogs, FoldSpill, Progress, RestoreListener, RestoreStart, Restored,
 };
+
+use crate::runtime::host::ChangelogReader;
+use crate::runtime::host::TopicMetadata;
 use crate::runtime::local::{LocalSnapshot, WipeReason};
 use crate::runtime::metrics::TaskMeters;
-use crate::runtime::task::{TaskId, TopicMetadata};
+use crate::runtime::task::TaskId;
 
 /// Where a worker runs its tasks' changelog replays.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

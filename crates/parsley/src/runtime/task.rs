@@ -72,56 +72,7 @@ use crate::partition::partition_for;
 use crate::stage::{Failure, Outcome, RawInput, Stage, StateWrite};
 use crate::topic::{AnyTopic, Emission, Part};
 
-/// A topic as the cluster (or the test driver) describes it.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct TopicDescription {
-    /// The topic's id.
-    pub id: TopicId,
-    /// Its partition count.
-    pub partitions: i32,
-}
-
-/// A topic lookup that could not be answered.
-#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
-pub enum MetadataError {
-    /// The topic does not exist.
-    #[error("topic {0:?} does not exist; create it before starting the application")]
-    Missing(String),
-    /// The lookup failed.
-    #[error("metadata lookup for topic {topic:?} failed: {message}")]
-    Failed {
-        /// The topic.
-        topic: String,
-        /// What went wrong.
-        message: String,
-    },
-    /// A changelog replay stopped making progress: nothing arrived for
-    /// `stalled_for` while the partition's end lay ahead (an upstream
-    /// transaction left open blocks a `read_committed` replay, or the
-    /// broker stopped serving it). Not retried at once: the task fails.
-    #[error(
-        "the replay of changelog {topic}:{partition} made no progress for {stalled_for:?}: it had read up to offset {at} and the partition ends at {end}"
-    )]
-    Stalled {
-        /// The changelog topic.
-        topic: String,
-        /// Its partition.
-        partition: i32,
-        /// The next offset the replay was waiting for.
-        at: i64,
-        /// The partition's end (high watermark) when it gave up.
-        end: i64,
-        /// How long nothing arrived.
-        stalled_for: std::time::Duration,
-    },
-}
-
-/// Topic metadata by name, supplied by the host.
-pub trait TopicMetadata {
-    /// The id and partition count of `topic`.
-    fn describe(&self, topic: &str) -> Result<TopicDescription, MetadataError>;
-}
-
+pub use crate::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
 pub use crate::runtime::identity::TaskId;
 
 /// A record as the host fetched it: raw bytes and every header, the causal

@@ -97,29 +97,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use parsley_protocol::{BrokerOffsets, Channel};
+use parsley_protocol::Channel;
 use tracing::{debug, info, warn};
 
 use crate::app::Parsley;
-use crate::message::Header;
-use crate::runtime::changelog::{self, ChangelogError, ChangelogReader, Changelogs};
+use crate::runtime::changelog::{self, ChangelogError, Changelogs};
 pub use crate::runtime::failure::{
     Backoff, Directive, Fault, RefusedRecord, TaskFailure, WorkerError,
 };
 use crate::runtime::failure::{Stopped, Streak};
+pub use crate::runtime::host::{AssignedPartition, Cluster, FlowChange, PolledRecord, Seek};
 use crate::runtime::local::{self, LocalStore, LocalWrite, StoreIdentity, StoreKind, WipeReason};
 use crate::runtime::metrics::{Published, SAMPLE_INTERVAL, TaskMeters};
 pub use crate::runtime::restore::{RestoreJob, RestoreMode, RestoreOutcome};
 use crate::runtime::task::{
     Diversion, EmissionOrigin, FetchedRecord, OutgoingRecord, Task, TaskError, TaskEvent, TaskId,
-    TaskStats, TopicMetadata,
+    TaskStats,
 };
-
-/// Everything the worker may ask of the cluster: topic metadata, broker
-/// offsets, and changelog replay.
-pub trait Cluster: TopicMetadata + BrokerOffsets + ChangelogReader {}
-
-impl<T: TopicMetadata + BrokerOffsets + ChangelogReader> Cluster for T {}
 
 /// Where a channel with no committed position starts.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
@@ -281,55 +275,6 @@ pub const DEFAULT_HOLD_WINDOW: usize = 256;
 /// The default [`WorkerConfig::fold_cache`]: 64 MiB per worker.
 pub const DEFAULT_FOLD_CACHE: usize = 64 << 20;
 
-/// One partition the group assigned, with the facts the worker needs to
-/// choose its start.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct AssignedPartition {
-    /// The topic.
-    pub topic: String,
-    /// The partition.
-    pub partition: i32,
-    /// The group's committed position, if any.
-    pub committed: Option<i64>,
-    /// The partition's log start.
-    pub log_start: i64,
-    /// The partition's end (last stable offset), for [`StartPolicy::Latest`];
-    /// `None` when the lookup gave no answer. A channel that needs it (no
-    /// committed position, start policy latest) then fails its task with
-    /// [`WorkerError::EndUnknown`] rather than guess.
-    pub end: Option<i64>,
-}
-
-/// A record as a poll returned it.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct PolledRecord {
-    /// The topic.
-    pub topic: String,
-    /// The partition.
-    pub partition: i32,
-    /// Its offset.
-    pub offset: i64,
-    /// Its timestamp.
-    pub timestamp: i64,
-    /// Key bytes.
-    pub key: Option<Vec<u8>>,
-    /// Value bytes.
-    pub value: Option<Vec<u8>>,
-    /// Every header, in record order.
-    pub headers: Vec<Header>,
-}
-
-/// A consumer seek the host must make.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct Seek {
-    /// The topic.
-    pub topic: String,
-    /// The partition.
-    pub partition: i32,
-    /// The next offset to fetch.
-    pub offset: i64,
-}
-
 /// What one task did, tagged with the task.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct WorkerEvent {
@@ -348,17 +293,6 @@ pub struct ConsumedOffset {
     pub partition: i32,
     /// The next offset to fetch.
     pub offset: i64,
-}
-
-/// A partition whose fetching pauses or resumes.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct FlowChange {
-    /// The topic.
-    pub topic: String,
-    /// The partition.
-    pub partition: i32,
-    /// True to pause fetching, false to resume it.
-    pub paused: bool,
 }
 
 /// One transaction: produce the records, commit the offsets with the
@@ -902,7 +836,7 @@ impl Worker {
 /// offset query, or a metadata or changelog read that failed rather than
 /// found the topic missing).
 fn transient(e: &WorkerError) -> bool {
-    use crate::runtime::task::MetadataError;
+    use crate::runtime::host::MetadataError;
     match e {
         WorkerError::Task(t) => transient_task(t),
         WorkerError::Changelog(ChangelogError::Unavailable {
@@ -914,7 +848,7 @@ fn transient(e: &WorkerError) -> bool {
 }
 
 fn transient_task(e: &TaskError) -> bool {
-    use crate::runtime::task::MetadataError;
+    use crate::runtime::host::MetadataError;
     use parsley_protocol::ProtocolError;
     matches!(
         e,

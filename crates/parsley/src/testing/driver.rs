@@ -20,17 +20,13 @@ use crate::holds::HeldRecord;
 use crate::identity::test_topic_id;
 use crate::message::Coordinate;
 use crate::partition::partition_for;
-use crate::runtime::changelog::{ChangelogReader, ChangelogRecord};
+use crate::runtime::host::{AssignedPartition, PolledRecord, Seek};
+use crate::runtime::host::{ChangelogReader, ChangelogRecord};
+use crate::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
 use crate::runtime::metrics::TaskMetrics;
-use crate::runtime::worker::{
-    AssignedPartition, CommitOutcome, PolledRecord, Seek, Transaction, Worker, WorkerConfig,
-    WorkerError,
-};
+use crate::runtime::worker::{CommitOutcome, Transaction, Worker, WorkerConfig, WorkerError};
 use crate::stage::StateStore;
-use crate::task::{
-    MetadataError, OutgoingRecord, TaskError, TaskEvent, TaskId, TaskStats, TopicDescription,
-    TopicMetadata, causal_headers,
-};
+use crate::task::{OutgoingRecord, TaskError, TaskEvent, TaskId, TaskStats, causal_headers};
 use crate::topic::{IntoNullable, Part, Payload, Topic};
 
 use log::{Entry, Log, NextEntry, StoredRecord, TopicLog, stored};

@@ -36,7 +36,8 @@ use parsley_protocol::headers::CLOCK_HEADER;
 use crate::app::Parsley;
 use crate::driver::{DriverError, TestDriver};
 use crate::partition::partition_for;
-use crate::task::{MetadataError, TaskError, TopicMetadata, causal_headers};
+use crate::runtime::host::{MetadataError, TopicMetadata};
+use crate::task::{TaskError, causal_headers};
 use crate::topic::{AnyTopic, IntoNullable, Payload, Topic, erase};
 
 /// The probes.
@@ -525,7 +526,7 @@ pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
 ///
 /// ```
 /// use parsley::{probe_cluster, Codec, Parsley, Probe, Stage, Topic};
-/// use parsley::task::{MetadataError, TopicDescription, TopicMetadata};
+/// use parsley::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
 /// use parsley::protocol::TopicId;
 /// struct Cluster;
 /// impl TopicMetadata for Cluster {

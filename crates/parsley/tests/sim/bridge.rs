@@ -9,15 +9,16 @@ use std::rc::Rc;
 
 use parsley::Parsley;
 use parsley::protocol::{BrokerOffsets, BrokerOffsetsError, Channel, TopicId, TopicOffsets};
-use parsley::runtime::changelog::{ChangelogReader, ChangelogRecord};
+use parsley::runtime::host::{ChangelogReader, ChangelogRecord};
+use parsley::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
 use parsley::runtime::local::{
     KeyValue, LocalReader, LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, LocalWriter,
     StoreIdentity, StoreKind,
 };
 use parsley::runtime::worker::*;
 use parsley::task::EmissionOrigin;
+use parsley::task::TaskEvent;
 use parsley::task::TaskId;
-use parsley::task::{MetadataError, TaskEvent, TopicDescription, TopicMetadata};
 use parsley_sim::{
     Assigned, BeforeRevoke, Fetched, HostTransaction, Outcome, Produced, SimBroker, SimDirective,
     SimFault, StoreFault, StreamThread, TaskAct, TaskSpec,
