@@ -467,6 +467,14 @@ impl VectorClock {
         }
     }
 
+    /// Appends the encoding in `version` to `out`.
+    pub fn encode_into_as(&self, version: ClockVersion, out: &mut Vec<u8>) {
+        match version {
+            ClockVersion::V1 => self.encode_into(out),
+            ClockVersion::Compact => self.encode_compact_into(out),
+        }
+    }
+
     /// Appends the canonical version-1 encoding to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         let start = out.len();

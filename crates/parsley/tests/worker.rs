@@ -1633,6 +1633,7 @@ fn a_commit_is_empty_only_without_records_changelog_and_events() {
         partition: 0,
         key: None,
         value: None,
+        stamp: None,
         headers: Vec::new(),
         timestamp: 0,
         origin: None,
@@ -2085,7 +2086,9 @@ fn echo_app() -> Parsley {
 
 fn seq(r: &OutgoingRecord) -> Option<i64> {
     let causal = parsley::protocol::CausalHeaders::decode(
-        r.headers.iter().map(|h| (h.name(), h.value.as_deref())),
+        r.header_list()
+            .iter()
+            .map(|h| (h.name(), h.value.as_deref())),
     )
     .unwrap();
     causal.sender.map(|t| t.seq)

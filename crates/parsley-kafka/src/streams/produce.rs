@@ -203,15 +203,19 @@ impl Shared {
                 .timestamp(r.timestamp);
             // No header list for a record without headers (a changelog
             // write): librdkafka allocates one per list.
-            if !r.headers.is_empty() {
-                let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
-                for h in &r.headers {
-                    headers = headers.insert(rdkafka::message::Header {
-                        key: &h.name,
-                        value: h.value.as_deref(),
-                    });
+            let count = r.header_count();
+            if count > 0 {
+                // The stamp is written straight into librdkafka's list
+                // (which copies each value), through one scratch buffer.
+                let mut headers = Some(OwnedHeaders::new_with_capacity(count));
+                r.write_headers(&mut self.scratch, |key, value| {
+                    headers = headers
+                        .take()
+                        .map(|hs| hs.insert(rdkafka::message::Header { key, value }));
+                });
+                if let Some(headers) = headers {
+                    record = record.headers(headers);
                 }
-                record = record.headers(headers);
             }
             if let Some(k) = &r.key {
                 record = record.key(k.as_slice());

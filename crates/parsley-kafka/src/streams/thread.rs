@@ -404,6 +404,7 @@ impl StreamThread {
                 cluster,
                 timeout,
                 error: None,
+                scratch: Vec::new(),
                 stop: self.stop.clone(),
                 phase: self.phase.clone(),
                 rejoin: None,

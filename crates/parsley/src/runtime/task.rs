@@ -137,11 +137,63 @@ pub struct OutgoingRecord {
     pub value: Option<Vec<u8>>,
     /// The record timestamp.
     pub timestamp: i64,
-    /// The headers: `vc`, `vc-sender`, `vc-seq`, then the emission's own.
+    /// The causal stamp (emissions and ticks), kept as values: a host
+    /// writes it as the first headers, `vc`, `vc-sender`, `vc-seq`
+    /// ([`write_headers`](Self::write_headers), or
+    /// [`header_list`](Self::header_list) for a host that stores them).
+    /// Changelog records and dead letters carry none.
+    pub stamp: Option<Stamp>,
+    /// The record's own headers (the emission's, or a dead letter's), which
+    /// follow the stamp's.
     pub headers: Vec<Header>,
     /// The emission it is, if it is one (not a changelog record or a
     /// tick).
     pub origin: Option<EmissionOrigin>,
+}
+
+/// A record's causal stamp and the clock version its sink is written in.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Stamp {
+    /// The clock and sender tag.
+    pub headers: CausalHeaders,
+    /// How the clock is encoded (version 1 unless the sink opted into the
+    /// compact one).
+    pub version: ClockVersion,
+}
+
+impl OutgoingRecord {
+    /// How many headers the record carries on the wire.
+    pub fn header_count(&self) -> usize {
+        let stamp =
+            self.stamp
+                .as_ref()
+                .map_or(0, |s| if s.headers.sender.is_some() { 3 } else { 1 });
+        stamp + self.headers.len()
+    }
+
+    /// Hands `put` every header in wire order (the stamp's, then the
+    /// record's own) with no allocation per record: the clock is encoded
+    /// into `scratch`, which a host keeps from one record to the next.
+    pub fn write_headers(&self, scratch: &mut Vec<u8>, mut put: impl FnMut(&str, Option<&[u8]>)) {
+        if let Some(s) = &self.stamp {
+            s.headers
+                .write_headers_as(s.version, scratch, |name, value| put(name, Some(value)));
+        }
+        for h in &self.headers {
+            put(h.name(), h.value.as_deref());
+        }
+    }
+
+    /// Every header in wire order, as owned values: for a host that stores
+    /// the record as written (the TestDriver's log, the simulator's broker).
+    pub fn header_list(&self) -> Vec<Header> {
+        let mut out = Vec::with_capacity(self.header_count());
+        if let Some(s) = &self.stamp {
+            s.headers.encode_headers_into_as(s.version, &mut out);
+        }
+        out.extend(self.headers.iter().cloned());
+        out
+    }
 }
 
 /// Something a task did, in the order it happened.
@@ -782,11 +834,4 @@ impl StateSource for TaskState<'_> {
             .filter_map(|(k, v)| v.map(|v| (k, v)))
             .collect()
     }
-}
-
-/// The stamp as record headers, in the order `vc`, `vc-sender`, `vc-seq`.
-fn stamp_headers(stamp: &CausalHeaders) -> Vec<Header> {
-    let mut headers = Vec::with_capacity(3);
-    stamp.encode_headers_into(&mut headers);
-    headers
 }

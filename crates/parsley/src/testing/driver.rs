@@ -998,7 +998,7 @@ impl TestDriver {
     /// producing task for tests. Changelog records and emissions carry the
     /// producing task's partition; the sender header names the task.
     fn producer_of(&self, r: &OutgoingRecord) -> Option<TaskId> {
-        let sender = causal_headers(&r.headers).ok()?.sender?.sender;
+        let sender = r.stamp.as_ref()?.headers.sender?.sender;
         self.senders.get(&sender).cloned()
     }
 

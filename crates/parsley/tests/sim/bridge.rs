@@ -679,12 +679,12 @@ impl Thread {
                 .into_iter()
                 .filter(|r| !(skip && r.topic.ends_with("-changelog")))
                 .map(|r| Produced {
+                    headers: r.header_list(),
                     topic: r.topic,
                     partition: r.partition,
                     key: r.key,
                     value: r.value,
                     timestamp: r.timestamp,
-                    headers: r.headers,
                 })
                 .collect(),
             offsets: txn

@@ -64,6 +64,7 @@ impl Task {
             key: Some(key.to_vec()),
             value: value.map(<[u8]>::to_vec),
             timestamp: self.wall_clock,
+            stamp: None,
             headers: Vec::new(),
             origin: None,
         }

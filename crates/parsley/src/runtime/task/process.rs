@@ -245,6 +245,7 @@ impl Task {
             key: record.key,
             value: record.value,
             timestamp: record.timestamp,
+            stamp: None,
             headers,
             origin: None,
         });
@@ -464,7 +465,12 @@ impl Task {
             key: Some(channel.partition.to_be_bytes().to_vec()),
             value: None,
             timestamp: self.wall_clock,
-            headers: stamp_headers(&stamp),
+            // Ticks go to the tick topic, always in version 1.
+            stamp: Some(Stamp {
+                headers: stamp,
+                version: ClockVersion::V1,
+            }),
+            headers: Vec::new(),
             origin: None,
         });
         Ok(())

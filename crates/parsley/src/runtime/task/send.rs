@@ -114,12 +114,11 @@ impl Task {
             key: encoded.key,
             value: encoded.value,
             timestamp,
-            headers: {
-                let mut headers = Vec::with_capacity(3 + emission.headers().len());
-                stamp.encode_headers_into_as(sink.clock, &mut headers);
-                headers.extend(emission.headers().iter().cloned());
-                headers
-            },
+            stamp: Some(Stamp {
+                headers: stamp,
+                version: sink.clock,
+            }),
+            headers: emission.headers().to_vec(),
             origin: Some(origin),
         });
         Ok(())
@@ -171,6 +170,7 @@ impl Task {
             key: encoded.key,
             value: encoded.value,
             timestamp,
+            stamp: None,
             headers,
             origin: Some(origin),
         });

@@ -229,10 +229,10 @@ impl BrokerOffsets for Log {
 /// A produced record as the log keeps it.
 pub(super) fn stored(r: OutgoingRecord, producer: Option<TaskId>) -> StoredRecord {
     StoredRecord {
+        headers: r.header_list(),
         key: r.key,
         value: r.value,
         timestamp: r.timestamp,
-        headers: r.headers,
         producer,
     }
 }
