@@ -56,7 +56,7 @@ impl Cluster {
         let mut touched = BTreeSet::new();
         let mut offsets = Vec::new();
         for r in records {
-            let key = (r.topic.clone(), r.partition);
+            let key = (r.topic.to_string(), r.partition);
             let offset = self.ends.borrow().get(&key).copied().unwrap_or(0);
             offsets.push(offset);
             self.logs
@@ -542,14 +542,14 @@ fn transactions_are_paced_and_span_tasks() {
         vec!["count[0]:a:0@0".to_owned(), "count[1]:a:1@0".to_owned()]
     );
     // Emissions first, then the changelog records of both stores, per task.
-    let topics: Vec<&str> = txn.records.iter().map(|r| r.topic.as_str()).collect();
+    let topics: Vec<&str> = txn.records.iter().map(|r| &*r.topic).collect();
     assert_eq!(topics.iter().filter(|t| **t == "out").count(), 2);
     assert!(topics.contains(&"app-count-state-changelog"));
     assert!(topics.contains(&"app-count-fold-changelog"));
     let fold_partitions: BTreeSet<i32> = txn
         .records
         .iter()
-        .filter(|r| r.topic == "app-count-fold-changelog")
+        .filter(|r| &*r.topic == "app-count-fold-changelog")
         .map(|r| r.partition)
         .collect();
     assert_eq!(fold_partitions, BTreeSet::from([0, 1]), "partition = task");
@@ -644,8 +644,15 @@ fn an_abort_returns_every_task_to_committed_state_and_seeks_back() {
     let out = |t: &Transaction| -> Vec<Emitted> {
         t.records
             .iter()
-            .filter(|r| r.topic == "out")
-            .map(|r| (r.topic.clone(), r.partition, r.key.clone(), r.value.clone()))
+            .filter(|r| &*r.topic == "out")
+            .map(|r| {
+                (
+                    r.topic.to_string(),
+                    r.partition,
+                    r.key.clone(),
+                    r.value.clone(),
+                )
+            })
             .collect()
     };
     assert_eq!(out(&retry), out(&doomed));
@@ -685,7 +692,7 @@ fn a_task_failure_requires_an_abort_and_the_abandoned_records_come_back() {
         1,
         "good's emission was produced and aborted"
     );
-    assert_eq!(abandoned[0].topic, "out");
+    assert_eq!(&*abandoned[0].topic, "out");
     // The failed task stopped: no seek until it restarts.
     assert!(seek(&mut w).is_empty());
     let failures = w.take_task_failures();
@@ -1215,7 +1222,7 @@ fn a_tick_in_an_aborted_transaction_is_emitted_again() {
     let ticks = |txn: &Transaction| {
         txn.records
             .iter()
-            .filter(|r| r.topic == "app-s-ticks")
+            .filter(|r| &*r.topic == "app-s-ticks")
             .count()
     };
     let id = w.tasks().next().unwrap().clone();
@@ -1629,7 +1636,7 @@ fn each_held_channel_warns_once_and_a_task_gives_back_its_stores() {
 fn a_commit_is_empty_only_without_records_changelog_and_events() {
     use parsley::task::TaskCommit;
     let record = OutgoingRecord {
-        topic: "out".to_owned(),
+        topic: "out".into(),
         partition: 0,
         key: None,
         value: None,
@@ -1704,7 +1711,10 @@ fn events_off_changes_nothing_but_the_events() {
             .any(|e| matches!(e.event, TaskEvent::Held { .. }))
     );
     assert_eq!(delivered(&on[2]).len(), 3, "{:?}", on[2].events);
-    assert_eq!(on[2].records.iter().filter(|r| r.topic == "out").count(), 3);
+    assert_eq!(
+        on[2].records.iter().filter(|r| &*r.topic == "out").count(),
+        3
+    );
 }
 
 /// With events off a task still says it has work once a record reached
@@ -1843,7 +1853,7 @@ fn a_rebuilt_task_keeps_events_off() {
     seek(&mut w);
     feed_a(&mut w, 0..2);
     let txn = commit(&mut w, &cluster);
-    assert_eq!(txn.records.iter().filter(|r| r.topic == "out").count(), 2);
+    assert_eq!(txn.records.iter().filter(|r| &*r.topic == "out").count(), 2);
     assert!(txn.events.is_empty(), "{:?}", txn.events);
 }
 
@@ -2098,7 +2108,7 @@ fn refused_in(w: &mut Worker, txn: &Transaction, i: usize) -> Directive {
     let r = &txn.records[i];
     w.on_fault(Fault::RecordRefused {
         record: i,
-        topic: r.topic.clone(),
+        topic: r.topic.to_string(),
         partition: r.partition,
         origin: r.origin,
         reason: "too large".into(),
@@ -2162,7 +2172,7 @@ fn a_refused_emission_stops_its_task_and_can_go_to_a_dead_letter_topic() {
     w.on_record(rec("a", 1, 2, "after")).unwrap();
     let txn = commit(&mut w, &cluster);
     let to = |topic: &str| -> Vec<&OutgoingRecord> {
-        txn.records.iter().filter(|r| r.topic == topic).collect()
+        txn.records.iter().filter(|r| &*r.topic == topic).collect()
     };
     let dlq = to("dlq");
     assert_eq!(dlq.len(), 1);
@@ -2250,7 +2260,7 @@ fn a_refused_dead_letter_or_changelog_record_fails_its_task() {
     seek(&mut w);
     w.on_record(rec("a", 0, 0, "big")).unwrap();
     let txn = w.flush().unwrap().unwrap();
-    assert_eq!(txn.records[0].topic, "dlq");
+    assert_eq!(&*txn.records[0].topic, "dlq");
     assert!(matches!(refused_in(&mut w, &txn, 0), Directive::Abort));
     w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
     let f = w.take_task_failures().remove(0);

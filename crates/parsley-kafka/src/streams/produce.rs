@@ -154,7 +154,7 @@ impl Shared {
         {
             return Fault::RecordRefused {
                 record: f.record,
-                topic: r.topic.clone(),
+                topic: r.topic.to_string(),
                 partition: r.partition,
                 origin: r.origin,
                 reason: f.error,
@@ -238,7 +238,7 @@ impl Shared {
                         // its message.max.bytes, say).
                         return Err(self.worker.on_fault(Fault::RecordRefused {
                             record: i,
-                            topic: r.topic.clone(),
+                            topic: r.topic.to_string(),
                             partition: r.partition,
                             origin: r.origin,
                             reason: e.to_string(),

@@ -127,8 +127,9 @@ pub const DEAD_LETTER_SINK: &str = "parsley.dlq.sink";
 /// A record the host must append: partitioned, stamped and encoded.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct OutgoingRecord {
-    /// The destination topic.
-    pub topic: String,
+    /// The destination topic, shared with every other record to it (a
+    /// reference count per record, not a copy of the name).
+    pub topic: std::sync::Arc<str>,
     /// The destination partition.
     pub partition: i32,
     /// Key bytes; `None` is a null key.
@@ -164,10 +165,10 @@ pub struct Stamp {
 impl OutgoingRecord {
     /// How many headers the record carries on the wire.
     pub fn header_count(&self) -> usize {
-        let stamp =
-            self.stamp
-                .as_ref()
-                .map_or(0, |s| if s.headers.sender.is_some() { 3 } else { 1 });
+        let stamp = self
+            .stamp
+            .as_ref()
+            .map_or(0, |s| if s.headers.sender.is_some() { 3 } else { 1 });
         stamp + self.headers.len()
     }
 
@@ -659,7 +660,7 @@ pub struct Task {
     slots: BTreeMap<TopicId, SourceSlot>,
     names: BTreeMap<TopicId, std::sync::Arc<str>>,
     sinks: BTreeMap<String, SinkInfo>,
-    tick_route: Option<(String, Channel)>,
+    tick_route: Option<(std::sync::Arc<str>, Channel)>,
     stores: TaskStores,
     in_flight: Option<InFlight>,
     pending_fold: FoldWrites,

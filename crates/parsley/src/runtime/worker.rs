@@ -578,7 +578,7 @@ struct Restoring {
 #[derive(Debug)]
 struct Span {
     task: TaskId,
-    topic: String,
+    topic: Arc<str>,
     end: usize,
 }
 

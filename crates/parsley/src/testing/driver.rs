@@ -959,7 +959,9 @@ impl TestDriver {
                 .commit_outcome(CommitOutcome::Aborted, &self.log)
                 .map_err(DriverError::from)?;
             self.seek();
-            return Err(DriverError::UnknownTopic { topic });
+            return Err(DriverError::UnknownTopic {
+                topic: topic.to_string(),
+            });
         }
         let mut touched = BTreeSet::new();
         for r in records {
@@ -995,8 +997,9 @@ impl TestDriver {
     }
 
     /// Which task produced a record: the driver tags records with their
-    /// producing task for tests. Changelog records and emissions carry the
-    /// producing task's partition; the sender header names the task.
+    /// producing task for tests, by the sender of the stamp the task wrote.
+    /// Unstamped records (changelog records, dead letters, which carry an
+    /// input's headers as they were) name none.
     fn producer_of(&self, r: &OutgoingRecord) -> Option<TaskId> {
         let sender = r.stamp.as_ref()?.headers.sender?.sender;
         self.senders.get(&sender).cloned()

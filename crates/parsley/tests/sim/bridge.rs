@@ -671,7 +671,7 @@ impl Thread {
             .records
             .iter()
             .filter(|r| !(skip && r.topic.ends_with("-changelog")))
-            .map(|r| (r.topic.clone(), r.partition, r.origin))
+            .map(|r| (r.topic.to_string(), r.partition, r.origin))
             .collect();
         HostTransaction {
             records: txn
@@ -680,7 +680,7 @@ impl Thread {
                 .filter(|r| !(skip && r.topic.ends_with("-changelog")))
                 .map(|r| Produced {
                     headers: r.header_list(),
-                    topic: r.topic,
+                    topic: r.topic.to_string(),
                     partition: r.partition,
                     key: r.key,
                     value: r.value,

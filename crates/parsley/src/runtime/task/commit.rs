@@ -27,7 +27,9 @@ impl Task {
         let mut changelog = Vec::with_capacity(protocol.len() + fold.len());
         let names = self.app.owned_names(&self.id.stage);
         if !protocol.is_empty() {
-            let Some(topic) = names.map(|n| n.state_changelog.clone()) else {
+            let Some(topic) =
+                names.map(|n| std::sync::Arc::<str>::from(n.state_changelog.as_str()))
+            else {
                 return Err(TaskError::Config {
                     task: self.id.clone(),
                     message: "the stage has no state changelog name".to_owned(),
@@ -38,7 +40,9 @@ impl Task {
             }
         }
         if !fold.is_empty() {
-            let Some(topic) = names.and_then(|n| n.fold_changelog.clone()) else {
+            let Some(topic) =
+                names.and_then(|n| n.fold_changelog.as_deref().map(std::sync::Arc::<str>::from))
+            else {
                 return Err(TaskError::Config {
                     task: self.id.clone(),
                     message: "fold state written by a stage without a fold store".to_owned(),
@@ -57,9 +61,14 @@ impl Task {
         })
     }
 
-    fn changelog_record(&self, topic: &str, key: &[u8], value: Option<&[u8]>) -> OutgoingRecord {
+    fn changelog_record(
+        &self,
+        topic: &std::sync::Arc<str>,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> OutgoingRecord {
         OutgoingRecord {
-            topic: topic.to_owned(),
+            topic: std::sync::Arc::clone(topic),
             partition: self.id.partition,
             key: Some(key.to_vec()),
             value: value.map(<[u8]>::to_vec),

@@ -89,7 +89,7 @@ impl Task {
                 channel,
                 tick: true,
             });
-            tick_route = Some((tick_topic.to_owned(), channel));
+            tick_route = Some((tick_topic.into(), channel));
         }
         let tasks = counts.first().map_or(0, |(_, n)| *n);
         if counts.iter().any(|(_, n)| *n != tasks) {

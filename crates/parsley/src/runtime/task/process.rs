@@ -240,7 +240,7 @@ impl Task {
             });
         }
         self.outgoing.push(OutgoingRecord {
-            topic: stepped.dead_letter.clone(),
+            topic: stepped.dead_letter.as_str().into(),
             partition,
             key: record.key,
             value: record.value,
@@ -454,7 +454,7 @@ impl Task {
         debug!(task = %self.id, timestamp = self.wall_clock, "tick emitted");
         if self.record_events {
             self.events.push(TaskEvent::Sent {
-                topic: topic.clone(),
+                topic: topic.to_string(),
                 partition: channel.partition,
                 tick: true,
             });

@@ -109,7 +109,12 @@ impl Task {
             });
         }
         self.outgoing.push(OutgoingRecord {
-            topic: topic.to_owned(),
+            // The sink's name as the task holds it, shared.
+            topic: self
+                .names
+                .get(&sink.id)
+                .cloned()
+                .unwrap_or_else(|| topic.into()),
             partition,
             key: encoded.key,
             value: encoded.value,
@@ -165,7 +170,7 @@ impl Task {
             });
         }
         self.outgoing.push(OutgoingRecord {
-            topic: d.topic.clone(),
+            topic: d.topic.as_str().into(),
             partition,
             key: encoded.key,
             value: encoded.value,

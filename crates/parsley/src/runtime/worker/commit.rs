@@ -25,7 +25,7 @@ impl Worker {
                         .reached
                         .entry(span.task.clone())
                         .or_default()
-                        .entry(span.topic.clone())
+                        .entry(span.topic.to_string())
                         .or_insert(0);
                     *next = (*next).max(offset.saturating_add(1));
                 }

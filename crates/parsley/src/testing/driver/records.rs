@@ -35,7 +35,9 @@ pub struct OutputRecord<K, V> {
     pub timestamp: i64,
     /// Every header, in record order (`vc`, `vc-sender`, `vc-seq` included).
     pub headers: Vec<Header>,
-    /// The task that produced it; `None` for a piped record.
+    /// The task that produced it, named by the stamp it wrote; `None` for
+    /// a piped record and for a record a task writes unstamped (its
+    /// changelog records and dead letters).
     pub producer: Option<TaskId>,
     /// The clock, described with names (see [`describe_clock`](Self::describe_clock)).
     clock_text: String,
@@ -113,7 +115,9 @@ pub struct RawRecord {
     pub timestamp: i64,
     /// Every header.
     pub headers: Vec<Header>,
-    /// The task that produced it; `None` for a piped record.
+    /// The task that produced it, named by the stamp it wrote; `None` for
+    /// a piped record and for a record a task writes unstamped (its
+    /// changelog records and dead letters).
     pub producer: Option<TaskId>,
 }
 
