@@ -26,8 +26,8 @@ use parsley::runtime::host::{AssignedPartition, PolledRecord};
 use parsley::runtime::host::{MetadataError, TopicMetadata};
 use parsley::runtime::metrics::{Published, TaskMetrics};
 use parsley::runtime::worker::{
-    CommitOutcome, Directive, Fault, OnRetentionLoss, RevokePlan, StartPolicy, TaskFailure,
-    Transaction, Worker, WorkerConfig,
+    CommitOutcome, Directive, Fault, OnRetentionLoss, StartPolicy, TaskFailure, Transaction,
+    Worker, WorkerConfig,
 };
 use parsley::{HeldRecord, Parsley};
 use parsley_protocol::Header;

@@ -3261,3 +3261,57 @@ fn a_failed_fold_read_fails_the_task_and_wipes_its_store() {
         "the damaged store is wiped"
     );
 }
+
+/// A task that fails while its commit is taken at a revocation stops alone;
+/// the task that stays rolls back, and the seeks that put it back at its
+/// committed positions stay queued for the host. (The Kafka runtime once
+/// dropped them at this point, which left the staying task's partitions
+/// waiting on seeks that never came: its next record failed the thread.)
+#[test]
+fn a_task_failing_at_a_revocation_stops_alone_and_the_others_keep_their_seeks() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let app = counting_app();
+    let cluster = counting_cluster(2);
+    let store = ReadableLocal::default();
+    let w = Worker::new(
+        &app,
+        WorkerConfig {
+            fold_cache: Some(1_000),
+            ..WorkerConfig::default()
+        },
+    )
+    .with_local_store(Box::new(store.clone()));
+    let mut w = started_with(&cluster, w);
+    // A commit whose local write fails for task 0 alone (the only one with
+    // writes): its fold state beyond the cache is gone with the store.
+    w.on_record(rec("a", 0, 0, "k")).unwrap();
+    store.writes_fail.store(true, SeqCst);
+    commit(&mut w, &cluster);
+    store.writes_fail.store(false, SeqCst);
+    let committed_1 = w.committed("a", 1).unwrap_or(0);
+    w.on_record(rec("a", 0, 1, "k")).unwrap();
+    w.on_record(rec("a", 1, 0, "k")).unwrap();
+    assert_eq!(w.revoke_plan(false), RevokePlan::Commit);
+
+    let txn = w.before_revoke(false, &cluster).unwrap();
+    assert!(txn.is_none(), "the open work was aborted, not committed");
+    let failures = w.take_task_failures();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0].task.partition, 0);
+    w.revoke(&[("a".to_owned(), 0), ("b".to_owned(), 0)])
+        .unwrap();
+    let seeks = seek(&mut w);
+    assert_eq!(
+        seeks.get(&("a".to_owned(), 1)),
+        Some(&committed_1),
+        "the staying task seeks back to its committed position: {seeks:?}"
+    );
+    assert!(!seeks.contains_key(&("a".to_owned(), 0)), "{seeks:?}");
+    // Its record comes again and goes through.
+    w.on_record(rec("a", 1, committed_1, "k")).unwrap();
+    let txn = commit(&mut w, &cluster);
+    assert!(
+        txn.records.iter().any(|r| &*r.topic == "out"),
+        "the staying task emitted again"
+    );
+}

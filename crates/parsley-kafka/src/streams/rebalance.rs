@@ -229,22 +229,13 @@ impl Shared {
         consumer: &BaseConsumer<ThreadContext>,
         tpl: &TopicPartitionList,
     ) -> Result<(), StreamsError> {
-        match self.worker.revoke_plan(consumer.assignment_lost()) {
-            RevokePlan::Nothing => {}
-            RevokePlan::Commit => match self.worker.flush() {
-                Ok(Some(txn)) => self.commit(consumer, txn)?,
-                Ok(None) => {}
-                // A task failed taking its commit: it stops (and leaves with
-                // its partitions); the other tasks roll back.
-                Err(_) if self.worker.failing_task().is_some() => {
-                    self.worker.abort(&self.cluster)?;
-                    self.worker.take_seeks();
-                }
-                Err(e) => return Err(e.into()),
-            },
-            RevokePlan::Abort => {
-                self.worker.abort(&self.cluster)?;
-            }
+        // The worker settles the open work: a transaction to commit, or
+        // an abort it already made.
+        let Shared {
+            worker, cluster, ..
+        } = &mut *self;
+        if let Some(txn) = worker.before_revoke(consumer.assignment_lost(), cluster)? {
+            self.commit(consumer, txn)?;
         }
         // Seeks for the revoked partitions are dropped with them; the
         // others (tasks that stay, rolled back by an abort) are made.

@@ -278,6 +278,32 @@ impl Worker {
         }
     }
 
+    /// Settles the open work before a revocation, by
+    /// [`revoke_plan`](Self::revoke_plan): returns the transaction the host
+    /// commits first when the work is to be committed, and otherwise
+    /// aborts it here. A task that fails while its commit is taken stops
+    /// alone and the other tasks roll back; the seeks that put them back at
+    /// their committed positions stay queued for the host, like every
+    /// other seek, so none of their partitions is left waiting on a seek
+    /// that never comes. (A host that streams records into its open
+    /// transaction and needs the aborted ones calls `revoke_plan` and
+    /// [`abort`](Self::abort) itself.)
+    pub fn before_revoke(
+        &mut self,
+        lost: bool,
+        cluster: &dyn Cluster,
+    ) -> Result<Option<Transaction>, WorkerError> {
+        match self.revoke_plan(lost) {
+            RevokePlan::Nothing => Ok(None),
+            RevokePlan::Abort => self.abort(cluster).map(|_| None),
+            RevokePlan::Commit => match self.flush() {
+                Ok(txn) => Ok(txn),
+                Err(_) if self.failing.is_some() => self.abort(cluster).map(|_| None),
+                Err(e) => Err(e),
+            },
+        }
+    }
+
     /// The group took these partitions away. The open work must have been
     /// committed or aborted first ([`revoke_plan`](Self::revoke_plan)).
     /// Every task owning one of them is closed; its committed state lives
