@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use thread::StreamThread;
 
 use futures_executor::block_on;
-use parsley::runtime::host::{AssignedPartition, PolledRecord};
+use parsley::runtime::host::{AssignedPartition, RecordView};
 use parsley::runtime::host::{MetadataError, TopicMetadata};
 use parsley::runtime::metrics::{Published, TaskMetrics};
 use parsley::runtime::worker::{
@@ -30,7 +30,6 @@ use parsley::runtime::worker::{
     Worker, WorkerConfig,
 };
 use parsley::{HeldRecord, Parsley};
-use parsley_protocol::Header;
 use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};

@@ -1745,14 +1745,18 @@ fn a_task_without_events_still_has_work_after_a_delivery() {
     task.commit_done();
     assert!(!task.has_work());
     let a0 = protocol::Channel::new(cluster.topics["a"].0, 0);
-    task.on_record(parsley::task::FetchedRecord {
-        channel: a0,
-        offset: 0,
-        timestamp: 0,
-        key: None,
-        value: Some(b"v".to_vec()),
-        headers: Vec::new(),
-    })
+    task.on_record(
+        a0,
+        &PolledRecord {
+            topic: "a".to_owned(),
+            partition: 0,
+            offset: 0,
+            timestamp: 0,
+            key: None,
+            value: Some(b"v".to_vec()),
+            headers: Vec::new(),
+        },
+    )
     .unwrap();
     assert!(task.has_work());
     let commit = task.take_commit().unwrap();
@@ -1890,14 +1894,18 @@ fn turning_events_off_drops_those_of_records_released_at_init() {
             0,
         )
         .unwrap();
-        task.on_record(parsley::task::FetchedRecord {
-            channel: protocol::Channel::new(cluster.topics["a"].0, 0),
-            offset: 0,
-            timestamp: 0,
-            key: Some(b"x".to_vec()),
-            value: Some(b"v".to_vec()),
-            headers: vec![Header::new("vc", clock.encode())],
-        })
+        task.on_record(
+            protocol::Channel::new(cluster.topics["a"].0, 0),
+            &PolledRecord {
+                topic: "a".to_owned(),
+                partition: 0,
+                offset: 0,
+                timestamp: 0,
+                key: Some(b"x".to_vec()),
+                value: Some(b"v".to_vec()),
+                headers: vec![Header::new("vc", clock.encode())],
+            },
+        )
         .unwrap();
         assert_eq!(task.node().held_count(), 1);
         task.take_commit().unwrap();

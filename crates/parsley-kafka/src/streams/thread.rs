@@ -55,25 +55,42 @@ enum Session {
     Failed(StreamsError, ErrorResponse),
 }
 
+/// A message librdkafka returned, read through by the worker and its task.
+struct Fetched<'a>(&'a BorrowedMessage<'a>);
+
+impl RecordView for Fetched<'_> {
+    fn topic(&self) -> &str {
+        self.0.topic()
+    }
+    fn partition(&self) -> i32 {
+        self.0.partition()
+    }
+    fn offset(&self) -> i64 {
+        self.0.offset()
+    }
+    fn timestamp(&self) -> i64 {
+        self.0.timestamp().to_millis().unwrap_or(0)
+    }
+    fn key(&self) -> Option<&[u8]> {
+        self.0.key()
+    }
+    fn value(&self) -> Option<&[u8]> {
+        self.0.payload()
+    }
+    fn header_count(&self) -> usize {
+        self.0.headers().map_or(0, Headers::count)
+    }
+    fn header(&self, index: usize) -> Option<(&str, Option<&[u8]>)> {
+        let h = self.0.headers()?.try_get(index)?;
+        Some((h.key, h.value))
+    }
+}
+
 impl Shared {
+    /// Hands one polled record to the worker as a view of librdkafka's
+    /// message: the task copies out of it what it keeps.
     fn on_message(&mut self, m: &BorrowedMessage<'_>) -> Result<(), StreamsError> {
-        let headers = m
-            .headers()
-            .map(|hs| {
-                hs.iter()
-                    .map(|h| Header::named(h.key, h.value.map(<[u8]>::to_vec)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        self.worker.on_record(PolledRecord {
-            topic: m.topic().to_owned(),
-            partition: m.partition(),
-            offset: m.offset(),
-            timestamp: m.timestamp().to_millis().unwrap_or(0),
-            key: m.key().map(<[u8]>::to_vec),
-            value: m.payload().map(<[u8]>::to_vec),
-            headers,
-        })?;
+        self.worker.on_record(Fetched(m))?;
         Ok(())
     }
 

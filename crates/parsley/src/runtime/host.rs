@@ -150,7 +150,43 @@ pub struct AssignedPartition {
     pub end: Option<i64>,
 }
 
-/// A record as a poll returned it.
+/// A fetched record as a host hands it to the worker: read through, never
+/// taken over. The task copies out of it only what it keeps (the key, the
+/// value and the headers other than the stamp's, when the record goes on
+/// to its gate); the stamp's headers are decoded where they lie. The Kafka
+/// runtime hands over a view of librdkafka's message this way, so a
+/// fetched record is copied once; a host that owns its records hands over
+/// a [`PolledRecord`].
+pub trait RecordView {
+    /// The topic.
+    fn topic(&self) -> &str;
+    /// The partition.
+    fn partition(&self) -> i32;
+    /// The offset.
+    fn offset(&self) -> i64;
+    /// The timestamp, in milliseconds since the epoch.
+    fn timestamp(&self) -> i64;
+    /// The key bytes; `None` is a null key.
+    fn key(&self) -> Option<&[u8]>;
+    /// The value bytes; `None` is a null value.
+    fn value(&self) -> Option<&[u8]>;
+    /// How many headers the record has.
+    fn header_count(&self) -> usize;
+    /// Header `index` (in record order) as name and value; `None` past the
+    /// last.
+    fn header(&self, index: usize) -> Option<(&str, Option<&[u8]>)>;
+
+    /// Every header, in record order.
+    fn headers(&self) -> impl Iterator<Item = (&str, Option<&[u8]>)> + '_
+    where
+        Self: Sized,
+    {
+        (0..self.header_count()).filter_map(|i| self.header(i))
+    }
+}
+
+/// A record as a poll returned it, owned: what a host that keeps its own
+/// copy hands over (the TestDriver, the simulator).
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct PolledRecord {
     /// The topic.
@@ -167,6 +203,35 @@ pub struct PolledRecord {
     pub value: Option<Vec<u8>>,
     /// Every header, in record order.
     pub headers: Vec<Header>,
+}
+
+impl RecordView for PolledRecord {
+    fn topic(&self) -> &str {
+        &self.topic
+    }
+    fn partition(&self) -> i32 {
+        self.partition
+    }
+    fn offset(&self) -> i64 {
+        self.offset
+    }
+    fn timestamp(&self) -> i64 {
+        self.timestamp
+    }
+    fn key(&self) -> Option<&[u8]> {
+        self.key.as_deref()
+    }
+    fn value(&self) -> Option<&[u8]> {
+        self.value.as_deref()
+    }
+    fn header_count(&self) -> usize {
+        self.headers.len()
+    }
+    fn header(&self, index: usize) -> Option<(&str, Option<&[u8]>)> {
+        self.headers
+            .get(index)
+            .map(|h| (h.name(), h.value.as_deref()))
+    }
 }
 
 /// A consumer seek the host must make.

@@ -72,26 +72,8 @@ use crate::partition::partition_for;
 use crate::stage::{Failure, Outcome, RawInput, Stage, StateWrite};
 use crate::topic::{AnyTopic, Emission, Part};
 
-pub use crate::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
+pub use crate::runtime::host::{MetadataError, RecordView, TopicDescription, TopicMetadata};
 pub use crate::runtime::identity::TaskId;
-
-/// A record as the host fetched it: raw bytes and every header, the causal
-/// ones included.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct FetchedRecord {
-    /// The channel it was fetched from.
-    pub channel: Channel,
-    /// Its offset.
-    pub offset: i64,
-    /// Its timestamp.
-    pub timestamp: i64,
-    /// Key bytes; `None` is a null key.
-    pub key: Option<Vec<u8>>,
-    /// Value bytes; `None` is a null value.
-    pub value: Option<Vec<u8>>,
-    /// All headers, in record order.
-    pub headers: Vec<Header>,
-}
 
 /// Where an emission came from: the delivered record (or tick) whose logic
 /// made it, and its place among that delivery's emissions (from 0). The

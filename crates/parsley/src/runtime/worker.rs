@@ -106,13 +106,14 @@ pub use crate::runtime::failure::{
     Backoff, Directive, Fault, RefusedRecord, TaskFailure, WorkerError,
 };
 use crate::runtime::failure::{Stopped, Streak};
-pub use crate::runtime::host::{AssignedPartition, Cluster, FlowChange, PolledRecord, Seek};
+pub use crate::runtime::host::{
+    AssignedPartition, Cluster, FlowChange, PolledRecord, RecordView, Seek,
+};
 use crate::runtime::local::{self, LocalStore, LocalWrite, StoreIdentity, StoreKind, WipeReason};
 use crate::runtime::metrics::{Published, SAMPLE_INTERVAL, TaskMeters};
 pub use crate::runtime::restore::{RestoreJob, RestoreMode, RestoreOutcome};
 use crate::runtime::task::{
-    Diversion, EmissionOrigin, FetchedRecord, OutgoingRecord, Task, TaskError, TaskEvent, TaskId,
-    TaskStats,
+    Diversion, EmissionOrigin, OutgoingRecord, Task, TaskError, TaskEvent, TaskId, TaskStats,
 };
 
 /// Where a channel with no committed position starts.

@@ -332,22 +332,18 @@ fn channel(cluster: &Cluster, topic: &str) -> parsley::protocol::Channel {
     parsley::protocol::Channel::new(cluster.topics[topic].0, 0)
 }
 
-/// A fetched record on `topic` partition 0, claiming `claims`.
+/// A fetched record on `topic` partition 0, claiming `claims`, with the
+/// channel it comes from.
 fn fetched(
     cluster: &Cluster,
     topic: &str,
     offset: i64,
     claims: &[(&str, i64)],
-) -> parsley::task::FetchedRecord {
-    let p = claiming(topic, offset, cluster, claims);
-    parsley::task::FetchedRecord {
-        channel: channel(cluster, topic),
-        offset,
-        timestamp: 0,
-        key: p.key,
-        value: p.value,
-        headers: p.headers,
-    }
+) -> (protocol::Channel, PolledRecord) {
+    (
+        channel(cluster, topic),
+        claiming(topic, offset, cluster, claims),
+    )
 }
 
 fn delivered_offsets(commit: &parsley::task::TaskCommit) -> Vec<String> {
@@ -381,8 +377,8 @@ fn held_records_beyond_the_window_come_back_from_the_store_in_order() {
     .unwrap();
     assert_eq!(task.set_hold_window(Some(2)), 0);
     for o in 0..6 {
-        task.on_record(fetched(&cluster, "a", o, &[("c", 0)]))
-            .unwrap();
+        let (c, r) = fetched(&cluster, "a", o, &[("c", 0)]);
+        task.on_record(c, &r).unwrap();
     }
     assert_eq!(task.node().held_count(), 6);
     assert_eq!(task.node().paged_count(), 0, "nothing leaves uncommitted");
@@ -390,7 +386,8 @@ fn held_records_beyond_the_window_come_back_from_the_store_in_order() {
     assert!(delivered_offsets(&first).is_empty());
     assert_eq!(task.node().paged_count(), 4);
     // The cause arrives before the first transaction's outcome.
-    task.on_record(fetched(&cluster, "c", 0, &[])).unwrap();
+    let (c, r) = fetched(&cluster, "c", 0, &[]);
+    task.on_record(c, &r).unwrap();
     assert_eq!(task.node().held_count(), 0);
     assert_eq!(task.node().stats().paged_in_total, 4);
     task.commit_done();

@@ -5,10 +5,15 @@
 use super::*;
 
 impl Task {
-    /// Hands over one fetched record. Records of one channel must come in
-    /// strictly increasing offset order.
-    pub fn on_record(&mut self, record: FetchedRecord) -> Result<(), TaskError> {
-        self.guarded(|t| t.on_record_inner(record))
+    /// Hands over one record fetched from `channel`. Records of one
+    /// channel must come in strictly increasing offset order. The task
+    /// copies out of `record` only what it keeps.
+    pub fn on_record(
+        &mut self,
+        channel: Channel,
+        record: &dyn RecordView,
+    ) -> Result<(), TaskError> {
+        self.guarded(|t| t.on_record_inner(channel, record))
     }
 
     /// Reports the consumer position of a channel: every offset below
@@ -72,24 +77,25 @@ impl Task {
         })
     }
 
-    fn on_record_inner(&mut self, record: FetchedRecord) -> Result<(), TaskError> {
-        if let Some(stepped) = self
-            .node
-            .stepped_past(record.channel, record.offset)
-            .cloned()
-        {
+    fn on_record_inner(
+        &mut self,
+        channel: Channel,
+        record: &dyn RecordView,
+    ) -> Result<(), TaskError> {
+        let offset = record.offset();
+        if let Some(stepped) = self.node.stepped_past(channel, offset).cloned() {
             // Stepped past before (an operator's skip, or a step an aborted
             // transaction made and this one repeats from the store).
-            return self.dead_letter_input(record, &stepped);
+            return self.dead_letter_input(channel, record, &stepped);
         }
-        let causal = match causal_headers(&record.headers) {
+        // The stamp is decoded where it lies; only the other headers are
+        // copied, and only if there are any.
+        let all = || (0..record.header_count()).filter_map(|i| record.header(i));
+        let causal = match CausalHeaders::decode(all()) {
             Ok(c) => c,
             Err(source) => {
-                let coordinate = Coordinate::new(
-                    self.topic_name(record.channel.topic),
-                    record.channel.partition,
-                    record.offset,
-                );
+                let coordinate =
+                    Coordinate::new(self.topic_name(channel.topic), channel.partition, offset);
                 let Some(topic) = self.stage.corrupt_headers_dead_letter() else {
                     return Err(TaskError::CorruptHeaders {
                         task: self.id.clone(),
@@ -102,27 +108,21 @@ impl Task {
                     reason: format!("corrupt causal headers: {source}"),
                 };
                 self.node
-                    .step_past(record.channel, record.offset, stepped.clone())
+                    .step_past(channel, offset, stepped.clone())
                     .map_err(|e| self.protocol(e))?;
-                return self.dead_letter_input(record, &stepped);
+                return self.dead_letter_input(channel, record, &stepped);
             }
         };
-        let mut headers: Vec<Header> = record
-            .headers
-            .into_iter()
-            .filter(|h| !is_causal_header(&h.name))
+        let headers: Vec<Header> = all()
+            .filter(|(name, _)| !is_causal_header(name))
+            .map(|(name, value)| Header::named(name, value.map(<[u8]>::to_vec)))
             .collect();
-        if headers.is_empty() {
-            // The filter reuses the fetched list's allocation; a record
-            // with only causal headers should not carry it into a hold.
-            headers = Vec::new();
-        }
         let inbound = InboundRecord {
-            channel: record.channel,
-            offset: record.offset,
-            timestamp: record.timestamp,
-            key: record.key,
-            value: record.value,
+            channel,
+            offset,
+            timestamp: record.timestamp(),
+            key: record.key().map(<[u8]>::to_vec),
+            value: record.value().map(<[u8]>::to_vec),
             headers,
             causal,
         };
@@ -199,10 +199,11 @@ impl Task {
     /// node, so to the gate its offset is like a transaction marker's.
     fn dead_letter_input(
         &mut self,
-        record: FetchedRecord,
+        channel: Channel,
+        record: &dyn RecordView,
         stepped: &SteppedPast,
     ) -> Result<(), TaskError> {
-        let coordinate = self.coordinate((record.channel, record.offset));
+        let coordinate = self.coordinate((channel, record.offset()));
         let Some(&partitions) = self.dead_letters.get(&stepped.dead_letter) else {
             return Err(TaskError::Config {
                 task: self.id.clone(),
@@ -214,8 +215,12 @@ impl Task {
         };
         warn!(task = %self.id, %coordinate, dead_letter = %stepped.dead_letter, reason = %stepped.reason,
             "record stepped past: sent to the dead-letter topic instead of delivered");
-        let partition = partition_for(record.key.as_deref(), self.id.partition, partitions);
-        let mut headers = record.headers;
+        let partition = partition_for(record.key(), self.id.partition, partitions);
+        // Every header as it came, the stamp's included.
+        let mut headers: Vec<Header> = (0..record.header_count())
+            .filter_map(|i| record.header(i))
+            .map(|(name, value)| Header::named(name, value.map(<[u8]>::to_vec)))
+            .collect();
         for (name, value) in [
             (crate::topic::DEAD_LETTER_ERROR, stepped.reason.clone()),
             (crate::topic::DEAD_LETTER_TOPIC, coordinate.topic.clone()),
@@ -242,9 +247,9 @@ impl Task {
         self.outgoing.push(OutgoingRecord {
             topic: stepped.dead_letter.as_str().into(),
             partition,
-            key: record.key,
-            value: record.value,
-            timestamp: record.timestamp,
+            key: record.key().map(<[u8]>::to_vec),
+            value: record.value().map(<[u8]>::to_vec),
+            timestamp: record.timestamp(),
             stamp: None,
             headers,
             origin: None,

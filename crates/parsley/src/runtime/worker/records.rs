@@ -24,51 +24,44 @@ impl Worker {
     }
 
     /// One record a poll returned, handed to its task now.
-    pub fn on_record(&mut self, record: PolledRecord) -> Result<(), WorkerError> {
+    pub fn on_record(&mut self, record: impl RecordView) -> Result<(), WorkerError> {
+        let (topic, partition, offset) = (record.topic(), record.partition(), record.offset());
         self.ready()?;
-        let Some((id, i)) = self.route(&record.topic, record.partition)? else {
+        let Some((id, i)) = self.route(topic, partition)? else {
             self.stats.dropped_while_waiting += 1;
             return Ok(());
         };
         let Some(slot) = self.tasks.get_mut(&*id) else {
             return Err(WorkerError::NotAssigned {
-                topic: record.topic,
-                partition: record.partition,
+                topic: topic.to_owned(),
+                partition,
             });
         };
         let c = &mut slot.channels[i];
         if let Some(offset) = c.awaiting_seek {
             let e = WorkerError::SeekNotApplied {
-                topic: record.topic,
-                partition: record.partition,
+                topic: topic.to_owned(),
+                partition,
                 offset,
             };
             return self.poison(e);
         }
-        if record.offset < c.position {
+        if offset < c.position {
             let e = WorkerError::OutOfOrder {
-                topic: record.topic,
-                partition: record.partition,
-                offset: record.offset,
+                topic: topic.to_owned(),
+                partition,
+                offset,
                 expected: c.position,
             };
             return self.poison(e);
         }
         let channel = c.channel;
-        c.position = record.offset + 1;
-        let offset = record.offset;
+        c.position = offset + 1;
         let Some(task) = slot.task.as_mut() else {
             return Ok(());
         };
         task.observe_time(self.now);
-        let r = task.on_record(FetchedRecord {
-            channel,
-            offset,
-            timestamp: record.timestamp,
-            key: record.key,
-            value: record.value,
-            headers: record.headers,
-        });
+        let r = task.on_record(channel, &record);
         if let Err(e) = r {
             return self.fail_task(TaskId::clone(&id), e);
         }
