@@ -160,17 +160,6 @@ pub enum Outcome {
     Fenced,
 }
 
-/// What a thread wants done before a revocation.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum BeforeRevoke {
-    /// Nothing open.
-    Nothing,
-    /// Commit the open work.
-    Commit,
-    /// Abort the open work.
-    Abort,
-}
-
 /// A failure the world injects at a thread's client, by class: what the
 /// host reports to its core, which decides what follows.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -254,8 +243,10 @@ pub enum StoreFault {
 pub trait StreamThread {
     /// Partitions assigned (after a rebalance).
     fn assign(&mut self, parts: Vec<Assigned>, broker: &SimBroker, now: i64) -> Result<(), String>;
-    /// What to do with open work before partitions are revoked.
-    fn before_revoke(&self) -> BeforeRevoke;
+    /// Settles the open work before partitions are revoked, as the host
+    /// core decides: the transaction to commit first, if any (otherwise
+    /// there was nothing open, or the core aborted it).
+    fn before_revoke(&mut self, broker: &SimBroker) -> Result<Option<HostTransaction>, String>;
     /// Partitions revoked.
     fn revoke(&mut self, parts: &[(String, i32)]) -> Result<(), String>;
     /// One polled record handed over. A task's failure is the host's to
@@ -1097,26 +1088,15 @@ impl AppWorld {
 
     /// What member `i` does with its open work before a revocation.
     fn before_revoke(&mut self, i: usize) -> Result<(), AppFailure> {
-        match self.members[i].thread.before_revoke() {
-            BeforeRevoke::Nothing => Ok(()),
-            BeforeRevoke::Commit => {
-                let broker = &self.broker;
-                let txn = self.members[i]
-                    .thread
-                    .flush(broker)
-                    .map_err(|e| self.fail(format!("member {i}: flush refused: {e}")))?;
-                match txn {
-                    Some(txn) => self.commit(i, txn, CommitFate::Commit),
-                    None => Ok(()),
-                }
-            }
-            BeforeRevoke::Abort => {
-                let broker = &self.broker;
-                self.members[i]
-                    .thread
-                    .abort(broker)
-                    .map_err(|e| self.fail(format!("member {i}: abort refused: {e}")))
-            }
+        let broker = &self.broker;
+        let txn = self.members[i].thread.before_revoke(broker).map_err(|e| {
+            self.fail(format!(
+                "member {i}: settling before a revocation refused: {e}"
+            ))
+        })?;
+        match txn {
+            Some(txn) => self.commit(i, txn, CommitFate::Commit),
+            None => Ok(()),
         }
     }
 
@@ -1961,8 +1941,8 @@ impl StreamThread for Gone {
     fn assign(&mut self, _: Vec<Assigned>, _: &SimBroker, _: i64) -> Result<(), String> {
         Err("the process is gone".into())
     }
-    fn before_revoke(&self) -> BeforeRevoke {
-        BeforeRevoke::Nothing
+    fn before_revoke(&mut self, _: &SimBroker) -> Result<Option<HostTransaction>, String> {
+        Ok(None)
     }
     fn revoke(&mut self, _: &[(String, i32)]) -> Result<(), String> {
         Err("the process is gone".into())

@@ -175,12 +175,11 @@ pub trait RecordView {
     /// Header `index` (in record order) as name and value; `None` past the
     /// last.
     fn header(&self, index: usize) -> Option<(&str, Option<&[u8]>)>;
+}
 
+impl dyn RecordView + '_ {
     /// Every header, in record order.
-    fn headers(&self) -> impl Iterator<Item = (&str, Option<&[u8]>)> + '_
-    where
-        Self: Sized,
-    {
+    pub fn headers(&self) -> impl Iterator<Item = (&str, Option<&[u8]>)> + '_ {
         (0..self.header_count()).filter_map(|i| self.header(i))
     }
 }

@@ -494,6 +494,17 @@ impl ChannelSlot {
             offset,
         });
     }
+
+    /// The refusal of anything read on the channel while the seek it asked
+    /// for is not confirmed.
+    fn unsought(&self) -> Option<WorkerError> {
+        self.awaiting_seek
+            .map(|offset| WorkerError::SeekNotApplied {
+                topic: self.topic.clone(),
+                partition: self.partition,
+                offset,
+            })
+    }
 }
 
 struct Slot {

@@ -20,8 +20,8 @@ use parsley::task::EmissionOrigin;
 use parsley::task::TaskEvent;
 use parsley::task::TaskId;
 use parsley_sim::{
-    Assigned, BeforeRevoke, Fetched, HostTransaction, Outcome, Produced, SimBroker, SimDirective,
-    SimFault, StoreFault, StreamThread, TaskAct, TaskSpec,
+    Assigned, Fetched, HostTransaction, Outcome, Produced, SimBroker, SimDirective, SimFault,
+    StoreFault, StreamThread, TaskAct, TaskSpec,
 };
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -791,11 +791,25 @@ impl StreamThread for Thread {
         r
     }
 
-    fn before_revoke(&self) -> BeforeRevoke {
-        match self.worker.revoke_plan(false) {
-            RevokePlan::Nothing => BeforeRevoke::Nothing,
-            RevokePlan::Commit => BeforeRevoke::Commit,
-            RevokePlan::Abort => BeforeRevoke::Abort,
+    fn before_revoke(&mut self, broker: &SimBroker) -> Result<Option<HostTransaction>, String> {
+        // The same call the Kafka runtime makes: the worker commits or
+        // aborts the open work, and keeps the seeks an abort queues.
+        let aborts = self.worker.stats().aborts;
+        let txn = self
+            .worker
+            .before_revoke(false, &View(broker))
+            .map_err(err)?;
+        match txn {
+            Some(t) => Ok(Some(self.convert(t))),
+            None => {
+                if self.worker.stats().aborts > aborts {
+                    self.just_aborted = true;
+                }
+                // A task that failed taking its commit stopped: its
+                // handler decides what follows, as after any abort.
+                self.handle_failures(broker)?;
+                Ok(None)
+            }
         }
     }
 

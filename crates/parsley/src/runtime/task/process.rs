@@ -90,8 +90,7 @@ impl Task {
         }
         // The stamp is decoded where it lies; only the other headers are
         // copied, and only if there are any.
-        let all = || (0..record.header_count()).filter_map(|i| record.header(i));
-        let causal = match CausalHeaders::decode(all()) {
+        let causal = match CausalHeaders::decode(record.headers()) {
             Ok(c) => c,
             Err(source) => {
                 let coordinate =
@@ -113,7 +112,8 @@ impl Task {
                 return self.dead_letter_input(channel, record, &stepped);
             }
         };
-        let headers: Vec<Header> = all()
+        let headers: Vec<Header> = record
+            .headers()
             .filter(|(name, _)| !is_causal_header(name))
             .map(|(name, value)| Header::named(name, value.map(<[u8]>::to_vec)))
             .collect();
@@ -217,8 +217,8 @@ impl Task {
             "record stepped past: sent to the dead-letter topic instead of delivered");
         let partition = partition_for(record.key(), self.id.partition, partitions);
         // Every header as it came, the stamp's included.
-        let mut headers: Vec<Header> = (0..record.header_count())
-            .filter_map(|i| record.header(i))
+        let mut headers: Vec<Header> = record
+            .headers()
             .map(|(name, value)| Header::named(name, value.map(<[u8]>::to_vec)))
             .collect();
         for (name, value) in [

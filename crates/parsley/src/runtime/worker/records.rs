@@ -38,12 +38,7 @@ impl Worker {
             });
         };
         let c = &mut slot.channels[i];
-        if let Some(offset) = c.awaiting_seek {
-            let e = WorkerError::SeekNotApplied {
-                topic: topic.to_owned(),
-                partition,
-                offset,
-            };
+        if let Some(e) = c.unsought() {
             return self.poison(e);
         }
         if offset < c.position {
@@ -104,12 +99,7 @@ impl Worker {
             return Ok(());
         };
         let c = &mut slot.channels[i];
-        if let Some(offset) = c.awaiting_seek {
-            let e = WorkerError::SeekNotApplied {
-                topic: topic.to_owned(),
-                partition,
-                offset,
-            };
+        if let Some(e) = c.unsought() {
             return self.poison(e);
         }
         if position < c.position {
