@@ -34,7 +34,7 @@ use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedHeaders};
+use rdkafka::message::{BorrowedHeaders, BorrowedMessage, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::topic_partition_list::TopicPartitionListElem;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};

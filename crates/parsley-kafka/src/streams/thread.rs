@@ -56,32 +56,48 @@ enum Session {
 }
 
 /// A message librdkafka returned, read through by the worker and its task.
-struct Fetched<'a>(&'a BorrowedMessage<'a>);
+/// librdkafka's message as the worker reads it. Its header list is looked up
+/// once: librdkafka parses a fetched record's headers on each lookup until
+/// it finds one (a record without headers is parsed again every time), and
+/// the task reads the list several times per record.
+struct Fetched<'a> {
+    message: &'a BorrowedMessage<'a>,
+    headers: Option<&'a BorrowedHeaders>,
+}
+
+impl<'a> Fetched<'a> {
+    fn new(message: &'a BorrowedMessage<'a>) -> Self {
+        Fetched {
+            message,
+            headers: message.headers(),
+        }
+    }
+}
 
 impl RecordView for Fetched<'_> {
     fn topic(&self) -> &str {
-        self.0.topic()
+        self.message.topic()
     }
     fn partition(&self) -> i32 {
-        self.0.partition()
+        self.message.partition()
     }
     fn offset(&self) -> i64 {
-        self.0.offset()
+        self.message.offset()
     }
     fn timestamp(&self) -> i64 {
-        self.0.timestamp().to_millis().unwrap_or(0)
+        self.message.timestamp().to_millis().unwrap_or(0)
     }
     fn key(&self) -> Option<&[u8]> {
-        self.0.key()
+        self.message.key()
     }
     fn value(&self) -> Option<&[u8]> {
-        self.0.payload()
+        self.message.payload()
     }
     fn header_count(&self) -> usize {
-        self.0.headers().map_or(0, Headers::count)
+        self.headers.map_or(0, Headers::count)
     }
     fn header(&self, index: usize) -> Option<(&str, Option<&[u8]>)> {
-        let h = self.0.headers()?.try_get(index)?;
+        let h = self.headers?.try_get(index)?;
         Some((h.key, h.value))
     }
 }
@@ -90,7 +106,7 @@ impl Shared {
     /// Hands one polled record to the worker as a view of librdkafka's
     /// message: the task copies out of it what it keeps.
     fn on_message(&mut self, m: &BorrowedMessage<'_>) -> Result<(), StreamsError> {
-        self.worker.on_record(Fetched(m))?;
+        self.worker.on_record(Fetched::new(m))?;
         Ok(())
     }
 
