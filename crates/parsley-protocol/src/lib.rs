@@ -78,6 +78,7 @@ mod bytes;
 pub mod clock;
 mod error;
 pub mod headers;
+pub mod host;
 pub mod ids;
 pub mod node;
 mod protocol;

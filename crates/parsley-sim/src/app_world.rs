@@ -45,65 +45,14 @@ use std::fmt;
 
 use parsley_protocol::clock::ClockVersion;
 use parsley_protocol::headers::CLOCK_HEADER;
-use parsley_protocol::{CausalHeaders, Channel, Header};
+use parsley_protocol::host::{AssignedPartition, OutgoingRecord, PolledRecord};
+use parsley_protocol::{CausalHeaders, Channel};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::broker::{SimBroker, StoredRecord};
 use crate::edge::{EdgeProducer, EdgeSpec};
 use crate::oracle::{ActorId, Oracle, PendingSend};
-
-/// A partition assigned to a member, with what a host needs to start it.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct Assigned {
-    /// The topic.
-    pub topic: String,
-    /// The partition.
-    pub partition: i32,
-    /// The group's committed position.
-    pub committed: Option<i64>,
-    /// The partition's log start.
-    pub log_start: i64,
-    /// The partition's end.
-    pub end: i64,
-}
-
-/// A record a poll returned, with all its headers (the causal ones in wire
-/// form).
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct Fetched {
-    /// The topic.
-    pub topic: String,
-    /// The partition.
-    pub partition: i32,
-    /// Its offset.
-    pub offset: i64,
-    /// Its timestamp.
-    pub timestamp: i64,
-    /// Key bytes.
-    pub key: Option<Vec<u8>>,
-    /// Value bytes.
-    pub value: Option<Vec<u8>>,
-    /// Every header, the causal ones included.
-    pub headers: Vec<Header>,
-}
-
-/// A record a thread produces.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct Produced {
-    /// The topic.
-    pub topic: String,
-    /// The partition.
-    pub partition: i32,
-    /// Key bytes.
-    pub key: Option<Vec<u8>>,
-    /// Value bytes.
-    pub value: Option<Vec<u8>>,
-    /// Timestamp.
-    pub timestamp: i64,
-    /// Every header, the causal ones included.
-    pub headers: Vec<Header>,
-}
 
 /// What a task did inside a transaction, in order.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -142,7 +91,7 @@ pub enum TaskAct {
 #[derive(Clone, Debug, Default)]
 pub struct HostTransaction {
     /// Records to produce, in order.
-    pub records: Vec<Produced>,
+    pub records: Vec<OutgoingRecord>,
     /// Consumed positions to commit.
     pub offsets: Vec<(String, i32, i64)>,
     /// What the tasks did, in order.
@@ -242,7 +191,12 @@ pub enum StoreFault {
 /// correct world never refuses).
 pub trait StreamThread {
     /// Partitions assigned (after a rebalance).
-    fn assign(&mut self, parts: Vec<Assigned>, broker: &SimBroker, now: i64) -> Result<(), String>;
+    fn assign(
+        &mut self,
+        parts: Vec<AssignedPartition>,
+        broker: &SimBroker,
+        now: i64,
+    ) -> Result<(), String>;
     /// Settles the open work before partitions are revoked, as the host
     /// core decides: the transaction to commit first, if any (otherwise
     /// there was nothing open, or the core aborted it).
@@ -251,7 +205,7 @@ pub trait StreamThread {
     fn revoke(&mut self, parts: &[(String, i32)]) -> Result<(), String>;
     /// One polled record handed over. A task's failure is the host's to
     /// handle (abort, and its error handler), not a refusal.
-    fn on_record(&mut self, record: Fetched, broker: &SimBroker) -> Result<(), String>;
+    fn on_record(&mut self, record: PolledRecord, broker: &SimBroker) -> Result<(), String>;
     /// The consumer position after a poll, with the highest offset the
     /// polls returned there.
     fn on_position(
@@ -585,7 +539,7 @@ struct Member {
     generation: u64,
     assignment: Vec<(String, i32)>,
     positions: BTreeMap<(String, i32), i64>,
-    buffer: VecDeque<Fetched>,
+    buffer: VecDeque<PolledRecord>,
     zombie: bool,
     paused: BTreeSet<(String, i32)>,
 }
@@ -894,16 +848,16 @@ impl AppWorld {
                     owners.insert(task.name.clone(), id);
                 }
             }
-            let assigned: Vec<Assigned> = parts
+            let assigned: Vec<AssignedPartition> = parts
                 .iter()
                 .map(|(t, p)| {
                     let c = self.channel(t, *p);
-                    Assigned {
+                    AssignedPartition {
                         topic: t.clone(),
                         partition: *p,
                         committed: self.group_offsets.get(&(t.clone(), *p)).copied(),
                         log_start: c.map_or(0, |c| self.broker.log_start(c)),
-                        end: c.map_or(0, |c| self.broker.end_offset(c)),
+                        end: Some(c.map_or(0, |c| self.broker.end_offset(c))),
                     }
                 })
                 .collect();
@@ -1047,12 +1001,12 @@ impl AppWorld {
                     return Ok(());
                 };
                 let c = self.channel(&p.0, p.1);
-                let assigned = Assigned {
+                let assigned = AssignedPartition {
                     topic: p.0.clone(),
                     partition: p.1,
                     committed: self.group_offsets.get(&p).copied(),
                     log_start: c.map_or(0, |c| self.broker.log_start(c)),
-                    end: c.map_or(0, |c| self.broker.end_offset(c)),
+                    end: Some(c.map_or(0, |c| self.broker.end_offset(c))),
                 };
                 let now = self.now;
                 let broker = &self.broker;
@@ -1443,7 +1397,7 @@ impl AppWorld {
             {
                 self.stats.compact_clocks_fetched += 1;
             }
-            self.members[i].buffer.push_back(Fetched {
+            self.members[i].buffer.push_back(PolledRecord {
                 topic: t.clone(),
                 partition: p,
                 offset,
@@ -1506,16 +1460,16 @@ impl AppWorld {
         m.positions.clear();
         m.paused.clear();
         let parts = m.assignment.clone();
-        let assigned: Vec<Assigned> = parts
+        let assigned: Vec<AssignedPartition> = parts
             .iter()
             .map(|(t, p)| {
                 let c = self.channel(t, *p);
-                Assigned {
+                AssignedPartition {
                     topic: t.clone(),
                     partition: *p,
                     committed: self.group_offsets.get(&(t.clone(), *p)).copied(),
                     log_start: c.map_or(0, |c| self.broker.log_start(c)),
-                    end: c.map_or(0, |c| self.broker.end_offset(c)),
+                    end: Some(c.map_or(0, |c| self.broker.end_offset(c))),
                 }
             })
             .collect();
@@ -1590,7 +1544,7 @@ impl AppWorld {
         let touched: BTreeSet<(String, i32)> = txn
             .records
             .iter()
-            .map(|r| (r.topic.clone(), r.partition))
+            .map(|r| (r.topic.to_string(), r.partition))
             .collect();
         for r in &txn.records {
             let Some(c) = self.channel(&r.topic, r.partition) else {
@@ -1754,7 +1708,7 @@ impl AppWorld {
         let touched: BTreeSet<(String, i32)> = txn
             .records
             .iter()
-            .map(|r| (r.topic.clone(), r.partition))
+            .map(|r| (r.topic.to_string(), r.partition))
             .collect();
         let mut staged: BTreeSet<ActorId> = BTreeSet::new();
         let mut pending: VecDeque<(ActorId, PendingSend, String, i32)> = VecDeque::new();
@@ -1831,10 +1785,10 @@ impl AppWorld {
                 return Err(self.fail(format!("produce to unknown topic {}", r.topic)));
             };
             let mut oracle_id = usize::MAX;
-            if self.config.dead_letter_topic.as_deref() == Some(r.topic.as_str()) {
+            if self.config.dead_letter_topic.as_deref() == Some(&*r.topic) {
                 // Unstamped, and no causal send: the oracle never hears of
                 // it, and nothing waits for it.
-                if r.headers.iter().any(|h| h.name() == "vc") {
+                if r.header_list().iter().any(|h| h.name() == CLOCK_HEADER) {
                     return Err(self.fail(format!(
                         "a dead letter on {}:{} carries a clock",
                         r.topic, r.partition
@@ -1848,7 +1802,7 @@ impl AppWorld {
                         r.topic, r.partition
                     )));
                 };
-                if t != r.topic || part != r.partition {
+                if *t != *r.topic || part != r.partition {
                     return Err(self.fail(format!(
                         "send order mismatch: the task sent to {t}:{part}, the transaction holds {}:{}",
                         r.topic, r.partition
@@ -1895,30 +1849,29 @@ impl AppWorld {
         Ok(())
     }
 
-    fn stored(&self, r: &Produced, oracle_id: usize) -> Result<StoredRecord, AppFailure> {
-        let causal =
-            CausalHeaders::decode(r.headers.iter().map(|h| (h.name(), h.value.as_deref())))
-                .map_err(|e| {
-                    self.fail(format!("a produced record has corrupt causal headers: {e}"))
-                })?;
+    /// The record as the broker stores it, from the headers as the host
+    /// writes them: the stamp is read back from its wire form, so a stamp
+    /// that does not decode fails the world.
+    fn stored(&self, r: &OutgoingRecord, oracle_id: usize) -> Result<StoredRecord, AppFailure> {
+        let headers = r.header_list();
+        let causal = CausalHeaders::decode(headers.iter().map(|h| (h.name(), h.value.as_deref())))
+            .map_err(|e| self.fail(format!("a produced record has corrupt causal headers: {e}")))?;
+        let clock_version = headers
+            .iter()
+            .find(|h| h.name() == CLOCK_HEADER)
+            .and_then(|h| ClockVersion::of(h.value.as_deref()?))
+            .unwrap_or_default();
         Ok(StoredRecord {
             key: r.key.clone(),
             value: r.value.clone(),
             timestamp: r.timestamp,
-            headers: r
-                .headers
-                .iter()
+            headers: headers
+                .into_iter()
                 .filter(|h| !parsley_protocol::headers::is_causal_header(&h.name))
-                .cloned()
                 .collect(),
             causal,
             oracle_id,
-            clock_version: r
-                .headers
-                .iter()
-                .find(|h| h.name() == CLOCK_HEADER)
-                .and_then(|h| ClockVersion::of(h.value.as_deref()?))
-                .unwrap_or_default(),
+            clock_version,
         })
     }
 }
@@ -1938,7 +1891,7 @@ enum CommitFate {
 struct Gone;
 
 impl StreamThread for Gone {
-    fn assign(&mut self, _: Vec<Assigned>, _: &SimBroker, _: i64) -> Result<(), String> {
+    fn assign(&mut self, _: Vec<AssignedPartition>, _: &SimBroker, _: i64) -> Result<(), String> {
         Err("the process is gone".into())
     }
     fn before_revoke(&mut self, _: &SimBroker) -> Result<Option<HostTransaction>, String> {
@@ -1947,7 +1900,7 @@ impl StreamThread for Gone {
     fn revoke(&mut self, _: &[(String, i32)]) -> Result<(), String> {
         Err("the process is gone".into())
     }
-    fn on_record(&mut self, _: Fetched, _: &SimBroker) -> Result<(), String> {
+    fn on_record(&mut self, _: PolledRecord, _: &SimBroker) -> Result<(), String> {
         Err("the process is gone".into())
     }
     fn on_position(

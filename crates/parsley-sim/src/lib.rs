@@ -71,9 +71,8 @@ pub mod trace;
 pub mod world;
 
 pub use app_world::{
-    AppBudget, AppFailure, AppStats, AppWorld, AppWorldConfig, Assigned, Assignor, Fetched,
-    HostTransaction, Outcome, Produced, SimDirective, SimFault, StoreFault, StreamThread, TaskAct,
-    TaskSpec, ThreadFactory,
+    AppBudget, AppFailure, AppStats, AppWorld, AppWorldConfig, Assignor, HostTransaction, Outcome,
+    SimDirective, SimFault, StoreFault, StreamThread, TaskAct, TaskSpec, ThreadFactory,
 };
 pub use behavior::{Behavior, Output, Payload, Route};
 pub use broker::{Entry, SimBroker, StoredRecord};

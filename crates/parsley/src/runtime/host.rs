@@ -13,12 +13,14 @@
 //!
 //! The records and requests that cross between a host and the worker are
 //! here too: a polled record in, an assigned partition in, a seek and a
-//! fetch pause or resume out.
+//! fetch pause or resume out. The record types themselves are defined in
+//! the protocol crate ([`parsley_protocol::host`]) and re-exported here, so
+//! that the simulator, which does not depend on this crate, uses the same
+//! ones.
 
 use parsley_protocol::TopicId;
+pub use parsley_protocol::host::{AssignedPartition, PolledRecord, RecordView};
 pub use parsley_protocol::{BrokerOffsets, BrokerOffsetsError, TopicOffsets};
-
-use crate::message::Header;
 
 /// A topic as the cluster (or the test driver) describes it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -130,108 +132,6 @@ pub trait ChangelogReader {
 pub trait Cluster: TopicMetadata + BrokerOffsets + ChangelogReader {}
 
 impl<T: TopicMetadata + BrokerOffsets + ChangelogReader> Cluster for T {}
-
-/// One partition the group assigned, with the facts the worker needs to
-/// choose its start.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct AssignedPartition {
-    /// The topic.
-    pub topic: String,
-    /// The partition.
-    pub partition: i32,
-    /// The group's committed position, if any.
-    pub committed: Option<i64>,
-    /// The partition's log start.
-    pub log_start: i64,
-    /// The partition's end (last stable offset), for [`StartPolicy::Latest`](crate::runtime::worker::StartPolicy::Latest);
-    /// `None` when the lookup gave no answer. A channel that needs it (no
-    /// committed position, start policy latest) then fails its task with
-    /// [`WorkerError::EndUnknown`](crate::runtime::failure::WorkerError::EndUnknown) rather than guess.
-    pub end: Option<i64>,
-}
-
-/// A fetched record as a host hands it to the worker: read through, never
-/// taken over. The task copies out of it only what it keeps (the key, the
-/// value and the headers other than the stamp's, when the record goes on
-/// to its gate); the stamp's headers are decoded where they lie. The Kafka
-/// runtime hands over a view of librdkafka's message this way, so a
-/// fetched record is copied once; a host that owns its records hands over
-/// a [`PolledRecord`].
-pub trait RecordView {
-    /// The topic.
-    fn topic(&self) -> &str;
-    /// The partition.
-    fn partition(&self) -> i32;
-    /// The offset.
-    fn offset(&self) -> i64;
-    /// The timestamp, in milliseconds since the epoch.
-    fn timestamp(&self) -> i64;
-    /// The key bytes; `None` is a null key.
-    fn key(&self) -> Option<&[u8]>;
-    /// The value bytes; `None` is a null value.
-    fn value(&self) -> Option<&[u8]>;
-    /// How many headers the record has.
-    fn header_count(&self) -> usize;
-    /// Header `index` (in record order) as name and value; `None` past the
-    /// last.
-    fn header(&self, index: usize) -> Option<(&str, Option<&[u8]>)>;
-}
-
-impl dyn RecordView + '_ {
-    /// Every header, in record order.
-    pub fn headers(&self) -> impl Iterator<Item = (&str, Option<&[u8]>)> + '_ {
-        (0..self.header_count()).filter_map(|i| self.header(i))
-    }
-}
-
-/// A record as a poll returned it, owned: what a host that keeps its own
-/// copy hands over (the TestDriver, the simulator).
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct PolledRecord {
-    /// The topic.
-    pub topic: String,
-    /// The partition.
-    pub partition: i32,
-    /// Its offset.
-    pub offset: i64,
-    /// Its timestamp.
-    pub timestamp: i64,
-    /// Key bytes.
-    pub key: Option<Vec<u8>>,
-    /// Value bytes.
-    pub value: Option<Vec<u8>>,
-    /// Every header, in record order.
-    pub headers: Vec<Header>,
-}
-
-impl RecordView for PolledRecord {
-    fn topic(&self) -> &str {
-        &self.topic
-    }
-    fn partition(&self) -> i32 {
-        self.partition
-    }
-    fn offset(&self) -> i64 {
-        self.offset
-    }
-    fn timestamp(&self) -> i64 {
-        self.timestamp
-    }
-    fn key(&self) -> Option<&[u8]> {
-        self.key.as_deref()
-    }
-    fn value(&self) -> Option<&[u8]> {
-        self.value.as_deref()
-    }
-    fn header_count(&self) -> usize {
-        self.headers.len()
-    }
-    fn header(&self, index: usize) -> Option<(&str, Option<&[u8]>)> {
-        self.headers
-            .get(index)
-            .map(|h| (h.name(), h.value.as_deref()))
-    }
-}
 
 /// A consumer seek the host must make.
 #[derive(Clone, PartialEq, Eq, Debug)]

@@ -74,20 +74,7 @@ use crate::topic::{AnyTopic, Emission, Part};
 
 pub use crate::runtime::host::{MetadataError, RecordView, TopicDescription, TopicMetadata};
 pub use crate::runtime::identity::TaskId;
-
-/// Where an emission came from: the delivered record (or tick) whose logic
-/// made it, and its place among that delivery's emissions (from 0). The
-/// same delivery, handled again after an abort, makes the same emissions
-/// in the same places, as long as the logic is deterministic.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
-pub struct EmissionOrigin {
-    /// The delivered record's channel.
-    pub channel: Channel,
-    /// Its offset.
-    pub offset: i64,
-    /// The emission's place among those the delivery made.
-    pub ordinal: u32,
-}
+pub use parsley_protocol::host::{EmissionOrigin, OutgoingRecord, Stamp};
 
 /// An emission to send to a dead-letter topic instead of its sink: the
 /// sink (or the client) refused it, and the host's production error
@@ -105,79 +92,6 @@ pub struct Diversion {
 /// Header naming the sink a dead-lettered emission was refused by (the
 /// other `parsley.dlq.*` headers name the delivery that made it).
 pub const DEAD_LETTER_SINK: &str = "parsley.dlq.sink";
-
-/// A record the host must append: partitioned, stamped and encoded.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct OutgoingRecord {
-    /// The destination topic, shared with every other record to it (a
-    /// reference count per record, not a copy of the name).
-    pub topic: std::sync::Arc<str>,
-    /// The destination partition.
-    pub partition: i32,
-    /// Key bytes; `None` is a null key.
-    pub key: Option<Vec<u8>>,
-    /// Value bytes; `None` is a null value.
-    pub value: Option<Vec<u8>>,
-    /// The record timestamp.
-    pub timestamp: i64,
-    /// The causal stamp (emissions and ticks), kept as values: a host
-    /// writes it as the first headers, `vc`, `vc-sender`, `vc-seq`
-    /// ([`write_headers`](Self::write_headers), or
-    /// [`header_list`](Self::header_list) for a host that stores them).
-    /// Changelog records and dead letters carry none.
-    pub stamp: Option<Stamp>,
-    /// The record's own headers (the emission's, or a dead letter's), which
-    /// follow the stamp's.
-    pub headers: Vec<Header>,
-    /// The emission it is, if it is one (not a changelog record or a
-    /// tick).
-    pub origin: Option<EmissionOrigin>,
-}
-
-/// A record's causal stamp and the clock version its sink is written in.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct Stamp {
-    /// The clock and sender tag.
-    pub headers: CausalHeaders,
-    /// How the clock is encoded (version 1 unless the sink opted into the
-    /// compact one).
-    pub version: ClockVersion,
-}
-
-impl OutgoingRecord {
-    /// How many headers the record carries on the wire.
-    pub fn header_count(&self) -> usize {
-        let stamp = self
-            .stamp
-            .as_ref()
-            .map_or(0, |s| if s.headers.sender.is_some() { 3 } else { 1 });
-        stamp + self.headers.len()
-    }
-
-    /// Hands `put` every header in wire order (the stamp's, then the
-    /// record's own) with no allocation per record: the clock is encoded
-    /// into `scratch`, which a host keeps from one record to the next.
-    pub fn write_headers(&self, scratch: &mut Vec<u8>, mut put: impl FnMut(&str, Option<&[u8]>)) {
-        if let Some(s) = &self.stamp {
-            s.headers
-                .write_headers_as(s.version, scratch, |name, value| put(name, Some(value)));
-        }
-        for h in &self.headers {
-            put(h.name(), h.value.as_deref());
-        }
-    }
-
-    /// Every header in wire order, as owned values: for a host that stores
-    /// the record as written (the TestDriver's log, the simulator's broker).
-    pub fn header_list(&self) -> Vec<Header> {
-        let mut out = Vec::with_capacity(self.header_count());
-        if let Some(s) = &self.stamp {
-            s.headers.encode_headers_into_as(s.version, &mut out);
-        }
-        out.extend(self.headers.iter().cloned());
-        out
-    }
-}
 
 /// Something a task did, in the order it happened.
 #[derive(Clone, PartialEq, Eq, Debug)]

@@ -20,8 +20,8 @@ use parsley::task::EmissionOrigin;
 use parsley::task::TaskEvent;
 use parsley::task::TaskId;
 use parsley_sim::{
-    Assigned, Fetched, HostTransaction, Outcome, Produced, SimBroker, SimDirective, SimFault,
-    StoreFault, StreamThread, TaskAct, TaskSpec,
+    HostTransaction, Outcome, SimBroker, SimDirective, SimFault, StoreFault, StreamThread, TaskAct,
+    TaskSpec,
 };
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -678,14 +678,6 @@ impl Thread {
                 .records
                 .into_iter()
                 .filter(|r| !(skip && r.topic.ends_with("-changelog")))
-                .map(|r| Produced {
-                    headers: r.header_list(),
-                    topic: r.topic.to_string(),
-                    partition: r.partition,
-                    key: r.key,
-                    value: r.value,
-                    timestamp: r.timestamp,
-                })
                 .collect(),
             offsets: txn
                 .offsets
@@ -721,7 +713,7 @@ impl Thread {
     }
 
     /// The partitions of every task the assignment touches.
-    fn complete(&self, parts: &mut Vec<Assigned>, broker: &SimBroker) {
+    fn complete(&self, parts: &mut Vec<AssignedPartition>, broker: &SimBroker) {
         let have: BTreeSet<(String, i32)> = parts
             .iter()
             .map(|a| (a.topic.clone(), a.partition))
@@ -744,15 +736,15 @@ impl Thread {
                     if !have.contains(&(t.clone(), *p))
                         && !extra
                             .iter()
-                            .any(|a: &Assigned| a.topic == t && a.partition == *p)
+                            .any(|a: &AssignedPartition| a.topic == t && a.partition == *p)
                     {
                         let c = broker.topic_id(&t).map(|id| Channel::new(id, *p));
-                        extra.push(Assigned {
+                        extra.push(AssignedPartition {
                             topic: t,
                             partition: *p,
                             committed: None,
                             log_start: c.map_or(0, |c| broker.log_start(c)),
-                            end: c.map_or(0, |c| broker.end_offset(c)),
+                            end: Some(c.map_or(0, |c| broker.end_offset(c))),
                         });
                     }
                 }
@@ -769,23 +761,13 @@ fn err(e: WorkerError) -> String {
 impl StreamThread for Thread {
     fn assign(
         &mut self,
-        mut parts: Vec<Assigned>,
+        mut parts: Vec<AssignedPartition>,
         broker: &SimBroker,
         now: i64,
     ) -> Result<(), String> {
         if self.fault == Some(HostFault::AcceptSplitTask) {
             self.complete(&mut parts, broker);
         }
-        let parts = parts
-            .into_iter()
-            .map(|a| AssignedPartition {
-                topic: a.topic,
-                partition: a.partition,
-                committed: a.committed,
-                log_start: a.log_start,
-                end: Some(a.end),
-            })
-            .collect();
         let r = self.worker.assign(parts, &View(broker), now).map_err(err);
         self.account();
         r
@@ -826,16 +808,8 @@ impl StreamThread for Thread {
         self.worker.revoke(&all).map_err(err)
     }
 
-    fn on_record(&mut self, r: Fetched, broker: &SimBroker) -> Result<(), String> {
-        let result = self.worker.on_record(PolledRecord {
-            topic: r.topic,
-            partition: r.partition,
-            offset: r.offset,
-            timestamp: r.timestamp,
-            key: r.key,
-            value: r.value,
-            headers: r.headers,
-        });
+    fn on_record(&mut self, r: PolledRecord, broker: &SimBroker) -> Result<(), String> {
+        let result = self.worker.on_record(r);
         self.recover(result, broker)
     }
 

@@ -1,0 +1,205 @@
+//! The records a host and its core exchange, shared by every host: the
+//! Kafka runtime, the `parsley` crate's TestDriver and the simulator. A
+//! fetched record goes in as a [`RecordView`] (a view of the client's own
+//! message, or a [`PolledRecord`] where the host keeps its records); an
+//! assigned partition as an [`AssignedPartition`]; a record to append comes
+//! out as an [`OutgoingRecord`], its causal stamp kept as values until the
+//! host writes it.
+//!
+//! They live in the protocol crate so that the simulator, which never
+//! depends on the user crate, speaks the same types as the runtime instead
+//! of look-alikes and a translation.
+
+use std::sync::Arc;
+
+use crate::clock::ClockVersion;
+use crate::{CausalHeaders, Channel, Header};
+
+/// One partition the group assigned, with the facts the worker needs to
+/// choose its start.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct AssignedPartition {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The group's committed position, if any.
+    pub committed: Option<i64>,
+    /// The partition's log start.
+    pub log_start: i64,
+    /// The partition's end (last stable offset), for a start at the latest
+    /// offset; `None` when the lookup gave no answer. A channel that needs
+    /// it (no committed position, start policy latest) then fails its task
+    /// with an error naming the unknown end rather than guess.
+    pub end: Option<i64>,
+}
+
+/// A fetched record as a host hands it to the worker: read through, never
+/// taken over. The task copies out of it only what it keeps (the key, the
+/// value and the headers other than the stamp's, when the record goes on
+/// to its gate); the stamp's headers are decoded where they lie. The Kafka
+/// runtime hands over a view of librdkafka's message this way, so a
+/// fetched record is copied once; a host that owns its records hands over
+/// a [`PolledRecord`].
+pub trait RecordView {
+    /// The topic.
+    fn topic(&self) -> &str;
+    /// The partition.
+    fn partition(&self) -> i32;
+    /// The offset.
+    fn offset(&self) -> i64;
+    /// The timestamp, in milliseconds since the epoch.
+    fn timestamp(&self) -> i64;
+    /// The key bytes; `None` is a null key.
+    fn key(&self) -> Option<&[u8]>;
+    /// The value bytes; `None` is a null value.
+    fn value(&self) -> Option<&[u8]>;
+    /// How many headers the record has.
+    fn header_count(&self) -> usize;
+    /// Header `index` (in record order) as name and value; `None` past the
+    /// last.
+    fn header(&self, index: usize) -> Option<(&str, Option<&[u8]>)>;
+}
+
+impl dyn RecordView + '_ {
+    /// Every header, in record order.
+    pub fn headers(&self) -> impl Iterator<Item = (&str, Option<&[u8]>)> + '_ {
+        (0..self.header_count()).filter_map(|i| self.header(i))
+    }
+}
+
+/// A record as a poll returned it, owned: what a host that keeps its own
+/// copy hands over (the TestDriver, the simulator).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct PolledRecord {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// Its offset.
+    pub offset: i64,
+    /// Its timestamp.
+    pub timestamp: i64,
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes.
+    pub value: Option<Vec<u8>>,
+    /// Every header, in record order.
+    pub headers: Vec<Header>,
+}
+
+impl RecordView for PolledRecord {
+    fn topic(&self) -> &str {
+        &self.topic
+    }
+    fn partition(&self) -> i32 {
+        self.partition
+    }
+    fn offset(&self) -> i64 {
+        self.offset
+    }
+    fn timestamp(&self) -> i64 {
+        self.timestamp
+    }
+    fn key(&self) -> Option<&[u8]> {
+        self.key.as_deref()
+    }
+    fn value(&self) -> Option<&[u8]> {
+        self.value.as_deref()
+    }
+    fn header_count(&self) -> usize {
+        self.headers.len()
+    }
+    fn header(&self, index: usize) -> Option<(&str, Option<&[u8]>)> {
+        self.headers
+            .get(index)
+            .map(|h| (h.name(), h.value.as_deref()))
+    }
+}
+
+/// Where an emission came from: the delivered record (or tick) whose logic
+/// made it, and its place among that delivery's emissions (from 0). The
+/// same delivery, handled again after an abort, makes the same emissions
+/// in the same places, as long as the logic is deterministic.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct EmissionOrigin {
+    /// The delivered record's channel.
+    pub channel: Channel,
+    /// Its offset.
+    pub offset: i64,
+    /// The emission's place among those the delivery made.
+    pub ordinal: u32,
+}
+
+/// A record the host must append: partitioned, stamped and encoded.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct OutgoingRecord {
+    /// The destination topic, shared with every other record to it (a
+    /// reference count per record, not a copy of the name).
+    pub topic: Arc<str>,
+    /// The destination partition.
+    pub partition: i32,
+    /// Key bytes; `None` is a null key.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes; `None` is a null value.
+    pub value: Option<Vec<u8>>,
+    /// The record timestamp.
+    pub timestamp: i64,
+    /// The causal stamp (emissions and ticks), kept as values: a host
+    /// writes it as the first headers, `vc`, `vc-sender`, `vc-seq`
+    /// ([`write_headers`](Self::write_headers), or
+    /// [`header_list`](Self::header_list) for a host that stores them).
+    /// Changelog records and dead letters carry none.
+    pub stamp: Option<Stamp>,
+    /// The record's own headers (the emission's, or a dead letter's), which
+    /// follow the stamp's.
+    pub headers: Vec<Header>,
+    /// The emission it is, if it is one (not a changelog record or a
+    /// tick).
+    pub origin: Option<EmissionOrigin>,
+}
+
+/// A record's causal stamp and the clock version its sink is written in.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Stamp {
+    /// The clock and sender tag.
+    pub headers: CausalHeaders,
+    /// How the clock is encoded (version 1 unless the sink opted into the
+    /// compact one).
+    pub version: ClockVersion,
+}
+
+impl OutgoingRecord {
+    /// How many headers the record carries on the wire.
+    pub fn header_count(&self) -> usize {
+        let stamp = self
+            .stamp
+            .as_ref()
+            .map_or(0, |s| if s.headers.sender.is_some() { 3 } else { 1 });
+        stamp + self.headers.len()
+    }
+
+    /// Hands `put` every header in wire order (the stamp's, then the
+    /// record's own) with no allocation per record: the clock is encoded
+    /// into `scratch`, which a host keeps from one record to the next.
+    pub fn write_headers(&self, scratch: &mut Vec<u8>, mut put: impl FnMut(&str, Option<&[u8]>)) {
+        if let Some(s) = &self.stamp {
+            s.headers
+                .write_headers_as(s.version, scratch, |name, value| put(name, Some(value)));
+        }
+        for h in &self.headers {
+            put(h.name(), h.value.as_deref());
+        }
+    }
+
+    /// Every header in wire order, as owned values: for a host that stores
+    /// the record as written (the TestDriver's log, the simulator's broker).
+    pub fn header_list(&self) -> Vec<Header> {
+        let mut out = Vec::with_capacity(self.header_count());
+        if let Some(s) = &self.stamp {
+            s.headers.encode_headers_into_as(s.version, &mut out);
+        }
+        out.extend(self.headers.iter().cloned());
+        out
+    }
+}
