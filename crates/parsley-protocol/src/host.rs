@@ -34,6 +34,28 @@ pub struct AssignedPartition {
     pub end: Option<i64>,
 }
 
+/// A consumer seek the host must make.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Seek {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The next offset to fetch.
+    pub offset: i64,
+}
+
+/// A partition whose fetching pauses or resumes.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct FlowChange {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// True to pause fetching, false to resume it.
+    pub paused: bool,
+}
+
 /// A fetched record as a host hands it to the worker: read through, never
 /// taken over. The task copies out of it only what it keeps (the key, the
 /// value and the headers other than the stamp's, when the record goes on

@@ -45,7 +45,7 @@ use std::fmt;
 
 use parsley_protocol::clock::ClockVersion;
 use parsley_protocol::headers::CLOCK_HEADER;
-use parsley_protocol::host::{AssignedPartition, OutgoingRecord, PolledRecord};
+use parsley_protocol::host::{AssignedPartition, FlowChange, OutgoingRecord, PolledRecord, Seek};
 use parsley_protocol::{CausalHeaders, Channel};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -230,8 +230,8 @@ pub trait StreamThread {
     fn outcome(&mut self, outcome: Outcome, broker: &SimBroker) -> Result<(), String>;
     /// The host aborted the open (not handed over) work.
     fn abort(&mut self, broker: &SimBroker) -> Result<(), String>;
-    /// Consumer seeks to make, as (topic, partition, offset).
-    fn take_seeks(&mut self) -> Vec<(String, i32, i64)>;
+    /// Consumer seeks to make.
+    fn take_seeks(&mut self) -> Vec<Seek>;
     /// Whether there is open work.
     fn has_open_work(&self) -> bool;
     /// The offset of every held queue head, as (topic, partition, offset).
@@ -252,9 +252,8 @@ pub trait StreamThread {
     fn wake_in(&self, _now: i64) -> Option<i64> {
         None
     }
-    /// Fetch pauses (`true`) and resumes to make, in order, before the
-    /// seeks.
-    fn take_flow(&mut self) -> Vec<(String, i32, bool)> {
+    /// Fetch pauses and resumes to make, in order, before the seeks.
+    fn take_flow(&mut self) -> Vec<FlowChange> {
         Vec::new()
     }
     /// The offset each record of the transaction handed over last got,
@@ -1067,14 +1066,19 @@ impl AppWorld {
     }
 
     fn apply_seeks(&mut self, i: usize) -> Result<(), AppFailure> {
-        for (t, p, paused) in self.members[i].thread.take_flow() {
-            if paused {
-                self.members[i].paused.insert((t, p));
+        for f in self.members[i].thread.take_flow() {
+            if f.paused {
+                self.members[i].paused.insert((f.topic, f.partition));
             } else {
-                self.members[i].paused.remove(&(t, p));
+                self.members[i].paused.remove(&(f.topic, f.partition));
             }
         }
-        for (t, p, offset) in self.members[i].thread.take_seeks() {
+        for Seek {
+            topic: t,
+            partition: p,
+            offset,
+        } in self.members[i].thread.take_seeks()
+        {
             let Some(c) = self.channel(&t, p) else {
                 return Err(self.fail(format!("seek to unknown topic {t}")));
             };
@@ -1932,7 +1936,7 @@ impl StreamThread for Gone {
     fn abort(&mut self, _: &SimBroker) -> Result<(), String> {
         Err("the process is gone".into())
     }
-    fn take_seeks(&mut self) -> Vec<(String, i32, i64)> {
+    fn take_seeks(&mut self) -> Vec<Seek> {
         Vec::new()
     }
     fn has_open_work(&self) -> bool {

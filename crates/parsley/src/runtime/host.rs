@@ -19,7 +19,7 @@
 //! ones.
 
 use parsley_protocol::TopicId;
-pub use parsley_protocol::host::{AssignedPartition, PolledRecord, RecordView};
+pub use parsley_protocol::host::{AssignedPartition, FlowChange, PolledRecord, RecordView, Seek};
 pub use parsley_protocol::{BrokerOffsets, BrokerOffsetsError, TopicOffsets};
 
 /// A topic as the cluster (or the test driver) describes it.
@@ -132,25 +132,3 @@ pub trait ChangelogReader {
 pub trait Cluster: TopicMetadata + BrokerOffsets + ChangelogReader {}
 
 impl<T: TopicMetadata + BrokerOffsets + ChangelogReader> Cluster for T {}
-
-/// A consumer seek the host must make.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct Seek {
-    /// The topic.
-    pub topic: String,
-    /// The partition.
-    pub partition: i32,
-    /// The next offset to fetch.
-    pub offset: i64,
-}
-
-/// A partition whose fetching pauses or resumes.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct FlowChange {
-    /// The topic.
-    pub topic: String,
-    /// The partition.
-    pub partition: i32,
-    /// True to pause fetching, false to resume it.
-    pub paused: bool,
-}

@@ -954,15 +954,11 @@ impl StreamThread for Thread {
         true
     }
 
-    fn take_flow(&mut self) -> Vec<(String, i32, bool)> {
-        self.worker
-            .take_flow_changes()
-            .into_iter()
-            .map(|f| (f.topic, f.partition, f.paused))
-            .collect()
+    fn take_flow(&mut self) -> Vec<FlowChange> {
+        self.worker.take_flow_changes()
     }
 
-    fn take_seeks(&mut self) -> Vec<(String, i32, i64)> {
+    fn take_seeks(&mut self) -> Vec<Seek> {
         let seeks = self.worker.take_seeks();
         for s in &seeks {
             // The world's consumer applies what it is handed; confirm each.
@@ -974,9 +970,6 @@ impl StreamThread for Thread {
             return Vec::new();
         }
         seeks
-            .into_iter()
-            .map(|s| (s.topic, s.partition, s.offset))
-            .collect()
     }
 
     fn has_open_work(&self) -> bool {
