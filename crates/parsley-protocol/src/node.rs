@@ -418,12 +418,27 @@ pub struct CausalNode {
     held: usize,
     /// What the held records cost, by [`InboundRecord::held_size`].
     held_bytes: usize,
-    stamp_base: Option<VectorClock>,
+    stamp_base: StampBase,
     /// Records stepped past instead of delivered, per channel and offset.
     stepped: BTreeMap<Channel, BTreeMap<i64, SteppedPast>>,
     stats: NodeStats,
     /// Held records kept resident per queue (`None`: all of them).
     window: Option<usize>,
+}
+
+/// The part of every stamp that does not depend on the destination, kept
+/// between sends until the node's state moves. A delivery moves it, and
+/// most deliveries make one send or none, so the base is kept only once a
+/// second send asks for it: the first send takes the computed base as its
+/// own clock instead of copying it.
+#[derive(Clone, Debug)]
+enum StampBase {
+    /// Not computed since the state last moved.
+    Stale,
+    /// Computed once and handed to a send, not kept.
+    Lent,
+    /// Kept for the sends that follow.
+    Kept(VectorClock),
 }
 
 impl CausalNode {

@@ -48,6 +48,36 @@ fn a_drained_queue_gives_back_the_room_a_long_hold_grew_it_to() {
 }
 
 #[test]
+fn every_send_between_two_deliveries_stamps_the_same_base() {
+    let a = ch(1, 0);
+    let far = ch(5, 0);
+    let x = ch(9, 0);
+    let broker = FakeBroker::default().with_topic(x.topic, 1, 0);
+    let mut h = Harness::start(config(sender(ME), &[a], &[x.topic]), broker);
+    h.feed(rec(a, 0, offsets(&[(far, 20)])));
+    // The first send takes the computed base, the second computes and keeps
+    // it, the third copies the kept one: all three carry the same claims.
+    let stamps: Vec<_> = (0..3).map(|_| h.node.prepare_send(x).unwrap()).collect();
+    assert_eq!(stamps[0].clock.offset(a), Some(0));
+    assert_eq!(stamps[0].clock.offset(far), Some(20));
+    for s in &stamps[1..] {
+        assert_eq!(s.clock, stamps[0].clock);
+    }
+    let seqs: Vec<i64> = stamps
+        .iter()
+        .filter_map(|s| s.sender.map(|t| t.seq))
+        .collect();
+    assert_eq!(seqs, vec![1, 2, 3]);
+    // The next delivery moves the base, kept or not.
+    h.feed(rec(a, 1, offsets(&[(far, 21)])));
+    let next = h.node.prepare_send(x).unwrap();
+    assert_eq!(next.clock.offset(a), Some(1));
+    assert_eq!(next.clock.offset(far), Some(21));
+    h.feed(rec(a, 2, VectorClock::new()));
+    assert_eq!(h.node.prepare_send(x).unwrap().clock.offset(a), Some(2));
+}
+
+#[test]
 fn truncate_counts_what_it_removed_and_the_next_stamp_leaves_it_out() {
     let a = ch(1, 0);
     let b = ch(2, 0);
@@ -59,7 +89,9 @@ fn truncate_counts_what_it_removed_and_the_next_stamp_leaves_it_out() {
     // Advertised on a: far <= 20 and other <= 4; on b: far <= 30.
     h.feed(rec(a, 0, offsets(&[(far, 20), (other, 4)])));
     h.feed(rec(b, 0, offsets(&[(far, 30)])));
-    // A stamp now, so the node has a cached stamp base.
+    // Two stamps now, so the node keeps its stamp base (a single send after
+    // a delivery takes the base without keeping it).
+    assert_eq!(h.node.prepare_send(x).unwrap().clock.offset(other), Some(4));
     assert_eq!(h.node.prepare_send(x).unwrap().clock.offset(other), Some(4));
     // Stability covers far up to 25 and other up to 4: the entries far <= 20
     // and other <= 4 go (two), far <= 30 stays.

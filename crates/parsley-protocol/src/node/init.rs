@@ -341,7 +341,7 @@ impl Reconcile {
             resume: self.resume,
             held: 0,
             held_bytes: 0,
-            stamp_base: None,
+            stamp_base: StampBase::Stale,
             stepped: std::mem::take(&mut p.stepped),
             stats: NodeStats::default(),
             window,

@@ -20,12 +20,23 @@ impl CausalNode {
                 channel: destination,
             });
         }
-        let base = match self.stamp_base.take() {
-            Some(b) => b,
-            None => self.compute_stamp_base(),
+        let mut clock = match std::mem::replace(&mut self.stamp_base, StampBase::Stale) {
+            StampBase::Kept(base) => {
+                let clock = base.clone();
+                self.stamp_base = StampBase::Kept(base);
+                clock
+            }
+            StampBase::Stale => {
+                self.stamp_base = StampBase::Lent;
+                self.compute_stamp_base()
+            }
+            StampBase::Lent => {
+                let base = self.compute_stamp_base();
+                let clock = base.clone();
+                self.stamp_base = StampBase::Kept(base);
+                clock
+            }
         };
-        let mut clock = base.clone();
-        self.stamp_base = Some(base);
         // Never a claim of our own on the destination itself (an echo of an
         // earlier send there, this incarnation's or a prior one's): the
         // record travels behind those sends on the same channel.

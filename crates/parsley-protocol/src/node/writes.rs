@@ -82,7 +82,7 @@ impl CausalNode {
         }
         let removed = before - self.stamp_side_len();
         if removed > 0 {
-            self.stamp_base = None;
+            self.stamp_base = StampBase::Stale;
         }
         removed
     }
@@ -126,7 +126,7 @@ impl CausalNode {
                 }
             }
         }
-        self.stamp_base = None;
+        self.stamp_base = StampBase::Stale;
         Ok(TruncationReport {
             entries_removed: before - self.stamp_side_len(),
             destroyed_topics: destroyed,
