@@ -79,6 +79,7 @@ impl CodecError {
 
 type EncodeFn<T> = dyn Fn(&T) -> Result<Vec<u8>, CodecError> + Send + Sync;
 type DecodeFn<T> = dyn Fn(&[u8]) -> Result<T, CodecError> + Send + Sync;
+type IntoBytesFn<T> = dyn Fn(T) -> Result<Vec<u8>, CodecError> + Send + Sync;
 
 /// Two pure functions between a `T` and its bytes. Cheap to clone.
 ///
@@ -110,6 +111,11 @@ pub struct Codec<T> {
     name: Arc<str>,
     encode: Arc<EncodeFn<T>>,
     decode: Arc<DecodeFn<T>>,
+    /// The encoder for a value given away, where the bytes can be the
+    /// value's own buffer (`utf8`, `bytes`): the stamping site encodes the
+    /// emissions it consumes with it and copies nothing. It must write the
+    /// same bytes as `encode`.
+    into_bytes: Option<Arc<IntoBytesFn<T>>>,
 }
 
 impl<T> Clone for Codec<T> {
@@ -118,6 +124,7 @@ impl<T> Clone for Codec<T> {
             name: self.name.clone(),
             encode: self.encode.clone(),
             decode: self.decode.clone(),
+            into_bytes: self.into_bytes.clone(),
         }
     }
 }
@@ -142,6 +149,7 @@ impl<T: 'static> Codec<T> {
             name: Arc::from("custom"),
             encode: Arc::new(move |v| Ok(encode(v))),
             decode: Arc::new(move |b| decode(b).map_err(CodecError::from_source)),
+            into_bytes: None,
         }
     }
 
@@ -158,6 +166,7 @@ impl<T: 'static> Codec<T> {
             name: Arc::from("custom"),
             encode: Arc::new(move |v| encode(v).map_err(CodecError::from_source)),
             decode: Arc::new(move |b| decode(b).map_err(CodecError::from_source)),
+            into_bytes: None,
         }
     }
 
@@ -182,6 +191,24 @@ impl<T: 'static> Codec<T> {
     pub fn decode(&self, bytes: &[u8]) -> Result<T, CodecError> {
         (self.decode)(bytes)
     }
+
+    /// Encodes a value given away: the same bytes as
+    /// [`encode`](Self::encode), without a copy where the codec can hand
+    /// over the value's own buffer.
+    pub(crate) fn encode_owned(&self, value: T) -> Result<Vec<u8>, CodecError> {
+        match &self.into_bytes {
+            Some(into_bytes) => into_bytes(value),
+            None => (self.encode)(&value),
+        }
+    }
+
+    fn with_into_bytes(
+        mut self,
+        into_bytes: impl Fn(T) -> Result<Vec<u8>, CodecError> + Send + Sync + 'static,
+    ) -> Self {
+        self.into_bytes = Some(Arc::new(into_bytes));
+        self
+    }
 }
 
 impl Codec<String> {
@@ -199,6 +226,7 @@ impl Codec<String> {
             |s: &String| s.as_bytes().to_vec(),
             |b: &[u8]| String::from_utf8(b.to_vec()).map_err(CodecError::from_source),
         )
+        .with_into_bytes(|s: String| Ok(s.into_bytes()))
         .named("utf8")
     }
 }
@@ -236,6 +264,7 @@ impl Codec<Vec<u8>> {
             |v: &Vec<u8>| v.clone(),
             |b: &[u8]| Ok::<_, CodecError>(b.to_vec()),
         )
+        .with_into_bytes(Ok)
         .named("bytes")
     }
 }
@@ -323,12 +352,17 @@ impl<T: 'static> Codec<Decoded<T>> {
     pub fn attempting(inner: Codec<T>) -> Self {
         let name = format!("attempting({})", inner.name());
         let enc = inner.clone();
+        let owned = inner.clone();
         Codec {
             name: Arc::from(name),
             encode: Arc::new(move |d: &Decoded<T>| match d {
                 Decoded::Ok(v) => enc.encode(v),
                 Decoded::Malformed { raw, .. } => Ok(raw.clone()),
             }),
+            into_bytes: Some(Arc::new(move |d: Decoded<T>| match d {
+                Decoded::Ok(v) => owned.encode_owned(v),
+                Decoded::Malformed { raw, .. } => Ok(raw),
+            })),
             decode: Arc::new(move |b: &[u8]| {
                 Ok(match inner.decode(b) {
                     Ok(v) => Decoded::Ok(v),
@@ -345,6 +379,28 @@ impl<T: 'static> Codec<Decoded<T>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_given_away_encodes_to_the_same_bytes() {
+        let s = Codec::utf8();
+        assert!(s.into_bytes.is_some());
+        assert_eq!(
+            s.encode_owned("hé".into()).unwrap(),
+            s.encode(&"hé".into()).unwrap()
+        );
+        let b = Codec::bytes();
+        assert!(b.into_bytes.is_some());
+        assert_eq!(b.encode_owned(vec![1, 2]).unwrap(), vec![1, 2]);
+        let l = Codec::int64();
+        assert_eq!(l.encode_owned(-2).unwrap(), l.encode(&-2).unwrap());
+        let a = Codec::attempting(Codec::utf8());
+        assert_eq!(a.encode_owned(Decoded::Ok("x".into())).unwrap(), b"x");
+        let raw = Decoded::Malformed {
+            raw: vec![0xff],
+            reason: "not utf-8".into(),
+        };
+        assert_eq!(a.encode_owned(raw).unwrap(), vec![0xff]);
+    }
 
     #[test]
     fn builtins_round_trip() {

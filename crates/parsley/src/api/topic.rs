@@ -253,6 +253,8 @@ pub(crate) struct EncodedEmission {
     pub(crate) key: Option<Vec<u8>>,
     pub(crate) value: Option<Vec<u8>>,
     pub(crate) timestamp: Option<i64>,
+    /// The emission's own headers, moved over.
+    pub(crate) headers: Vec<Header>,
 }
 
 /// Which half of a record a codec failed on.
@@ -280,6 +282,7 @@ trait EmissionBody: Send + Sync {
     fn timestamp(&self) -> Option<i64>;
     fn set_timestamp(&mut self, ts: i64);
     fn as_any(&self) -> &dyn Any;
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
     fn eq_body(&self, other: &dyn EmissionBody) -> bool;
     fn fmt_body(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
     fn key_any(&self) -> Option<&dyn Any>;
@@ -334,6 +337,10 @@ impl<K: Payload, V: Payload> EmissionBody for TypedEmission<K, V> {
     }
 
     fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
         self
     }
 
@@ -501,11 +508,12 @@ pub(crate) trait ErasedTopic: Send + Sync {
     /// Decodes a key and encodes it again.
     fn reencode_key(&self, key: &[u8]) -> Result<Vec<u8>, CodecError>;
     /// Encodes an emission's key and value with this topic's codecs (the
-    /// declared sink's, whatever `Topic` value minted the emission); `None`
-    /// when the emission's types are not this topic's.
+    /// declared sink's, whatever `Topic` value minted the emission),
+    /// consuming it: a codec that can hand over a value's own buffer copies
+    /// nothing. `None` when the emission's types are not this topic's.
     fn encode_emission(
         &self,
-        emission: &Emission,
+        emission: Emission,
     ) -> Option<Result<EncodedEmission, (Part, CodecError)>>;
 }
 
@@ -543,23 +551,42 @@ impl<K: Payload, V: Payload> ErasedTopic for Topic<K, V> {
 
     fn encode_emission(
         &self,
-        emission: &Emission,
+        emission: Emission,
     ) -> Option<Result<EncodedEmission, (Part, CodecError)>> {
-        let key = emission.key::<K>()?;
-        let value = emission.value::<V>()?;
+        let typed = emission
+            .body
+            .into_any()
+            .downcast::<TypedEmission<K, V>>()
+            .ok()?;
+        let TypedEmission {
+            key,
+            value,
+            timestamp,
+            headers,
+            ..
+        } = *typed;
         let encode = || {
             let key = match key {
-                Some(k) => Some(self.key_codec().encode(k).map_err(|e| (Part::Key, e))?),
+                Some(k) => Some(
+                    self.key_codec()
+                        .encode_owned(k)
+                        .map_err(|e| (Part::Key, e))?,
+                ),
                 None => None,
             };
             let value = match value {
-                Some(v) => Some(self.value_codec().encode(v).map_err(|e| (Part::Value, e))?),
+                Some(v) => Some(
+                    self.value_codec()
+                        .encode_owned(v)
+                        .map_err(|e| (Part::Value, e))?,
+                ),
                 None => None,
             };
             Ok(EncodedEmission {
                 key,
                 value,
-                timestamp: emission.timestamp(),
+                timestamp,
+                headers,
             })
         };
         Some(encode())
@@ -617,7 +644,7 @@ mod tests {
             ),
         );
         let sink = erase(&failing);
-        let encode = |e: Emission| sink.encode_emission(&e).expect("same types");
+        let encode = |e: Emission| sink.encode_emission(e).expect("same types");
         let enc = encode(failing.send(None, None)).unwrap();
         assert_eq!(enc.key, None);
         assert_eq!(enc.value, None);

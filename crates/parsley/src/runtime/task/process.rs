@@ -403,7 +403,7 @@ impl Task {
                 StateWrite::Delete => self.pending_fold.delete(key),
             }
         }
-        for (ordinal, emission) in outcome.emissions.iter().enumerate() {
+        for (ordinal, emission) in outcome.emissions.into_iter().enumerate() {
             let origin = EmissionOrigin {
                 channel: at.0,
                 offset: at.1,

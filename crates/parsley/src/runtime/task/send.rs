@@ -19,26 +19,36 @@ impl Task {
     }
 
     /// The single stamping site: check the sink, encode, partition, stamp.
+    /// The emission is consumed: its key, value and headers become the
+    /// record's, copied only where a codec must write new bytes.
     pub(super) fn send(
         &mut self,
-        emission: &Emission,
+        emission: Emission,
         default_timestamp: i64,
         origin: EmissionOrigin,
     ) -> Result<(), TaskError> {
         let at = (origin.channel, origin.offset);
-        let topic = emission.topic();
         // `sinks` holds exactly the stage's declared sinks (the tick topic
         // is routed separately).
-        let sink = match self.sinks.get(topic) {
+        let sink = match self.sinks.get(emission.topic()) {
             Some(s) => s.clone(),
             None => {
                 return Err(TaskError::UndeclaredSink {
                     task: self.id.clone(),
                     coordinate: self.coordinate(at),
-                    topic: topic.to_owned(),
+                    topic: emission.topic().to_owned(),
                 });
             }
         };
+        // Read before the emission is given to the encoder, reported after
+        // it (an encoding failure is the one reported when there are both).
+        let reserved = emission
+            .headers()
+            .iter()
+            .find(|h| is_causal_header(&h.name))
+            .map(|h| h.name.to_string());
+        // The sink's name is the emission's (the sinks are found by it).
+        let topic = sink.topic.name();
         // Encoded with the declared sink's codecs, under the panic guard
         // like every other call into user code.
         let encoded = match catch_unwind(AssertUnwindSafe(|| sink.topic.encode_emission(emission)))
@@ -70,16 +80,12 @@ impl Task {
                 cause: source,
             })?,
         };
-        if let Some(h) = emission
-            .headers()
-            .iter()
-            .find(|h| is_causal_header(&h.name))
-        {
+        if let Some(header) = reserved {
             return Err(TaskError::ReservedHeader {
                 task: self.id.clone(),
                 coordinate: self.coordinate(at),
                 topic: topic.to_owned(),
-                header: h.name.to_string(),
+                header,
             });
         }
         let timestamp = encoded.timestamp.unwrap_or(default_timestamp);
@@ -92,7 +98,7 @@ impl Task {
             });
         }
         if let Some(d) = self.stores.diverted.get(&origin).cloned() {
-            self.divert(emission, encoded, timestamp, origin, &d);
+            self.divert(topic, encoded, timestamp, origin, &d);
             return Ok(());
         }
         let partition = partition_for(encoded.key.as_deref(), self.id.partition, sink.partitions);
@@ -123,7 +129,7 @@ impl Task {
                 headers: stamp,
                 version: sink.clock,
             }),
-            headers: emission.headers().to_vec(),
+            headers: encoded.headers,
             origin: Some(origin),
         });
         Ok(())
@@ -134,19 +140,19 @@ impl Task {
     /// it), with the emission's own headers and where it came from and why.
     fn divert(
         &mut self,
-        emission: &Emission,
+        sink: &str,
         encoded: crate::topic::EncodedEmission,
         timestamp: i64,
         origin: EmissionOrigin,
         d: &Diversion,
     ) {
         let coordinate = self.coordinate((origin.channel, origin.offset));
-        let sink = emission.topic().to_owned();
+        let sink = sink.to_owned();
         let partition = partition_for(encoded.key.as_deref(), self.id.partition, d.partitions);
         warn!(task = %self.id, %coordinate, %sink, dead_letter = %d.topic, reason = %d.reason,
             "an emission the sink refused goes to the dead-letter topic instead");
         self.stats.diverted += 1;
-        let mut headers: Vec<Header> = emission.headers().to_vec();
+        let mut headers: Vec<Header> = encoded.headers;
         for (name, value) in [
             (crate::topic::DEAD_LETTER_ERROR, d.reason.clone()),
             (crate::topic::DEAD_LETTER_TOPIC, coordinate.topic.clone()),
