@@ -80,6 +80,7 @@ impl CodecError {
 type EncodeFn<T> = dyn Fn(&T) -> Result<Vec<u8>, CodecError> + Send + Sync;
 type DecodeFn<T> = dyn Fn(&[u8]) -> Result<T, CodecError> + Send + Sync;
 type IntoBytesFn<T> = dyn Fn(T) -> Result<Vec<u8>, CodecError> + Send + Sync;
+type FromBytesFn<T> = dyn Fn(Vec<u8>) -> Result<T, CodecError> + Send + Sync;
 
 /// Two pure functions between a `T` and its bytes. Cheap to clone.
 ///
@@ -116,6 +117,10 @@ pub struct Codec<T> {
     /// emissions it consumes with it and copies nothing. It must write the
     /// same bytes as `encode`.
     into_bytes: Option<Arc<IntoBytesFn<T>>>,
+    /// The decoder for bytes given away, where the value can keep them as
+    /// its buffer (`utf8`, `bytes`): a delivered record's key and value are
+    /// decoded with it. It must agree with `decode`.
+    from_bytes: Option<Arc<FromBytesFn<T>>>,
 }
 
 impl<T> Clone for Codec<T> {
@@ -125,6 +130,7 @@ impl<T> Clone for Codec<T> {
             encode: self.encode.clone(),
             decode: self.decode.clone(),
             into_bytes: self.into_bytes.clone(),
+            from_bytes: self.from_bytes.clone(),
         }
     }
 }
@@ -150,6 +156,7 @@ impl<T: 'static> Codec<T> {
             encode: Arc::new(move |v| Ok(encode(v))),
             decode: Arc::new(move |b| decode(b).map_err(CodecError::from_source)),
             into_bytes: None,
+            from_bytes: None,
         }
     }
 
@@ -167,6 +174,7 @@ impl<T: 'static> Codec<T> {
             encode: Arc::new(move |v| encode(v).map_err(CodecError::from_source)),
             decode: Arc::new(move |b| decode(b).map_err(CodecError::from_source)),
             into_bytes: None,
+            from_bytes: None,
         }
     }
 
@@ -202,6 +210,24 @@ impl<T: 'static> Codec<T> {
         }
     }
 
+    /// Decodes bytes given away: the same value as
+    /// [`decode`](Self::decode), keeping the bytes as its buffer where the
+    /// codec can.
+    pub(crate) fn decode_owned(&self, bytes: Vec<u8>) -> Result<T, CodecError> {
+        match &self.from_bytes {
+            Some(from_bytes) => from_bytes(bytes),
+            None => (self.decode)(&bytes),
+        }
+    }
+
+    fn with_from_bytes(
+        mut self,
+        from_bytes: impl Fn(Vec<u8>) -> Result<T, CodecError> + Send + Sync + 'static,
+    ) -> Self {
+        self.from_bytes = Some(Arc::new(from_bytes));
+        self
+    }
+
     fn with_into_bytes(
         mut self,
         into_bytes: impl Fn(T) -> Result<Vec<u8>, CodecError> + Send + Sync + 'static,
@@ -227,6 +253,7 @@ impl Codec<String> {
             |b: &[u8]| String::from_utf8(b.to_vec()).map_err(CodecError::from_source),
         )
         .with_into_bytes(|s: String| Ok(s.into_bytes()))
+        .with_from_bytes(|b: Vec<u8>| String::from_utf8(b).map_err(CodecError::from_source))
         .named("utf8")
     }
 }
@@ -265,6 +292,7 @@ impl Codec<Vec<u8>> {
             |b: &[u8]| Ok::<_, CodecError>(b.to_vec()),
         )
         .with_into_bytes(Ok)
+        .with_from_bytes(Ok)
         .named("bytes")
     }
 }
@@ -363,6 +391,20 @@ impl<T: 'static> Codec<Decoded<T>> {
                 Decoded::Ok(v) => owned.encode_owned(v),
                 Decoded::Malformed { raw, .. } => Ok(raw),
             })),
+            // Decoded through the borrowed bytes, so that malformed ones
+            // are kept whole; they are moved, not copied, into the value.
+            from_bytes: Some(Arc::new({
+                let inner = inner.clone();
+                move |b: Vec<u8>| {
+                    Ok(match inner.decode(&b) {
+                        Ok(v) => Decoded::Ok(v),
+                        Err(e) => Decoded::Malformed {
+                            raw: b,
+                            reason: e.to_string(),
+                        },
+                    })
+                }
+            })),
             decode: Arc::new(move |b: &[u8]| {
                 Ok(match inner.decode(b) {
                     Ok(v) => Decoded::Ok(v),
@@ -400,6 +442,30 @@ mod tests {
             reason: "not utf-8".into(),
         };
         assert_eq!(a.encode_owned(raw).unwrap(), vec![0xff]);
+    }
+
+    #[test]
+    fn bytes_given_away_decode_to_the_same_value() {
+        let s = Codec::utf8();
+        assert!(s.from_bytes.is_some());
+        assert_eq!(s.decode_owned("hé".into()).unwrap(), "hé");
+        let err = s.decode_owned(vec![0xff]).unwrap_err();
+        assert_eq!(err.to_string(), s.decode(&[0xff]).unwrap_err().to_string());
+        let b = Codec::bytes();
+        assert!(b.from_bytes.is_some());
+        assert_eq!(b.decode_owned(vec![1, 2]).unwrap(), vec![1, 2]);
+        let l = Codec::int64();
+        assert_eq!(l.decode_owned(vec![0; 8]).unwrap(), 0);
+        assert!(l.decode_owned(vec![1]).is_err());
+        let a = Codec::attempting(Codec::utf8());
+        assert_eq!(
+            a.decode_owned(b"x".to_vec()).unwrap(),
+            Decoded::Ok("x".into())
+        );
+        assert_eq!(
+            a.decode_owned(vec![0xff]).unwrap(),
+            a.decode(&[0xff]).unwrap()
+        );
     }
 
     #[test]

@@ -53,9 +53,11 @@ pub(crate) struct RawInput<'a> {
     pub(crate) partition: i32,
     pub(crate) offset: i64,
     pub(crate) timestamp: i64,
-    pub(crate) key: Option<&'a [u8]>,
-    pub(crate) value: Option<&'a [u8]>,
-    pub(crate) headers: &'a [Header],
+    /// The delivered record's bytes and headers, given to the logic: the
+    /// codecs that can keep them as the decoded value's buffer do.
+    pub(crate) key: Option<Vec<u8>>,
+    pub(crate) value: Option<Vec<u8>>,
+    pub(crate) headers: Vec<Header>,
 }
 
 /// What logic did to its state slot, in bytes.
@@ -82,7 +84,7 @@ pub(crate) enum Failure {
 }
 
 type SourceLogic =
-    Arc<dyn Fn(&RawInput<'_>, Option<&[u8]>) -> Result<Outcome, Failure> + Send + Sync>;
+    Arc<dyn Fn(RawInput<'_>, Option<&[u8]>) -> Result<Outcome, Failure> + Send + Sync>;
 type TickLogic =
     Arc<dyn Fn(&Tick, Option<&[u8]>, &dyn StateSource) -> Result<Outcome, Failure> + Send + Sync>;
 
@@ -403,13 +405,17 @@ impl<M> fmt::Debug for StageBuilder<M> {
     }
 }
 
-fn decode_part<T>(codec: &Codec<T>, bytes: Option<&[u8]>, part: Part) -> Result<Option<T>, Failure>
+fn decode_part<T>(
+    codec: &Codec<T>,
+    bytes: Option<Vec<u8>>,
+    part: Part,
+) -> Result<Option<T>, Failure>
 where
     T: 'static,
 {
     match bytes {
         Some(b) => codec
-            .decode(b)
+            .decode_owned(b)
             .map(Some)
             .map_err(|source| Failure::Decode { part, source }),
         None => Ok(None),
@@ -418,7 +424,7 @@ where
 
 fn decode_message<K: Payload, V: Payload>(
     topic: &Topic<K, V>,
-    input: &RawInput<'_>,
+    input: RawInput<'_>,
 ) -> Result<Message<K, V>, Failure> {
     let key = decode_part(topic.key_codec(), input.key, Part::Key)?;
     let value = decode_part(topic.value_codec(), input.value, Part::Value)?;
@@ -429,7 +435,7 @@ fn decode_message<K: Payload, V: Payload>(
         input.partition,
         input.offset,
         input.timestamp,
-        input.headers.to_vec(),
+        input.headers,
     ))
 }
 

@@ -258,7 +258,10 @@ impl Task {
     }
 
     pub(super) fn process(&mut self, delivery: Delivery) -> Result<(), TaskError> {
-        let Delivery { record, was_held } = delivery;
+        let Delivery {
+            mut record,
+            was_held,
+        } = delivery;
         // The record's coordinate names its topic: built only where it is
         // kept (an event, an error), never per record on the common path.
         let at = (record.channel, record.offset);
@@ -318,16 +321,19 @@ impl Task {
                     .then(|| FoldKey::for_key(record.key.as_deref()).to_bytes());
                 let state = key.as_ref().and_then(|k| self.fold_get(k));
                 let topic = self.shared_topic_name(record.channel.topic);
+                // The record's bytes go to the logic: the record itself is
+                // not read again past this point but for its position and
+                // timestamp.
                 let input = RawInput {
                     topic: &topic,
                     partition: record.channel.partition,
                     offset: record.offset,
                     timestamp: record.timestamp,
-                    key: record.key.as_deref(),
-                    value: record.value.as_deref(),
-                    headers: &record.headers,
+                    key: record.key.take(),
+                    value: record.value.take(),
+                    headers: std::mem::take(&mut record.headers),
                 };
-                let r = catch_unwind(AssertUnwindSafe(|| (src.logic)(&input, state.as_deref())));
+                let r = catch_unwind(AssertUnwindSafe(|| (src.logic)(input, state.as_deref())));
                 (r, key)
             }
         };
