@@ -546,6 +546,10 @@ pub struct TaskStats {
 /// The most room for deliveries a task keeps between records.
 const KEPT_DELIVERY_ROOM: usize = 256;
 
+/// The most records a task's next outgoing list is given room for up front
+/// (about a megabyte); a larger transaction grows its list as it goes.
+const KEPT_OUTGOING_ROOM: usize = 4096;
+
 /// One stage task, sans I/O. See the [module documentation](self).
 pub struct Task {
     app: Parsley,

@@ -54,8 +54,12 @@ impl Task {
         }
         self.in_flight = Some(InFlight { protocol, fold });
         self.acted = false;
+        // The next transaction's list starts with room for about as many
+        // records as this one took (up to a bound), so that it does not
+        // grow again from nothing, copying every record at each doubling.
+        let room = self.outgoing.len().min(KEPT_OUTGOING_ROOM);
         Ok(TaskCommit {
-            records: std::mem::take(&mut self.outgoing),
+            records: std::mem::replace(&mut self.outgoing, Vec::with_capacity(room)),
             changelog,
             events: std::mem::take(&mut self.events),
         })
