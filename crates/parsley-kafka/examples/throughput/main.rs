@@ -29,7 +29,8 @@
 //! The Kafka Streams peer runs when `KSTREAMS_PEER` names its launcher
 //! (`scripts/bench/throughput` builds it and sets it). Set
 //! `PLAIN_STAMP_SIZED_HEADERS=1` for a control run whose plain loop writes
-//! headers of the stamp's sizes.
+//! headers of the stamp's sizes, and `STAMPED_INPUT=1` for input records
+//! that carry an upstream stage's causal headers.
 //!
 //! ```text
 //! scripts/bench/throughput [RECORDS [RATE SECONDS COMMIT_MS [ROUNDS]]]
@@ -284,15 +285,46 @@ fn create_topics(cluster: &KafkaCluster, names: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Whether the backlog's records carry causal headers
+/// (`STAMPED_INPUT=1`), as records an upstream stage wrote do: a clock
+/// claiming one offset on a channel the loops do not read, and a sender tag
+/// with its sequence. A stage then decodes each stamp and carries the claim
+/// into its own; the plain loop ignores the headers.
+fn stamped_input() -> bool {
+    std::env::var_os("STAMPED_INPUT").is_some_and(|v| v == "1")
+}
+
 fn write_backlog(base: &ClientConfig, input: &str, n: usize) -> Result<()> {
+    use parsley_protocol::{CausalHeaders, Channel, SenderId, SenderTag, TopicId, VectorClock};
+    use rdkafka::message::{Header, OwnedHeaders};
     let producer: BaseProducer = base.create()?;
+    let stamped = stamped_input();
+    let upstream = Channel::new(TopicId::from_u128(0x0b5e_55ed), 0);
+    let sender = SenderId::from_u128(0x5eed);
     for i in 0..n {
         let key = format!("k{}", i % KEYS);
         let value = value(0, i);
-        send_when_room(
-            &producer,
-            BaseRecord::to(input).partition(0).key(&key).payload(&value),
-        );
+        let mut record = BaseRecord::to(input).partition(0).key(&key).payload(&value);
+        if stamped {
+            let mut clock = VectorClock::new();
+            clock.claim_offset(upstream, i as i64);
+            let stamp = CausalHeaders {
+                clock,
+                sender: Some(SenderTag {
+                    sender,
+                    seq: i as i64 + 1,
+                }),
+            };
+            let mut headers = OwnedHeaders::new_with_capacity(3);
+            for (name, bytes) in stamp.encode() {
+                headers = headers.insert(Header {
+                    key: name,
+                    value: Some(&bytes),
+                });
+            }
+            record = record.headers(headers);
+        }
+        send_when_room(&producer, record);
     }
     producer.flush(Duration::from_secs(60))?;
     Ok(())
