@@ -4,7 +4,8 @@
 //! message, or a [`PolledRecord`] where the host keeps its records); an
 //! assigned partition as an [`AssignedPartition`]; a record to append comes
 //! out as an [`OutgoingRecord`], its causal stamp kept as values until the
-//! host writes it.
+//! host writes it, and consumer seeks and fetch pauses as [`Seek`] and
+//! [`FlowChange`].
 //!
 //! They live in the protocol crate so that the simulator, which never
 //! depends on the user crate, speaks the same types as the runtime instead
