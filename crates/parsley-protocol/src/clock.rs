@@ -308,6 +308,15 @@ impl VectorClock {
             .map(|i| self.sequences[i].seq)
     }
 
+    /// An empty clock with room for `offsets` offset claims and `sequences`
+    /// sequence claims, so that merges up to that width do not grow it.
+    pub(crate) fn with_capacity(offsets: usize, sequences: usize) -> Self {
+        VectorClock {
+            offsets: Vec::with_capacity(offsets),
+            sequences: Vec::with_capacity(sequences),
+        }
+    }
+
     /// Claims every offset at or below `offset` on `channel` (max-merge).
     /// Returns whether the clock changed. A negative offset claims nothing.
     pub fn claim_offset(&mut self, channel: Channel, offset: i64) -> bool {
@@ -737,29 +746,31 @@ fn merge_sorted<T: Copy, K: Ord>(
     if missing == 0 {
         return changed;
     }
-    // Second pass: interleave the missing entries in order.
-    let old = std::mem::take(dst);
-    dst.reserve(old.len() + missing);
-    let (mut a, mut b) = (0, 0);
-    while a < old.len() && b < src.len() {
-        match key(&old[a]).cmp(&key(&src[b])) {
-            Ordering::Less => {
-                dst.push(old[a]);
-                a += 1;
-            }
-            Ordering::Greater => {
-                dst.push(src[b]);
-                b += 1;
-            }
-            Ordering::Equal => {
+    // Second pass: interleave the missing entries in order, in place and
+    // from the back, into room made at the end (no second vector: a base
+    // given room up front is never reallocated).
+    let old_len = dst.len();
+    let Some(&last) = src.last() else {
+        return changed;
+    };
+    dst.resize(old_len + missing, last);
+    let (mut a, mut b, mut w) = (old_len, src.len(), old_len + missing);
+    // `w - a` is the number of `src` entries still to place, so a write at
+    // `w - 1` never lands on an entry of `dst` not yet moved.
+    while b > 0 {
+        let take_dst = a > 0 && key(&dst[a - 1]) >= key(&src[b - 1]);
+        if take_dst {
+            if key(&dst[a - 1]) == key(&src[b - 1]) {
                 // Already raised by the first pass.
-                dst.push(old[a]);
-                a += 1;
-                b += 1;
+                b -= 1;
             }
+            dst[w - 1] = dst[a - 1];
+            a -= 1;
+        } else {
+            dst[w - 1] = src[b - 1];
+            b -= 1;
         }
+        w -= 1;
     }
-    dst.extend_from_slice(&old[a..]);
-    dst.extend_from_slice(&src[b..]);
     true
 }

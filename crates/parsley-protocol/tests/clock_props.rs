@@ -94,6 +94,17 @@ proptest! {
         });
     }
 
+    /// The merge, which interleaves new claims in place, gives the same
+    /// clock as building the canonical one from both clocks' claims.
+    #[test]
+    fn merge_equals_the_canonical_clock_of_both(a in clock(), b in clock()) {
+        let canonical = VectorClock::from_claims(
+            a.offsets().iter().chain(b.offsets()).copied(),
+            a.sequences().iter().chain(b.sequences()).copied(),
+        );
+        prop_assert_eq!(merged(&a, &b), canonical);
+    }
+
     /// Clocks naming the same channels take the merge's lockstep pass;
     /// clocks of one length whose channels differ late fall back from it
     /// part way. Either way the result is the pointwise maximum, and the

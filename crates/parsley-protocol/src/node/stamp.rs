@@ -94,16 +94,20 @@ impl CausalNode {
     }
 
     fn compute_stamp_base(&self) -> VectorClock {
-        let mut base = VectorClock::from_claims(
-            self.channels
-                .iter()
-                .filter(|c| c.frontier >= 0)
-                .map(|c| crate::clock::OffsetClaim {
-                    channel: c.channel,
-                    offset: c.frontier,
-                }),
-            std::iter::empty(),
+        // Room for every claim the merges below can bring, so that the base
+        // is allocated once, whatever the upstream stamps carry.
+        let sides = || {
+            std::iter::once(&self.carried)
+                .chain(std::iter::once(&self.own_outputs))
+                .chain(self.channels.iter().map(|c| &c.advertised))
+        };
+        let mut base = VectorClock::with_capacity(
+            self.channels.len() + sides().map(|c| c.offsets().len()).sum::<usize>(),
+            sides().map(|c| c.sequences().len()).sum(),
         );
+        for c in self.channels.iter().filter(|c| c.frontier >= 0) {
+            base.claim_offset(c.channel, c.frontier);
+        }
         for ch in &self.channels {
             base.merge(&ch.advertised);
         }
