@@ -43,7 +43,6 @@
 //! let an effect overtake its cause.) The canonical encoder never writes
 //! duplicates.
 
-use std::cmp::Ordering;
 use std::fmt;
 
 use crate::bytes::{be_i32, be_i64};
