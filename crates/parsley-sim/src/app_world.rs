@@ -847,19 +847,8 @@ impl AppWorld {
                     owners.insert(task.name.clone(), id);
                 }
             }
-            let assigned: Vec<AssignedPartition> = parts
-                .iter()
-                .map(|(t, p)| {
-                    let c = self.channel(t, *p);
-                    AssignedPartition {
-                        topic: t.clone(),
-                        partition: *p,
-                        committed: self.group_offsets.get(&(t.clone(), *p)).copied(),
-                        log_start: c.map_or(0, |c| self.broker.log_start(c)),
-                        end: Some(c.map_or(0, |c| self.broker.end_offset(c))),
-                    }
-                })
-                .collect();
+            let assigned: Vec<AssignedPartition> =
+                parts.iter().map(|(t, p)| self.assigned(t, *p)).collect();
             self.members[i].generation = self.generation;
             self.members[i].assignment = parts;
             let now = self.now;
@@ -999,14 +988,7 @@ impl AppWorld {
                 let Some(i) = index(self, id) else {
                     return Ok(());
                 };
-                let c = self.channel(&p.0, p.1);
-                let assigned = AssignedPartition {
-                    topic: p.0.clone(),
-                    partition: p.1,
-                    committed: self.group_offsets.get(&p).copied(),
-                    log_start: c.map_or(0, |c| self.broker.log_start(c)),
-                    end: Some(c.map_or(0, |c| self.broker.end_offset(c))),
-                };
+                let assigned = self.assigned(&p.0, p.1);
                 let now = self.now;
                 let broker = &self.broker;
                 self.members[i]
@@ -1036,6 +1018,22 @@ impl AppWorld {
                 }
                 self.apply_seeks(i)
             }
+        }
+    }
+
+    /// A partition as an assignment hands it to a member: the group's
+    /// committed position, and the broker's log start and end now.
+    fn assigned(&self, topic: &str, partition: i32) -> AssignedPartition {
+        let c = self.channel(topic, partition);
+        AssignedPartition {
+            topic: topic.to_owned(),
+            partition,
+            committed: self
+                .group_offsets
+                .get(&(topic.to_owned(), partition))
+                .copied(),
+            log_start: c.map_or(0, |c| self.broker.log_start(c)),
+            end: Some(c.map_or(0, |c| self.broker.end_offset(c))),
         }
     }
 
@@ -1464,19 +1462,8 @@ impl AppWorld {
         m.positions.clear();
         m.paused.clear();
         let parts = m.assignment.clone();
-        let assigned: Vec<AssignedPartition> = parts
-            .iter()
-            .map(|(t, p)| {
-                let c = self.channel(t, *p);
-                AssignedPartition {
-                    topic: t.clone(),
-                    partition: *p,
-                    committed: self.group_offsets.get(&(t.clone(), *p)).copied(),
-                    log_start: c.map_or(0, |c| self.broker.log_start(c)),
-                    end: Some(c.map_or(0, |c| self.broker.end_offset(c))),
-                }
-            })
-            .collect();
+        let assigned: Vec<AssignedPartition> =
+            parts.iter().map(|(t, p)| self.assigned(t, *p)).collect();
         let now = self.now;
         let broker = &self.broker;
         self.members[i]

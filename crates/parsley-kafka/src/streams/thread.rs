@@ -55,8 +55,7 @@ enum Session {
     Failed(StreamsError, ErrorResponse),
 }
 
-/// A message librdkafka returned, read through by the worker and its task.
-/// librdkafka's message as the worker reads it. Its header list is looked up
+/// librdkafka's message as the worker and its task read it. Its header list is looked up
 /// once: librdkafka parses a fetched record's headers on each lookup until
 /// it finds one (a record without headers is parsed again every time), and
 /// the task reads the list several times per record.
