@@ -16,7 +16,8 @@ use parsley::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
 use parsley::task::TaskId;
 use parsley_protocol::headers::{CLOCK_HEADER, CausalHeaders, SENDER_HEADER, SEQ_HEADER};
 use parsley_protocol::store::{
-    ScopeRecord, StateKey, decode_envelope, decode_i64, decode_pair, encode_envelope,
+    PageBuilder, PageEntries, ScopeRecord, StateKey, decode_envelope, decode_i64, decode_pair,
+    encode_envelope,
 };
 use parsley_protocol::{
     BrokerOffsets, BrokerOffsetsError, CausalNode, Channel, NodeConfig, SenderId, TopicId,
@@ -105,13 +106,33 @@ pub fn causal_headers(data: &[u8]) {
     }
 }
 
-/// The held-record envelope (the stored form of a held record).
+/// The held-record envelope (the stored form of a held record), and a
+/// page of them: an accepted page's records that decode, built into a
+/// page again, give the same records back.
 pub fn envelope(data: &[u8]) {
     let channel = Channel::new(TopicId::from_u128(7), 3);
     if let Ok(r) = decode_envelope(channel, data) {
         let again = encode_envelope(&r);
         let back = decode_envelope(channel, &again).expect("an envelope's own encoding decodes");
         assert_eq!(back, r);
+    }
+    if let Ok(page) = PageEntries::new(data) {
+        let records: Vec<_> = page
+            .filter_map(|e| decode_envelope(channel, e).ok())
+            .collect();
+        if records.is_empty() {
+            return;
+        }
+        let mut again = PageBuilder::new();
+        for r in &records {
+            again.push(r);
+        }
+        let again = again.finish();
+        let back: Vec<_> = PageEntries::new(&again)
+            .expect("a page's own encoding is a page")
+            .map(|e| decode_envelope(channel, e).expect("a page's own record decodes"))
+            .collect();
+        assert_eq!(back, records);
     }
 }
 
@@ -152,7 +173,7 @@ fn protocol_store(data: &[u8]) -> BTreeMap<String, Vec<u8>> {
     while let [shape, a, b, len, tail @ ..] = rest {
         let c = channel(*a);
         let sender = SenderId::from_u128(u128::from(*b % 3));
-        let key = match shape % 10 {
+        let key = match shape % 11 {
             0 => StateKey::Scope,
             1 => StateKey::Frontier(c),
             2 => StateKey::ChannelClock(c),
@@ -162,6 +183,7 @@ fn protocol_store(data: &[u8]) -> BTreeMap<String, Vec<u8>> {
             6 => StateKey::SendSeq(c),
             7 => StateKey::DeliveredSeq(c, sender),
             8 => StateKey::SkipMark(c, sender),
+            9 => StateKey::QueuePage(c, i64::from(*b) - 2),
             _ => {
                 // A key outside the vocabulary.
                 let n = (*len as usize).min(tail.len());

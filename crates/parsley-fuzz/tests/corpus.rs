@@ -39,6 +39,13 @@ fn the_restore_seed_is_a_valid_store() {
     .unwrap();
     let restored = parsley_fuzz::restore_node(&seed).unwrap();
     assert_eq!(restored.map_err(|e| e.to_string()), Ok(1));
+    // The same record in a page.
+    let seed = std::fs::read(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/node_restore/seed-page"),
+    )
+    .unwrap();
+    let restored = parsley_fuzz::restore_node(&seed).unwrap();
+    assert_eq!(restored.map_err(|e| e.to_string()), Ok(1));
 }
 
 proptest! {

@@ -22,11 +22,13 @@
 //! heap profiler, whose peak is then the plateau's); `RELEASE_PER_TRANSACTION`
 //! (a number, or `none`) sets the option of that name.
 //!
-//! With `HOLDS_FLOOR` set it then measures what the release must write at
-//! the least, on the same broker: a plain transactional producer sends one
-//! tombstone per held record (keyed as the stage's changelog keys a held
-//! record) to a compacted topic, in transactions of the release's size,
-//! and the time to its last commit is printed as the floor.
+//! With `HOLDS_FLOOR` set it then measures what a release would write at
+//! the least if held records were stored one per key (the Java library's
+//! layout, and this library's before pages), on the same broker: a plain
+//! transactional producer sends one tombstone per held record (keyed as
+//! that layout keys it) to a compacted topic, in transactions of the
+//! release's size, and the time to its last commit is printed as the
+//! floor. Stored in pages, a release writes one tombstone per page.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -303,10 +305,11 @@ fn create_topics(
 }
 
 /// The time a plain transactional producer takes to write and commit one
-/// tombstone per record, keyed as a held record's changelog entry, to a
+/// tombstone per record, keyed as a held record's entry of the one-key-per-
+/// record layout, to a
 /// compacted topic of `partitions` partitions, `per_transaction` at a time
 /// (all in one when `None`): the least a release of that many records
-/// writes.
+/// writes in that layout.
 fn tombstone_floor(
     config: &ClientConfig,
     cluster: &KafkaCluster,

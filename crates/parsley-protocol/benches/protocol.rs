@@ -401,13 +401,12 @@ fn bench_release(c: &mut Criterion) {
                             break;
                         }
                         for r in requests {
-                            let records = (r.from..r.from + r.count as i64)
-                                .filter_map(|i| {
-                                    let bytes =
-                                        store.get_state(StateKey::QueueEntry(r.channel, i))?;
-                                    store::decode_envelope(r.channel, bytes).ok()
-                                })
-                                .collect();
+                            let mut records = Vec::with_capacity(r.count);
+                            for key in r.keys() {
+                                if let Some(bytes) = store.get_state(key) {
+                                    let _ = r.decode(key, bytes, &mut records);
+                                }
+                            }
                             if let Err(e) = node.page_in(r.channel, records, &mut out) {
                                 panic!("page in: {e}");
                             }

@@ -93,7 +93,7 @@ pub use headers::{CausalHeaders, CorruptHeader, SenderTag};
 pub use ids::{Channel, ParseIdError, SenderId, TopicId};
 pub use node::{
     CausalNode, ChannelView, DeliveredMark, HeldHead, InitReport, Initialized, NodeConfig,
-    NodeStats, PageRequest, TruncationReport, UnmetClaim,
+    NodeStats, PageKeys, PageRequest, TruncationReport, UnmetClaim,
 };
 pub use protocol::DeliveryProtocol;
 pub use record::{Delivery, Header, InboundRecord};

@@ -50,9 +50,12 @@ use crate::error::ProtocolError;
 use crate::headers::{CausalHeaders, SenderTag};
 use crate::ids::{Channel, SenderId, TopicId};
 use crate::record::{Delivery, InboundRecord};
-use crate::restore::Persisted;
 pub use crate::restore::{DeliveredMark, SkipMark};
-use crate::store::{ScopeRecord, StateKey, SteppedPast, StoreRead, WriteBatch, encode_envelope};
+use crate::restore::{Persisted, StoredRun};
+use crate::store::{
+    CorruptState, PageBuilder, PageEntries, ScopeRecord, StateKey, SteppedPast, StoreRead,
+    WriteBatch, decode_envelope,
+};
 
 /// What a node is: who it is, what it consumes, where it may send.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -83,10 +86,10 @@ pub struct NodeStats {
 }
 
 /// A run of paged-out held records the node needs back before its gate can
-/// go on: the host reads queue entries `from..from + count` of `channel`
-/// from its committed store (the [`StateKey::QueueEntry`] values the node
-/// wrote) and hands the decoded records to
-/// [`CausalNode::page_in`].
+/// go on: the records at queue indices `from..from + count` of `channel`.
+/// The host reads the values of [`keys`](Self::keys) from its committed
+/// store, turns them into records with [`decode`](Self::decode), and hands
+/// those to [`CausalNode::page_in`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct PageRequest {
     /// The channel.
@@ -95,6 +98,82 @@ pub struct PageRequest {
     pub from: i64,
     /// How many records, in index order.
     pub count: usize,
+    /// Where they are stored: one page ([`StateKey::QueuePage`], which may
+    /// start below `from` and end past the request), or (state written
+    /// before pages) one [`StateKey::QueueEntry`] per record, from `from`.
+    pub stored: StateKey,
+}
+
+impl PageRequest {
+    /// The store keys holding the wanted records, in index order.
+    pub fn keys(&self) -> PageKeys {
+        match self.stored {
+            StateKey::QueueEntry(channel, from) => PageKeys {
+                key: StateKey::QueueEntry(channel, from),
+                left: self.count,
+            },
+            page => PageKeys {
+                key: page,
+                left: usize::from(self.count > 0),
+            },
+        }
+    }
+
+    /// Appends to `out`, in index order, the wanted records `value` (the
+    /// stored value of `key`, one of [`keys`](Self::keys)) holds.
+    pub fn decode(
+        &self,
+        key: StateKey,
+        value: &[u8],
+        out: &mut Vec<InboundRecord>,
+    ) -> Result<(), CorruptState> {
+        let bad = |reason: String| CorruptState::new(key, reason);
+        match key {
+            StateKey::QueueEntry(channel, _) => {
+                out.push(decode_envelope(channel, value).map_err(bad)?);
+            }
+            StateKey::QueuePage(channel, first) => {
+                let entries = PageEntries::new(value).map_err(bad)?;
+                let total = entries.len();
+                let skip = usize::try_from(self.from - first)
+                    .map_err(|_| bad(format!("page starts past index {}", self.from)))?;
+                if skip + self.count > total {
+                    return Err(bad(format!(
+                        "page of {total} records lacks index {}",
+                        first + total as i64
+                    )));
+                }
+                for entry in entries.skip(skip).take(self.count) {
+                    out.push(decode_envelope(channel, entry).map_err(bad)?);
+                }
+            }
+            other => return Err(bad(format!("{other} does not hold held records"))),
+        }
+        Ok(())
+    }
+}
+
+/// The keys of a [`PageRequest`] (see [`PageRequest::keys`]).
+#[derive(Clone, Debug)]
+pub struct PageKeys {
+    key: StateKey,
+    left: usize,
+}
+
+impl Iterator for PageKeys {
+    type Item = StateKey;
+
+    fn next(&mut self) -> Option<StateKey> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let key = self.key;
+        if let StateKey::QueueEntry(c, i) = key {
+            self.key = StateKey::QueueEntry(c, i + 1);
+        }
+        Some(key)
+    }
 }
 
 /// What [`CausalNode::init`] found and did.
@@ -246,6 +325,9 @@ struct ChannelState {
     head_index: i64,
     committed_head: i64,
     committed_tail: i64,
+    /// Where the committed held records are stored, in index order (runs
+    /// the head has passed stay until the next `take_writes` deletes them).
+    stored: VecDeque<StoredRun>,
     delivered: BTreeMap<SenderId, DeliveredMark>,
     /// Skip marks set when the channel joined the scope (kept for as long
     /// as the channel stays an input: they also meet claims on the skipped
@@ -271,6 +353,7 @@ impl ChannelState {
             head_index: 0,
             committed_head: 0,
             committed_tail: 0,
+            stored: VecDeque::new(),
             delivered: BTreeMap::new(),
             skip: BTreeMap::new(),
             skip_dirty: false,

@@ -9,7 +9,8 @@ use crate::error::ProtocolError;
 use crate::ids::{Channel, SenderId};
 use crate::record::InboundRecord;
 use crate::store::{
-    CorruptState, ScopeRecord, StateKey, StoreRead, decode_envelope, decode_i64, decode_pair,
+    CorruptState, PageEntries, ScopeRecord, StateKey, StoreRead, decode_envelope, decode_i64,
+    decode_pair,
 };
 
 /// The highest send sequence delivered from one sender on one channel, and
@@ -35,6 +36,16 @@ pub struct SkipMark {
     pub bound: i64,
 }
 
+/// A run of committed held records as the store keeps them: queue indices
+/// `first..end`, under one page key, or (restored from state written before
+/// pages) under one entry key per index.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct StoredRun {
+    pub(crate) first: i64,
+    pub(crate) end: i64,
+    pub(crate) page: bool,
+}
+
 /// Everything a committed store holds, parsed and checked for consistency.
 #[derive(Default)]
 pub(crate) struct Persisted {
@@ -48,6 +59,8 @@ pub(crate) struct Persisted {
     /// their metadata claims: the first ones decoded, the rest (beyond the
     /// window [`read`](Self::read) was given) as offset and size only.
     pub(crate) queues: BTreeMap<Channel, RestoredQueue>,
+    /// The pages read, per channel: first index and record count.
+    pub(crate) pages: BTreeMap<Channel, Vec<(i64, i64)>>,
     pub(crate) send_seq: BTreeMap<Channel, i64>,
     pub(crate) delivered: BTreeMap<Channel, BTreeMap<SenderId, DeliveredMark>>,
     /// Skip marks of joined inputs: per sender, (sequence, end bound).
@@ -72,11 +85,20 @@ impl HeldEntry {
     }
 }
 
-type Entries = BTreeMap<Channel, Vec<(i64, HeldEntry)>>;
+/// Held records read so far, per channel: index, record, and the first
+/// index of the page that holds it (`None`: an entry key of its own).
+type Entries = BTreeMap<Channel, Vec<(i64, HeldEntry, Option<i64>)>>;
 
-/// One restored hold queue: its decoded records (the head first), then
-/// the offset and held size of each record beyond the window.
-pub(crate) type RestoredQueue = (Vec<InboundRecord>, VecDeque<(i64, usize)>);
+/// One restored hold queue.
+#[derive(Default)]
+pub(crate) struct RestoredQueue {
+    /// Its decoded records, the head first.
+    pub(crate) resident: Vec<InboundRecord>,
+    /// The offset and held size of each record beyond the window.
+    pub(crate) paged: VecDeque<(i64, usize)>,
+    /// Where its records are stored, in index order.
+    pub(crate) stored: VecDeque<StoredRun>,
+}
 
 impl Persisted {
     /// Reads and checks `store`. With a `window`, a held record whose
@@ -142,18 +164,29 @@ impl Persisted {
             }
             StateKey::QueueEntry(c, index) => {
                 let record = decode_envelope(c, value).map_err(bad)?;
-                let beyond = match (window, self.queue_meta.get(&c)) {
-                    (Some(w), Some(&(head, _))) => {
-                        index.saturating_sub(head) >= i64::try_from(w.max(1)).unwrap_or(i64::MAX)
+                let entry = self.held_entry(c, index, window, record);
+                entries.entry(c).or_default().push((index, entry, None));
+            }
+            StateKey::QueuePage(c, first) => {
+                let page = PageEntries::new(value).map_err(bad)?;
+                let count = page.len() as i64;
+                let end = first
+                    .checked_add(count)
+                    .ok_or_else(|| bad("page indices overflow".to_owned()))?;
+                self.pages.entry(c).or_default().push((first, end));
+                let head = self.queue_meta.get(&c).map(|&(head, _)| head);
+                let held = entries.entry(c).or_default();
+                for (index, bytes) in (first..).zip(page) {
+                    // Released already: the page stays until all of its
+                    // records are.
+                    if head.is_some_and(|head| index < head) {
+                        continue;
                     }
-                    _ => false,
-                };
-                let entry = if beyond {
-                    HeldEntry::Paged(record.offset, record.held_size())
-                } else {
-                    HeldEntry::Resident(record)
-                };
-                entries.entry(c).or_default().push((index, entry));
+                    let record = decode_envelope(c, bytes)
+                        .map_err(|reason| bad(format!("record {index}: {reason}")))?;
+                    let entry = self.held_entry(c, index, window, record);
+                    held.push((index, entry, Some(first)));
+                }
             }
             StateKey::SendSeq(c) => {
                 self.send_seq.insert(c, decode_i64(value).map_err(bad)?);
@@ -180,6 +213,28 @@ impl Persisted {
         Ok(())
     }
 
+    /// A held record as restore keeps it: decoded, or (`window` or more past
+    /// its queue's head) its offset and size only.
+    fn held_entry(
+        &self,
+        c: Channel,
+        index: i64,
+        window: Option<usize>,
+        record: InboundRecord,
+    ) -> HeldEntry {
+        let beyond = match (window, self.queue_meta.get(&c)) {
+            (Some(w), Some(&(head, _))) => {
+                index.saturating_sub(head) >= i64::try_from(w.max(1)).unwrap_or(i64::MAX)
+            }
+            _ => false,
+        };
+        if beyond {
+            HeldEntry::Paged(record.offset, record.held_size())
+        } else {
+            HeldEntry::Resident(record)
+        }
+    }
+
     /// Cross-key consistency: every per-input key belongs to a recorded
     /// input, and every hold queue is complete and in offset order.
     fn check(&mut self, mut entries: Entries) -> Result<(), ProtocolError> {
@@ -191,6 +246,7 @@ impl Persisted {
                     || self.carried.is_some()
                     || !self.queue_meta.is_empty()
                     || !entries.is_empty()
+                    || !self.pages.is_empty()
                     || !self.send_seq.is_empty()
                     || !self.delivered.is_empty()
                     || !self.skips.is_empty()
@@ -232,28 +288,49 @@ impl Persisted {
         }
         for (&channel, &(head, tail)) in &self.queue_meta {
             let mut held = entries.remove(&channel).unwrap_or_default();
+            let pages = self.pages.remove(&channel).unwrap_or_default();
+            // A page is kept while some of its records are held, and holds
+            // no index the queue never handed out.
+            if let Some(&(first, end)) = pages.iter().find(|&&(_, end)| end <= head || end > tail) {
+                return Err(CorruptState::new(
+                    StateKey::QueuePage(channel, first),
+                    format!(
+                        "page of indices {first}..{end} outside the queue's window {head}..{tail}"
+                    ),
+                )
+                .into());
+            }
+            // Records of a page below the head were released already.
+            held.retain(|(index, _, page)| page.is_none() || *index >= head);
             // A sorted store hands entries over in index order already.
             if !held.windows(2).all(|w| w[0].0 < w[1].0) {
-                held.sort_by_key(|(index, _)| *index);
+                held.sort_by_key(|(index, _, _)| *index);
             }
+            let key_of = |index: i64, page: Option<i64>| match page {
+                Some(first) => StateKey::QueuePage(channel, first),
+                None => StateKey::QueueEntry(channel, index),
+            };
             if let Some(w) = held.windows(2).find(|w| w[0].0 == w[1].0) {
                 return Err(CorruptState::new(
-                    StateKey::QueueEntry(channel, w[0].0),
-                    "held record stored twice",
+                    key_of(w[1].0, w[1].2),
+                    format!("held record {} stored twice", w[0].0),
                 )
                 .into());
             }
             // Entries outside the window are not ours to interpret.
-            if let Some(&(index, _)) = held.iter().find(|(i, _)| *i < head || *i >= tail) {
+            if let Some(&(index, _, page)) = held.iter().find(|(i, _, _)| *i < head || *i >= tail) {
                 return Err(CorruptState::new(
-                    StateKey::QueueEntry(channel, index),
+                    key_of(index, page),
                     format!("entry outside the queue's window {head}..{tail}"),
                 )
                 .into());
             }
             // Within the window, sorted and unique: complete exactly when
             // the i-th entry has index head + i.
-            if let Some(missing) = (head..tail).zip(&held).find(|(want, (got, _))| want != got) {
+            if let Some(missing) = (head..tail)
+                .zip(&held)
+                .find(|(want, (got, _, _))| want != got)
+            {
                 return Err(ProtocolError::MissingHeldRecords {
                     channel,
                     index: missing.0,
@@ -271,11 +348,11 @@ impl Persisted {
             }
             let frontier = self.frontiers.get(&channel).copied().unwrap_or(-1);
             let mut last = frontier;
-            for (index, record) in &held {
+            for (index, record, page) in &held {
                 let offset = record.offset();
                 if offset <= last {
                     return Err(CorruptState::new(
-                        StateKey::QueueEntry(channel, *index),
+                        key_of(*index, *page),
                         format!(
                             "held offset {offset} is not above the frontier and the previous entry ({last})"
                         ),
@@ -284,23 +361,62 @@ impl Persisted {
                 }
                 last = offset;
             }
-            // Decoded records first, then the paged run (a record decoded
-            // after a paged one joins the run).
-            let mut resident = Vec::new();
-            let mut paged = VecDeque::new();
-            for (_, entry) in held {
-                match entry {
-                    HeldEntry::Resident(r) if paged.is_empty() => resident.push(r),
-                    HeldEntry::Resident(r) => paged.push_back((r.offset, r.held_size())),
-                    HeldEntry::Paged(offset, size) => paged.push_back((offset, size)),
+            // Where the records are stored: each page whole, and runs of
+            // consecutive entries of the older layout.
+            let mut stored: Vec<StoredRun> = pages
+                .iter()
+                .map(|&(first, end)| StoredRun {
+                    first,
+                    end,
+                    page: true,
+                })
+                .collect();
+            let mut entry_run: Option<StoredRun> = None;
+            for &(index, _, page) in &held {
+                if page.is_some() {
+                    continue;
+                }
+                match entry_run.as_mut() {
+                    Some(run) if run.end == index => run.end += 1,
+                    _ => {
+                        stored.extend(entry_run.take());
+                        entry_run = Some(StoredRun {
+                            first: index,
+                            end: index + 1,
+                            page: false,
+                        });
+                    }
                 }
             }
-            self.queues.insert(channel, (resident, paged));
+            stored.extend(entry_run);
+            stored.sort_by_key(|r| r.first);
+            // Decoded records first, then the paged run (a record decoded
+            // after a paged one joins the run).
+            let mut queue = RestoredQueue {
+                stored: stored.into(),
+                ..RestoredQueue::default()
+            };
+            for (_, entry, _) in held {
+                match entry {
+                    HeldEntry::Resident(r) if queue.paged.is_empty() => queue.resident.push(r),
+                    HeldEntry::Resident(r) => queue.paged.push_back((r.offset, r.held_size())),
+                    HeldEntry::Paged(offset, size) => queue.paged.push_back((offset, size)),
+                }
+            }
+            self.queues.insert(channel, queue);
         }
         if let Some((&channel, held)) = entries.iter().next() {
-            let index = held.first().map_or(0, |(i, _)| *i);
+            let key = match held.first() {
+                Some(&(_, _, Some(first))) => StateKey::QueuePage(channel, first),
+                Some(&(index, _, None)) => StateKey::QueueEntry(channel, index),
+                None => StateKey::QueuePage(channel, 0),
+            };
+            return Err(CorruptState::new(key, "held record without queue metadata").into());
+        }
+        if let Some((&channel, pages)) = self.pages.iter().next() {
+            let first = pages.first().map_or(0, |&(f, _)| f);
             return Err(CorruptState::new(
-                StateKey::QueueEntry(channel, index),
+                StateKey::QueuePage(channel, first),
                 "held record without queue metadata",
             )
             .into());

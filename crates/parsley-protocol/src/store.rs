@@ -24,7 +24,8 @@
 //! | `cc/<channel>` | clock: the channel's advertised clock |
 //! | `ca` | clock: carried ancestry |
 //! | `q/<channel>/m` | `i64` head index, `i64` tail index (one past the last entry) |
-//! | `q/<channel>/e/<index>` | a held record (envelope below); index as 16 lower-case hex digits |
+//! | `q/<channel>/p/<index>` | a page of held records (below), the first at queue index `index` (16 lower-case hex digits) |
+//! | `q/<channel>/e/<index>` | one held record (envelope below): the Java library's layout, and this one's before pages; read and deleted, no longer written |
 //! | `sq/<channel>` | `i64`: the last send sequence issued to that sink channel |
 //! | `ds/<channel>/<sender-uuid>` | `i64` seq, `i64` offset: the highest delivered sequence from that sender on the channel, and its offset |
 //! | `sk/<channel>/<sender-uuid>` | `i64` seq, `i64` bound: a skip mark set when the channel joined the inputs (this implementation's own key; see `docs/decisions.md`) |
@@ -60,6 +61,26 @@
 //! The extension is written only when there is at least one header, so
 //! header-less envelopes stay byte-identical to the Java layout. An unknown
 //! extension tag, or any byte after the extension, is corrupt.
+//!
+//! # Pages of held records
+//!
+//! A commit writes the records it newly holds on a queue as pages: runs of
+//! consecutive queue indices, at most [`PAGE_RECORDS`] records each, closed
+//! early once a page's value passes [`PAGE_BYTES`] (a record larger than
+//! that gets a page of its own). A page is deleted once the queue's head has
+//! passed all of its records; until then its records below the head are
+//! released already, and restore skips them.
+//!
+//! ```text
+//! i32 record count (at least 1)
+//!     per record: i32 envelope length, the envelope
+//! ```
+//!
+//! Nothing may follow the last record. One key per page rather than one per
+//! record means a long hold costs one changelog record (and one tombstone
+//! at its release) per page, and reading a page back is one store lookup.
+//! This layout is ours: a stage's state store is private to one
+//! implementation (see `docs/decisions.md`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -122,6 +143,13 @@ impl QueueEntryKeys {
         }
     }
 
+    /// The page keys of `channel`'s queue.
+    pub fn pages(channel: Channel) -> Self {
+        QueueEntryKeys {
+            key: StateKey::QueuePage(channel, 0).text(),
+        }
+    }
+
     /// The index of `key` if it is an entry key of this queue, else `None`.
     pub fn index(&self, key: &[u8]) -> Option<i64> {
         let own = self.key.as_str().as_bytes();
@@ -146,8 +174,12 @@ pub enum StateKey {
     CarriedAncestry,
     /// `q/<channel>/m`
     QueueMeta(Channel),
-    /// `q/<channel>/e/<index>`
+    /// `q/<channel>/e/<index>`: one held record (the layout before pages;
+    /// read and deleted, never written).
     QueueEntry(Channel, i64),
+    /// `q/<channel>/p/<index>`: a page of held records, the first at queue
+    /// index `index`.
+    QueuePage(Channel, i64),
     /// `sq/<channel>`
     SendSeq(Channel),
     /// `ds/<channel>/<sender>`
@@ -171,6 +203,7 @@ impl fmt::Display for StateKey {
             StateKey::CarriedAncestry => f.write_str("ca"),
             StateKey::QueueMeta(c) => write!(f, "q/{c}/m"),
             StateKey::QueueEntry(c, i) => write!(f, "q/{c}/e/{i:016x}"),
+            StateKey::QueuePage(c, i) => write!(f, "q/{c}/p/{i:016x}"),
             StateKey::SendSeq(c) => write!(f, "sq/{c}"),
             StateKey::DeliveredSeq(c, s) => write!(f, "ds/{c}/{s}"),
             StateKey::SkipMark(c, s) => write!(f, "sk/{c}/{s}"),
@@ -180,6 +213,12 @@ impl fmt::Display for StateKey {
 }
 
 impl StateKey {
+    /// Whether the key holds held records (a page, or one record in the
+    /// layout before pages).
+    pub fn is_held(&self) -> bool {
+        matches!(self, StateKey::QueueEntry(..) | StateKey::QueuePage(..))
+    }
+
     /// The key's text, exactly as `Display` writes it.
     pub fn to_key(&self) -> String {
         self.text().as_str().to_owned()
@@ -211,6 +250,12 @@ impl StateKey {
                 s.push(b"q/");
                 s.push_channel(c);
                 s.push(b"/e/");
+                s.push(&hex16(index));
+            }
+            StateKey::QueuePage(c, index) => {
+                s.push(b"q/");
+                s.push_channel(c);
+                s.push(b"/p/");
                 s.push(&hex16(index));
             }
             StateKey::Stepped(c, offset) => {
@@ -414,6 +459,9 @@ fn parse_key(b: &[u8]) -> Option<StateKey> {
         (b'q', [b'/', b'e', b'/', index @ ..]) => {
             parse_hex16(index).map(|i| StateKey::QueueEntry(channel, i))
         }
+        (b'q', [b'/', b'p', b'/', index @ ..]) => {
+            parse_hex16(index).map(|i| StateKey::QueuePage(channel, i))
+        }
         (b't', [b'/', offset @ ..]) => parse_hex16(offset).map(|o| StateKey::Stepped(channel, o)),
         _ => None,
     }
@@ -577,17 +625,157 @@ impl SteppedPast {
 /// Encodes a held record's envelope. The record's channel is not part of the
 /// value; it is in the key.
 pub fn encode_envelope(record: &InboundRecord) -> Vec<u8> {
+    let mut out = Vec::with_capacity(envelope_len_hint(record));
+    encode_envelope_into(record, &mut out);
+    out
+}
+
+/// About the bytes [`encode_envelope`] writes (exact without headers).
+fn envelope_len_hint(record: &InboundRecord) -> usize {
+    8 + 8
+        + 1
+        + 24
+        + 4
+        + record.causal.clock.encoded_len()
+        + 8
+        + record.key.as_ref().map_or(0, Vec::len)
+        + record.value.as_ref().map_or(0, Vec::len)
+}
+
+/// The most held records one page holds (see the [module docs](self)).
+pub const PAGE_RECORDS: usize = 256;
+
+/// A page takes no further record once its value is this large.
+pub const PAGE_BYTES: usize = 64 * 1024;
+
+/// Builds one page's value (see the [module docs](self)).
+#[derive(Clone, Debug)]
+pub struct PageBuilder {
+    bytes: Vec<u8>,
+    count: usize,
+}
+
+impl Default for PageBuilder {
+    fn default() -> Self {
+        PageBuilder::new()
+    }
+}
+
+impl PageBuilder {
+    /// An empty page.
+    pub fn new() -> Self {
+        PageBuilder {
+            bytes: vec![0; 4],
+            count: 0,
+        }
+    }
+
+    /// Whether the page takes no further record.
+    pub fn is_full(&self) -> bool {
+        self.count >= PAGE_RECORDS || self.bytes.len() >= PAGE_BYTES
+    }
+
+    /// Records in the page so far.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether the page has no record yet.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Appends `record`'s envelope.
+    pub fn push(&mut self, record: &InboundRecord) {
+        let at = self.bytes.len();
+        self.bytes.reserve(4 + envelope_len_hint(record));
+        self.bytes.extend_from_slice(&[0; 4]);
+        encode_envelope_into(record, &mut self.bytes);
+        let len = (self.bytes.len() - at - 4) as i32;
+        self.bytes[at..at + 4].copy_from_slice(&len.to_be_bytes());
+        self.count += 1;
+    }
+
+    /// The page's value.
+    pub fn finish(mut self) -> Vec<u8> {
+        let count = self.count as i32;
+        self.bytes[..4].copy_from_slice(&count.to_be_bytes());
+        self.bytes
+    }
+}
+
+/// The envelopes of one page, checked for shape when built: a count of at
+/// least one, that many length-prefixed envelopes, nothing after them.
+/// The envelopes themselves are decoded by whoever takes them.
+#[derive(Clone, Debug)]
+pub struct PageEntries<'a> {
+    rest: &'a [u8],
+    left: usize,
+}
+
+impl<'a> PageEntries<'a> {
+    /// Checks `bytes` as a page's value.
+    pub fn new(bytes: &'a [u8]) -> Result<Self, String> {
+        let (count, rest) = bytes
+            .split_first_chunk::<4>()
+            .ok_or_else(|| "truncated page: no record count".to_owned())?;
+        let count = i32::from_be_bytes(*count);
+        if count < 1 {
+            return Err(format!("page record count {count} is not positive"));
+        }
+        let left = count as usize;
+        let mut walk = rest;
+        for at in 0..left {
+            let (len, tail) = walk
+                .split_first_chunk::<4>()
+                .ok_or_else(|| format!("truncated page: record {at} of {count} has no length"))?;
+            let len = i32::from_be_bytes(*len);
+            let len = usize::try_from(len)
+                .map_err(|_| format!("page record {at} has negative length {len}"))?;
+            walk = tail.get(len..).ok_or_else(|| {
+                format!(
+                    "truncated page: record {at} claims {len} bytes, {} remain",
+                    tail.len()
+                )
+            })?;
+        }
+        if !walk.is_empty() {
+            return Err(format!("{} bytes after the page's last record", walk.len()));
+        }
+        Ok(PageEntries { rest, left })
+    }
+
+    /// Records in the page.
+    pub fn count(bytes: &[u8]) -> Result<usize, String> {
+        PageEntries::new(bytes).map(|p| p.left)
+    }
+}
+
+impl<'a> Iterator for PageEntries<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.left == 0 {
+            return None;
+        }
+        let (len, tail) = self.rest.split_first_chunk::<4>()?;
+        let len = usize::try_from(i32::from_be_bytes(*len)).ok()?;
+        let (entry, rest) = tail.split_at_checked(len)?;
+        self.rest = rest;
+        self.left -= 1;
+        Some(entry)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for PageEntries<'_> {}
+
+/// Appends a held record's envelope to `out`.
+pub fn encode_envelope_into(record: &InboundRecord, out: &mut Vec<u8>) {
     let clock_len = record.causal.clock.encoded_len();
-    let mut out = Vec::with_capacity(
-        8 + 8
-            + 1
-            + 24
-            + 4
-            + clock_len
-            + 8
-            + record.key.as_ref().map_or(0, Vec::len)
-            + record.value.as_ref().map_or(0, Vec::len),
-    );
     out.extend_from_slice(&record.offset.to_be_bytes());
     out.extend_from_slice(&record.timestamp.to_be_bytes());
     match record.causal.sender {
@@ -603,18 +791,17 @@ pub fn encode_envelope(record: &InboundRecord) -> Vec<u8> {
         }
     }
     out.extend_from_slice(&(clock_len as i32).to_be_bytes());
-    record.causal.clock.encode_into(&mut out);
-    put_nullable(&mut out, record.key.as_deref());
-    put_nullable(&mut out, record.value.as_deref());
+    record.causal.clock.encode_into(out);
+    put_nullable(out, record.key.as_deref());
+    put_nullable(out, record.value.as_deref());
     if !record.headers.is_empty() {
         out.push(ENVELOPE_HEADERS_EXTENSION);
         out.extend_from_slice(&(record.headers.len() as i32).to_be_bytes());
         for h in &record.headers {
-            put_nullable(&mut out, Some(h.name.as_bytes()));
-            put_nullable(&mut out, h.value.as_deref());
+            put_nullable(out, Some(h.name.as_bytes()));
+            put_nullable(out, h.value.as_deref());
         }
     }
-    out
 }
 
 fn put_nullable(out: &mut Vec<u8>, bytes: Option<&[u8]>) {

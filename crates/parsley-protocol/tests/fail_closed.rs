@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use parsley_protocol::store::{PageBuilder, PageEntries, decode_envelope};
 use parsley_protocol::*;
 
 const ME: u128 = 0xA11CE;
@@ -75,15 +76,137 @@ fn hold_queue_restoring_fewer_entries_than_its_indices_claim() {
     let b = ch(2, 0);
     let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
     h.feed(rec(a, 0, offsets(&[(b, 3)])));
+    h.commit();
     h.feed(rec(a, 1, VectorClock::new()));
     h.commit();
-    let lost = StateKey::QueueEntry(a, 1).to_string();
-    assert!(h.store.remove_raw(&lost).is_some());
-    let err = CausalNode::init(h.config.clone(), &h.store, &h.broker).unwrap_err();
+    // Two commits, two pages: losing the second loses index 1.
+    let lost = StateKey::QueuePage(a, 1).to_string();
+    let mut store = h.store.clone();
+    assert!(store.remove_raw(&lost).is_some());
+    let err = CausalNode::init(h.config.clone(), &store, &h.broker).unwrap_err();
     assert!(
         matches!(err, ProtocolError::MissingHeldRecords { channel, index: 1, head: 0, tail: 2 } if channel == a),
         "{err}"
     );
+    // The same in the one-entry-per-record layout.
+    let mut store = entry_layout(&h.store);
+    assert!(
+        store
+            .remove_raw(&StateKey::QueueEntry(a, 1).to_string())
+            .is_some()
+    );
+    let err = CausalNode::init(h.config.clone(), &store, &h.broker).unwrap_err();
+    assert!(
+        matches!(err, ProtocolError::MissingHeldRecords { channel, index: 1, head: 0, tail: 2 } if channel == a),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_page_that_holds_fewer_records_than_the_queue_claims_is_missing_records() {
+    let (a, b) = (ch(1, 0), ch(2, 0));
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    h.feed(rec(a, 0, offsets(&[(b, 3)])));
+    h.feed(rec(a, 1, VectorClock::new()));
+    h.commit();
+    let key = StateKey::QueuePage(a, 0).to_string();
+    let page = h.store.get(&key).unwrap().to_vec();
+    let first = PageEntries::new(&page).unwrap().next().unwrap().to_vec();
+    let mut one = PageBuilder::new();
+    one.push(&decode_envelope(a, &first).unwrap());
+    let mut store = h.store.clone();
+    store.insert_raw(&key, one.finish());
+    let err = CausalNode::init(h.config.clone(), &store, &h.broker).unwrap_err();
+    assert!(
+        matches!(err, ProtocolError::MissingHeldRecords { channel, index: 1, head: 0, tail: 2 } if channel == a),
+        "{err}"
+    );
+}
+
+#[test]
+fn corrupt_pages_are_refused() {
+    let (a, b) = (ch(1, 0), ch(2, 0));
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    h.feed(rec(a, 0, offsets(&[(b, 3)])));
+    h.feed(rec(a, 1, VectorClock::new()));
+    h.commit();
+    h.feed(rec(a, 2, VectorClock::new()));
+    h.commit();
+    let key = StateKey::QueuePage(a, 0).to_string();
+    let page = h.store.get(&key).unwrap().to_vec();
+    let mut trailing = page.clone();
+    trailing.push(0);
+    let mut truncated = page.clone();
+    truncated.pop();
+    let mut zero = page.clone();
+    zero[..4].copy_from_slice(&0i32.to_be_bytes());
+    let mut negative = page.clone();
+    negative[4..8].copy_from_slice(&(-1i32).to_be_bytes());
+    let mut damaged = page.clone();
+    // The first record's sender tag flag (after the count, its length,
+    // its offset and its timestamp).
+    damaged[4 + 4 + 16] = 7;
+    for (what, bytes) in [
+        ("a byte after the last record", trailing),
+        ("a truncated record", truncated),
+        ("a count of zero", zero),
+        ("a negative length", negative),
+        ("a record that does not decode", damaged),
+    ] {
+        let mut store = h.store.clone();
+        store.insert_raw(&key, bytes);
+        let err = CausalNode::init(h.config.clone(), &store, &h.broker).unwrap_err();
+        assert!(
+            matches!(err, ProtocolError::CorruptState(ref c) if c.key == key),
+            "{what}: {err}"
+        );
+    }
+    // A page overlapping another: index 2 stored twice.
+    let mut store = h.store.clone();
+    let mut overlap = PageBuilder::new();
+    for e in PageEntries::new(&page).unwrap() {
+        overlap.push(&decode_envelope(a, e).unwrap());
+    }
+    overlap.push(&rec(a, 2, VectorClock::new()));
+    store.insert_raw(&key, overlap.finish());
+    let err = CausalNode::init(h.config.clone(), &store, &h.broker).unwrap_err();
+    assert!(
+        matches!(err, ProtocolError::CorruptState(ref c) if c.reason.contains("stored twice")),
+        "{err}"
+    );
+    // A page every record of which the head has passed (it should have
+    // been deleted with the last of them).
+    let mut store = h.store.clone();
+    store.insert_raw(
+        &StateKey::QueueMeta(a).to_string(),
+        [2i64.to_be_bytes(), 3i64.to_be_bytes()].concat(),
+    );
+    let err = CausalNode::init(h.config.clone(), &store, &h.broker).unwrap_err();
+    assert!(
+        matches!(err, ProtocolError::CorruptState(ref c) if c.key == key),
+        "{err}"
+    );
+    // The head inside the page: its records below the head are released
+    // already, and the rest restore (and, their cause gone with the old
+    // head, are delivered at once).
+    let mut store = h.store.clone();
+    store.insert_raw(
+        &StateKey::QueueMeta(a).to_string(),
+        [1i64.to_be_bytes(), 3i64.to_be_bytes()].concat(),
+    );
+    let started = CausalNode::init(h.config.clone(), &store, &h.broker).unwrap();
+    assert_eq!(coords(&started.deliveries), vec![(a, 1), (a, 2)]);
+    // A page with a record past the tail.
+    let mut store = h.store.clone();
+    store.insert_raw(
+        &StateKey::QueueMeta(a).to_string(),
+        [0i64.to_be_bytes(), 1i64.to_be_bytes()].concat(),
+    );
+    assert!(matches!(
+        CausalNode::init(h.config.clone(), &store, &h.broker),
+        Err(ProtocolError::CorruptState(_))
+    ));
+    assert!(CausalNode::init(h.config.clone(), &h.store, &h.broker).is_ok());
 }
 
 #[test]
@@ -171,18 +294,26 @@ fn corrupt_persisted_values() {
         CausalNode::init(h.config.clone(), &store, &h.broker),
         Err(ProtocolError::CorruptState(_))
     ));
-    // A held entry outside its queue's window.
-    let mut store = good.clone();
-    let stray = StateKey::QueueEntry(a, 7).to_string();
-    let entry = good
-        .get(&StateKey::QueueEntry(a, 0).to_string())
+    // A held page, or entry, outside its queue's window.
+    let page = good
+        .get(&StateKey::QueuePage(a, 0).to_string())
         .unwrap()
         .to_vec();
-    store.insert_raw(&stray, entry);
-    assert!(matches!(
-        CausalNode::init(h.config.clone(), &store, &h.broker),
-        Err(ProtocolError::CorruptState(_))
-    ));
+    let entry = PageEntries::new(&page).unwrap().next().unwrap().to_vec();
+    for (stray, value) in [
+        (StateKey::QueuePage(a, 7), page),
+        (StateKey::QueueEntry(a, 7), entry),
+    ] {
+        let mut store = good.clone();
+        store.insert_raw(&stray.to_string(), value);
+        assert!(
+            matches!(
+                CausalNode::init(h.config.clone(), &store, &h.broker),
+                Err(ProtocolError::CorruptState(ref c)) if c.key == stray.to_string()
+            ),
+            "{stray}"
+        );
+    }
     // The untouched store still starts.
     assert!(CausalNode::init(h.config.clone(), &good, &h.broker).is_ok());
 }

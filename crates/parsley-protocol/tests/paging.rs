@@ -7,6 +7,7 @@
 mod common;
 
 use common::*;
+use parsley_protocol::store::{PageEntries, StateKey};
 use parsley_protocol::*;
 
 const ME: u128 = 0x9A6E;
@@ -86,7 +87,9 @@ fn a_release_pages_in_a_window_at_a_time() {
         vec![PageRequest {
             channel: b,
             from: 3,
-            count: 3
+            count: 3,
+            // One commit held all ten: one page, from index 0.
+            stored: StateKey::QueuePage(b, 0),
         }]
     );
     let (rest, requests) = serve(&mut h);
@@ -166,13 +169,11 @@ fn a_window_set_while_records_are_uncommitted_waits_for_their_commit() {
     // Not committed yet: nothing can leave memory.
     assert_eq!(h.node.set_resident_window(Some(1)), 0);
     let batch = h.commit();
-    assert_eq!(
-        (0..5)
-            .filter(|&i| batch.get(StateKey::QueueEntry(b, i)).is_some())
-            .count(),
-        5,
-        "every held record written"
-    );
+    let page = batch
+        .get(StateKey::QueuePage(b, 0))
+        .flatten()
+        .expect("the held records' page");
+    assert_eq!(PageEntries::count(page), Ok(5), "every held record written");
     assert_eq!(h.node.paged_count(), 4);
     let mut delivered = Vec::new();
     for o in 0..5 {
@@ -248,19 +249,196 @@ fn a_start_with_a_window_still_refuses_a_damaged_record_beyond_it() {
         assert!(h.feed(rec(b, o, offsets(&[(a, 0)]))).is_empty());
     }
     h.commit();
-    let key = StateKey::QueueEntry(b, 5).to_key();
-    h.store.get_raw_mut(&key).unwrap().truncate(3);
-    let Err(err) = CausalNode::init_windowed(h.config.clone(), &h.store, &h.broker, Some(2)) else {
+    // In a page: the last record's envelope cut to three bytes.
+    let key = StateKey::QueuePage(b, 0).to_key();
+    let page = h.store.get(&key).unwrap().to_vec();
+    let mut damaged = 6i32.to_be_bytes().to_vec();
+    for (i, e) in PageEntries::new(&page).unwrap().enumerate() {
+        let e = if i == 5 { &e[..3] } else { e };
+        damaged.extend_from_slice(&(e.len() as i32).to_be_bytes());
+        damaged.extend_from_slice(e);
+    }
+    let mut store = h.store.clone();
+    store.insert_raw(&key, damaged);
+    let Err(err) = CausalNode::init_windowed(h.config.clone(), &store, &h.broker, Some(2)) else {
         panic!("a damaged held record beyond the window is refused");
     };
     assert!(matches!(err, ProtocolError::CorruptState(_)), "{err}");
-    // And a missing one.
-    h.store.remove_raw(&key);
-    let Err(err) = CausalNode::init_windowed(h.config.clone(), &h.store, &h.broker, Some(2)) else {
+    // The same in the one-entry-per-record layout, and a missing one.
+    let mut store = entry_layout(&h.store);
+    let key = StateKey::QueueEntry(b, 5).to_key();
+    store.get_raw_mut(&key).unwrap().truncate(3);
+    let Err(err) = CausalNode::init_windowed(h.config.clone(), &store, &h.broker, Some(2)) else {
+        panic!("a damaged held record beyond the window is refused");
+    };
+    assert!(matches!(err, ProtocolError::CorruptState(_)), "{err}");
+    store.remove_raw(&key);
+    let Err(err) = CausalNode::init_windowed(h.config.clone(), &store, &h.broker, Some(2)) else {
         panic!("a missing held record beyond the window is refused");
     };
     assert!(
         matches!(err, ProtocolError::MissingHeldRecords { index: 5, .. }),
         "{err}"
     );
+}
+
+/// The held-record keys of `store`, as text.
+fn held_keys(store: &MemStore) -> Vec<String> {
+    let mut keys = Vec::new();
+    store.for_each_state(&mut |key, _| {
+        if let Ok(k) = key
+            && k.is_held()
+        {
+            keys.push(k.to_string());
+        }
+    });
+    keys
+}
+
+#[test]
+fn a_commit_writes_its_held_records_as_pages_and_a_release_deletes_a_page_once_all_of_it_is_released()
+ {
+    let (a, b) = (ch(1, 0), ch(2, 0));
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    // b@0 waits for a@0; b@1..=600 wait behind it, and b@601..=700 for a@1.
+    assert!(h.feed(rec(b, 0, offsets(&[(a, 0)]))).is_empty());
+    for o in 1..=600 {
+        assert!(h.feed(rec(b, o, VectorClock::new())).is_empty());
+    }
+    let batch = h.commit();
+    // 601 records in one commit: pages of at most 256, one key each.
+    let pages: Vec<StateKey> = batch
+        .iter()
+        .filter(|(k, v)| k.is_held() && v.is_some())
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(
+        pages,
+        vec![
+            StateKey::QueuePage(b, 0),
+            StateKey::QueuePage(b, 256),
+            StateKey::QueuePage(b, 512)
+        ]
+    );
+    for o in 601..=700 {
+        assert!(h.feed(rec(b, o, offsets(&[(a, 1)]))).is_empty());
+    }
+    h.commit();
+    assert_eq!(held_keys(&h.store).len(), 4, "the second commit's page");
+    // a@0 releases b@0..=600: the three pages go, one delete each, and
+    // the fourth stays.
+    assert_eq!(h.feed(rec(a, 0, VectorClock::new())).len(), 602);
+    let batch = h.commit();
+    let deletes: Vec<StateKey> = batch
+        .iter()
+        .filter(|(k, v)| k.is_held() && v.is_none())
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(deletes.len(), 3, "{deletes:?}");
+    assert_eq!(
+        held_keys(&h.store),
+        vec![StateKey::QueuePage(b, 601).to_string()]
+    );
+    // A restart reads the rest back from that page.
+    h.restart();
+    assert_eq!(h.report.restored_held, 100);
+    assert_eq!(h.feed(rec(a, 1, VectorClock::new())).len(), 101);
+    h.commit();
+    assert!(held_keys(&h.store).is_empty());
+}
+
+#[test]
+fn a_page_partly_released_stays_until_its_last_record_goes_and_restore_skips_what_was_released() {
+    let (a, b) = (ch(1, 0), ch(2, 0));
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    // One page: b@0 waits for a@0, b@1 for a@1, b@2 for a@2.
+    for o in 0..3 {
+        assert!(h.feed(rec(b, o, offsets(&[(a, o)]))).is_empty());
+    }
+    h.commit();
+    let page = StateKey::QueuePage(b, 0).to_string();
+    assert_eq!(held_keys(&h.store), vec![page.clone()]);
+    assert_eq!(h.feed(rec(a, 0, VectorClock::new())), vec![(a, 0), (b, 0)]);
+    let batch = h.commit();
+    assert!(batch.iter().all(|(k, _)| !k.is_held()), "{batch:?}");
+    assert_eq!(held_keys(&h.store), vec![page.clone()]);
+    // A restart restores b@1 and b@2 only: b@0 is below the head.
+    h.restart();
+    assert_eq!(h.report.restored_held, 2);
+    assert_eq!(h.feed(rec(a, 1, VectorClock::new())), vec![(a, 1), (b, 1)]);
+    assert_eq!(h.feed(rec(a, 2, VectorClock::new())), vec![(a, 2), (b, 2)]);
+    h.commit();
+    assert!(held_keys(&h.store).is_empty());
+}
+
+#[test]
+fn a_page_closes_at_its_byte_bound_and_a_large_record_has_a_page_of_its_own() {
+    let (a, b) = (ch(1, 0), ch(2, 0));
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    let big = |o: i64, kib: usize| {
+        let mut r = rec(b, o, offsets(&[(a, 0)]));
+        r.value = Some(vec![7; kib * 1024]);
+        r
+    };
+    // 20 KiB each: three fit under 64 KiB, the fourth passes it.
+    for o in 0..6 {
+        h.feed(big(o, 20));
+    }
+    h.feed(big(6, 100));
+    h.feed(big(7, 1));
+    let batch = h.commit();
+    let pages: Vec<StateKey> = batch
+        .iter()
+        .filter(|(k, v)| k.is_held() && v.is_some())
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(
+        pages,
+        vec![
+            StateKey::QueuePage(b, 0),
+            StateKey::QueuePage(b, 4),
+            StateKey::QueuePage(b, 7)
+        ]
+    );
+    // Paged out past a window of 2 and read back in order: a request
+    // reads within one page, so the window's runs stop at page ends.
+    h.restart_windowed(Some(2));
+    let mut out = h.feed(rec(a, 0, VectorClock::new()));
+    let mut paged = Vec::new();
+    let requests = h.serve_pages(&mut paged);
+    out.extend(coords(&paged));
+    let mut want = vec![(a, 0)];
+    want.extend((0..8).map(|o| (b, o)));
+    assert_eq!(out, want);
+    assert_eq!(requests, 4, "2..4 | 4..6, 6 | 7");
+    assert_eq!(h.node.held_count(), 0);
+}
+
+#[test]
+fn state_in_the_one_entry_per_record_layout_restores_pages_in_and_is_deleted_as_it_is_released() {
+    let (a, b) = (ch(1, 0), ch(2, 0));
+    let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
+    for o in 0..10 {
+        assert!(h.feed(rec(b, o, offsets(&[(a, 0)]))).is_empty());
+    }
+    h.commit();
+    // The Java library's layout (and this library's before pages).
+    let legacy = entry_layout(&h.store);
+    assert_eq!(held_keys(&legacy).len(), 10);
+    assert!(held_keys(&legacy).iter().all(|k| k.contains("/e/")));
+    let mut h = Harness::start_from(h.config.clone(), std::mem::take(&mut h.broker), legacy);
+    h.node.set_resident_window(Some(3));
+    // A later hold goes into a page beside the entries.
+    assert!(h.feed(rec(b, 10, offsets(&[(a, 0)]))).is_empty());
+    h.commit();
+    assert_eq!(held_keys(&h.store).len(), 11);
+    let mut out = h.feed(rec(a, 0, VectorClock::new()));
+    let mut paged = Vec::new();
+    assert!(h.serve_pages(&mut paged) > 0, "entries read back by key");
+    out.extend(coords(&paged));
+    let mut want = vec![(a, 0)];
+    want.extend((0..=10).map(|o| (b, o)));
+    assert_eq!(out, want);
+    h.commit();
+    assert!(held_keys(&h.store).is_empty(), "{:?}", held_keys(&h.store));
 }

@@ -380,6 +380,7 @@ mod key_text {
             channel.clone().prop_map(StateKey::ChannelClock),
             channel.clone().prop_map(StateKey::QueueMeta),
             (channel.clone(), any::<i64>()).prop_map(|(c, i)| StateKey::QueueEntry(c, i)),
+            (channel.clone(), any::<i64>()).prop_map(|(c, i)| StateKey::QueuePage(c, i)),
             channel.clone().prop_map(StateKey::SendSeq),
             (channel.clone(), sender.clone()).prop_map(|(c, s)| StateKey::DeliveredSeq(c, s)),
             (channel, sender).prop_map(|(c, s)| StateKey::SkipMark(c, s)),
@@ -414,6 +415,8 @@ mod key_text {
                     StateKey::Frontier(c),
                     StateKey::QueueEntry(c, -1),
                     StateKey::QueueEntry(c, 0),
+                    StateKey::QueuePage(c, -1),
+                    StateKey::QueuePage(c, i64::MAX),
                 ] {
                     assert_eq!(k.to_key(), k.to_string());
                 }

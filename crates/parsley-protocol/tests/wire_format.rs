@@ -465,17 +465,20 @@ fn node_writes_are_literal() {
         ),
         (format!("f/{a_s}"), Some(hex("0000000000000003"))),
         (format!("f/{b_s}"), Some(hex("0000000000000000"))),
+        (format!("q/{a_s}/m"), Some(hex("0000000000000000 0000000000000001"))),
         (
-            format!("q/{a_s}/e/0000000000000000"),
+            // A page of one record: the count, then the envelope's length
+            // (92 bytes) and the envelope.
+            format!("q/{a_s}/p/0000000000000000"),
             Some(hex(
-                "0000000000000004 00000000000003e8
+                "00000001 0000005c
+                 0000000000000004 00000000000003e8
                  00 0000000000000000 0000000000000000 0000000000000000
                  00000025 01 00000001 0000000000000001 0000000000000002 00000001 0000000000000005 00000000
                  00000001 6b
                  00000001 76",
             )),
         ),
-        (format!("q/{a_s}/m"), Some(hex("0000000000000000 0000000000000001"))),
         (
             "scope".to_owned(),
             Some(hex(
@@ -490,7 +493,7 @@ fn node_writes_are_literal() {
 
     // Next step: the cause arrives and releases the held record. Only what
     // changed is written: the frontiers, the queue metadata, and the delete
-    // of the delivered entry.
+    // of the delivered record's page.
     h.feed(rec(b, 5, VectorClock::new()));
     let w = h.commit();
     // The batch is in `StateKey` order; the store keeps text order.
@@ -502,11 +505,11 @@ fn node_writes_are_literal() {
     let expected: Vec<(String, Option<Vec<u8>>)> = vec![
         (format!("f/{a_s}"), Some(hex("0000000000000004"))),
         (format!("f/{b_s}"), Some(hex("0000000000000005"))),
-        (format!("q/{a_s}/e/0000000000000000"), None),
         (
             format!("q/{a_s}/m"),
             Some(hex("0000000000000001 0000000000000001")),
         ),
+        (format!("q/{a_s}/p/0000000000000000"), None),
     ];
     assert_eq!(got, expected);
     // And a step that changes nothing writes nothing.

@@ -874,12 +874,80 @@ pub(crate) fn pick_weighted<A: Copy>(rng: &mut ChaCha8Rng, actions: &[(u32, A)])
 /// The offset of the first held record on a channel in a committed protocol
 /// store, if the queue is not empty.
 fn held_head_offset(store: &parsley_protocol::MemStore, c: Channel) -> Option<i64> {
+    use parsley_protocol::StoreRead;
     let meta = store.get_state(StateKey::QueueMeta(c))?;
     let head = i64::from_be_bytes(meta.get(0..8)?.try_into().ok()?);
     let tail = i64::from_be_bytes(meta.get(8..16)?.try_into().ok()?);
     if head >= tail {
         return None;
     }
-    let entry = store.get_state(StateKey::QueueEntry(c, head))?;
+    let entry = match store.get_state(StateKey::QueueEntry(c, head)) {
+        Some(entry) => entry.to_vec(),
+        None => {
+            // The page that holds the head.
+            let mut found = None;
+            store.for_each_state(&mut |key, value| {
+                if let Ok(StateKey::QueuePage(pc, first)) = key
+                    && pc == c
+                    && first <= head
+                    && let Ok(page) = parsley_protocol::store::PageEntries::new(value)
+                    && let Some(entry) = page
+                        .clone()
+                        .nth(usize::try_from(head - first).unwrap_or(usize::MAX))
+                {
+                    found = Some(entry.to_vec());
+                }
+            });
+            found?
+        }
+    };
     Some(i64::from_be_bytes(entry.get(0..8)?.try_into().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parsley_protocol::store::{PageBuilder, StateKey, WriteBatch, encode_envelope};
+    use parsley_protocol::{CausalHeaders, InboundRecord, MemStore, VectorClock};
+
+    fn held(c: Channel, offset: i64) -> InboundRecord {
+        InboundRecord {
+            channel: c,
+            offset,
+            timestamp: 0,
+            key: None,
+            value: None,
+            headers: Vec::new(),
+            causal: CausalHeaders {
+                clock: VectorClock::new(),
+                sender: None,
+            },
+        }
+    }
+
+    /// Retention stops at the held head whether it is stored in a page
+    /// (found inside it, past released records) or under its own key.
+    #[test]
+    fn the_held_head_is_found_in_a_page_or_an_entry() {
+        let c = Channel::new(TopicId::from_u128(5), 0);
+        let mut batch = WriteBatch::new();
+        let mut page = PageBuilder::new();
+        for offset in [10, 11, 12] {
+            page.push(&held(c, offset));
+        }
+        batch.put(StateKey::QueuePage(c, 4), page.finish());
+        batch.put_pair(StateKey::QueueMeta(c), 5, 7);
+        let mut store = MemStore::new();
+        store.apply(&batch);
+        assert_eq!(held_head_offset(&store, c), Some(11));
+        let mut batch = WriteBatch::new();
+        batch.delete(StateKey::QueuePage(c, 4));
+        batch.put(StateKey::QueueEntry(c, 5), encode_envelope(&held(c, 20)));
+        store.apply(&batch);
+        assert_eq!(held_head_offset(&store, c), Some(20));
+        let mut batch = WriteBatch::new();
+        batch.put_pair(StateKey::QueueMeta(c), 7, 7);
+        store.apply(&batch);
+        assert_eq!(held_head_offset(&store, c), None);
+    }
 }

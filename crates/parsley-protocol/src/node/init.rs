@@ -285,9 +285,10 @@ impl Reconcile {
                 st.committed_head = head;
                 st.committed_tail = tail;
             }
-            let (resident, paged) = p.queues.remove(&ch).unwrap_or_default();
-            st.queue = VecDeque::from(resident);
-            st.paged = paged;
+            let restored = p.queues.remove(&ch).unwrap_or_default();
+            st.queue = VecDeque::from(restored.resident);
+            st.paged = restored.paged;
+            st.stored = restored.stored;
             if let Some(marks) = p.delivered.remove(&ch) {
                 st.delivered = marks;
             }

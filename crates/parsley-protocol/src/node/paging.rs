@@ -71,10 +71,30 @@ impl CausalNode {
         self.channels
             .iter()
             .filter(|ch| ch.queue.is_empty() && !ch.paged.is_empty())
-            .map(|ch| PageRequest {
-                channel: ch.channel,
-                from: ch.head_index,
-                count: ch.paged.len().min(window),
+            .map(|ch| {
+                let from = ch.head_index;
+                let mut count = ch.paged.len().min(window);
+                // A request reads one run: one page, or a stretch of
+                // entries of the older layout. Paged records are committed,
+                // so a run holds `from`; were it missing, the request names
+                // the entry key, and the host finds nothing there and fails.
+                let stored = match ch.stored.iter().find(|r| r.end > from && r.first <= from) {
+                    Some(run) => {
+                        count = count.min(usize::try_from(run.end - from).unwrap_or(usize::MAX));
+                        if run.page {
+                            StateKey::QueuePage(ch.channel, run.first)
+                        } else {
+                            StateKey::QueueEntry(ch.channel, from)
+                        }
+                    }
+                    None => StateKey::QueueEntry(ch.channel, from),
+                };
+                PageRequest {
+                    channel: ch.channel,
+                    from,
+                    count,
+                    stored,
+                }
             })
             .collect()
     }

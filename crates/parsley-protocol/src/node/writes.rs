@@ -32,21 +32,56 @@ impl CausalNode {
             }
             let (head, tail) = (ch.head_index, ch.tail_index());
             if (head, tail) != (ch.committed_head, ch.committed_tail) {
-                // Entries that were committed and have since been delivered.
-                for index in ch.committed_head..head.min(ch.committed_tail) {
-                    batch.delete(StateKey::QueueEntry(c, index));
+                // Committed records the head has passed: a page goes once
+                // all of its records are released (restore skips the ones
+                // below the head until then); an entry of the older layout
+                // goes with its record.
+                while let Some(run) = ch.stored.front_mut() {
+                    if run.page {
+                        if run.end > head {
+                            break;
+                        }
+                        batch.delete(StateKey::QueuePage(c, run.first));
+                    } else {
+                        let stop = run.end.min(head);
+                        for index in run.first..stop {
+                            batch.delete(StateKey::QueueEntry(c, index));
+                        }
+                        run.first = stop;
+                        if run.first < run.end {
+                            break;
+                        }
+                    }
+                    ch.stored.pop_front();
                 }
-                // Entries added since and still held. (Entries added and
-                // delivered in between were never committed: nothing to do.)
-                for index in ch.committed_tail.max(head)..tail {
-                    // Records are paged out only once committed, so every
-                    // record not yet written is resident.
-                    let Some(held) = ch.resident(index) else {
+                // Records added since and still held, in pages. (Records
+                // added and delivered in between were never committed:
+                // nothing to do.)
+                let mut index = ch.committed_tail.max(head);
+                while index < tail {
+                    let first = index;
+                    let mut page = PageBuilder::new();
+                    while index < tail && !page.is_full() {
+                        // Records are paged out only once committed, so
+                        // every record not yet written is resident.
+                        let Some(held) = ch.resident(index) else {
+                            break;
+                        };
+                        page.push(held);
+                        index += 1;
+                    }
+                    if page.is_empty() {
                         debug_assert!(false, "held record {c} #{index} is paged out uncommitted");
                         tracing::error!(channel = %c, index, "held record paged out before it was committed");
+                        index += 1;
                         continue;
-                    };
-                    batch.put(StateKey::QueueEntry(c, index), encode_envelope(held));
+                    }
+                    batch.put(StateKey::QueuePage(c, first), page.finish());
+                    ch.stored.push_back(StoredRun {
+                        first,
+                        end: index,
+                        page: true,
+                    });
                 }
                 batch.put_pair(StateKey::QueueMeta(c), head, tail);
                 ch.committed_head = head;

@@ -233,15 +233,14 @@ impl Harness {
                 return served;
             }
             for r in requests.into_iter().take(limit - served) {
-                let records = (r.from..r.from + r.count as i64)
-                    .map(|index| {
-                        let bytes = self
-                            .store
-                            .get_state(StateKey::QueueEntry(r.channel, index))
-                            .expect("a paged record is in the committed store");
-                        store::decode_envelope(r.channel, bytes).expect("decodes")
-                    })
-                    .collect();
+                let mut records = Vec::with_capacity(r.count);
+                for key in r.keys() {
+                    let bytes = self
+                        .store
+                        .get_state(key)
+                        .expect("a paged record is in the committed store");
+                    r.decode(key, bytes, &mut records).expect("decodes");
+                }
                 self.node.page_in(r.channel, records, out).expect("page in");
                 served += 1;
             }
@@ -273,4 +272,35 @@ pub fn hex(s: &str) -> Vec<u8> {
         .chunks(2)
         .map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap())
         .collect()
+}
+
+/// `store` in the layout before pages (the Java library's): every held
+/// record under its own `q/<channel>/e/<index>` key, the records of a page
+/// below its queue's head left out (that layout deletes a record with its
+/// release).
+pub fn entry_layout(store: &MemStore) -> MemStore {
+    use parsley_protocol::store::{PageEntries, decode_pair};
+    let mut heads = BTreeMap::new();
+    store.for_each_state(&mut |key, value| {
+        if let Ok(StateKey::QueueMeta(c)) = key {
+            heads.insert(c, decode_pair(value).expect("queue meta").0);
+        }
+    });
+    let mut out = MemStore::new();
+    for (key, value) in store.iter() {
+        match key.parse::<StateKey>() {
+            Ok(StateKey::QueuePage(c, first)) => {
+                let head = heads.get(&c).copied().unwrap_or(0);
+                for (index, entry) in (first..).zip(PageEntries::new(value).expect("a page")) {
+                    if index >= head {
+                        out.insert_raw(&StateKey::QueueEntry(c, index).to_string(), entry.to_vec());
+                    }
+                }
+            }
+            _ => {
+                out.insert_raw(&key, value.to_vec());
+            }
+        }
+    }
+    out
 }

@@ -269,9 +269,10 @@ impl FoldSpill {
         if self.failed.is_some() || !self.held_records {
             return;
         }
-        let Some(k @ StateKey::QueueEntry(..)) = std::str::from_utf8(key)
+        let Some(k) = std::str::from_utf8(key)
             .ok()
             .and_then(|k| k.parse::<StateKey>().ok())
+            .filter(StateKey::is_held)
         else {
             return;
         };

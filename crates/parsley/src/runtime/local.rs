@@ -86,18 +86,20 @@ pub struct LeaveOnDisk {
     /// The fold store's entries.
     pub fold: bool,
     /// The held records in the protocol store (its
-    /// [`StateKey::QueueEntry`] entries; see [`is_held_entry`]).
+    /// [`StateKey::QueuePage`] and [`StateKey::QueueEntry`] entries; see
+    /// [`is_held_entry`]).
     pub held: bool,
 }
 
-/// Whether a protocol store key is a held record's entry.
+/// Whether a protocol store key holds held records (a page, or one record
+/// in the layout before pages).
 pub fn is_held_entry(key: &[u8]) -> bool {
     // Cheap test first: every other key is short or starts differently.
     key.starts_with(b"q/")
         && std::str::from_utf8(key)
             .ok()
             .and_then(|k| k.parse::<StateKey>().ok())
-            .is_some_and(|k| matches!(k, StateKey::QueueEntry(..)))
+            .is_some_and(|k| k.is_held())
 }
 
 /// A store's content as it was last written.

@@ -1,9 +1,9 @@
 //! Held records kept on disk instead of in memory.
 //!
 //! Every held record is written to the task's committed protocol store
-//! (a [`StateKey::QueueEntry`]) when the transaction that holds it
-//! commits, and the local store receives the same entry with that commit's
-//! write. Until then the committed in-memory store ([`MemStore`]) is the
+//! (in a [`StateKey::QueuePage`], one per run of records a commit holds)
+//! when the transaction that holds it commits, and the local store
+//! receives the same page with that commit's write. Until then the committed in-memory store ([`MemStore`]) is the
 //! only place a paged-out record can be read back from, so it keeps a copy.
 //! Once the local store reports the write applied ([`LocalReader::applied`]),
 //! that copy is redundant: [`HeldPages`] drops it, and the task reads the
@@ -12,10 +12,10 @@
 //!
 //! The rule that keeps this safe is the fold cache's: an entry leaves
 //! memory only once the store holds the commit that wrote it. Queue
-//! indices are handed out once (a queue's head and tail only grow), so an
-//! entry is put once and deleted once; a delete the store has not applied
-//! yet is harmless, because readers only ask for indices between the
-//! committed head and tail.
+//! indices are handed out once (a queue's head and tail only grow), so a
+//! page is put once and deleted once; a delete the store has not applied
+//! yet is harmless, because readers only ask for records between the
+//! committed head and tail, and skip a page that ends at the head.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parsley_protocol::store::{
-    QueueEntryKeys, StateKey, StateVisitor, StoreRead, WriteBatch, decode_pair,
+    PageEntries, QueueEntryKeys, StateKey, StateVisitor, StoreRead, WriteBatch, decode_pair,
 };
 use parsley_protocol::{Channel, MemStore};
 
@@ -45,9 +45,10 @@ struct HeldDisk {
     window: Option<usize>,
     /// Commits applied since [`HeldPages::attach`].
     seq: u64,
-    /// Held records' entries put by each commit, with its sequence number,
-    /// still in memory until the local store holds that commit.
-    waiting: VecDeque<(u64, Vec<StateKey>)>,
+    /// Held records' keys put by each commit, with its sequence number and
+    /// the records each holds, still in memory until the local store holds
+    /// that commit.
+    waiting: VecDeque<(u64, Vec<(StateKey, u64)>)>,
     evicted: u64,
     reads: Arc<AtomicU64>,
 }
@@ -86,12 +87,15 @@ impl HeldPages {
         committed: &mut MemStore,
     ) {
         let mut keys = Vec::new();
-        committed.for_each_state(&mut |key, _| {
-            if let Ok(k @ StateKey::QueueEntry(..)) = key {
+        let mut evicted = 0;
+        committed.for_each_state(&mut |key, value| {
+            if let Ok(k) = key
+                && k.is_held()
+            {
+                evicted += records_in(k, value);
                 keys.push(k);
             }
         });
-        let evicted = keys.len() as u64;
         for k in keys {
             committed.remove_state(k);
         }
@@ -127,7 +131,11 @@ impl HeldPages {
         self.disk.as_ref().map(|d| HeldPagesStats {
             evicted: d.evicted,
             disk_reads: d.reads.load(Ordering::Relaxed),
-            waiting: d.waiting.iter().map(|(_, k)| k.len()).sum(),
+            waiting: d
+                .waiting
+                .iter()
+                .flat_map(|(_, k)| k.iter().map(|&(_, n)| n as usize))
+                .sum(),
         })
     }
 
@@ -139,10 +147,10 @@ impl HeldPages {
             return;
         };
         disk.seq += 1;
-        let keys: Vec<StateKey> = batch
+        let keys: Vec<(StateKey, u64)> = batch
             .iter()
-            .filter_map(|(k, v)| match (k, v) {
-                (StateKey::QueueEntry(..), Some(_)) => Some(k),
+            .filter_map(|(k, v)| match v {
+                Some(v) if k.is_held() => Some((k, records_in(k, v))),
                 _ => None,
             })
             .collect();
@@ -159,10 +167,10 @@ impl HeldPages {
         let applied = disk.reader.applied();
         while disk.waiting.front().is_some_and(|(seq, _)| *seq <= applied) {
             if let Some((_, keys)) = disk.waiting.pop_front() {
-                for k in keys {
+                for (k, n) in keys {
                     // Released already: the delete took it.
                     if committed.remove_state(k).is_some() {
-                        disk.evicted += 1;
+                        disk.evicted += n;
                     }
                 }
             }
@@ -172,9 +180,68 @@ impl HeldPages {
         }
     }
 
+    /// Hands `f` the value of held-record key `key` (a page) if the local
+    /// store holds it. Nothing when not attached.
+    pub(crate) fn read_page(
+        &self,
+        key: StateKey,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), LocalStoreError> {
+        let Some(disk) = self.disk.as_ref() else {
+            return Ok(());
+        };
+        let text = key.text();
+        let mut end = text.as_bytes().to_vec();
+        end.push(0);
+        let mut n = 0u64;
+        let result = disk
+            .reader
+            .protocol_range(text.as_bytes(), &end, &mut |k, value| {
+                if k == text.as_bytes() {
+                    n += PageEntries::count(value).map_or(0, |c| c as u64);
+                    f(value);
+                }
+            });
+        disk.reads.fetch_add(n, Ordering::Relaxed);
+        result
+    }
+
+    /// The local store's pages of `channel` that hold records at queue
+    /// indices `from..to`, in index order, with their first index. Nothing
+    /// when not attached.
+    fn read_pages(
+        &self,
+        channel: Channel,
+        from: i64,
+        to: i64,
+        f: &mut dyn FnMut(i64, &[u8]),
+    ) -> Result<(), LocalStoreError> {
+        let Some(disk) = self.disk.as_ref() else {
+            return Ok(());
+        };
+        if from >= to {
+            return Ok(());
+        }
+        // A page that holds `from` starts at or below it: read from the
+        // queue's first page on, and skip those that end at or below `from`
+        // (deletes the store has not applied yet).
+        let start = StateKey::QueuePage(channel, 0).text();
+        let end = StateKey::QueuePage(channel, to).text();
+        let keys = QueueEntryKeys::pages(channel);
+        disk.reader
+            .protocol_range(start.as_bytes(), end.as_bytes(), &mut |key, value| {
+                if let Some(first) = keys.index(key) {
+                    let count = PageEntries::count(value).unwrap_or(usize::MAX) as i64;
+                    if first.saturating_add(count) > from {
+                        f(first, value);
+                    }
+                }
+            })
+    }
+
     /// Hands `f` the held records of `channel` with queue indices in
-    /// `from..to` that the local store holds, in index order. Nothing when
-    /// not attached.
+    /// `from..to` that the local store holds under one key each (the layout
+    /// before pages), in index order. Nothing when not attached.
     pub(crate) fn read(
         &self,
         channel: Channel,
@@ -215,6 +282,15 @@ impl HeldPages {
     }
 }
 
+/// The held records a held-record key's value holds: a page's count, or
+/// one.
+fn records_in(key: StateKey, value: &[u8]) -> u64 {
+    match key {
+        StateKey::QueuePage(..) => PageEntries::count(value).map_or(0, |n| n as u64),
+        _ => 1,
+    }
+}
+
 /// See [`HeldPages::view`]. A failed read of the local store ends the
 /// iteration early and is kept for [`failure`](Self::failure): the node
 /// then finds records missing, and the host reports the store's error.
@@ -248,13 +324,23 @@ impl HeldView<'_> {
             return;
         }
         for (channel, head, tail) in self.queues() {
-            let read = self.pages.read(channel, head, tail, &mut |index, value| {
+            let mut read = self.pages.read(channel, head, tail, &mut |index, value| {
                 let key = StateKey::QueueEntry(channel, index);
                 // A copy still in memory was handed over already.
                 if self.committed.get_state(key).is_none() {
                     f(key, value);
                 }
             });
+            if read.is_ok() {
+                read = self
+                    .pages
+                    .read_pages(channel, head, tail, &mut |first, value| {
+                        let key = StateKey::QueuePage(channel, first);
+                        if self.committed.get_state(key).is_none() {
+                            f(key, value);
+                        }
+                    });
+            }
             if let Err(e) = read {
                 *self.failure.borrow_mut() = Some(e);
                 return;

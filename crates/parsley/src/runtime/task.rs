@@ -212,17 +212,32 @@ impl TaskStores {
 
     /// Whether some committed held record is not in `protocol`.
     fn held_only_on_disk(&self) -> bool {
-        use parsley_protocol::store::{StateKey, StoreRead, decode_pair};
-        let (mut queued, mut present) = (0i64, 0i64);
+        use parsley_protocol::store::{PageEntries, StateKey, StoreRead, decode_pair};
+        let mut windows = std::collections::BTreeMap::new();
+        let mut present = Vec::new();
         self.protocol.for_each_state(&mut |key, value| match key {
-            Ok(StateKey::QueueMeta(_)) => {
-                if let Ok((head, tail)) = decode_pair(value) {
-                    queued += tail - head;
+            Ok(StateKey::QueueMeta(c)) => {
+                if let Ok(window) = decode_pair(value) {
+                    windows.insert(c, window);
                 }
             }
-            Ok(StateKey::QueueEntry(..)) => present += 1,
+            Ok(StateKey::QueueEntry(c, index)) => present.push((c, index, 1)),
+            Ok(StateKey::QueuePage(c, first)) => {
+                let n = PageEntries::count(value).map_or(0, |n| n as i64);
+                present.push((c, first, n));
+            }
             _ => {}
         });
+        let queued: i64 = windows.values().map(|(head, tail)| tail - head).sum();
+        // Only a page's records within its queue's window are held.
+        let present: i64 = present
+            .into_iter()
+            .map(|(c, first, n)| match windows.get(&c) {
+                Some(&(head, tail)) => (first + n).min(tail) - first.max(head),
+                None => 0,
+            })
+            .map(|n| n.max(0))
+            .sum();
         queued > present
     }
 

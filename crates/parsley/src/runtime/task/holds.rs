@@ -100,87 +100,104 @@ impl Task {
         Ok(true)
     }
 
-    /// The held records of a page request: from the transaction in flight,
-    /// the committed store, or (for those that left memory) the local
-    /// store, in one range read.
+    /// The held records of a page request: each key's value from the
+    /// transaction in flight, the committed store, or (once it left memory)
+    /// the local store. A page is one key; state written before pages has
+    /// one key per record, read from the local store in one range.
     fn read_paged(&self, request: PageRequest) -> Result<Vec<InboundRecord>, TaskError> {
-        let PageRequest {
-            channel,
-            from,
-            count,
-        } = request;
-        let to = from.saturating_add(count as i64);
-        let decode = |index: i64, bytes: &[u8]| {
-            parsley_protocol::store::decode_envelope(channel, bytes).map_err(|reason| {
-                self.protocol(ProtocolError::CorruptState(
-                    parsley_protocol::store::CorruptState {
-                        key: StateKey::QueueEntry(channel, index).to_key(),
-                        reason,
-                    },
-                ))
+        let channel = request.channel;
+        let to = request.from.saturating_add(request.count as i64);
+        let corrupt = |e: parsley_protocol::store::CorruptState| {
+            self.protocol(ProtocolError::CorruptState(e))
+        };
+        let missing = |key: StateKey| {
+            let index = match key {
+                StateKey::QueueEntry(_, index) => index,
+                _ => request.from,
+            };
+            self.protocol(ProtocolError::MissingHeldRecords {
+                channel,
+                index,
+                head: request.from,
+                tail: to,
             })
         };
-        let mut records: Vec<Option<InboundRecord>> = Vec::with_capacity(count);
-        let mut first_missing = None;
-        for index in from..to {
-            let key = StateKey::QueueEntry(channel, index);
-            let bytes = match self.in_flight.as_ref().and_then(|f| f.protocol.get(key)) {
+        let local_failure = |cause| TaskError::LocalStore {
+            task: self.id.clone(),
+            cause,
+        };
+        let in_memory =
+            |key: StateKey| match self.in_flight.as_ref().and_then(|f| f.protocol.get(key)) {
                 Some(written) => written,
                 None => self.stores.protocol.get_state(key),
             };
-            match bytes {
-                Some(bytes) => records.push(Some(decode(index, bytes)?)),
+        let mut records = Vec::with_capacity(request.count);
+        if let StateKey::QueuePage(..) = request.stored {
+            let key = request.stored;
+            match in_memory(key) {
+                Some(bytes) => request.decode(key, bytes, &mut records).map_err(corrupt)?,
                 None => {
-                    first_missing.get_or_insert(index);
-                    records.push(None);
+                    let mut found = None;
+                    self.stores
+                        .held
+                        .read_page(key, &mut |bytes| {
+                            found = Some(request.decode(key, bytes, &mut records));
+                        })
+                        .map_err(local_failure)?;
+                    found.ok_or_else(|| missing(key))?.map_err(corrupt)?;
+                }
+            }
+            return Ok(records);
+        }
+        // One key per record: those still in memory first, the rest from
+        // the local store in one range read.
+        let mut slots: Vec<Option<InboundRecord>> = Vec::with_capacity(request.count);
+        let mut first_missing = None;
+        for key in request.keys() {
+            match in_memory(key) {
+                Some(bytes) => {
+                    request.decode(key, bytes, &mut records).map_err(corrupt)?;
+                    slots.extend(records.pop().map(Some));
+                }
+                None => {
+                    if let StateKey::QueueEntry(_, index) = key {
+                        first_missing.get_or_insert(index);
+                    }
+                    slots.push(None);
                 }
             }
         }
         if let Some(start) = first_missing {
             let mut failed = None;
-            let read = self
-                .stores
+            self.stores
                 .held
                 .read(channel, start, to, &mut |index, bytes| {
                     if failed.is_some() {
                         return;
                     }
-                    let Some(slot) = usize::try_from(index - from)
+                    let Some(slot) = usize::try_from(index - request.from)
                         .ok()
-                        .and_then(|at| records.get_mut(at))
+                        .and_then(|at| slots.get_mut(at))
                     else {
                         return;
                     };
                     if slot.is_none() {
-                        match decode(index, bytes) {
-                            Ok(r) => *slot = Some(r),
+                        let key = StateKey::QueueEntry(channel, index);
+                        match request.decode(key, bytes, &mut records) {
+                            Ok(()) => *slot = records.pop(),
                             Err(e) => failed = Some(e),
                         }
                     }
-                });
-            if let Err(cause) = read {
-                return Err(TaskError::LocalStore {
-                    task: self.id.clone(),
-                    cause,
-                });
-            }
+                })
+                .map_err(local_failure)?;
             if let Some(e) = failed {
-                return Err(e);
+                return Err(corrupt(e));
             }
         }
-        records
+        slots
             .into_iter()
-            .zip(from..)
-            .map(|(r, index)| {
-                r.ok_or_else(|| {
-                    self.protocol(ProtocolError::MissingHeldRecords {
-                        channel,
-                        index,
-                        head: from,
-                        tail: to,
-                    })
-                })
-            })
+            .zip(request.keys())
+            .map(|(r, key)| r.ok_or_else(|| missing(key)))
             .collect()
     }
 
