@@ -59,7 +59,7 @@ pub(crate) struct Persisted {
     /// their metadata claims: the first ones decoded, the rest (beyond the
     /// window [`read`](Self::read) was given) as offset and size only.
     pub(crate) queues: BTreeMap<Channel, RestoredQueue>,
-    /// The pages read, per channel: first index and record count.
+    /// The pages read, per channel: first index and one past the last.
     pub(crate) pages: BTreeMap<Channel, Vec<(i64, i64)>>,
     pub(crate) send_seq: BTreeMap<Channel, i64>,
     pub(crate) delivered: BTreeMap<Channel, BTreeMap<SenderId, DeliveredMark>>,
@@ -176,7 +176,7 @@ impl Persisted {
                 self.pages.entry(c).or_default().push((first, end));
                 let head = self.queue_meta.get(&c).map(|&(head, _)| head);
                 let held = entries.entry(c).or_default();
-                for (index, bytes) in (first..).zip(page) {
+                for (index, bytes) in (first..end).zip(page) {
                     // Released already: the page stays until all of its
                     // records are.
                     if head.is_some_and(|head| index < head) {
@@ -338,7 +338,7 @@ impl Persisted {
                     tail,
                 });
             }
-            if (held.len() as i64) < tail - head {
+            if (held.len() as i64) < tail.saturating_sub(head) {
                 return Err(ProtocolError::MissingHeldRecords {
                     channel,
                     index: head + held.len() as i64,

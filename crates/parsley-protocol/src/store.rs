@@ -65,9 +65,10 @@
 //! # Pages of held records
 //!
 //! A commit writes the records it newly holds on a queue as pages: runs of
-//! consecutive queue indices, at most [`PAGE_RECORDS`] records each, closed
-//! early once a page's value passes [`PAGE_BYTES`] (a record larger than
-//! that gets a page of its own). A page is deleted once the queue's head has
+//! consecutive queue indices, at most [`PAGE_RECORDS`] records each, and
+//! no larger than [`PAGE_BYTES`] unless the page holds a single record (a
+//! record that would take a page past it starts the next page, so a record
+//! larger than that has a page of its own). A page is deleted once the queue's head has
 //! passed all of its records; until then its records below the head are
 //! released already, and restore skips them.
 //!
@@ -630,8 +631,18 @@ pub fn encode_envelope(record: &InboundRecord) -> Vec<u8> {
     out
 }
 
-/// About the bytes [`encode_envelope`] writes (exact without headers).
+/// The bytes [`encode_envelope`] writes.
 fn envelope_len_hint(record: &InboundRecord) -> usize {
+    let headers = if record.headers.is_empty() {
+        0
+    } else {
+        1 + 4
+            + record
+                .headers
+                .iter()
+                .map(|h| 8 + h.name.len() + h.value.as_ref().map_or(0, Vec::len))
+                .sum::<usize>()
+    };
     8 + 8
         + 1
         + 24
@@ -640,12 +651,13 @@ fn envelope_len_hint(record: &InboundRecord) -> usize {
         + 8
         + record.key.as_ref().map_or(0, Vec::len)
         + record.value.as_ref().map_or(0, Vec::len)
+        + headers
 }
 
 /// The most held records one page holds (see the [module docs](self)).
 pub const PAGE_RECORDS: usize = 256;
 
-/// A page takes no further record once its value is this large.
+/// The most bytes a page's value takes, unless it holds a single record.
 pub const PAGE_BYTES: usize = 64 * 1024;
 
 /// Builds one page's value (see the [module docs](self)).
@@ -670,9 +682,13 @@ impl PageBuilder {
         }
     }
 
-    /// Whether the page takes no further record.
-    pub fn is_full(&self) -> bool {
-        self.count >= PAGE_RECORDS || self.bytes.len() >= PAGE_BYTES
+    /// Whether the page takes `record` as its next one: an empty page
+    /// takes any record; otherwise the page must stay within
+    /// [`PAGE_RECORDS`] and [`PAGE_BYTES`].
+    pub fn fits(&self, record: &InboundRecord) -> bool {
+        self.count == 0
+            || (self.count < PAGE_RECORDS
+                && self.bytes.len() + 4 + envelope_len_hint(record) <= PAGE_BYTES)
     }
 
     /// Records in the page so far.

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use parsley_protocol::store::{PageEntries, StateKey};
+use parsley_protocol::store::{PAGE_BYTES, PageEntries, StateKey};
 use parsley_protocol::*;
 
 const ME: u128 = 0x9A6E;
@@ -372,7 +372,7 @@ fn a_page_partly_released_stays_until_its_last_record_goes_and_restore_skips_wha
 }
 
 #[test]
-fn a_page_closes_at_its_byte_bound_and_a_large_record_has_a_page_of_its_own() {
+fn a_page_stays_within_its_byte_bound_and_a_large_record_has_a_page_of_its_own() {
     let (a, b) = (ch(1, 0), ch(2, 0));
     let mut h = Harness::start(config(sender(ME), &[a, b], &[]), FakeBroker::default());
     let big = |o: i64, kib: usize| {
@@ -380,7 +380,8 @@ fn a_page_closes_at_its_byte_bound_and_a_large_record_has_a_page_of_its_own() {
         r.value = Some(vec![7; kib * 1024]);
         r
     };
-    // 20 KiB each: three fit under 64 KiB, the fourth passes it.
+    // 20 KiB each: three fit in 64 KiB, a fourth would pass it and starts
+    // the next page; the 100 KiB record is alone in its page.
     for o in 0..6 {
         h.feed(big(o, 20));
     }
@@ -396,7 +397,8 @@ fn a_page_closes_at_its_byte_bound_and_a_large_record_has_a_page_of_its_own() {
         pages,
         vec![
             StateKey::QueuePage(b, 0),
-            StateKey::QueuePage(b, 4),
+            StateKey::QueuePage(b, 3),
+            StateKey::QueuePage(b, 6),
             StateKey::QueuePage(b, 7)
         ]
     );
@@ -410,7 +412,14 @@ fn a_page_closes_at_its_byte_bound_and_a_large_record_has_a_page_of_its_own() {
     let mut want = vec![(a, 0)];
     want.extend((0..8).map(|o| (b, o)));
     assert_eq!(out, want);
-    assert_eq!(requests, 4, "2..4 | 4..6, 6 | 7");
+    assert!(
+        pages_of(&h.store)
+            .iter()
+            .all(|&(_, len)| len <= PAGE_BYTES || len > 100 * 1024),
+        "{:?}",
+        pages_of(&h.store)
+    );
+    assert_eq!(requests, 5, "2 | 3..5, 5 | 6 | 7");
     assert_eq!(h.node.held_count(), 0);
 }
 
@@ -441,4 +450,15 @@ fn state_in_the_one_entry_per_record_layout_restores_pages_in_and_is_deleted_as_
     assert_eq!(out, want);
     h.commit();
     assert!(held_keys(&h.store).is_empty(), "{:?}", held_keys(&h.store));
+}
+
+/// Each page's key and value size in `store`.
+fn pages_of(store: &MemStore) -> Vec<(String, usize)> {
+    let mut pages = Vec::new();
+    store.for_each_state(&mut |key, value| {
+        if let Ok(k @ StateKey::QueuePage(..)) = key {
+            pages.push((k.to_string(), value.len()));
+        }
+    });
+    pages
 }

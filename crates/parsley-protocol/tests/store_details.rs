@@ -387,3 +387,47 @@ fn queue_entry_keys_read_only_their_own_queues_entries() {
         None
     );
 }
+
+/// A page of several records stays within its byte bound, headers
+/// counted, and fills up to close to it.
+#[test]
+fn a_page_fills_to_its_byte_bound_and_not_past_it() {
+    use parsley_protocol::store::{PAGE_BYTES, PageBuilder, PageEntries};
+    let c = ch(1, 0);
+    let record = |offset: i64| InboundRecord {
+        channel: c,
+        offset,
+        timestamp: 0,
+        key: Some(vec![1; 10]),
+        value: Some(vec![2; 900]),
+        headers: vec![
+            Header {
+                name: "trace-id".into(),
+                value: Some(vec![3; 200]),
+            },
+            Header {
+                name: "empty".into(),
+                value: None,
+            },
+        ],
+        causal: CausalHeaders {
+            clock: VectorClock::new(),
+            sender: None,
+        },
+    };
+    let mut page = PageBuilder::new();
+    let mut n = 0;
+    while page.fits(&record(n)) {
+        page.push(&record(n));
+        n += 1;
+    }
+    let bytes = page.finish();
+    assert!(bytes.len() <= PAGE_BYTES, "{} bytes", bytes.len());
+    let one = 4 + encode_envelope(&record(0)).len();
+    assert!(bytes.len() + one > PAGE_BYTES, "{} bytes", bytes.len());
+    let back: Vec<_> = PageEntries::new(&bytes)
+        .unwrap()
+        .map(|e| decode_envelope(c, e).unwrap())
+        .collect();
+    assert_eq!(back, (0..n).map(record).collect::<Vec<_>>());
+}

@@ -122,7 +122,7 @@ impl Reconcile {
             if tail > head {
                 return Err(ProtocolError::HeldRecordsOnDepartingInput {
                     channel: ch,
-                    held: tail - head,
+                    held: tail.saturating_sub(head),
                 });
             }
             if let Some(f) = p.frontiers.remove(&ch) {

@@ -61,12 +61,15 @@ impl CausalNode {
                 while index < tail {
                     let first = index;
                     let mut page = PageBuilder::new();
-                    while index < tail && !page.is_full() {
+                    while index < tail {
                         // Records are paged out only once committed, so
                         // every record not yet written is resident.
                         let Some(held) = ch.resident(index) else {
                             break;
                         };
+                        if !page.fits(held) {
+                            break;
+                        }
                         page.push(held);
                         index += 1;
                     }

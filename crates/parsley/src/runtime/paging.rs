@@ -231,8 +231,11 @@ impl HeldPages {
         disk.reader
             .protocol_range(start.as_bytes(), end.as_bytes(), &mut |key, value| {
                 if let Some(first) = keys.index(key) {
-                    let count = PageEntries::count(value).unwrap_or(usize::MAX) as i64;
-                    if first.saturating_add(count) > from {
+                    // A page that does not parse is handed over too, for
+                    // the reader to refuse as corrupt.
+                    let ended = PageEntries::count(value)
+                        .is_ok_and(|n| first.saturating_add(n as i64) <= from);
+                    if !ended {
                         f(first, value);
                     }
                 }
