@@ -221,8 +221,8 @@ pub struct StreamsOptions {
     /// when a cause lets many go at once: the rest go in the next
     /// transactions, each committed as soon as the one before. Keeps the
     /// memory a large release takes (its deliveries, and a changelog
-    /// delete per record) to a transaction's worth. `None` sets no bound.
-    /// 16,384 by default.
+    /// delete per page of held records) to a transaction's worth. `None`
+    /// sets no bound. 65,536 by default.
     pub release_per_transaction: Option<usize>,
     /// How much fold state the instance keeps in memory, in bytes, at
     /// most (an estimate of what the entries take), shared evenly by its
