@@ -433,3 +433,108 @@ fn a_reset_keeps_the_release_bound() {
     assert_eq!(held, 0);
     assert!(total >= 20, "{total}");
 }
+
+/// A changelog written one key per held record (the Java library's
+/// layout, and this library's before pages) rebuilds a task whose held
+/// records go to its file, are read back from it a window at a time, and
+/// are deleted key by key as they are released.
+#[test]
+fn a_changelog_in_the_one_key_per_record_layout_rebuilds_releases_and_deletes() {
+    use protocol::store::{PageEntries, StateKey};
+    let app = counting_app();
+    let (mut w, cluster, _) = holding(&app, 0);
+    hold(&mut w, &cluster, 0..10);
+    drop(w);
+    // Rewrite the protocol changelog: every page as its records' entries.
+    let log = ("app-count-state-changelog".to_owned(), 0);
+    let mut rewritten = Vec::new();
+    let mut pages = 0;
+    for r in cluster.logs.borrow().get(&log).cloned().unwrap_or_default() {
+        let parsed = r
+            .key
+            .as_deref()
+            .and_then(|k| std::str::from_utf8(k).ok())
+            .and_then(|k| k.parse::<StateKey>().ok());
+        match (parsed, r.value.as_deref()) {
+            (Some(StateKey::QueuePage(c, first)), Some(value)) => {
+                pages += 1;
+                for (index, entry) in (first..).zip(PageEntries::new(value).unwrap()) {
+                    rewritten.push((
+                        StateKey::QueueEntry(c, index).to_key().into_bytes(),
+                        entry.to_vec(),
+                    ));
+                }
+            }
+            _ => rewritten.push((r.key.unwrap_or_default(), r.value.unwrap_or_default())),
+        }
+    }
+    assert_eq!(pages, 1, "one commit held the ten: one page");
+    let records: Vec<ChangelogRecord> = rewritten
+        .into_iter()
+        .enumerate()
+        .map(|(offset, (key, value))| ChangelogRecord {
+            offset: offset as i64,
+            key: Some(key),
+            value: Some(value),
+        })
+        .collect();
+    cluster
+        .ends
+        .borrow_mut()
+        .insert(log.clone(), records.len() as i64 + 1);
+    cluster.logs.borrow_mut().insert(log, records);
+
+    // A fold cache share small enough that every held record makes a
+    // part of the rebuild's file.
+    let store = ReadableLocal {
+        parts_before_full: std::sync::Arc::new(AtomicU64::new(u64::MAX)),
+        ..ReadableLocal::default()
+    };
+    let mut again = Worker::new(
+        &app,
+        WorkerConfig {
+            hold_window: Some(2),
+            fold_cache: Some(1),
+            ..WorkerConfig::default()
+        },
+    )
+    .with_local_store(Box::new(store.clone()));
+    again
+        .assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    assert_eq!(again.stats().local_store_starts, 0, "a rebuild");
+    seek(&mut again);
+    assert_eq!(on_disk(&store), 10, "the entries went to the file");
+    assert_eq!(in_memory(&again), 0);
+    again.on_record(rec("b", 0, 0, "y")).unwrap();
+    let txn = commit(&mut again, &cluster);
+    let mut want = vec!["count[0]:b:0@0".to_owned()];
+    want.extend((0..10).map(|o| format!("count[0]:a:0@{o}")));
+    assert_eq!(delivered(&txn), want);
+    let id = again.tasks().next().unwrap().clone();
+    assert!(
+        again
+            .task(&id)
+            .unwrap()
+            .stores()
+            .held
+            .stats()
+            .unwrap()
+            .disk_reads
+            >= 8,
+        "read back from the file"
+    );
+    // Every entry deleted, key by key, in the changelog and the file.
+    let deleted = txn
+        .records
+        .iter()
+        .filter(|r| {
+            r.value.is_none()
+                && r.key
+                    .as_deref()
+                    .is_some_and(|k| k.windows(3).any(|w| w == b"/e/"))
+        })
+        .count();
+    assert_eq!(deleted, 10);
+    assert_eq!(on_disk(&store), 0);
+}
