@@ -181,10 +181,12 @@ impl HeldPages {
     }
 
     /// Hands `f` the value of held-record key `key` (a page) if the local
-    /// store holds it. Nothing when not attached.
+    /// store holds it, counting `wanted` records read back (the ones the
+    /// caller takes from it). Nothing when not attached.
     pub(crate) fn read_page(
         &self,
         key: StateKey,
+        wanted: usize,
         f: &mut dyn FnMut(&[u8]),
     ) -> Result<(), LocalStoreError> {
         let Some(disk) = self.disk.as_ref() else {
@@ -193,16 +195,18 @@ impl HeldPages {
         let text = key.text();
         let mut end = text.as_bytes().to_vec();
         end.push(0);
-        let mut n = 0u64;
+        let mut found = false;
         let result = disk
             .reader
             .protocol_range(text.as_bytes(), &end, &mut |k, value| {
                 if k == text.as_bytes() {
-                    n += PageEntries::count(value).map_or(0, |c| c as u64);
+                    found = true;
                     f(value);
                 }
             });
-        disk.reads.fetch_add(n, Ordering::Relaxed);
+        if found {
+            disk.reads.fetch_add(wanted as u64, Ordering::Relaxed);
+        }
         result
     }
 
@@ -228,18 +232,28 @@ impl HeldPages {
         let start = StateKey::QueuePage(channel, 0).text();
         let end = StateKey::QueuePage(channel, to).text();
         let keys = QueueEntryKeys::pages(channel);
-        disk.reader
-            .protocol_range(start.as_bytes(), end.as_bytes(), &mut |key, value| {
-                if let Some(first) = keys.index(key) {
+        let mut read = 0i64;
+        let result =
+            disk.reader
+                .protocol_range(start.as_bytes(), end.as_bytes(), &mut |key, value| {
+                    let Some(first) = keys.index(key) else {
+                        return;
+                    };
                     // A page that does not parse is handed over too, for
                     // the reader to refuse as corrupt.
-                    let ended = PageEntries::count(value)
-                        .is_ok_and(|n| first.saturating_add(n as i64) <= from);
-                    if !ended {
-                        f(first, value);
+                    let count = PageEntries::count(value).ok();
+                    if let Some(n) = count {
+                        let end = first.saturating_add(n as i64);
+                        if end <= from {
+                            return;
+                        }
+                        read += end.min(to) - first.max(from);
                     }
-                }
-            })
+                    f(first, value);
+                });
+        disk.reads
+            .fetch_add(u64::try_from(read).unwrap_or(0), Ordering::Relaxed);
+        result
     }
 
     /// Hands `f` the held records of `channel` with queue indices in

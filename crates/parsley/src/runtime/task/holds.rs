@@ -140,7 +140,7 @@ impl Task {
                     let mut found = None;
                     self.stores
                         .held
-                        .read_page(key, &mut |bytes| {
+                        .read_page(key, request.count, &mut |bytes| {
                             found = Some(request.decode(key, bytes, &mut records));
                         })
                         .map_err(local_failure)?;
