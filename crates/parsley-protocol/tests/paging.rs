@@ -307,11 +307,7 @@ fn a_commit_writes_its_held_records_as_pages_and_a_release_deletes_a_page_once_a
     }
     let batch = h.commit();
     // 601 records in one commit: pages of at most 256, one key each.
-    let pages: Vec<StateKey> = batch
-        .iter()
-        .filter(|(k, v)| k.is_held() && v.is_some())
-        .map(|(k, _)| k)
-        .collect();
+    let pages = pages_put(&batch);
     assert_eq!(
         pages,
         vec![
@@ -388,11 +384,7 @@ fn a_page_stays_within_its_byte_bound_and_a_large_record_has_a_page_of_its_own()
     h.feed(big(6, 100));
     h.feed(big(7, 1));
     let batch = h.commit();
-    let pages: Vec<StateKey> = batch
-        .iter()
-        .filter(|(k, v)| k.is_held() && v.is_some())
-        .map(|(k, _)| k)
-        .collect();
+    let pages = pages_put(&batch);
     assert_eq!(
         pages,
         vec![
@@ -461,4 +453,13 @@ fn pages_of(store: &MemStore) -> Vec<(String, usize)> {
         }
     });
     pages
+}
+
+/// The held-record keys `batch` puts, in order.
+fn pages_put(batch: &WriteBatch) -> Vec<StateKey> {
+    batch
+        .iter()
+        .filter(|(k, v)| k.is_held() && v.is_some())
+        .map(|(k, _)| k)
+        .collect()
 }

@@ -303,6 +303,31 @@ fn a_large_release_goes_out_over_several_transactions_in_order() {
     assert!(w.stats().releases_resumed >= 3);
 }
 
+/// A worker on another machine (an empty state directory) assigned `a/0`
+/// and `b/0`, which rebuilds their task from the changelogs, with a fold
+/// cache share small enough that every held record makes a part of the
+/// rebuild's file.
+fn rebuilt(app: &Parsley, cluster: &Cluster) -> (Worker, ReadableLocal) {
+    let store = ReadableLocal {
+        parts_before_full: std::sync::Arc::new(AtomicU64::new(u64::MAX)),
+        ..ReadableLocal::default()
+    };
+    let mut again = Worker::new(
+        app,
+        WorkerConfig {
+            hold_window: Some(2),
+            fold_cache: Some(1),
+            ..WorkerConfig::default()
+        },
+    )
+    .with_local_store(Box::new(store.clone()));
+    again
+        .assign(vec![part("a", 0), part("b", 0)], cluster, 0)
+        .unwrap();
+    assert_eq!(again.stats().local_store_starts, 0, "a rebuild");
+    (again, store)
+}
+
 /// A rebuild from the changelog (a task arriving without its file) writes
 /// the held records it replays to the new file in parts, as it goes: none
 /// stays in memory, and the release reads them back in order.
@@ -316,25 +341,8 @@ fn a_rebuild_writes_held_records_out_in_parts() {
     }
     drop(w);
 
-    // Another machine: an empty state directory, and a fold cache share
-    // small enough that every held record makes a part.
-    let store = ReadableLocal {
-        parts_before_full: std::sync::Arc::new(AtomicU64::new(u64::MAX)),
-        ..ReadableLocal::default()
-    };
-    let mut again = Worker::new(
-        &app,
-        WorkerConfig {
-            hold_window: Some(2),
-            fold_cache: Some(1),
-            ..WorkerConfig::default()
-        },
-    )
-    .with_local_store(Box::new(store.clone()));
-    again
-        .assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
-        .unwrap();
-    assert_eq!(again.stats().local_store_starts, 0, "a rebuild");
+    // Another machine: an empty state directory.
+    let (mut again, store) = rebuilt(&app, &cluster);
     assert!(
         store.parts.load(std::sync::atomic::Ordering::SeqCst) >= 12,
         "{} parts",
@@ -484,25 +492,8 @@ fn a_changelog_in_the_one_key_per_record_layout_rebuilds_releases_and_deletes() 
         .insert(log.clone(), records.len() as i64 + 1);
     cluster.logs.borrow_mut().insert(log, records);
 
-    // A fold cache share small enough that every held record makes a
-    // part of the rebuild's file.
-    let store = ReadableLocal {
-        parts_before_full: std::sync::Arc::new(AtomicU64::new(u64::MAX)),
-        ..ReadableLocal::default()
-    };
-    let mut again = Worker::new(
-        &app,
-        WorkerConfig {
-            hold_window: Some(2),
-            fold_cache: Some(1),
-            ..WorkerConfig::default()
-        },
-    )
-    .with_local_store(Box::new(store.clone()));
-    again
-        .assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
-        .unwrap();
-    assert_eq!(again.stats().local_store_starts, 0, "a rebuild");
+    // Another machine: an empty state directory.
+    let (mut again, store) = rebuilt(&app, &cluster);
     seek(&mut again);
     assert_eq!(on_disk(&store), 10, "the entries went to the file");
     assert_eq!(in_memory(&again), 0);
