@@ -413,14 +413,6 @@ impl Persisted {
             };
             return Err(CorruptState::new(key, "held record without queue metadata").into());
         }
-        if let Some((&channel, pages)) = self.pages.iter().next() {
-            let first = pages.first().map_or(0, |&(f, _)| f);
-            return Err(CorruptState::new(
-                StateKey::QueuePage(channel, first),
-                "held record without queue metadata",
-            )
-            .into());
-        }
         Ok(())
     }
 }

@@ -68,9 +68,9 @@
 //! consecutive queue indices, at most [`PAGE_RECORDS`] records each, and
 //! no larger than [`PAGE_BYTES`] unless the page holds a single record (a
 //! record that would take a page past it starts the next page, so a record
-//! larger than that has a page of its own). A page is deleted once the queue's head has
-//! passed all of its records; until then its records below the head are
-//! released already, and restore skips them.
+//! larger than that has a page of its own). A page is deleted once the
+//! queue's head has passed all of its records; until then its records
+//! below the head are released already, and restore skips them.
 //!
 //! ```text
 //! i32 record count (at least 1)
@@ -626,13 +626,13 @@ impl SteppedPast {
 /// Encodes a held record's envelope. The record's channel is not part of the
 /// value; it is in the key.
 pub fn encode_envelope(record: &InboundRecord) -> Vec<u8> {
-    let mut out = Vec::with_capacity(envelope_len_hint(record));
+    let mut out = Vec::with_capacity(envelope_len(record));
     encode_envelope_into(record, &mut out);
     out
 }
 
-/// The bytes [`encode_envelope`] writes.
-fn envelope_len_hint(record: &InboundRecord) -> usize {
+/// The bytes [`encode_envelope`] writes, exactly.
+fn envelope_len(record: &InboundRecord) -> usize {
     let headers = if record.headers.is_empty() {
         0
     } else {
@@ -688,7 +688,7 @@ impl PageBuilder {
     pub fn fits(&self, record: &InboundRecord) -> bool {
         self.count == 0
             || (self.count < PAGE_RECORDS
-                && self.bytes.len() + 4 + envelope_len_hint(record) <= PAGE_BYTES)
+                && self.bytes.len() + 4 + envelope_len(record) <= PAGE_BYTES)
     }
 
     /// Records in the page so far.
@@ -704,7 +704,7 @@ impl PageBuilder {
     /// Appends `record`'s envelope.
     pub fn push(&mut self, record: &InboundRecord) {
         let at = self.bytes.len();
-        self.bytes.reserve(4 + envelope_len_hint(record));
+        self.bytes.reserve(4 + envelope_len(record));
         self.bytes.extend_from_slice(&[0; 4]);
         encode_envelope_into(record, &mut self.bytes);
         let len = (self.bytes.len() - at - 4) as i32;
@@ -725,39 +725,31 @@ impl PageBuilder {
 /// The envelopes themselves are decoded by whoever takes them.
 #[derive(Clone, Debug)]
 pub struct PageEntries<'a> {
-    rest: &'a [u8],
+    rest: Reader<'a>,
     left: usize,
 }
 
 impl<'a> PageEntries<'a> {
     /// Checks `bytes` as a page's value.
     pub fn new(bytes: &'a [u8]) -> Result<Self, String> {
-        let (count, rest) = bytes
-            .split_first_chunk::<4>()
-            .ok_or_else(|| "truncated page: no record count".to_owned())?;
-        let count = i32::from_be_bytes(*count);
-        if count < 1 {
-            return Err(format!("page record count {count} is not positive"));
+        let mut r = Reader::new(bytes);
+        let left = count(&mut r, 4, "page record")?;
+        if left == 0 {
+            return Err("a page without records".to_owned());
         }
-        let left = count as usize;
-        let mut walk = rest;
+        let rest = r.clone();
         for at in 0..left {
-            let (len, tail) = walk
-                .split_first_chunk::<4>()
-                .ok_or_else(|| format!("truncated page: record {at} of {count} has no length"))?;
-            let len = i32::from_be_bytes(*len);
+            let len = need(r.i32())?;
             let len = usize::try_from(len)
                 .map_err(|_| format!("page record {at} has negative length {len}"))?;
-            walk = tail.get(len..).ok_or_else(|| {
+            r.take(len).ok_or_else(|| {
                 format!(
                     "truncated page: record {at} claims {len} bytes, {} remain",
-                    tail.len()
+                    r.remaining()
                 )
             })?;
         }
-        if !walk.is_empty() {
-            return Err(format!("{} bytes after the page's last record", walk.len()));
-        }
+        finish(&r)?;
         Ok(PageEntries { rest, left })
     }
 
@@ -774,12 +766,9 @@ impl<'a> Iterator for PageEntries<'a> {
         if self.left == 0 {
             return None;
         }
-        let (len, tail) = self.rest.split_first_chunk::<4>()?;
-        let len = usize::try_from(i32::from_be_bytes(*len)).ok()?;
-        let (entry, rest) = tail.split_at_checked(len)?;
-        self.rest = rest;
+        let len = usize::try_from(self.rest.i32()?).ok()?;
         self.left -= 1;
-        Some(entry)
+        self.rest.take(len)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

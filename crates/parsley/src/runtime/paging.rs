@@ -3,8 +3,9 @@
 //! Every held record is written to the task's committed protocol store
 //! (in a [`StateKey::QueuePage`], one per run of records a commit holds)
 //! when the transaction that holds it commits, and the local store
-//! receives the same page with that commit's write. Until then the committed in-memory store ([`MemStore`]) is the
-//! only place a paged-out record can be read back from, so it keeps a copy.
+//! receives the same page with that commit's write. Until then the
+//! committed in-memory store ([`MemStore`]) is the only place a paged-out
+//! record can be read back from, so it keeps a copy.
 //! Once the local store reports the write applied ([`LocalReader::applied`]),
 //! that copy is redundant: [`HeldPages`] drops it, and the task reads the
 //! record from the local store when its gate reaches it, when an abort
@@ -180,91 +181,16 @@ impl HeldPages {
         }
     }
 
-    /// Hands `f` the value of held-record key `key` (a page) if the local
-    /// store holds it, counting `wanted` records read back (the ones the
-    /// caller takes from it). Nothing when not attached.
-    pub(crate) fn read_page(
-        &self,
-        key: StateKey,
-        wanted: usize,
-        f: &mut dyn FnMut(&[u8]),
-    ) -> Result<(), LocalStoreError> {
-        let Some(disk) = self.disk.as_ref() else {
-            return Ok(());
-        };
-        let text = key.text();
-        let mut end = text.as_bytes().to_vec();
-        end.push(0);
-        let mut found = false;
-        let result = disk
-            .reader
-            .protocol_range(text.as_bytes(), &end, &mut |k, value| {
-                if k == text.as_bytes() {
-                    found = true;
-                    f(value);
-                }
-            });
-        if found {
-            disk.reads.fetch_add(wanted as u64, Ordering::Relaxed);
-        }
-        result
-    }
-
-    /// The local store's pages of `channel` that hold records at queue
-    /// indices `from..to`, in index order, with their first index. Nothing
-    /// when not attached.
-    fn read_pages(
-        &self,
-        channel: Channel,
-        from: i64,
-        to: i64,
-        f: &mut dyn FnMut(i64, &[u8]),
-    ) -> Result<(), LocalStoreError> {
-        let Some(disk) = self.disk.as_ref() else {
-            return Ok(());
-        };
-        if from >= to {
-            return Ok(());
-        }
-        // A page that holds `from` starts at or below it: read from the
-        // queue's first page on, and skip those that end at or below `from`
-        // (deletes the store has not applied yet).
-        let start = StateKey::QueuePage(channel, 0).text();
-        let end = StateKey::QueuePage(channel, to).text();
-        let keys = QueueEntryKeys::pages(channel);
-        let mut read = 0i64;
-        let result =
-            disk.reader
-                .protocol_range(start.as_bytes(), end.as_bytes(), &mut |key, value| {
-                    let Some(first) = keys.index(key) else {
-                        return;
-                    };
-                    // A page that does not parse is handed over too, for
-                    // the reader to refuse as corrupt.
-                    let count = PageEntries::count(value).ok();
-                    if let Some(n) = count {
-                        let end = first.saturating_add(n as i64);
-                        if end <= from {
-                            return;
-                        }
-                        read += end.min(to) - first.max(from);
-                    }
-                    f(first, value);
-                });
-        disk.reads
-            .fetch_add(u64::try_from(read).unwrap_or(0), Ordering::Relaxed);
-        result
-    }
-
-    /// Hands `f` the held records of `channel` with queue indices in
-    /// `from..to` that the local store holds under one key each (the layout
-    /// before pages), in index order. Nothing when not attached.
+    /// Hands `f` what the local store holds of `channel`'s held records at
+    /// queue indices `from..to`, key by key: the entries of the layout
+    /// before pages in index order, then the pages that hold any of those
+    /// indices in index order. Nothing when not attached.
     pub(crate) fn read(
         &self,
         channel: Channel,
         from: i64,
         to: i64,
-        f: &mut dyn FnMut(i64, &[u8]),
+        f: &mut dyn FnMut(StateKey, &[u8]),
     ) -> Result<(), LocalStoreError> {
         let Some(disk) = self.disk.as_ref() else {
             return Ok(());
@@ -272,19 +198,43 @@ impl HeldPages {
         if from >= to {
             return Ok(());
         }
-        let start = StateKey::QueueEntry(channel, from).text();
-        let end = StateKey::QueueEntry(channel, to).text();
-        let keys = QueueEntryKeys::new(channel);
-        let mut n = 0u64;
-        let result =
-            disk.reader
-                .protocol_range(start.as_bytes(), end.as_bytes(), &mut |key, value| {
-                    if let Some(index) = keys.index(key) {
-                        n += 1;
-                        f(index, value);
+        let mut read = 0i64;
+        let entries = QueueEntryKeys::new(channel);
+        disk.reader.protocol_range(
+            StateKey::QueueEntry(channel, from).text().as_bytes(),
+            StateKey::QueueEntry(channel, to).text().as_bytes(),
+            &mut |key, value| {
+                if let Some(index) = entries.index(key) {
+                    read += 1;
+                    f(StateKey::QueueEntry(channel, index), value);
+                }
+            },
+        )?;
+        // A page that holds `from` starts at or below it: read from the
+        // queue's first page on, and skip those that end at or below `from`
+        // (deletes the store has not applied yet).
+        let pages = QueueEntryKeys::pages(channel);
+        let result = disk.reader.protocol_range(
+            StateKey::QueuePage(channel, 0).text().as_bytes(),
+            StateKey::QueuePage(channel, to).text().as_bytes(),
+            &mut |key, value| {
+                let Some(first) = pages.index(key) else {
+                    return;
+                };
+                // A page that does not parse is handed over too, for the
+                // reader to refuse as corrupt.
+                if let Ok(n) = PageEntries::count(value) {
+                    let end = first.saturating_add(n as i64);
+                    if end <= from {
+                        return;
                     }
-                });
-        disk.reads.fetch_add(n, Ordering::Relaxed);
+                    read += end.min(to) - first.max(from);
+                }
+                f(StateKey::QueuePage(channel, first), value);
+            },
+        );
+        disk.reads
+            .fetch_add(u64::try_from(read).unwrap_or(0), Ordering::Relaxed);
         result
     }
 
@@ -341,23 +291,12 @@ impl HeldView<'_> {
             return;
         }
         for (channel, head, tail) in self.queues() {
-            let mut read = self.pages.read(channel, head, tail, &mut |index, value| {
-                let key = StateKey::QueueEntry(channel, index);
+            let read = self.pages.read(channel, head, tail, &mut |key, value| {
                 // A copy still in memory was handed over already.
                 if self.committed.get_state(key).is_none() {
                     f(key, value);
                 }
             });
-            if read.is_ok() {
-                read = self
-                    .pages
-                    .read_pages(channel, head, tail, &mut |first, value| {
-                        let key = StateKey::QueuePage(channel, first);
-                        if self.committed.get_state(key).is_none() {
-                            f(key, value);
-                        }
-                    });
-            }
             if let Err(e) = read {
                 *self.failure.borrow_mut() = Some(e);
                 return;

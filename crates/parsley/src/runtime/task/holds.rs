@@ -2,6 +2,8 @@
 //! pages read back from the local store, and the gauges and claims the
 //! worker's backpressure reads.
 
+use parsley_protocol::store::{CorruptState, decode_envelope};
+
 use super::*;
 
 impl Task {
@@ -107,9 +109,7 @@ impl Task {
     fn read_paged(&self, request: PageRequest) -> Result<Vec<InboundRecord>, TaskError> {
         let channel = request.channel;
         let to = request.from.saturating_add(request.count as i64);
-        let corrupt = |e: parsley_protocol::store::CorruptState| {
-            self.protocol(ProtocolError::CorruptState(e))
-        };
+        let corrupt = |e: CorruptState| self.protocol(ProtocolError::CorruptState(e));
         let missing = |key: StateKey| {
             let index = match key {
                 StateKey::QueueEntry(_, index) => index,
@@ -131,8 +131,8 @@ impl Task {
                 Some(written) => written,
                 None => self.stores.protocol.get_state(key),
             };
-        let mut records = Vec::with_capacity(request.count);
         if let StateKey::QueuePage(..) = request.stored {
+            let mut records = Vec::with_capacity(request.count);
             let key = request.stored;
             match in_memory(key) {
                 Some(bytes) => request.decode(key, bytes, &mut records).map_err(corrupt)?,
@@ -140,8 +140,10 @@ impl Task {
                     let mut found = None;
                     self.stores
                         .held
-                        .read_page(key, request.count, &mut |bytes| {
-                            found = Some(request.decode(key, bytes, &mut records));
+                        .read(channel, request.from, to, &mut |k, bytes| {
+                            if k == key {
+                                found = Some(request.decode(key, bytes, &mut records));
+                            }
                         })
                         .map_err(local_failure)?;
                     found.ok_or_else(|| missing(key))?.map_err(corrupt)?;
@@ -151,18 +153,21 @@ impl Task {
         }
         // One key per record: those still in memory first, the rest from
         // the local store in one range read.
+        let decode_entry = |index: i64, bytes: &[u8]| {
+            decode_envelope(channel, bytes).map_err(|reason| {
+                corrupt(CorruptState {
+                    key: StateKey::QueueEntry(channel, index).to_key(),
+                    reason,
+                })
+            })
+        };
         let mut slots: Vec<Option<InboundRecord>> = Vec::with_capacity(request.count);
         let mut first_missing = None;
-        for key in request.keys() {
+        for (index, key) in (request.from..).zip(request.keys()) {
             match in_memory(key) {
-                Some(bytes) => {
-                    request.decode(key, bytes, &mut records).map_err(corrupt)?;
-                    slots.extend(records.pop().map(Some));
-                }
+                Some(bytes) => slots.push(Some(decode_entry(index, bytes)?)),
                 None => {
-                    if let StateKey::QueueEntry(_, index) = key {
-                        first_missing.get_or_insert(index);
-                    }
+                    first_missing.get_or_insert(index);
                     slots.push(None);
                 }
             }
@@ -171,7 +176,10 @@ impl Task {
             let mut failed = None;
             self.stores
                 .held
-                .read(channel, start, to, &mut |index, bytes| {
+                .read(channel, start, to, &mut |key, bytes| {
+                    let StateKey::QueueEntry(_, index) = key else {
+                        return;
+                    };
                     if failed.is_some() {
                         return;
                     }
@@ -182,16 +190,15 @@ impl Task {
                         return;
                     };
                     if slot.is_none() {
-                        let key = StateKey::QueueEntry(channel, index);
-                        match request.decode(key, bytes, &mut records) {
-                            Ok(()) => *slot = records.pop(),
+                        match decode_entry(index, bytes) {
+                            Ok(r) => *slot = Some(r),
                             Err(e) => failed = Some(e),
                         }
                     }
                 })
                 .map_err(local_failure)?;
             if let Some(e) = failed {
-                return Err(corrupt(e));
+                return Err(e);
             }
         }
         slots
