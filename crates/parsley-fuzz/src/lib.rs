@@ -16,8 +16,8 @@ use parsley::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
 use parsley::task::TaskId;
 use parsley_protocol::headers::{CLOCK_HEADER, CausalHeaders, SENDER_HEADER, SEQ_HEADER};
 use parsley_protocol::store::{
-    PageBuilder, PageEntries, ScopeRecord, StateKey, decode_envelope, decode_i64, decode_pair,
-    encode_envelope,
+    PageBuilder, PageEntries, ScopeRecord, StateKey, check_envelope, decode_envelope, decode_i64,
+    decode_pair, encode_envelope,
 };
 use parsley_protocol::{
     BrokerOffsets, BrokerOffsetsError, CausalNode, Channel, NodeConfig, SenderId, TopicId,
@@ -107,10 +107,18 @@ pub fn causal_headers(data: &[u8]) {
 }
 
 /// The held-record envelope (the stored form of a held record), and a
-/// page of them: an accepted page's records that decode, built into a
-/// page again, give the same records back.
+/// page of them: the allocation-free check accepts exactly what the
+/// decoder accepts, and an accepted page's records that decode, built
+/// into a page again, give the same records back.
 pub fn envelope(data: &[u8]) {
     let channel = Channel::new(TopicId::from_u128(7), 3);
+    // A restore checks envelopes without decoding them; the check and the
+    // decoder agree on everything.
+    assert_eq!(
+        check_envelope(data),
+        decode_envelope(channel, data).map(|r| (r.offset, r.held_size())),
+        "the envelope check agrees with the decoder"
+    );
     if let Ok(r) = decode_envelope(channel, data) {
         let again = encode_envelope(&r);
         let back = decode_envelope(channel, &again).expect("an envelope's own encoding decodes");

@@ -211,7 +211,7 @@ pub struct StreamsOptions {
     /// paused. A record larger than this that has to wait fails its task.
     /// `None` sets no bound. 32 MiB by default.
     pub hold_budget: Option<usize>,
-    /// How many held records of each hold queue a task keeps decoded in
+    /// How many held records of each hold queue a task keeps in
     /// memory (the head and the ones right behind it); the others, once
     /// committed, are kept only in the task's committed store and read
     /// back in order when the gate reaches them. `None` keeps them all.

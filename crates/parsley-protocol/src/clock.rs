@@ -520,6 +520,50 @@ impl VectorClock {
         }
     }
 
+    /// The number of offset and sequence claims [`decode`](Self::decode)
+    /// would give for `bytes`, or its error, without building the clock. A
+    /// canonical version-1 clock (what this library writes) is checked in
+    /// one pass that allocates nothing: section lengths, no negative
+    /// partition, offset or sequence, strictly ascending entries, nothing
+    /// trailing. Anything else (a compact clock, entries the decoder would
+    /// sort or merge, or a fault to name) goes through the decoder.
+    pub(crate) fn claim_counts(bytes: &[u8]) -> Result<(usize, usize), CorruptClock> {
+        if let Some((&CLOCK_VERSION, rest)) = bytes.split_first()
+            && let Ok((offsets, rest)) = section(rest, 1, ClockSection::Offsets, OFFSET_ENTRY_LEN)
+        {
+            let mut ok = true;
+            let mut prev = (0u128, -1i32);
+            for e in offsets.as_chunks::<OFFSET_ENTRY_LEN>().0 {
+                let key = (order_key(be_i64(e, 0), be_i64(e, 8)), be_i32(e, 16));
+                ok &= (key.1 >= 0) & (be_i64(e, 20) >= 0) & (prev < key);
+                prev = key;
+            }
+            let at = bytes.len() - rest.len();
+            if ok
+                && let Ok((sequences, rest)) =
+                    section(rest, at, ClockSection::Sequences, SEQUENCE_ENTRY_LEN)
+            {
+                let mut prev = (0u128, -1i32, 0u128);
+                for e in sequences.as_chunks::<SEQUENCE_ENTRY_LEN>().0 {
+                    let key = (
+                        order_key(be_i64(e, 0), be_i64(e, 8)),
+                        be_i32(e, 16),
+                        order_key(be_i64(e, 20), be_i64(e, 28)),
+                    );
+                    ok &= (key.1 >= 0) & (be_i64(e, 36) >= 0) & (prev < key);
+                    prev = key;
+                }
+                if ok && rest.is_empty() {
+                    return Ok((
+                        offsets.len() / OFFSET_ENTRY_LEN,
+                        sequences.len() / SEQUENCE_ENTRY_LEN,
+                    ));
+                }
+            }
+        }
+        VectorClock::decode(bytes).map(|c| (c.offsets.len(), c.sequences.len()))
+    }
+
     /// Decodes a clock of either version (1, or the compact 2; see
     /// [`encode_compact`](Self::encode_compact)). See the module
     /// documentation for what is rejected and how duplicates are treated.

@@ -40,6 +40,7 @@ mod paging;
 mod stamp;
 mod writes;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use tracing::{debug, info};
@@ -51,7 +52,7 @@ use crate::headers::{CausalHeaders, SenderTag};
 use crate::ids::{Channel, SenderId, TopicId};
 use crate::record::{Delivery, InboundRecord};
 pub use crate::restore::{DeliveredMark, SkipMark};
-use crate::restore::{Persisted, StoredRun};
+use crate::restore::{HeldEnvelope, Persisted, StoredRun};
 use crate::store::{
     CorruptState, PageBuilder, PageEntries, ScopeRecord, StateKey, SteppedPast, StoreRead,
     WriteBatch, decode_envelope,
@@ -308,11 +309,16 @@ struct ChannelState {
     frontier: i64,
     position: i64,
     advertised: VectorClock,
-    /// The held records, in index order, as three runs: `queue` (resident,
-    /// the head first), `paged` (committed records beyond the resident
-    /// window, kept only as offset and size; the host reads them back from
-    /// its store by index), and `back` (resident records queued after a
-    /// paged run). `back` is empty whenever `paged` is.
+    /// The held records, in index order, as four runs: `restored`
+    /// (resident records read back from the store at init, kept as their
+    /// envelopes until released), `queue` (resident records as the host
+    /// handed them over or paged them in), `paged` (committed records
+    /// beyond the resident window, kept only as offset and size; the host
+    /// reads them back from its store by index), and `back` (resident
+    /// records queued after a paged run). Only a start fills `restored`,
+    /// and it only shrinks after, so whatever arrives later queues behind
+    /// it. `back` is empty whenever `paged` is.
+    restored: VecDeque<HeldEnvelope>,
     queue: VecDeque<InboundRecord>,
     paged: VecDeque<(i64, usize)>,
     back: VecDeque<InboundRecord>,
@@ -346,6 +352,7 @@ impl ChannelState {
             frontier: -1,
             position: 0,
             advertised: VectorClock::new(),
+            restored: VecDeque::new(),
             queue: VecDeque::new(),
             paged: VecDeque::new(),
             back: VecDeque::new(),
@@ -365,11 +372,17 @@ impl ChannelState {
 
     /// Records held, resident or paged.
     fn len(&self) -> usize {
-        self.queue.len() + self.paged.len() + self.back.len()
+        self.restored.len() + self.queue.len() + self.paged.len() + self.back.len()
     }
 
     fn is_empty(&self) -> bool {
-        self.queue.is_empty() && self.paged.is_empty()
+        self.restored.is_empty() && self.queue.is_empty() && self.paged.is_empty()
+    }
+
+    /// Whether no held record is resident ahead of the paged run: the
+    /// gate waits on the host to page the head in.
+    fn head_paged(&self) -> bool {
+        self.restored.is_empty() && self.queue.is_empty() && !self.paged.is_empty()
     }
 
     fn tail_index(&self) -> i64 {
@@ -383,24 +396,39 @@ impl ChannelState {
             .map(|r| r.offset)
             .or_else(|| self.paged.back().map(|&(o, _)| o))
             .or_else(|| self.queue.back().map(|r| r.offset))
+            .or_else(|| self.restored.back().map(|r| r.offset))
     }
 
-    /// The last record queued, when it is resident.
-    fn last_resident(&self) -> Option<&InboundRecord> {
+    /// The held size of the last record queued, when it is resident.
+    fn last_resident_size(&self) -> Option<usize> {
         if self.paged.is_empty() {
-            self.queue.back()
+            self.queue
+                .back()
+                .map(InboundRecord::held_size)
+                .or_else(|| self.restored.back().map(HeldEnvelope::held_size))
         } else {
-            self.back.back()
+            self.back.back().map(InboundRecord::held_size)
         }
     }
 
     /// The offset of the head, resident or (for a moment, until the host
     /// pages it in) paged.
     fn head_offset(&self) -> Option<i64> {
-        self.queue
+        self.restored
             .front()
             .map(|r| r.offset)
+            .or_else(|| self.queue.front().map(|r| r.offset))
             .or_else(|| self.paged.front().map(|&(o, _)| o))
+    }
+
+    /// The resident head, decoded if it is kept as its envelope (`None`
+    /// for an envelope that does not decode, which restore's checks rule
+    /// out; the gate refuses such a head when it reaches it).
+    fn head_record(&self) -> Option<Cow<'_, InboundRecord>> {
+        match self.restored.front() {
+            Some(env) => env.decode(self.channel).ok().map(Cow::Owned),
+            None => self.queue.front().map(Cow::Borrowed),
+        }
     }
 
     /// Queues a record behind everything held.
@@ -412,9 +440,12 @@ impl ChannelState {
         }
     }
 
-    /// The held record at queue index `index`, if it is resident.
+    /// The held record at queue index `index`, if it is resident as the
+    /// host handed it over (`None` for a restored one, which is committed
+    /// and so never written again).
     fn resident(&self, index: i64) -> Option<&InboundRecord> {
         let mut at = usize::try_from(index - self.head_index).ok()?;
+        at = at.checked_sub(self.restored.len())?;
         if at < self.queue.len() {
             return self.queue.get(at);
         }
@@ -427,11 +458,16 @@ impl ChannelState {
 
     /// The bytes the held records take, paged ones included.
     fn held_bytes(&self) -> usize {
-        self.queue
+        self.restored
             .iter()
-            .chain(&self.back)
-            .map(InboundRecord::held_size)
+            .map(HeldEnvelope::held_size)
             .sum::<usize>()
+            + self
+                .queue
+                .iter()
+                .chain(&self.back)
+                .map(InboundRecord::held_size)
+                .sum::<usize>()
             + self.paged.iter().map(|&(_, size)| size).sum::<usize>()
     }
 
@@ -441,6 +477,13 @@ impl ChannelState {
     fn page_out(&mut self, window: usize) -> usize {
         let before = self.paged.len();
         if self.paged.is_empty() {
+            if self.restored.len() > window {
+                for r in self.restored.drain(window..) {
+                    self.paged.push_back((r.offset, r.held_size()));
+                }
+                self.restored.shrink_to_fit();
+            }
+            let window = window.saturating_sub(self.restored.len());
             if self.queue.len() > window {
                 for r in self.queue.drain(window..) {
                     self.paged.push_back((r.offset, r.held_size()));
@@ -537,7 +580,7 @@ impl CausalNode {
     pub fn held_heads(&self) -> Vec<HeldHead> {
         let mut out = Vec::new();
         for (i, ch) in self.channels.iter().enumerate() {
-            let Some(head) = ch.queue.front() else {
+            let Some(head) = ch.head_record() else {
                 continue;
             };
             let unmet = self
@@ -607,7 +650,7 @@ impl CausalNode {
     pub fn held_capacity(&self) -> usize {
         self.channels
             .iter()
-            .map(|c| c.queue.capacity() + c.back.capacity())
+            .map(|c| c.restored.capacity() + c.queue.capacity() + c.back.capacity())
             .sum()
     }
 
@@ -627,9 +670,7 @@ impl CausalNode {
     /// ([`InboundRecord::held_size`]), if its queue holds any.
     pub fn last_held_size(&self, channel: Channel) -> Option<usize> {
         let i = self.index_of(channel, "held size").ok()?;
-        self.channels[i]
-            .last_resident()
-            .map(InboundRecord::held_size)
+        self.channels[i].last_resident_size()
     }
 
     /// The bytes held in one channel's queue (0 for a channel not consumed).
@@ -652,7 +693,7 @@ impl CausalNode {
     pub fn claimed_by_heads(&self) -> BTreeSet<Channel> {
         let mut out = BTreeSet::new();
         for (i, ch) in self.channels.iter().enumerate() {
-            let Some(head) = ch.queue.front() else {
+            let Some(head) = ch.head_record() else {
                 continue;
             };
             for claim in self.unmet_claims(i, &head.causal.clock) {

@@ -9,8 +9,8 @@ use crate::error::ProtocolError;
 use crate::ids::{Channel, SenderId};
 use crate::record::InboundRecord;
 use crate::store::{
-    CorruptState, PageEntries, ScopeRecord, StateKey, StoreRead, decode_envelope, decode_i64,
-    decode_pair,
+    CorruptState, PageEntries, ScopeRecord, StateKey, StoreRead, check_envelope, decode_envelope,
+    decode_i64, decode_pair,
 };
 
 /// The highest send sequence delivered from one sender on one channel, and
@@ -46,6 +46,51 @@ pub(crate) struct StoredRun {
     pub(crate) page: bool,
 }
 
+/// A held record read back from the store, kept as its envelope: checked
+/// when read (so a damaged one is refused at restore, as before), decoded
+/// only when it is released or a diagnostic asks for it. One allocation,
+/// the envelope's, instead of the decoded record's key, value, clock and
+/// headers.
+#[derive(Debug)]
+pub(crate) struct HeldEnvelope {
+    pub(crate) offset: i64,
+    /// The decoded record's [`InboundRecord::held_size`]: hold budgets
+    /// count a record the same whichever form it is kept in, so what a
+    /// queue weighs never depends on whether a restart or a page-in came
+    /// in between.
+    pub(crate) held_size: usize,
+    bytes: Box<[u8]>,
+}
+
+impl HeldEnvelope {
+    /// Checks `bytes` as an envelope and keeps them.
+    pub(crate) fn read(bytes: &[u8]) -> Result<HeldEnvelope, String> {
+        let (offset, held_size) = check_envelope(bytes)?;
+        Ok(HeldEnvelope {
+            offset,
+            held_size,
+            bytes: bytes.into(),
+        })
+    }
+
+    /// What the record counts for in hold budgets (see `held_size`).
+    pub(crate) fn held_size(&self) -> usize {
+        self.held_size
+    }
+
+    /// The record, for `channel`. The envelope was checked when read, so
+    /// this fails only if the store's checks and its decoder disagree; the
+    /// caller refuses to go on rather than guess.
+    pub(crate) fn decode(&self, channel: Channel) -> Result<InboundRecord, CorruptState> {
+        decode_envelope(channel, &self.bytes).map_err(|reason| {
+            CorruptState::new(
+                format_args!("held record {channel}@{}", self.offset),
+                reason,
+            )
+        })
+    }
+}
+
 /// Everything a committed store holds, parsed and checked for consistency.
 #[derive(Default)]
 pub(crate) struct Persisted {
@@ -69,10 +114,11 @@ pub(crate) struct Persisted {
     pub(crate) stepped: BTreeMap<Channel, BTreeMap<i64, SteppedPast>>,
 }
 
-/// A held record as a store read gives it: decoded, or (beyond the
-/// resident window) checked and kept as its offset and held size only.
+/// A held record as a store read gives it: checked and kept as its
+/// envelope, or (beyond the resident window) as its offset and held size
+/// only.
 pub(crate) enum HeldEntry {
-    Resident(InboundRecord),
+    Resident(HeldEnvelope),
     Paged(i64, usize),
 }
 
@@ -92,8 +138,8 @@ type Entries = BTreeMap<Channel, Vec<(i64, HeldEntry, Option<i64>)>>;
 /// One restored hold queue.
 #[derive(Default)]
 pub(crate) struct RestoredQueue {
-    /// Its decoded records, the head first.
-    pub(crate) resident: Vec<InboundRecord>,
+    /// Its resident records as their envelopes, the head first.
+    pub(crate) resident: Vec<HeldEnvelope>,
     /// The offset and held size of each record beyond the window.
     pub(crate) paged: VecDeque<(i64, usize)>,
     /// Where its records are stored, in index order.
@@ -101,13 +147,13 @@ pub(crate) struct RestoredQueue {
 }
 
 impl Persisted {
-    /// Reads and checks `store`. With a `window`, a held record whose
-    /// index lies `window` or more past its queue's head is decoded (so a
-    /// damaged one is still refused) and then dropped, keeping only its
-    /// offset and size: a start with a million records held then never
-    /// has them all decoded at once. (A store that hands a queue's entries
-    /// over before its metadata gets them all decoded; the node pages the
-    /// excess out right after.)
+    /// Reads and checks `store`. Every held record's envelope is checked
+    /// (so a damaged one is refused) but none is decoded. With a `window`,
+    /// a held record whose index lies `window` or more past its queue's
+    /// head is then dropped, keeping only its offset and size: a start
+    /// with a million records held never keeps them all at once. (A store
+    /// that hands a queue's entries over before its metadata gets them all
+    /// kept; the node pages the excess out right after.)
     pub(crate) fn read(
         store: &dyn StoreRead,
         window: Option<usize>,
@@ -163,7 +209,7 @@ impl Persisted {
                 self.queue_meta.insert(c, (head, tail));
             }
             StateKey::QueueEntry(c, index) => {
-                let record = decode_envelope(c, value).map_err(bad)?;
+                let record = HeldEnvelope::read(value).map_err(bad)?;
                 let entry = self.held_entry(c, index, window, record);
                 entries.entry(c).or_default().push((index, entry, None));
             }
@@ -182,7 +228,7 @@ impl Persisted {
                     if head.is_some_and(|head| index < head) {
                         continue;
                     }
-                    let record = decode_envelope(c, bytes)
+                    let record = HeldEnvelope::read(bytes)
                         .map_err(|reason| bad(format!("record {index}: {reason}")))?;
                     let entry = self.held_entry(c, index, window, record);
                     held.push((index, entry, Some(first)));
@@ -213,14 +259,14 @@ impl Persisted {
         Ok(())
     }
 
-    /// A held record as restore keeps it: decoded, or (`window` or more past
-    /// its queue's head) its offset and size only.
+    /// A held record as restore keeps it: its envelope, or (`window` or
+    /// more past its queue's head) its offset and size only.
     fn held_entry(
         &self,
         c: Channel,
         index: i64,
         window: Option<usize>,
-        record: InboundRecord,
+        record: HeldEnvelope,
     ) -> HeldEntry {
         let beyond = match (window, self.queue_meta.get(&c)) {
             (Some(w), Some(&(head, _))) => {
@@ -390,7 +436,7 @@ impl Persisted {
             }
             stored.extend(entry_run);
             stored.sort_by_key(|r| r.first);
-            // Decoded records first, then the paged run (a record decoded
+            // Resident records first, then the paged run (a record kept
             // after a paged one joins the run).
             let mut queue = RestoredQueue {
                 stored: stored.into(),

@@ -88,7 +88,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::bytes::Reader;
-use crate::clock::VectorClock;
+use crate::clock::{OffsetClaim, SequenceClaim, VectorClock};
 use crate::headers::{CausalHeaders, SenderTag};
 use crate::ids::{
     Channel, SenderId, TopicId, hex_digit, parse_channel_prefix_canonical,
@@ -899,6 +899,71 @@ pub fn decode_envelope(channel: Channel, bytes: &[u8]) -> Result<InboundRecord, 
         headers,
         causal: CausalHeaders { clock, sender },
     })
+}
+
+/// Checks a held record's envelope without decoding it: `Ok` with the
+/// record's offset and [`InboundRecord::held_size`] exactly when
+/// [`decode_envelope`] would succeed, and its error otherwise. An envelope
+/// as this library writes it is checked in one pass that allocates
+/// nothing (a restore keeps held records as their envelopes and decodes
+/// each one only at its release); anything else goes through the decoder,
+/// so the reason given for a fault is the decoder's.
+pub fn check_envelope(bytes: &[u8]) -> Result<(i64, usize), String> {
+    match well_formed_envelope(bytes) {
+        Some(checked) => Ok(checked),
+        None => decode_envelope(Channel::new(TopicId::from_u128(0), 0), bytes)
+            .map(|r| (r.offset, r.held_size())),
+    }
+}
+
+/// The offset and held size of a well-formed envelope whose clock is
+/// canonical, or `None` for anything else (every envelope
+/// [`decode_envelope`] refuses among it).
+fn well_formed_envelope(bytes: &[u8]) -> Option<(i64, usize)> {
+    fn nullable<'a>(r: &mut Reader<'a>) -> Option<Option<&'a [u8]>> {
+        match r.i32()? {
+            -1 => Some(None),
+            n => r.take(usize::try_from(n).ok()?).map(Some),
+        }
+    }
+    let len = |b: Option<&[u8]>| b.map_or(0, <[u8]>::len);
+    let mut r = Reader::new(bytes);
+    let offset = r.i64()?;
+    r.i64()?;
+    let (tagged, msb, lsb, seq) = (r.u8()?, r.i64()?, r.i64()?, r.i64()?);
+    let sender_ok = match tagged {
+        0 => msb == 0 && lsb == 0 && seq == 0,
+        1 => seq >= 0,
+        _ => false,
+    };
+    let clock_len = usize::try_from(r.i32()?).ok()?;
+    if offset < 0 || !sender_ok {
+        return None;
+    }
+    let (offsets, sequences) = VectorClock::claim_counts(r.take(clock_len)?).ok()?;
+    let mut size = std::mem::size_of::<InboundRecord>()
+        + offsets * std::mem::size_of::<OffsetClaim>()
+        + sequences * std::mem::size_of::<SequenceClaim>()
+        + len(nullable(&mut r)?)
+        + len(nullable(&mut r)?);
+    if r.remaining() > 0 {
+        if r.u8()? != ENVELOPE_HEADERS_EXTENSION {
+            return None;
+        }
+        let n = usize::try_from(r.i32()?).ok()?;
+        if n.saturating_mul(8) > r.remaining() {
+            return None;
+        }
+        for _ in 0..n {
+            let name = std::str::from_utf8(nullable(&mut r)??).ok()?;
+            // A decoded header owns its name, so its name counts.
+            size += std::mem::size_of::<Header>() + name.len() + len(nullable(&mut r)?);
+        }
+        if r.remaining() > 0 {
+            return None;
+        }
+    }
+    Some((offset, size))
 }
 
 /// A value in a [`WriteBatch`]: the counters and marks most writes carry

@@ -431,3 +431,117 @@ fn a_page_fills_to_its_byte_bound_and_not_past_it() {
         .collect();
     assert_eq!(back, (0..n).map(record).collect::<Vec<_>>());
 }
+
+/// A held record for the checker property: up to four offset and two
+/// sequence claims, optional key, value and sender tag, and up to two
+/// headers.
+fn arbitrary_record() -> impl proptest::strategy::Strategy<Value = InboundRecord> {
+    use proptest::prelude::*;
+    let bytes = || proptest::option::of(proptest::collection::vec(any::<u8>(), 0..6));
+    (
+        0i64..1_000,
+        proptest::collection::vec((0u128..4, 0i32..3, 0i64..500), 0..4),
+        proptest::collection::vec((0u128..4, 0i32..3, 0u128..3, 0i64..50), 0..2),
+        bytes(),
+        bytes(),
+        proptest::option::of((0u128..3, 0i64..9)),
+        proptest::collection::vec(("[a-z]{0,3}", bytes()), 0..2),
+    )
+        .prop_map(|(offset, offsets, seqs, key, value, tag, headers)| {
+            let mut clock = VectorClock::new();
+            for (t, p, o) in offsets {
+                clock.claim_offset(ch(t, p), o);
+            }
+            for (t, p, s, q) in seqs {
+                clock.claim_sequence(ch(t, p), SenderId::from_u128(s), q);
+            }
+            InboundRecord {
+                channel: ch(1, 0),
+                offset,
+                timestamp: 5,
+                key,
+                value,
+                headers: headers
+                    .into_iter()
+                    .map(|(name, value)| Header {
+                        name: name.into(),
+                        value,
+                    })
+                    .collect(),
+                causal: CausalHeaders {
+                    clock,
+                    sender: tag.map(|(s, seq)| SenderTag {
+                        sender: SenderId::from_u128(s),
+                        seq,
+                    }),
+                },
+            }
+        })
+}
+
+/// The envelope with its clock replaced by `clock`'s bytes.
+fn with_clock(envelope: &[u8], clock: &[u8]) -> Vec<u8> {
+    let old = i32::from_be_bytes(envelope[CLOCK_LEN..CLOCK_LEN + 4].try_into().unwrap()) as usize;
+    let mut out = envelope[..CLOCK_LEN].to_vec();
+    out.extend_from_slice(&(clock.len() as i32).to_be_bytes());
+    out.extend_from_slice(clock);
+    out.extend_from_slice(&envelope[CLOCK_LEN + 4 + old..]);
+    out
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+
+    /// A restore keeps held records as their envelopes, checked by
+    /// `check_envelope` instead of decoded: the check must accept exactly
+    /// what the decoder accepts, give the decoder's reason for what it
+    /// refuses, and count the record as the decoded record counts itself.
+    /// The envelopes are a record's own (canonical), its clock in the
+    /// compact version, its clock with an entry twice (which the decoder
+    /// merges) or its entries reversed (which the decoder sorts), and each
+    /// of those with one byte changed or cut short.
+    #[test]
+    fn the_envelope_check_agrees_with_the_decoder(
+        record in arbitrary_record(),
+        form in 0u8..4,
+        change in proptest::option::of((proptest::prelude::any::<proptest::sample::Index>(), 0u8..3, proptest::prelude::any::<u8>())),
+    ) {
+        use parsley_protocol::store::check_envelope;
+        let c = ch(1, 0);
+        let own = encode_envelope(&record);
+        let clock = &record.causal.clock;
+        let mut bytes = match form {
+            0 => own,
+            1 => with_clock(&own, &clock.encode_compact()),
+            2 if !clock.offsets().is_empty() => {
+                // The first offset entry twice: the decoder merges them.
+                let mut doubled = clock.encode();
+                let n = clock.offsets().len() as i32;
+                doubled[1..5].copy_from_slice(&(n + 1).to_be_bytes());
+                let first: Vec<u8> = doubled[5..33].to_vec();
+                doubled.splice(5..5, first);
+                with_clock(&own, &doubled)
+            }
+            _ => {
+                let mut reversed = clock.encode();
+                let n = clock.offsets().len();
+                let entries = &mut reversed[5..5 + 28 * n];
+                let mut chunks: Vec<[u8; 28]> =
+                    entries.chunks(28).map(|e| e.try_into().unwrap()).collect();
+                chunks.reverse();
+                entries.copy_from_slice(&chunks.concat());
+                with_clock(&own, &reversed)
+            }
+        };
+        if let Some((at, how, byte)) = change {
+            let at = at.index(bytes.len());
+            match how {
+                0 => bytes[at] = byte,
+                1 => bytes.truncate(at),
+                _ => bytes[at] ^= 0x80,
+            }
+        }
+        let want = decode_envelope(c, &bytes).map(|r| (r.offset, r.held_size()));
+        proptest::prop_assert_eq!(check_envelope(&bytes), want);
+    }
+}

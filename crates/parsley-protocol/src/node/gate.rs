@@ -56,7 +56,7 @@ impl CausalNode {
             if ch.is_empty() && set_frontier(ch, record.offset) {
                 self.stamp_base = StampBase::Stale;
                 if self.held > 0 {
-                    self.cascade(out);
+                    self.cascade(out)?;
                 }
             }
             return Ok(());
@@ -86,7 +86,7 @@ impl CausalNode {
             }
         }
         if self.held > 0 {
-            self.cascade(out);
+            self.cascade(out)?;
         }
         Ok(())
     }
@@ -110,7 +110,7 @@ impl CausalNode {
         if ch.is_empty() && set_frontier(ch, position - 1) {
             self.stamp_base = StampBase::Stale;
             if self.held > 0 {
-                self.cascade(&mut out);
+                self.cascade(&mut out)?;
             }
         }
         Ok(out)
@@ -298,19 +298,22 @@ impl CausalNode {
     /// Releases heads to fixpoint, visiting channels in sorted order. A pass
     /// that delivers anything or folds any frontier forward is followed by
     /// another, since either can satisfy a claim elsewhere.
-    pub(super) fn cascade(&mut self, out: &mut Vec<Delivery>) {
+    ///
+    /// Fails only on a restored head whose envelope does not decode, which
+    /// restore's checks rule out: nothing is delivered past it.
+    pub(super) fn cascade(&mut self, out: &mut Vec<Delivery>) -> Result<(), ProtocolError> {
         loop {
             let mut progressed = false;
             for i in 0..self.channels.len() {
-                progressed |= self.drain_channel(i, out);
+                progressed |= self.drain_channel(i, out)?;
             }
             if !progressed {
-                break;
+                return Ok(());
             }
         }
     }
 
-    fn drain_channel(&mut self, i: usize, out: &mut Vec<Delivery>) -> bool {
+    fn drain_channel(&mut self, i: usize, out: &mut Vec<Delivery>) -> Result<bool, ProtocolError> {
         let mut progressed = false;
         loop {
             let clean = self.channels[i].clean_prefix();
@@ -319,7 +322,12 @@ impl CausalNode {
                 progressed = true;
             }
             let ch = &mut self.channels[i];
-            if ch.queue.is_empty() {
+            if ch.restored.is_empty() && ch.queue.is_empty() {
+                // Only a start fills the restored run: once released, its
+                // room goes for good.
+                if ch.restored.capacity() > 0 {
+                    ch.restored = VecDeque::new();
+                }
                 if !ch.paged.is_empty() {
                     // The head is paged out: the gate goes on with this
                     // queue once the host pages it in (page_requests).
@@ -332,30 +340,61 @@ impl CausalNode {
                 }
                 break;
             }
+            // A restored head is decoded to be judged; if it must wait, the
+            // decoded copy is dropped and it is decoded again at release
+            // (a head that waits is judged once and then only its unmet
+            // claims are looked at again).
+            let mut decoded = None;
             let unmet = match ch.head_unmet.take() {
                 Some(mut unmet) => {
                     unmet.retain(|c| !self.satisfied(*c));
                     unmet
                 }
-                None => match self.channels[i].queue.front() {
-                    Some(head) => self.unmet_claims(i, &head.causal.clock),
-                    None => break,
+                None => match &self.channels[i].restored.front() {
+                    Some(env) => {
+                        let record = env.decode(self.channels[i].channel)?;
+                        let unmet = self.unmet_claims(i, &record.causal.clock);
+                        decoded = Some(record);
+                        unmet
+                    }
+                    None => match self.channels[i].queue.front() {
+                        Some(head) => self.unmet_claims(i, &head.causal.clock),
+                        None => break,
+                    },
                 },
             };
             if !unmet.is_empty() {
                 self.channels[i].head_unmet = Some(unmet);
                 break;
             }
-            let Some(record) = self.channels[i].queue.pop_front() else {
-                break;
+            let ch = &mut self.channels[i];
+            // Decoded before it leaves the queue, so a refusal leaves the
+            // queue as it was.
+            let restored = match (decoded, ch.restored.front()) {
+                (Some(record), _) => Some(record),
+                (None, Some(env)) => Some(env.decode(ch.channel)?),
+                (None, None) => None,
             };
-            self.channels[i].head_index += 1;
+            let (record, size) = match restored {
+                Some(record) => {
+                    let size = ch.restored.pop_front().map_or(0, |e| e.held_size());
+                    (record, size)
+                }
+                None => {
+                    let Some(record) = ch.queue.pop_front() else {
+                        break;
+                    };
+                    let size = record.held_size();
+                    (record, size)
+                }
+            };
+            ch.head_index += 1;
             self.held -= 1;
-            self.held_bytes -= record.held_size();
+            self.held_bytes -= size;
             self.deliver(i, record, true, out);
             progressed = true;
         }
-        progressed
+        Ok(progressed)
     }
 }
 

@@ -286,7 +286,7 @@ impl Reconcile {
                 st.committed_tail = tail;
             }
             let restored = p.queues.remove(&ch).unwrap_or_default();
-            st.queue = VecDeque::from(restored.resident);
+            st.restored = VecDeque::from(restored.resident);
             st.paged = restored.paged;
             st.stored = restored.stored;
             if let Some(marks) = p.delivered.remove(&ch) {
@@ -352,7 +352,7 @@ impl Reconcile {
         node.held_bytes = node.channels.iter().map(ChannelState::held_bytes).sum();
         report.restored_held = node.held;
         let mut deliveries = Vec::new();
-        node.cascade(&mut deliveries);
+        node.cascade(&mut deliveries)?;
         info!(
             sender = %node.sender,
             inputs = node.channels.len(),

@@ -51,11 +51,7 @@ impl CausalNode {
     /// Whether [`page_requests`](Self::page_requests) would name anything,
     /// without building the list (a host asks on every turn of its loop).
     pub fn pages_wanted(&self) -> bool {
-        self.held > 0
-            && self
-                .channels
-                .iter()
-                .any(|ch| ch.queue.is_empty() && !ch.paged.is_empty())
+        self.held > 0 && self.channels.iter().any(|ch| ch.head_paged())
     }
 
     /// The paged-out runs the gate is waiting for: queues whose resident
@@ -70,7 +66,7 @@ impl CausalNode {
         let window = self.window.unwrap_or(usize::MAX).max(1);
         self.channels
             .iter()
-            .filter(|ch| ch.queue.is_empty() && !ch.paged.is_empty())
+            .filter(|ch| ch.head_paged())
             .map(|ch| {
                 let from = ch.head_index;
                 let mut count = ch.paged.len().min(window);
@@ -112,7 +108,7 @@ impl CausalNode {
     ) -> Result<(), ProtocolError> {
         let i = self.index_of(channel, "page in")?;
         let ch = &self.channels[i];
-        let fits = ch.queue.is_empty() && records.len() <= ch.paged.len();
+        let fits = ch.restored.is_empty() && ch.queue.is_empty() && records.len() <= ch.paged.len();
         for (at, record) in records.iter().enumerate() {
             let expected = if fits { ch.paged[at].0 } else { -1 };
             if record.offset != expected || record.channel != channel {
@@ -140,7 +136,7 @@ impl CausalNode {
             }
         }
         self.stats.paged_in_total += n as u64;
-        self.cascade(out);
+        self.cascade(out)?;
         Ok(())
     }
 

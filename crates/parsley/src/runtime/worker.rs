@@ -68,7 +68,7 @@
 //! simulator runs worlds with budgets small enough that partitions pause
 //! all the time, and checks that each still drains in causal order.
 //!
-//! Within what is held, only the front of each hold queue stays decoded
+//! Within what is held, only the front of each hold queue stays in memory
 //! ([`WorkerConfig::hold_window`] records): the rest, once committed, is
 //! kept only as the protocol-store entry every held record is written as,
 //! and each task reads it back in order as its gate reaches it. With a
