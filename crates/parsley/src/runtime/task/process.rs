@@ -318,7 +318,7 @@ impl Task {
                 let src = &stage.def.sources[i];
                 let key = src
                     .uses_state
-                    .then(|| FoldKey::for_key(record.key.as_deref()).to_bytes());
+                    .then(|| FoldKey::key_bytes(record.key.as_deref()));
                 let state = key.as_ref().and_then(|k| self.fold_get(k));
                 let topic = self.shared_topic_name(record.channel.topic);
                 // The record's bytes go to the logic: the record itself is
