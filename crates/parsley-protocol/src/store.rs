@@ -674,10 +674,13 @@ impl Default for PageBuilder {
 }
 
 impl PageBuilder {
-    /// An empty page.
+    /// An empty page. It allocates nothing until its first record, which
+    /// sizes the buffer exactly: most pages a commit writes while records
+    /// trickle in hold one record, and growing a four-byte buffer to fit
+    /// it cost a reallocation per page.
     pub fn new() -> Self {
         PageBuilder {
-            bytes: vec![0; 4],
+            bytes: Vec::new(),
             count: 0,
         }
     }
@@ -703,8 +706,13 @@ impl PageBuilder {
 
     /// Appends `record`'s envelope.
     pub fn push(&mut self, record: &InboundRecord) {
+        if self.bytes.is_empty() {
+            self.bytes.reserve_exact(4 + 4 + envelope_len(record));
+            self.bytes.extend_from_slice(&[0; 4]);
+        } else {
+            self.bytes.reserve(4 + envelope_len(record));
+        }
         let at = self.bytes.len();
-        self.bytes.reserve(4 + envelope_len(record));
         self.bytes.extend_from_slice(&[0; 4]);
         encode_envelope_into(record, &mut self.bytes);
         let len = (self.bytes.len() - at - 4) as i32;
@@ -715,6 +723,9 @@ impl PageBuilder {
     /// The page's value.
     pub fn finish(mut self) -> Vec<u8> {
         let count = self.count as i32;
+        if self.bytes.is_empty() {
+            self.bytes.extend_from_slice(&[0; 4]);
+        }
         self.bytes[..4].copy_from_slice(&count.to_be_bytes());
         self.bytes
     }

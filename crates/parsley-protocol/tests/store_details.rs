@@ -432,6 +432,28 @@ fn a_page_fills_to_its_byte_bound_and_not_past_it() {
     assert_eq!(back, (0..n).map(record).collect::<Vec<_>>());
 }
 
+#[test]
+fn a_page_builder_gives_the_same_bytes_however_its_buffer_grew() {
+    use parsley_protocol::store::{PageBuilder, PageEntries};
+    // Nothing pushed: a count of zero, which no reader takes as a page.
+    assert_eq!(PageBuilder::new().finish(), vec![0, 0, 0, 0]);
+    assert!(PageEntries::new(&PageBuilder::new().finish()).is_err());
+    let (c, one) = envelope();
+    let record = decode_envelope(c, &one).unwrap();
+    for n in 1..4usize {
+        let mut page = PageBuilder::new();
+        for _ in 0..n {
+            page.push(&record);
+        }
+        let mut want = (n as i32).to_be_bytes().to_vec();
+        for _ in 0..n {
+            want.extend_from_slice(&(one.len() as i32).to_be_bytes());
+            want.extend_from_slice(&one);
+        }
+        assert_eq!(page.finish(), want, "{n} records");
+    }
+}
+
 /// A held record for the checker property: up to four offset and two
 /// sequence claims, optional key, value and sender tag, and up to two
 /// headers.
