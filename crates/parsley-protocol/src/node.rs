@@ -643,7 +643,8 @@ impl CausalNode {
         self.held
     }
 
-    /// How many decoded records the hold queues have room for without
+    /// How many held records (decoded, or restored envelopes) the hold
+    /// queues have room for without
     /// growing (their capacity, held records included): a drained queue
     /// keeps room for a few, not for what its longest hold needed, and a
     /// queue that paged its records out keeps room for its window.

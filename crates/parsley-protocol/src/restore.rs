@@ -101,8 +101,9 @@ pub(crate) struct Persisted {
     pub(crate) carried: Option<VectorClock>,
     pub(crate) queue_meta: BTreeMap<Channel, (i64, i64)>,
     /// Held records per channel, in index order; complete for the indices
-    /// their metadata claims: the first ones decoded, the rest (beyond the
-    /// window [`read`](Self::read) was given) as offset and size only.
+    /// their metadata claims: the first ones as their checked envelopes,
+    /// the rest (beyond the window [`read`](Self::read) was given) as
+    /// offset and size only.
     pub(crate) queues: BTreeMap<Channel, RestoredQueue>,
     /// The pages read, per channel: first index and one past the last.
     pub(crate) pages: BTreeMap<Channel, Vec<(i64, i64)>>,

@@ -30,6 +30,40 @@ fn a_departing_input_reports_only_what_it_still_holds() {
 }
 
 #[test]
+fn restored_held_records_give_back_their_room_once_released_while_others_arrive() {
+    let a = ch(1, 0);
+    let b = ch(2, 0);
+    let c = ch(3, 0);
+    let mut h = Harness::start(config(sender(ME), &[a, b, c], &[]), FakeBroker::default());
+    for offset in 0..5_000 {
+        assert!(h.feed(rec(b, offset, offsets(&[(a, 0)]))).is_empty());
+    }
+    h.commit();
+    h.restart();
+    assert_eq!(h.node.held_count(), 5_000);
+    assert!(h.node.held_capacity() >= 5_000);
+    // More records queue behind the restored ones, waiting on another cause.
+    for offset in 5_000..5_010 {
+        assert!(h.feed(rec(b, offset, offsets(&[(c, 0)]))).is_empty());
+    }
+    // The restored run goes; the queue still holds the ten.
+    assert_eq!(h.feed(rec(a, 0, VectorClock::new())).len(), 5_001);
+    assert_eq!(h.node.held_count(), 10);
+    assert!(
+        h.node.held_capacity() <= 2 * 64,
+        "room for {} records kept after the restored run was released",
+        h.node.held_capacity()
+    );
+    // And they come out in order after it.
+    let out = h.feed(rec(c, 0, VectorClock::new()));
+    assert_eq!(out.len(), 11);
+    assert_eq!(
+        out[1..],
+        (5_000..5_010).map(|o| (b, o)).collect::<Vec<_>>()[..]
+    );
+}
+
+#[test]
 fn a_drained_queue_gives_back_the_room_a_long_hold_grew_it_to() {
     let a = ch(1, 0);
     let b = ch(2, 0);

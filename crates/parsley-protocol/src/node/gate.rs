@@ -300,7 +300,9 @@ impl CausalNode {
     /// another, since either can satisfy a claim elsewhere.
     ///
     /// Fails only on a restored head whose envelope does not decode, which
-    /// restore's checks rule out: nothing is delivered past it.
+    /// restore's checks rule out: nothing is delivered past it on its
+    /// channel, and the caller's error drops the call's deliveries (the
+    /// host discards a node after any error).
     pub(super) fn cascade(&mut self, out: &mut Vec<Delivery>) -> Result<(), ProtocolError> {
         loop {
             let mut progressed = false;
@@ -323,11 +325,6 @@ impl CausalNode {
             }
             let ch = &mut self.channels[i];
             if ch.restored.is_empty() && ch.queue.is_empty() {
-                // Only a start fills the restored run: once released, its
-                // room goes for good.
-                if ch.restored.capacity() > 0 {
-                    ch.restored = VecDeque::new();
-                }
                 if !ch.paged.is_empty() {
                     // The head is paged out: the gate goes on with this
                     // queue once the host pages it in (page_requests).
@@ -378,6 +375,11 @@ impl CausalNode {
             let (record, size) = match restored {
                 Some(record) => {
                     let size = ch.restored.pop_front().map_or(0, |e| e.held_size());
+                    // Only a start fills the restored run: once it is
+                    // released, its room goes for good.
+                    if ch.restored.is_empty() {
+                        ch.restored = VecDeque::new();
+                    }
                     (record, size)
                 }
                 None => {

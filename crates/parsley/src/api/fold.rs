@@ -330,14 +330,15 @@ impl FoldStore {
     pub fn apply(&mut self, writes: &FoldWrites) {
         let Some(cold) = self.cold.as_mut() else {
             for (k, v) in writes.iter() {
-                match v {
-                    Some(v) if let Some(old) = self.entries.get_mut(k) => {
-                        if old.value.len() == v.len() {
-                            old.value.copy_from_slice(v);
-                        } else {
-                            old.value = Box::from(v);
-                        }
+                if let (Some(v), Some(old)) = (v, self.entries.get_mut(k)) {
+                    if old.value.len() == v.len() {
+                        old.value.copy_from_slice(v);
+                    } else {
+                        old.value = Box::from(v);
                     }
+                    continue;
+                }
+                match v {
                     Some(v) => {
                         self.entries.insert(
                             Arc::from(k),
@@ -374,6 +375,8 @@ impl FoldStore {
                     old.stamp = cold.next_stamp;
                     cold.order.insert(cold.next_stamp, key);
                 } else {
+                    // Every entry in memory has its place in the order.
+                    debug_assert!(false, "a resident fold entry outside the eviction order");
                     old.stamp = cold.next_stamp;
                     cold.order.insert(cold.next_stamp, Arc::from(k));
                 }

@@ -114,7 +114,7 @@ impl Task {
                 .collect(),
         };
         // Held records that only the local store holds are read from it,
-        // and those beyond the window are never decoded into memory.
+        // and those beyond the window are checked but never kept in memory.
         let view = stores.held.view(&stores.protocol);
         let init = CausalNode::init_windowed(config, &view, broker, stores.held.window());
         if let Some(cause) = view.failure() {
