@@ -22,6 +22,10 @@
 //! heap profiler, whose peak is then the plateau's); `RELEASE_PER_TRANSACTION`
 //! (a number, or `none`) sets the option of that name.
 //!
+//! With `HOLDS_RESTART` set the instance closes at the plateau and a new
+//! one starts on the same state directory; the time until it holds every
+//! held record again is printed, and the new instance does the release.
+//!
 //! With `HOLDS_FLOOR` set it then measures what a release would write at
 //! the least if held records were stored one per key (the Java library's
 //! layout, and this library's before pages), on the same broker: a plain
@@ -168,13 +172,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let app = Parsley::named(format!("holds-bench-{nanos}").as_str(), [stage])?;
     let before = resident_mib();
-    let mut s = CausalStreams::new(&app, config.clone())?.with_options(StreamsOptions {
+    let options = || StreamsOptions {
         instance_id: Some("bench".to_owned()),
         state_dir: Some(std::env::temp_dir().join(format!("holds-bench-{nanos}"))),
         hold_budget: budget,
         release_per_transaction,
         ..StreamsOptions::default()
-    });
+    };
+    let mut s = CausalStreams::new(&app, config.clone())?.with_options(options());
     s.start()?;
     s.wait_until_running(Duration::from_secs(120))?;
 
@@ -206,6 +211,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             waiting.held
         );
         std::process::exit(0);
+    }
+    if std::env::var_os("HOLDS_RESTART").is_some() {
+        // A restart with everything held: the instance closes, and a new
+        // one starts on the same state directory and reads its holds back.
+        s.close(Duration::from_secs(60))?;
+        let began = Instant::now();
+        s = CausalStreams::new(&app, config.clone())?.with_options(options());
+        s.start()?;
+        while read(&s).held < waiting.held {
+            if began.elapsed() > Duration::from_secs(600) {
+                return Err(format!(
+                    "only {} of {} held records back",
+                    read(&s).held,
+                    waiting.held
+                )
+                .into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        println!(
+            "restart: {} held records back in {:.2} s, {:.0} MiB resident",
+            read(&s).held,
+            began.elapsed().as_secs_f64(),
+            resident_mib()
+        );
     }
     let committed = Instant::now();
     upstream.commit_transaction(Duration::from_secs(30))?;

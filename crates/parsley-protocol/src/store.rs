@@ -748,6 +748,11 @@ impl<'a> PageEntries<'a> {
         if left == 0 {
             return Err("a page without records".to_owned());
         }
+        // Readers find the page that holds an index by looking at most
+        // this far below it.
+        if left > PAGE_RECORDS {
+            return Err(format!("a page of {left} records (at most {PAGE_RECORDS})"));
+        }
         let rest = r.clone();
         for at in 0..left {
             let len = need(r.i32())?;

@@ -454,6 +454,26 @@ fn a_page_builder_gives_the_same_bytes_however_its_buffer_grew() {
     }
 }
 
+#[test]
+fn a_page_of_more_records_than_a_page_may_hold_is_refused() {
+    use parsley_protocol::store::{PAGE_RECORDS, PageBuilder, PageEntries};
+    let (c, one) = envelope();
+    let record = decode_envelope(c, &one).unwrap();
+    let mut full = PageBuilder::new();
+    let mut over = PageBuilder::new();
+    for _ in 0..PAGE_RECORDS {
+        full.push(&record);
+        over.push(&record);
+    }
+    // A builder refuses the next record; pushing it anyway makes a page
+    // no reader takes (readers look for an index at most a page below it).
+    assert!(!over.fits(&record));
+    over.push(&record);
+    assert_eq!(PageEntries::count(&full.finish()), Ok(PAGE_RECORDS));
+    let err = PageEntries::new(&over.finish()).unwrap_err();
+    assert!(err.contains("257 records"), "{err}");
+}
+
 /// A held record for the checker property: up to four offset and two
 /// sequence claims, optional key, value and sender tag, and up to two
 /// headers.

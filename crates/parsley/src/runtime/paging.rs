@@ -25,7 +25,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parsley_protocol::store::{
-    PageEntries, QueueEntryKeys, StateKey, StateVisitor, StoreRead, WriteBatch, decode_pair,
+    PAGE_RECORDS, PageEntries, QueueEntryKeys, StateKey, StateVisitor, StoreRead, WriteBatch,
+    decode_pair,
 };
 use parsley_protocol::{Channel, MemStore};
 
@@ -210,12 +211,17 @@ impl HeldPages {
                 }
             },
         )?;
-        // A page that holds `from` starts at or below it: read from the
-        // queue's first page on, and skip those that end at or below `from`
-        // (deletes the store has not applied yet).
+        // A page that holds `from` starts at or below it, and at most
+        // `PAGE_RECORDS - 1` below (a store is refused at a start if a page
+        // holds more): read from there on, and skip pages that end at or
+        // below `from` (deletes the store has not applied yet). Reading
+        // from the queue's first index instead made every page-in of a
+        // release walk every page released since the file last applied a
+        // delete.
         let pages = QueueEntryKeys::pages(channel);
+        let lowest = from.saturating_sub(PAGE_RECORDS as i64 - 1).max(0);
         let result = disk.reader.protocol_range(
-            StateKey::QueuePage(channel, 0).text().as_bytes(),
+            StateKey::QueuePage(channel, lowest).text().as_bytes(),
             StateKey::QueuePage(channel, to).text().as_bytes(),
             &mut |key, value| {
                 let Some(first) = pages.index(key) else {
