@@ -521,47 +521,16 @@ impl VectorClock {
     }
 
     /// The number of offset and sequence claims [`decode`](Self::decode)
-    /// would give for `bytes`, or its error, without building the clock. A
-    /// canonical version-1 clock (what this library writes) is checked in
-    /// one pass that allocates nothing: section lengths, no negative
-    /// partition, offset or sequence, strictly ascending entries, nothing
-    /// trailing. Anything else (a compact clock, entries the decoder would
-    /// sort or merge, or a fault to name) goes through the decoder.
+    /// would give for `bytes`, or its error, without building the clock
+    /// when it is canonical version 1 (what this library writes; see
+    /// [`canonical_counts`]). Anything else (a compact clock, entries the
+    /// decoder would sort or merge, or a fault to name) goes through the
+    /// decoder.
     pub(crate) fn claim_counts(bytes: &[u8]) -> Result<(usize, usize), CorruptClock> {
-        if let Some((&CLOCK_VERSION, rest)) = bytes.split_first()
-            && let Ok((offsets, rest)) = section(rest, 1, ClockSection::Offsets, OFFSET_ENTRY_LEN)
-        {
-            let mut ok = true;
-            let mut prev = (0u128, -1i32);
-            for e in offsets.as_chunks::<OFFSET_ENTRY_LEN>().0 {
-                let key = (order_key(be_i64(e, 0), be_i64(e, 8)), be_i32(e, 16));
-                ok &= (key.1 >= 0) & (be_i64(e, 20) >= 0) & (prev < key);
-                prev = key;
-            }
-            let at = bytes.len() - rest.len();
-            if ok
-                && let Ok((sequences, rest)) =
-                    section(rest, at, ClockSection::Sequences, SEQUENCE_ENTRY_LEN)
-            {
-                let mut prev = (0u128, -1i32, 0u128);
-                for e in sequences.as_chunks::<SEQUENCE_ENTRY_LEN>().0 {
-                    let key = (
-                        order_key(be_i64(e, 0), be_i64(e, 8)),
-                        be_i32(e, 16),
-                        order_key(be_i64(e, 20), be_i64(e, 28)),
-                    );
-                    ok &= (key.1 >= 0) & (be_i64(e, 36) >= 0) & (prev < key);
-                    prev = key;
-                }
-                if ok && rest.is_empty() {
-                    return Ok((
-                        offsets.len() / OFFSET_ENTRY_LEN,
-                        sequences.len() / SEQUENCE_ENTRY_LEN,
-                    ));
-                }
-            }
+        match canonical_counts(bytes) {
+            Some(counts) => Ok(counts),
+            None => VectorClock::decode(bytes).map(|c| (c.offsets.len(), c.sequences.len())),
         }
-        VectorClock::decode(bytes).map(|c| (c.offsets.len(), c.sequences.len()))
     }
 
     /// Decodes a clock of either version (1, or the compact 2; see
@@ -629,6 +598,40 @@ impl VectorClock {
         }
         Ok(VectorClock { offsets, sequences })
     }
+}
+
+/// The claim counts of a canonical version-1 clock, checked in one pass
+/// that allocates nothing: section lengths, no negative partition, offset
+/// or sequence, strictly ascending entries, nothing trailing. `None` for
+/// anything else, which the decoder then judges.
+fn canonical_counts(bytes: &[u8]) -> Option<(usize, usize)> {
+    let (&CLOCK_VERSION, rest) = bytes.split_first()? else {
+        return None;
+    };
+    let (offsets, rest) = section(rest, 1, ClockSection::Offsets, OFFSET_ENTRY_LEN).ok()?;
+    let mut ok = true;
+    let mut prev = (0u128, -1i32);
+    for e in offsets.as_chunks::<OFFSET_ENTRY_LEN>().0 {
+        let key = (order_key(be_i64(e, 0), be_i64(e, 8)), be_i32(e, 16));
+        ok &= (key.1 >= 0) & (be_i64(e, 20) >= 0) & (prev < key);
+        prev = key;
+    }
+    let at = bytes.len() - rest.len();
+    let (sequences, rest) = section(rest, at, ClockSection::Sequences, SEQUENCE_ENTRY_LEN).ok()?;
+    let mut prev = (0u128, -1i32, 0u128);
+    for e in sequences.as_chunks::<SEQUENCE_ENTRY_LEN>().0 {
+        let key = (
+            order_key(be_i64(e, 0), be_i64(e, 8)),
+            be_i32(e, 16),
+            order_key(be_i64(e, 20), be_i64(e, 28)),
+        );
+        ok &= (key.1 >= 0) & (be_i64(e, 36) >= 0) & (prev < key);
+        prev = key;
+    }
+    (ok && rest.is_empty()).then_some((
+        offsets.len() / OFFSET_ENTRY_LEN,
+        sequences.len() / SEQUENCE_ENTRY_LEN,
+    ))
 }
 
 /// Maps a UUID's signed halves to an unsigned integer with the same order
@@ -816,4 +819,38 @@ fn merge_sorted<T: Copy, K: Ord>(
         w -= 1;
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ch(t: u128, p: i32) -> Channel {
+        Channel::new(TopicId::from_u128(t), p)
+    }
+
+    /// The allocation-free path is the one a canonical clock takes (the
+    /// decoder would give the same counts, so only this can tell).
+    #[test]
+    fn a_canonical_clock_is_counted_without_the_decoder_and_nothing_else_is() {
+        let mut c = VectorClock::new();
+        c.claim_offset(ch(1, 0), 5);
+        c.claim_offset(ch(2, 3), 7);
+        c.claim_sequence(ch(1, 0), SenderId::from_u128(9), 4);
+        assert_eq!(canonical_counts(&c.encode()), Some((2, 1)));
+        assert_eq!(canonical_counts(&VectorClock::new().encode()), Some((0, 0)));
+        // The compact version, entries out of order and an entry twice
+        // are the decoder's to judge.
+        assert_eq!(canonical_counts(&c.encode_compact()), None);
+        let mut reversed = c.encode();
+        let (first, second) = (reversed[5..33].to_vec(), reversed[33..61].to_vec());
+        reversed[5..33].copy_from_slice(&second);
+        reversed[33..61].copy_from_slice(&first);
+        assert_eq!(canonical_counts(&reversed), None);
+        assert_eq!(VectorClock::claim_counts(&reversed), Ok((2, 1)));
+        let mut doubled = reversed.clone();
+        doubled[33..61].copy_from_slice(&second);
+        assert_eq!(canonical_counts(&doubled), None);
+        assert_eq!(VectorClock::claim_counts(&doubled), Ok((1, 1)));
+    }
 }

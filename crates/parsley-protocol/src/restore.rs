@@ -58,7 +58,7 @@ pub(crate) struct HeldEnvelope {
     /// count a record the same whichever form it is kept in, so what a
     /// queue weighs never depends on whether a restart or a page-in came
     /// in between.
-    pub(crate) held_size: usize,
+    held_size: usize,
     bytes: Box<[u8]>,
 }
 

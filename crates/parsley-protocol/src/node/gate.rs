@@ -347,7 +347,7 @@ impl CausalNode {
                     unmet.retain(|c| !self.satisfied(*c));
                     unmet
                 }
-                None => match &self.channels[i].restored.front() {
+                None => match self.channels[i].restored.front() {
                     Some(env) => {
                         let record = env.decode(self.channels[i].channel)?;
                         let unmet = self.unmet_claims(i, &record.causal.clock);

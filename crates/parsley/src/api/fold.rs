@@ -177,6 +177,17 @@ struct Resident {
     stamp: u64,
 }
 
+impl Resident {
+    /// Replaces the value, over the old bytes when the length is the same.
+    fn set_value(&mut self, v: &[u8]) {
+        if self.value.len() == v.len() {
+            self.value.copy_from_slice(v);
+        } else {
+            self.value = Box::from(v);
+        }
+    }
+}
+
 /// What an entry is taken to cost in memory beyond its key and value: its
 /// slots in the two maps (with the maps' spare room), the key's and the
 /// value's allocations with the allocator's rounding, and the memory that
@@ -331,11 +342,7 @@ impl FoldStore {
         let Some(cold) = self.cold.as_mut() else {
             for (k, v) in writes.iter() {
                 if let (Some(v), Some(old)) = (v, self.entries.get_mut(k)) {
-                    if old.value.len() == v.len() {
-                        old.value.copy_from_slice(v);
-                    } else {
-                        old.value = Box::from(v);
-                    }
+                    old.set_value(v);
                     continue;
                 }
                 match v {
@@ -365,21 +372,16 @@ impl FoldStore {
             // It moves to the newest end of the eviction order.
             if let (Some(v), Some(old)) = (v, self.entries.get_mut(k)) {
                 cold.bytes = cold.bytes.saturating_sub(cost(k, &old.value)) + cost(k, v);
-                if old.value.len() == v.len() {
-                    old.value.copy_from_slice(v);
-                } else {
-                    old.value = Box::from(v);
-                }
+                old.set_value(v);
                 old.seq = seq;
-                if let Some(key) = cold.order.remove(&old.stamp) {
-                    old.stamp = cold.next_stamp;
-                    cold.order.insert(cold.next_stamp, key);
-                } else {
-                    // Every entry in memory has its place in the order.
-                    debug_assert!(false, "a resident fold entry outside the eviction order");
-                    old.stamp = cold.next_stamp;
-                    cold.order.insert(cold.next_stamp, Arc::from(k));
-                }
+                // Every entry in memory has its place in the order, which
+                // holds the shared key.
+                let key = cold
+                    .order
+                    .remove(&old.stamp)
+                    .unwrap_or_else(|| Arc::from(k));
+                old.stamp = cold.next_stamp;
+                cold.order.insert(cold.next_stamp, key);
                 cold.next_stamp += 1;
                 continue;
             }
