@@ -230,8 +230,9 @@ pub trait StreamThread {
     fn outcome(&mut self, outcome: Outcome, broker: &SimBroker) -> Result<(), String>;
     /// The host aborted the open (not handed over) work.
     fn abort(&mut self, broker: &SimBroker) -> Result<(), String>;
-    /// Consumer seeks to make.
-    fn take_seeks(&mut self) -> Vec<Seek>;
+    /// Consumer seeks to make (acknowledged as made: the world makes every
+    /// seek it is handed).
+    fn take_seeks(&mut self, broker: &SimBroker) -> Vec<Seek>;
     /// Whether there is open work.
     fn has_open_work(&self) -> bool;
     /// The offset of every held queue head, as (topic, partition, offset).
@@ -258,7 +259,7 @@ pub trait StreamThread {
     }
     /// The offset each record of the transaction handed over last got,
     /// before its committed outcome (a producer's delivery reports).
-    fn delivered(&mut self, _offsets: &[i64]) {}
+    fn delivered(&mut self, _offsets: &[i64], _broker: &SimBroker) {}
     /// Arms a local store fault for the next outcome's writes; false when
     /// the thread keeps no local store.
     fn store_fault(&mut self, _fault: StoreFault) -> bool {
@@ -1075,7 +1076,7 @@ impl AppWorld {
             topic: t,
             partition: p,
             offset,
-        } in self.members[i].thread.take_seeks()
+        } in self.members[i].thread.take_seeks(&self.broker)
         {
             let Some(c) = self.channel(&t, p) else {
                 return Err(self.fail(format!("seek to unknown topic {t}")));
@@ -1675,7 +1676,7 @@ impl AppWorld {
         }
         self.judge(i, &txn)?;
         let offsets = std::mem::take(&mut self.last_offsets);
-        self.members[i].thread.delivered(&offsets);
+        self.members[i].thread.delivered(&offsets, &self.broker);
         let armed = store.filter(|&f| self.members[i].thread.store_fault(f));
         let broker = &self.broker;
         self.members[i]
@@ -1923,7 +1924,7 @@ impl StreamThread for Gone {
     fn abort(&mut self, _: &SimBroker) -> Result<(), String> {
         Err("the process is gone".into())
     }
-    fn take_seeks(&mut self) -> Vec<Seek> {
+    fn take_seeks(&mut self, _: &SimBroker) -> Vec<Seek> {
         Vec::new()
     }
     fn has_open_work(&self) -> bool {

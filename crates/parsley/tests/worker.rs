@@ -16,6 +16,9 @@ use parsley::*;
 
 #[path = "worker/backpressure.rs"]
 mod backpressure;
+#[path = "worker/host.rs"]
+mod host;
+use host::Worker;
 #[path = "worker/held_on_disk.rs"]
 mod held_on_disk;
 
@@ -1337,7 +1340,7 @@ fn the_worker_reports_its_positions_transactions_counters_and_samples() {
     assert_eq!(w.stats().restored_with_held, 0);
     assert_eq!(w.stats().commits, 1);
     assert_eq!(w.task_stats().len(), 2);
-    let text = format!("{w:?}");
+    let text = format!("{:?}", &*w);
     assert!(text.contains("Worker") && text.contains("app"), "{text}");
 
     w.on_record(rec("a", 0, 0, "x")).unwrap();
@@ -3322,4 +3325,62 @@ fn a_task_failing_at_a_revocation_stops_alone_and_the_others_keep_their_seeks() 
         txn.records.iter().any(|r| &*r.topic == "out"),
         "the staying task emitted again"
     );
+}
+
+/// The one door, called directly (not through the test host's kept
+/// parts): a ready without a commit point never cuts a transaction, even
+/// a due one; one with a commit point cuts it once, and refuses while it
+/// is in flight; a flushed transaction, a sample, and seeks each come out
+/// of exactly one ready.
+#[test]
+fn the_door_hands_each_part_over_once_and_cuts_only_at_a_commit_point() {
+    let app = counting_app();
+    let cluster = counting_cluster(2);
+    let mut host = worker(&app);
+    // The worker itself, not the test host's keeping of parts.
+    let w: &mut parsley::runtime::worker::Worker = &mut host;
+    w.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    let ready = w.ready(None).unwrap();
+    assert!(ready.transaction.is_none(), "nothing closed one");
+    assert_eq!(ready.seeks.len(), 2, "{:?}", ready.seeks);
+    for s in &ready.seeks {
+        let ack = Ack::Seeked {
+            topic: &s.topic,
+            partition: s.partition,
+            offset: s.offset,
+        };
+        w.advance(ack, &cluster).unwrap();
+    }
+    assert!(w.ready(None).unwrap().seeks.is_empty(), "handed over once");
+
+    // The start's writes are due at once, but only a commit point cuts.
+    assert_eq!(w.commit_due_in(0), Some(Duration::ZERO));
+    assert!(w.ready(None).unwrap().transaction.is_none());
+    let txn = w.ready(Some(0)).unwrap().transaction.expect("due");
+    assert!(matches!(
+        w.ready(Some(1_000)),
+        Err(WorkerError::CommitInFlight)
+    ));
+    let offsets = cluster.commit(&txn.records);
+    w.advance(Ack::Delivered(&offsets), &cluster).unwrap();
+    w.advance(Ack::Committed(CommitOutcome::Committed), &cluster)
+        .unwrap();
+
+    // A record makes work due at the next interval; a flush closes it
+    // now, and it comes out of the next ready, commit point or not.
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    assert!(w.ready(Some(1)).unwrap().transaction.is_none(), "not due");
+    w.flush().unwrap();
+    let closed = w.ready(None).unwrap().transaction.expect("closed");
+    assert_eq!(closed.id, txn.id + 1);
+    assert!(w.ready(None).unwrap().transaction.is_none(), "once");
+    w.advance(Ack::Committed(CommitOutcome::Committed), &cluster)
+        .unwrap();
+
+    // A sample comes out once.
+    let at = w.sample().at;
+    let ready = w.ready(None).unwrap();
+    assert_eq!(ready.published.map(|p| p.at), Some(at));
+    assert!(w.ready(None).unwrap().is_empty());
 }

@@ -91,10 +91,11 @@ impl Shared {
             Ok(()) => {
                 if self.worker.has_local_store() {
                     let offsets = lock(&self.producer.context().offsets);
-                    self.worker.delivered(&offsets);
+                    self.worker
+                        .advance(Ack::Delivered(&offsets), &self.cluster)?;
                 }
                 self.worker
-                    .commit_outcome(CommitOutcome::Committed, &self.cluster)?;
+                    .advance(Ack::Committed(CommitOutcome::Committed), &self.cluster)?;
                 debug!(
                     txn = txn.id,
                     records = txn.records.len(),
@@ -135,7 +136,7 @@ impl Shared {
         match self.producer.abort_transaction(self.timeout) {
             Ok(()) => {
                 self.worker
-                    .commit_outcome(CommitOutcome::Aborted, &self.cluster)?;
+                    .advance(Ack::Committed(CommitOutcome::Aborted), &self.cluster)?;
                 Ok(())
             }
             Err(abort) => {

@@ -199,7 +199,8 @@ impl Shared {
         self.worker.assign(parts, &self.cluster, now_ms())?;
         // Assign with the worker's starts instead of seeking afterwards.
         let mut starts = TopicPartitionList::new();
-        let seeks = self.worker.take_seeks();
+        let mut ready = self.worker.ready(None)?;
+        let seeks = std::mem::take(&mut ready.seeks);
         for (topic, p) in partitions(tpl) {
             // A started task's position is its seek; the others start
             // at an absolute offset (Worker::fetch_start says why).
@@ -208,18 +209,25 @@ impl Shared {
         }
         self.take(consumer, &starts)?;
         // Pauses of partial tasks and resumes of tasks that formed, on the
-        // assignment as it is now.
-        self.apply_flow(consumer);
+        // assignment as it is now, and the rest of what the worker handed
+        // over.
+        self.act(consumer, ready)?;
         let mut earlier = Vec::new();
         for s in seeks {
             if starts.find_partition(&s.topic, s.partition).is_some() {
-                self.worker.seek_applied(&s.topic, s.partition, s.offset)?;
+                let ack = Ack::Seeked {
+                    topic: &s.topic,
+                    partition: s.partition,
+                    offset: s.offset,
+                };
+                self.worker.advance(ack, &self.cluster)?;
             } else {
                 // A partition assigned before, of a task that formed now.
                 earlier.push(s);
             }
         }
         self.seek_to(consumer, earlier)?;
+        self.settle(consumer)?;
         info!(partitions = tpl.count(), tasks = self.worker.tasks().count(), elapsed = ?began.elapsed(), "partitions assigned");
         Ok(())
     }
@@ -229,19 +237,18 @@ impl Shared {
         consumer: &BaseConsumer<ThreadContext>,
         tpl: &TopicPartitionList,
     ) -> Result<(), StreamsError> {
-        // The worker settles the open work: a transaction to commit, or
-        // an abort it already made.
+        // The worker settles the open work: a transaction to commit (it
+        // comes out in the next ready), or an abort it already made. The
+        // seeks an abort asks for are made before the partitions go, the
+        // revoked ones' included: harmless, as they are given up next.
         let Shared {
             worker, cluster, ..
         } = &mut *self;
-        if let Some(txn) = worker.before_revoke(consumer.assignment_lost(), cluster)? {
-            self.commit(consumer, txn)?;
-        }
-        // Seeks for the revoked partitions are dropped with them; the
-        // others (tasks that stay, rolled back by an abort) are made.
+        worker.before_revoke(consumer.assignment_lost(), cluster)?;
+        self.settle(consumer)?;
         self.worker.revoke(&partitions(tpl))?;
         self.give_up(consumer, tpl)?;
-        self.apply_seeks(consumer)?;
+        self.settle(consumer)?;
         info!(
             partitions = tpl.count(),
             tasks = self.worker.tasks().count(),
@@ -295,18 +302,62 @@ impl Shared {
         Ok(())
     }
 
-    pub(super) fn apply_seeks(
+    /// Acts on whatever the worker has for the host now, outside a commit
+    /// point (a transaction comes out only if a flush or a revocation
+    /// closed one).
+    pub(super) fn settle(
         &mut self,
         consumer: &BaseConsumer<ThreadContext>,
     ) -> Result<(), StreamsError> {
-        self.apply_flow(consumer);
-        let seeks = self.worker.take_seeks();
-        self.seek_to(consumer, seeks)
+        let ready = self.worker.ready(None)?;
+        self.act(consumer, ready)
+    }
+
+    /// Acts on one [`Ready`], in its order, and on what acting on it
+    /// brought (a commit's outcome may ask for seeks): the failures, the
+    /// restore jobs and the sample wait for the poll loop; pauses, resumes
+    /// and seeks are made now; a transaction is committed now.
+    pub(super) fn act(
+        &mut self,
+        consumer: &BaseConsumer<ThreadContext>,
+        ready: Ready,
+    ) -> Result<(), StreamsError> {
+        let mut ready = ready;
+        while !ready.is_empty() {
+            let Ready {
+                failures,
+                restores,
+                flow,
+                seeks,
+                published,
+                transaction,
+            } = ready;
+            self.failures.extend(failures);
+            self.jobs.extend(restores);
+            if published.is_some() {
+                self.sample = published;
+            }
+            self.apply_flow(consumer, flow);
+            self.seek_to(consumer, seeks)?;
+            if let Some(txn) = transaction {
+                let phase = *lock(&self.phase);
+                set_phase(&self.phase, "committing");
+                let r = self.commit(consumer, txn);
+                set_phase(&self.phase, phase);
+                r?;
+            }
+            ready = self.worker.ready(None)?;
+        }
+        Ok(())
     }
 
     /// Makes the fetch pauses and resumes the worker asks for.
-    fn apply_flow(&mut self, consumer: &BaseConsumer<ThreadContext>) {
-        for f in self.worker.take_flow_changes() {
+    fn apply_flow(
+        &mut self,
+        consumer: &BaseConsumer<ThreadContext>,
+        flow: Vec<parsley::runtime::worker::FlowChange>,
+    ) {
+        for f in flow {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition(&f.topic, f.partition);
             // A partition no longer assigned refuses; nothing to do then.
@@ -340,7 +391,12 @@ impl Shared {
                 debug!(topic = %s.topic, partition = s.partition, error = %e, "seek refused; assigning the partition again");
                 self.restart_fetch(consumer, &s.topic, s.partition, s.offset)?;
             }
-            self.worker.seek_applied(&s.topic, s.partition, s.offset)?;
+            let ack = Ack::Seeked {
+                topic: &s.topic,
+                partition: s.partition,
+                offset: s.offset,
+            };
+            self.worker.advance(ack, &self.cluster)?;
         }
         Ok(())
     }

@@ -141,7 +141,7 @@ impl Shared {
         }
         debug!(error = %e, "a task failed; the open work rolls back");
         self.worker.abort(&self.cluster)?;
-        self.apply_seeks(consumer)
+        self.settle(consumer)
     }
 }
 
@@ -290,7 +290,7 @@ impl StreamThread {
             let r = worker.divert(&failure.task, refused, &topic, cluster);
             let r = r.map_err(StreamsError::from).and_then(|diverted| {
                 // The task restarted at once: its seeks go out now.
-                shared.apply_seeks(consumer).map(|()| diverted)
+                shared.settle(consumer).map(|()| diverted)
             });
             match r {
                 Ok(diverted) => {
@@ -325,7 +325,7 @@ impl StreamThread {
         // A restart without a wait happened now: its seeks go out now.
         let r = r
             .map_err(StreamsError::from)
-            .and_then(|wait| shared.apply_seeks(consumer).map(|()| wait));
+            .and_then(|wait| shared.settle(consumer).map(|()| wait));
         match r {
             Ok(Some(wait)) => {
                 self.task_restarts.fetch_add(1, Ordering::SeqCst);
@@ -448,6 +448,9 @@ impl StreamThread {
                 readiness: self.readiness.clone(),
                 restores: self.restores.clone(),
                 seen: parsley::runtime::worker::WorkerStats::default(),
+                failures: Vec::new(),
+                jobs: Vec::new(),
+                sample: None,
             }),
         };
         let mut consumer_config = settings::for_consumer(&self.config);
@@ -505,8 +508,6 @@ impl StreamThread {
         info!(thread = self.index, transactional_id = %self.transactional_id, "stream thread started");
         set_phase(&self.phase, "polling");
         let mut last_report = Instant::now();
-        let mut published_at = 0;
-        let mut accounted_at = 0;
         let mut publisher = Publisher::new(
             &self.config,
             self.app.application_id(),
@@ -566,7 +567,7 @@ impl StreamThread {
                         None => break true,
                         Some(Ok(m)) => {
                             shared.on_message(&m)?;
-                            shared.apply_seeks(&consumer)?;
+                            shared.settle(&consumer)?;
                         }
                         Some(Err(KafkaError::MessageConsumption(
                             rdkafka::types::RDKafkaErrorCode::AutoOffsetReset,
@@ -575,7 +576,7 @@ impl StreamThread {
                                 worker, cluster, ..
                             } = &mut *shared;
                             worker.offset_out_of_range(cluster)?;
-                            shared.apply_seeks(&consumer)?;
+                            shared.settle(&consumer)?;
                             break true;
                         }
                         Some(Err(e)) => {
@@ -609,28 +610,20 @@ impl StreamThread {
                         worker, cluster, ..
                     } = &mut *shared;
                     worker.punctuate(now, cluster)?;
-                    if worker.published().at != published_at {
-                        published_at = worker.published().at;
-                        let published = worker.published().clone();
-                        if let Some(p) = publisher.as_mut() {
-                            p.publish(&self.thread_report(&published));
-                        }
-                        lock(&self.reports).insert(self.index, published);
-                    }
                 }
-                if shared.worker.published().at != accounted_at {
-                    accounted_at = shared.worker.published().at;
+                // A commit point: what the clock brought, and the open
+                // transaction if it is due.
+                let ready = shared.worker.ready(Some(now))?;
+                shared.act(&consumer, ready)?;
+                if let Some(published) = shared.sample.take() {
+                    if let Some(p) = publisher.as_mut() {
+                        p.publish(&self.thread_report(&published));
+                    }
+                    lock(&self.reports).insert(self.index, published);
                     shared.account();
                 }
                 // A task whose start waited on a lookup may have started.
                 shared.refresh_ready();
-                shared.apply_seeks(&consumer)?;
-                if let Some(txn) = shared.worker.poll_transaction(now)? {
-                    set_phase(&self.phase, "committing");
-                    shared.commit(&consumer, txn)?;
-                    shared.apply_seeks(&consumer)?;
-                    set_phase(&self.phase, "polling");
-                }
                 Ok(None)
             };
             let r = turn();
@@ -641,7 +634,7 @@ impl StreamThread {
             }
             // A task that failed stopped alone; the handler decides what
             // follows.
-            let failures = lock(&consumer.context().shared).worker.take_task_failures();
+            let failures = std::mem::take(&mut lock(&consumer.context().shared).failures);
             for failure in failures {
                 if let Some(session) = self.task_failed(&consumer, failure) {
                     leave(&mut publisher);
@@ -654,9 +647,8 @@ impl StreamThread {
             set_phase(&self.phase, "closing: committing the open transaction");
             let mut shared = lock(&consumer.context().shared);
             shared.report_positions(&consumer)?;
-            if let Some(txn) = shared.worker.flush()? {
-                shared.commit(&consumer, txn)?;
-            }
+            shared.worker.flush()?;
+            shared.settle(&consumer)?;
         }
         set_phase(&self.phase, "closing: leaving the group");
         consumer.unsubscribe();
@@ -684,7 +676,14 @@ impl Restorer {
         shared: &mut Shared,
         consumer: &BaseConsumer<ThreadContext>,
     ) -> Result<(), StreamsError> {
-        for job in shared.worker.take_restore_jobs() {
+        shared.settle(consumer)?;
+        for job in std::mem::take(&mut shared.jobs) {
+            // A job whose task left (revoked since it was handed over) is
+            // not started: the worker no longer waits for it, and a task
+            // assigned here again has a job of its own.
+            if !shared.worker.restoring_tasks().any(|t| t == job.task()) {
+                continue;
+            }
             if self.jobs.send(job).is_err() {
                 return Err(StreamsError::Thread {
                     thread: shared.index,
@@ -697,11 +696,11 @@ impl Restorer {
             let Shared {
                 worker, cluster, ..
             } = &mut *shared;
-            worker.restored(outcome, cluster)?;
+            worker.advance(Ack::Restored(outcome), cluster)?;
             started = true;
         }
         if started {
-            shared.apply_seeks(consumer)?;
+            shared.settle(consumer)?;
             shared.republish();
         }
         Ok(())

@@ -375,7 +375,7 @@ pub enum WorkerError {
     /// A record or position for a partition whose seek the host has not
     /// confirmed.
     #[error(
-        "{topic}:{partition} was told to seek to {offset} and the seek was not confirmed; seek, then call seek_applied"
+        "{topic}:{partition} was told to seek to {offset} and the seek was not confirmed; seek, then acknowledge it (Ack::Seeked)"
     )]
     SeekNotApplied {
         /// The topic.
@@ -386,7 +386,7 @@ pub enum WorkerError {
         offset: i64,
     },
     /// A transaction is in flight: report its outcome first.
-    #[error("a transaction is in flight; report its outcome with commit_outcome first")]
+    #[error("a transaction is in flight; report its outcome (Ack::Committed) first")]
     CommitInFlight,
     /// The open transaction failed: abort it first.
     #[error("the open transaction failed ({reason}); abort it before anything else")]

@@ -7,11 +7,11 @@
 //! itself, which waits on the network, is a [`RestoreJob`]. Under
 //! [`RestoreMode::Inline`] the worker runs each job at once, inside the
 //! call that started the task. Under [`RestoreMode::Deferred`] it queues
-//! them ([`Worker::take_restore_jobs`](crate::runtime::worker::Worker::take_restore_jobs));
+//! them ([`Ready::restores`](crate::runtime::worker::Ready::restores));
 //! the host runs them where it likes (the Kafka runtime: on a restore
 //! thread) with its own changelog reader, and hands each
 //! [`RestoreOutcome`] back
-//! ([`Worker::restored`](crate::runtime::worker::Worker::restored)),
+//! ([`Ack::Restored`](crate::runtime::worker::Ack::Restored)),
 //! while the tasks that are ready go on processing. The restoring task's
 //! partitions are paused meanwhile. An outcome for a task that left in
 //! between (revoked, fenced) is ignored.

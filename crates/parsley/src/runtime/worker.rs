@@ -2,10 +2,15 @@
 //! transactional producer); it owns the tasks assigned to that thread and
 //! makes every decision a host makes. The thing around it only moves bytes.
 //!
-//! # Calls in, one transaction out
+//! # Calls in, one door out
 //!
-//! Like raft-rs's `RawNode`, the worker takes calls and hands back what the
-//! host must do, pulled:
+//! Like raft-rs's `RawNode`, the worker takes calls that say what happened,
+//! and hands back everything the host must do in one [`Ready`]
+//! ([`ready`](Worker::ready)): task failures, restore jobs, fetch pauses
+//! and resumes, consumer seeks, a fresh metrics sample, and the transaction
+//! to commit. What the host did about it comes back through one
+//! [`advance`](Worker::advance) ([`Ack`]: a seek made, a transaction's
+//! delivery reports and its fate, a restore finished). The inputs:
 //!
 //! * [`assign`](Worker::assign) / [`revoke`](Worker::revoke): the group's
 //!   assignment changes. The worker groups partitions into tasks (partition
@@ -15,7 +20,7 @@
 //!   changelogs, and decides where each channel starts: the protocol's
 //!   resume position for an input that joined its scope, else the committed
 //!   position, else the start policy, never below the log start. The
-//!   consumer seeks go out through [`take_seeks`](Worker::take_seeks).
+//!   consumer seeks go out in the next [`Ready`].
 //! * [`on_record`](Worker::on_record) and
 //!   [`on_position`](Worker::on_position): what a poll returned. A consumer
 //!   position is passed to the task only once every record the polls
@@ -24,13 +29,12 @@
 //! * [`punctuate`](Worker::punctuate): the wall clock. Ticks and hold
 //!   warnings per task, and the log-start truncation sweep on its interval
 //!   (a failed lookup skips the cycle and is counted).
-//! * [`poll_transaction`](Worker::poll_transaction) /
+//! * [`ready`](Worker::ready) with a commit point, or
 //!   [`flush`](Worker::flush): one transaction over every task, paced by the
 //!   commit interval: the records to produce (emissions and ticks, then the
 //!   changelog records of both stores, task by task), the consumed
 //!   positions to commit, and what each task did, in order.
-//! * [`commit_outcome`](Worker::commit_outcome): committed, aborted or
-//!   fenced. An abort returns every task to its committed state and seeks
+//! * [`Ack::Committed`]: committed, aborted or fenced. An abort returns every task to its committed state and seeks
 //!   every channel back to its committed position, so the retry redelivers
 //!   the same records in the same causal order; fencing (a zombie) drops
 //!   every task.
@@ -45,7 +49,7 @@
 //! record of the partitions behind it would pile up there. The worker owns
 //! fetching, so it bounds that: once what a task holds passes
 //! [`WorkerConfig::hold_budget`], it pauses fetching
-//! ([`take_flow_changes`](Worker::take_flow_changes)) on the task's
+//! ([`Ready::flow`]) on the task's
 //! partitions whose queue heads are held. Their next records could not be
 //! delivered before those heads anyway, so they are better left in the
 //! log. The rule never wedges:
@@ -88,6 +92,7 @@
 
 mod assign;
 mod commit;
+mod door;
 mod faults;
 mod records;
 mod start;
@@ -115,6 +120,8 @@ pub use crate::runtime::restore::{RestoreJob, RestoreMode, RestoreOutcome};
 use crate::runtime::task::{
     Diversion, EmissionOrigin, OutgoingRecord, Task, TaskError, TaskEvent, TaskId, TaskStats,
 };
+
+pub use door::{Ack, Ready};
 
 /// Where a channel with no committed position starts.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
@@ -166,8 +173,7 @@ pub enum OnRetentionLoss {
 /// How a worker paces its work.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerConfig {
-    /// How often [`Worker::poll_transaction`] hands a transaction over, at
-    /// most: one is due once work is open and this long has passed since
+    /// How often [`Worker::ready`] hands a transaction over, at most: one is due once work is open and this long has passed since
     /// the previous one was handed over (the first is due at once). As with
     /// Kafka Streams' `commit.interval.ms`, the time a commit takes is part
     /// of the interval, not added to it.
@@ -194,7 +200,7 @@ pub struct WorkerConfig {
     /// Keep it below the changelogs' `delete.retention.ms`.
     pub local_store_max_age: Duration,
     /// Where task restores run: inside the call that starts the task, or as
-    /// jobs the host runs elsewhere ([`Worker::take_restore_jobs`]).
+    /// jobs the host runs elsewhere ([`Ready::restores`]).
     pub restores: RestoreMode,
     /// The most one task may hold, in bytes ([`InboundRecord::held_size`]
     /// of each held record), before the worker pauses fetching on the
@@ -660,7 +666,7 @@ pub struct Worker {
     /// flight.
     spans: Vec<Span>,
     /// The checkpoint each task's changelog records reach, once the host
-    /// reported the transaction's offsets ([`Worker::delivered`]).
+    /// reported the transaction's offsets ([`Ack::Delivered`]).
     reached: BTreeMap<TaskId, BTreeMap<String, i64>>,
     /// The host's local stores, if it keeps state on disk.
     local: Option<Box<dyn LocalStore>>,
@@ -687,6 +693,11 @@ pub struct Worker {
     stats: WorkerStats,
     next_sample_at: i64,
     published: Published,
+    /// A sample taken since the host's last [`Ready`].
+    fresh_sample: bool,
+    /// A transaction a flush or a revocation closed, not yet handed over
+    /// in a [`Ready`].
+    closed: Option<Transaction>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -744,6 +755,8 @@ impl Worker {
             stats: WorkerStats::default(),
             next_sample_at: 0,
             published: Published::default(),
+            fresh_sample: false,
+            closed: None,
         }
     }
 
@@ -752,7 +765,7 @@ impl Worker {
     /// store's checkpoint, and each commit's writes reach the store once
     /// the commit is known (see [`local`] for the
     /// rules). The host then reports each transaction's offsets
-    /// ([`delivered`](Self::delivered)).
+    /// ([`Ack::Delivered`]).
     pub fn with_local_store(mut self, store: Box<dyn LocalStore>) -> Worker {
         self.local = Some(store);
         self

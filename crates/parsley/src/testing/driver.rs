@@ -24,6 +24,7 @@ use crate::runtime::host::{AssignedPartition, PolledRecord, Seek};
 use crate::runtime::host::{ChangelogReader, ChangelogRecord};
 use crate::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
 use crate::runtime::metrics::TaskMetrics;
+use crate::runtime::worker::{Ack, Ready};
 use crate::runtime::worker::{CommitOutcome, Transaction, Worker, WorkerConfig, WorkerError};
 use crate::stage::StateStore;
 use crate::task::{OutgoingRecord, TaskError, TaskEvent, TaskId, TaskStats, causal_headers};
@@ -849,22 +850,58 @@ impl TestDriver {
             self.aborts += 1;
             return Err(e.into());
         }
-        self.seek();
+        if let Err(e) = self.seek() {
+            return Err(self.abort(e));
+        }
         // Records released at init belong to the first transaction.
         self.commit()
     }
 
-    fn seek(&mut self) {
-        for Seek {
-            topic,
-            partition,
-            offset,
-        } in self.worker.take_seeks()
-        {
-            // The driver's consumer is a map entry: the seek cannot fail.
-            let _ = self.worker.seek_applied(&topic, partition, offset);
-            self.positions.insert((topic, partition), offset);
+    /// Acts on what the worker has for the driver: a failed task restarts
+    /// from its committed state at once (the next run retries the step
+    /// that failed), each seek is made at once (the driver's consumer is a
+    /// map entry: it cannot fail), and the transaction, if one was closed,
+    /// is returned. Fetch pauses are not needed: the driver fetches one
+    /// record at a time from its log, never ahead of the task.
+    fn take_ready(&mut self) -> Result<Option<Transaction>, WorkerError> {
+        let mut transaction = None;
+        loop {
+            let ready = self.worker.ready(None)?;
+            if ready.is_empty() {
+                return Ok(transaction);
+            }
+            let Ready {
+                failures,
+                seeks,
+                transaction: closed,
+                ..
+            } = ready;
+            transaction = transaction.or(closed);
+            for failure in failures {
+                self.worker.restart_task(&failure.task, &self.log)?;
+            }
+            for Seek {
+                topic,
+                partition,
+                offset,
+            } in seeks
+            {
+                let ack = Ack::Seeked {
+                    topic: &topic,
+                    partition,
+                    offset,
+                };
+                self.worker.advance(ack, &self.log)?;
+                self.positions.insert((topic, partition), offset);
+            }
         }
+    }
+
+    /// [`take_ready`](Self::take_ready) where no transaction was closed.
+    fn seek(&mut self) -> Result<(), WorkerError> {
+        let closed = self.take_ready()?;
+        debug_assert!(closed.is_none(), "only a commit closes a transaction");
+        Ok(())
     }
 
     /// One step of a task: one record (and the position after it) or one
@@ -936,7 +973,7 @@ impl TestDriver {
     /// Commits the open transaction: records, then a commit marker on every
     /// partition written, then the consumed positions.
     fn commit(&mut self) -> Result<(), DriverError> {
-        let txn = match self.worker.flush() {
+        let txn = match self.worker.flush().and_then(|()| self.take_ready()) {
             Ok(Some(t)) => t,
             Ok(None) => return Ok(()),
             Err(e) => return Err(self.abort(e)),
@@ -956,9 +993,9 @@ impl TestDriver {
             let topic = r.topic.clone();
             self.aborts += 1;
             self.worker
-                .commit_outcome(CommitOutcome::Aborted, &self.log)
+                .advance(Ack::Committed(CommitOutcome::Aborted), &self.log)
                 .map_err(DriverError::from)?;
-            self.seek();
+            self.seek()?;
             return Err(DriverError::UnknownTopic {
                 topic: topic.to_string(),
             });
@@ -975,7 +1012,7 @@ impl TestDriver {
         }
         if let Err(e) = self
             .worker
-            .commit_outcome(CommitOutcome::Committed, &self.log)
+            .advance(Ack::Committed(CommitOutcome::Committed), &self.log)
         {
             return Err(e.into());
         }
@@ -1028,12 +1065,9 @@ impl TestDriver {
         }
         // The failed task restarts from its committed state at once: the
         // next run retries the step that failed.
-        for failure in self.worker.take_task_failures() {
-            if let Err(e) = self.worker.restart_task(&failure.task, &self.log) {
-                return e.into();
-            }
+        if let Err(e) = self.seek() {
+            return e.into();
         }
-        self.seek();
         error.into()
     }
 }

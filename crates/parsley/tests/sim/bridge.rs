@@ -541,6 +541,11 @@ pub struct Thread {
     disk: Option<Arc<Mutex<Disk>>>,
     /// Restore jobs taken from the worker, not run yet.
     jobs: std::collections::VecDeque<RestoreJob>,
+    /// What the worker handed over that the world has not asked for yet:
+    /// the world takes pauses, seeks and failures at moments of its own
+    /// choosing (that is how it explores their interleavings), so the
+    /// bridge keeps each part of a `Ready` until its moment comes.
+    pending: Ready,
 }
 
 impl Thread {
@@ -562,7 +567,40 @@ impl Thread {
             divert_next: false,
             disk: None,
             jobs: std::collections::VecDeque::new(),
+            pending: Ready::default(),
         }
+    }
+
+    /// Takes what the worker has for its host into `pending`, outside a
+    /// commit point. A transaction comes out only where a flush or a
+    /// revocation closed one, and those take it at once.
+    fn fill(&mut self) -> Result<(), String> {
+        let Ready {
+            failures,
+            restores,
+            flow,
+            seeks,
+            published: _,
+            transaction,
+        } = self.worker.ready(None).map_err(err)?;
+        let p = &mut self.pending;
+        p.failures.extend(failures);
+        p.restores.extend(restores);
+        p.flow.extend(flow);
+        p.seeks.extend(seeks);
+        if transaction.is_some() {
+            if p.transaction.is_some() {
+                return Err("two transactions closed at once".into());
+            }
+            p.transaction = transaction;
+        }
+        Ok(())
+    }
+
+    /// The transaction a flush or a revocation closed.
+    fn closed(&mut self) -> Result<Option<Transaction>, String> {
+        self.fill()?;
+        Ok(self.pending.transaction.take())
     }
 
     /// Keeps the tasks' stores on `disk` between processes.
@@ -588,7 +626,8 @@ impl Thread {
     /// production handler chose it; everything else restarts after its
     /// backoff (the uncaught error handler's `ReplaceThread`).
     fn handle_failures(&mut self, broker: &SimBroker) -> Result<(), String> {
-        for f in self.worker.take_task_failures() {
+        self.fill()?;
+        for f in std::mem::take(&mut self.pending.failures) {
             self.stats.borrow_mut().task_failures += 1;
             if f.error.contains("cannot be read from its local store") {
                 self.stats.borrow_mut().fold_store_failures += 1;
@@ -777,11 +816,10 @@ impl StreamThread for Thread {
         // The same call the Kafka runtime makes: the worker commits or
         // aborts the open work, and keeps the seeks an abort queues.
         let aborts = self.worker.stats().aborts;
-        let txn = self
-            .worker
+        self.worker
             .before_revoke(false, &View(broker))
             .map_err(err)?;
-        match txn {
+        match self.closed()? {
             Some(t) => Ok(Some(self.convert(t))),
             None => {
                 if self.worker.stats().aborts > aborts {
@@ -805,7 +843,21 @@ impl StreamThread for Thread {
                     .map(|a| (a.topic.clone(), a.partition)),
             );
         }
-        self.worker.revoke(&all).map_err(err)
+        self.worker.revoke(&all).map_err(err)?;
+        // A host that acts on each ready at once made these before the
+        // revocation, which is harmless; the world takes them later, so
+        // the ones of partitions it no longer holds go with them (as the
+        // worker drops the ones still queued).
+        let gone = |t: &str, p: i32| all.iter().any(|(at, ap)| at == t && *ap == p);
+        self.pending.seeks.retain(|s| !gone(&s.topic, s.partition));
+        self.pending.flow.retain(|f| !gone(&f.topic, f.partition));
+        // And a restore job the worker no longer waits for (its task
+        // closed) is not run.
+        let worker = &self.worker;
+        self.pending
+            .restores
+            .retain(|j| worker.restoring_tasks().any(|t| t == j.task()));
+        Ok(())
     }
 
     fn on_record(&mut self, r: PolledRecord, broker: &SimBroker) -> Result<(), String> {
@@ -844,15 +896,30 @@ impl StreamThread for Thread {
         now: i64,
         broker: &SimBroker,
     ) -> Result<Option<HostTransaction>, String> {
-        match self.worker.poll_transaction(now) {
-            Ok(t) => Ok(t.map(|t| self.convert(t))),
+        match self.worker.ready(Some(now)) {
+            Ok(ready) => {
+                let Ready {
+                    failures,
+                    restores,
+                    flow,
+                    seeks,
+                    published: _,
+                    transaction,
+                } = ready;
+                let p = &mut self.pending;
+                p.failures.extend(failures);
+                p.restores.extend(restores);
+                p.flow.extend(flow);
+                p.seeks.extend(seeks);
+                Ok(transaction.map(|t| self.convert(t)))
+            }
             Err(e) => self.recover(Err(e), broker).map(|()| None),
         }
     }
 
     fn flush(&mut self, broker: &SimBroker) -> Result<Option<HostTransaction>, String> {
         match self.worker.flush() {
-            Ok(t) => Ok(t.map(|t| self.convert(t))),
+            Ok(()) => Ok(self.closed()?.map(|t| self.convert(t))),
             Err(e) => self.recover(Err(e), broker).map(|()| None),
         }
     }
@@ -864,7 +931,10 @@ impl StreamThread for Thread {
             Outcome::Fenced => CommitOutcome::Fenced,
         };
         self.just_aborted = o == CommitOutcome::Aborted;
-        let r = self.worker.commit_outcome(o, &View(broker)).map_err(err);
+        let r = self
+            .worker
+            .advance(Ack::Committed(o), &View(broker))
+            .map_err(err);
         if let Some(disk) = &self.disk {
             // A fault armed for this outcome strikes only its writes.
             disk.lock().unwrap().armed = None;
@@ -923,11 +993,14 @@ impl StreamThread for Thread {
     }
 
     fn restoring(&self) -> bool {
-        !self.jobs.is_empty() || self.worker.restoring_tasks().next().is_some()
+        !self.jobs.is_empty()
+            || !self.pending.restores.is_empty()
+            || self.worker.restoring_tasks().next().is_some()
     }
 
     fn restore_step(&mut self, broker: &SimBroker) -> Result<(), String> {
-        self.jobs.extend(self.worker.take_restore_jobs());
+        self.fill()?;
+        self.jobs.extend(std::mem::take(&mut self.pending.restores));
         let Some(job) = self.jobs.pop_front() else {
             return Ok(());
         };
@@ -936,14 +1009,16 @@ impl StreamThread for Thread {
         if !self.worker.restoring_tasks().any(|t| *t == task) {
             self.stats.borrow_mut().stale_restores += 1;
         }
-        let r = self.worker.restored(outcome, &View(broker));
+        let r = self.worker.advance(Ack::Restored(outcome), &View(broker));
         let r = self.recover(r, broker);
         self.account();
         r
     }
 
-    fn delivered(&mut self, offsets: &[i64]) {
-        self.worker.delivered(offsets);
+    fn delivered(&mut self, offsets: &[i64], broker: &SimBroker) {
+        // Only a transaction in flight has delivery reports, and the
+        // worker takes them whenever one is.
+        let _ = self.worker.advance(Ack::Delivered(offsets), &View(broker));
     }
 
     fn store_fault(&mut self, fault: StoreFault) -> bool {
@@ -955,14 +1030,23 @@ impl StreamThread for Thread {
     }
 
     fn take_flow(&mut self) -> Vec<FlowChange> {
-        self.worker.take_flow_changes()
+        // A refusal here (none is possible outside a commit point) shows
+        // at the world's next call.
+        let _ = self.fill();
+        std::mem::take(&mut self.pending.flow)
     }
 
-    fn take_seeks(&mut self) -> Vec<Seek> {
-        let seeks = self.worker.take_seeks();
+    fn take_seeks(&mut self, broker: &SimBroker) -> Vec<Seek> {
+        let _ = self.fill();
+        let seeks = std::mem::take(&mut self.pending.seeks);
         for s in &seeks {
             // The world's consumer applies what it is handed; confirm each.
-            let _ = self.worker.seek_applied(&s.topic, s.partition, s.offset);
+            let ack = Ack::Seeked {
+                topic: &s.topic,
+                partition: s.partition,
+                offset: s.offset,
+            };
+            let _ = self.worker.advance(ack, &View(broker));
         }
         if std::mem::take(&mut self.just_aborted) && self.fault == Some(HostFault::NoSeekAfterAbort)
         {

@@ -4,12 +4,6 @@
 use super::*;
 
 impl Worker {
-    /// The seeks the consumer must make, in order (after an assignment or
-    /// an abort).
-    pub fn take_seeks(&mut self) -> Vec<Seek> {
-        std::mem::take(&mut self.seeks)
-    }
-
     /// The group assigned these partitions (in addition to what this worker
     /// holds). Starts every task they complete, restoring its stores from
     /// its changelogs, and queues the consumer seeks.
@@ -19,7 +13,7 @@ impl Worker {
         cluster: &dyn Cluster,
         now: i64,
     ) -> Result<(), WorkerError> {
-        self.ready()?;
+        self.ready_for_work()?;
         self.now = self.now.max(now);
         // Validate the whole assignment before changing anything.
         let mut touched = BTreeSet::new();
@@ -187,7 +181,7 @@ impl Worker {
     /// consumer's buffer counts as lost too: what is below the log start
     /// is gone from the cluster, and a restart could not read it again.
     pub fn offset_out_of_range(&mut self, cluster: &dyn Cluster) -> Result<(), WorkerError> {
-        self.ready()?;
+        self.ready_for_work()?;
         let ids: BTreeSet<parsley_protocol::TopicId> = self
             .tasks
             .values()
@@ -244,10 +238,11 @@ impl Worker {
         Ok(())
     }
 
-    /// The host made a seek the worker asked for: records of the partition
-    /// are accepted again. Until then they are refused, so a host that
-    /// forgot a seek fails at once instead of skipping records.
-    pub fn seek_applied(
+    /// The host made a seek the worker asked for ([`Ack::Seeked`]):
+    /// records of the partition are accepted again. Until then they are
+    /// refused, so a host that forgot a seek fails at once instead of
+    /// skipping records.
+    pub(super) fn seek_applied(
         &mut self,
         topic: &str,
         partition: i32,
@@ -279,26 +274,23 @@ impl Worker {
     }
 
     /// Settles the open work before a revocation, by
-    /// [`revoke_plan`](Self::revoke_plan): returns the transaction the host
-    /// commits first when the work is to be committed, and otherwise
-    /// aborts it here. A task that fails while its commit is taken stops
+    /// [`revoke_plan`](Self::revoke_plan): when the work is to be
+    /// committed, closes the transaction the host commits first (it comes
+    /// out in the next [`ready`](Self::ready)), and otherwise aborts it
+    /// here. A task that fails while its commit is taken stops
     /// alone and the other tasks roll back; the seeks that put them back at
     /// their committed positions stay queued for the host, like every
     /// other seek, so none of their partitions is left waiting on a seek
     /// that never comes. (A host that streams records into its open
     /// transaction and needs the aborted ones calls `revoke_plan` and
     /// [`abort`](Self::abort) itself.)
-    pub fn before_revoke(
-        &mut self,
-        lost: bool,
-        cluster: &dyn Cluster,
-    ) -> Result<Option<Transaction>, WorkerError> {
+    pub fn before_revoke(&mut self, lost: bool, cluster: &dyn Cluster) -> Result<(), WorkerError> {
         match self.revoke_plan(lost) {
-            RevokePlan::Nothing => Ok(None),
-            RevokePlan::Abort => self.abort(cluster).map(|_| None),
+            RevokePlan::Nothing => Ok(()),
+            RevokePlan::Abort => self.abort(cluster).map(drop),
             RevokePlan::Commit => match self.flush() {
-                Ok(txn) => Ok(txn),
-                Err(_) if self.failing.is_some() => self.abort(cluster).map(|_| None),
+                Ok(()) => Ok(()),
+                Err(_) if self.failing.is_some() => self.abort(cluster).map(drop),
                 Err(e) => Err(e),
             },
         }
@@ -309,7 +301,7 @@ impl Worker {
     /// Every task owning one of them is closed; its committed state lives
     /// on in its changelogs.
     pub fn revoke(&mut self, partitions: &[(String, i32)]) -> Result<(), WorkerError> {
-        self.ready()?;
+        self.ready_for_work()?;
         if self.dirty {
             return Err(WorkerError::OpenTransaction);
         }

@@ -4,13 +4,8 @@
 use super::*;
 
 impl Worker {
-    /// The offset each record of the transaction handed over last got, by
-    /// index (from the producer's delivery reports), reported before its
-    /// [`commit_outcome`](Self::commit_outcome). With a local store, these
-    /// are the checkpoints the commit's writes reach; a commit whose
-    /// offsets were not reported cannot be checkpointed, and the stores of
-    /// the tasks it wrote are wiped (rebuilt at their next start).
-    pub fn delivered(&mut self, offsets: &[i64]) {
+    /// The transaction's delivery reports ([`Ack::Delivered`]).
+    pub(super) fn delivered(&mut self, offsets: &[i64]) {
         self.reached.clear();
         if self.local.is_none() {
             return;
@@ -40,9 +35,10 @@ impl Worker {
     }
 
     /// Samples every task's gauges now and publishes them with every held
-    /// head ([`published`](Self::published)). [`punctuate`](Self::punctuate)
-    /// does this every [`SAMPLE_INTERVAL`]; a host (or a test) that wants a
-    /// fresh reading can call it any time.
+    /// head ([`published`](Self::published), and in the next
+    /// [`Ready::published`]). [`punctuate`](Self::punctuate) does this every
+    /// [`SAMPLE_INTERVAL`]; a host (or a test) that wants a fresh reading
+    /// can call it any time.
     pub fn sample(&mut self) -> &Published {
         let now = self.now;
         let mut metrics = Vec::with_capacity(self.tasks.len());
@@ -65,6 +61,7 @@ impl Worker {
             metrics,
             holds,
         };
+        self.fresh_sample = true;
         &self.published
     }
 
@@ -75,9 +72,12 @@ impl Worker {
     }
 
     /// The open transaction, once it has been open for the commit interval
-    /// (and holds anything).
-    pub fn poll_transaction(&mut self, now: i64) -> Result<Option<Transaction>, WorkerError> {
-        self.ready()?;
+    /// (and holds anything): a [`Ready`] offered a commit point.
+    pub(super) fn poll_transaction(
+        &mut self,
+        now: i64,
+    ) -> Result<Option<Transaction>, WorkerError> {
+        self.ready_for_work()?;
         self.now = self.now.max(now);
         if self.commit_due_in(self.now) == Some(Duration::ZERO) {
             self.take_transaction().map(Some)
@@ -86,9 +86,8 @@ impl Worker {
         }
     }
 
-    /// How long from `now` (the host's clock) until
-    /// [`poll_transaction`](Self::poll_transaction) hands a transaction
-    /// over: zero when one is due, `None` while no work is open. A host
+    /// How long from `now` (the host's clock) until a [`ready`](Self::ready)
+    /// offered a commit point hands a transaction over: zero when one is due, `None` while no work is open. A host
     /// that waits for records waits no longer than this, so a due commit
     /// is not held back by an idle poll.
     ///
@@ -174,14 +173,16 @@ impl Worker {
         Ok(())
     }
 
-    /// The open transaction now, whatever its age (before a revocation or a
-    /// shutdown); `None` when nothing is open.
-    pub fn flush(&mut self) -> Result<Option<Transaction>, WorkerError> {
-        self.ready()?;
-        if !self.dirty {
-            return Ok(None);
+    /// Closes the open transaction now, whatever its age (before a
+    /// revocation or a shutdown): it comes out in the next
+    /// [`ready`](Self::ready). Nothing happens when nothing is open.
+    pub fn flush(&mut self) -> Result<(), WorkerError> {
+        self.ready_for_work()?;
+        if self.dirty {
+            let txn = self.take_transaction()?;
+            self.closed = Some(txn);
         }
-        self.take_transaction().map(Some)
+        Ok(())
     }
 
     /// Splits the fold cache evenly over the tasks whose fold state reads
@@ -297,8 +298,8 @@ impl Worker {
         Ok(txn)
     }
 
-    /// How the transaction handed over last ended.
-    pub fn commit_outcome(
+    /// How the transaction handed over last ended ([`Ack::Committed`]).
+    pub(super) fn commit_outcome(
         &mut self,
         outcome: CommitOutcome,
         cluster: &dyn Cluster,

@@ -4,7 +4,7 @@
 use super::*;
 
 impl Worker {
-    pub(super) fn ready(&self) -> Result<(), WorkerError> {
+    pub(super) fn ready_for_work(&self) -> Result<(), WorkerError> {
         match &self.state {
             State::Open => Ok(()),
             State::InFlight => Err(WorkerError::CommitInFlight),

@@ -26,7 +26,7 @@ impl Worker {
     /// One record a poll returned, handed to its task now.
     pub fn on_record(&mut self, record: impl RecordView) -> Result<(), WorkerError> {
         let (topic, partition, offset) = (record.topic(), record.partition(), record.offset());
-        self.ready()?;
+        self.ready_for_work()?;
         let Some((id, i)) = self.route(topic, partition)? else {
             self.stats.dropped_while_waiting += 1;
             return Ok(());
@@ -91,7 +91,7 @@ impl Worker {
         position: i64,
         last_returned: Option<i64>,
     ) -> Result<(), WorkerError> {
-        self.ready()?;
+        self.ready_for_work()?;
         let Some((id, i)) = self.route(topic, partition)? else {
             return Ok(());
         };
@@ -246,17 +246,10 @@ impl Worker {
         task.watch(throttle.paused.iter().map(|&i| slot.channels[i].channel));
     }
 
-    /// The fetch pauses and resumes to make, in order, before the seeks
-    /// ([`take_seeks`](Self::take_seeks)): a stopped task's partitions
-    /// pause, and resume when it restarts.
-    pub fn take_flow_changes(&mut self) -> Vec<FlowChange> {
-        std::mem::take(&mut self.flow)
-    }
-
     /// The wall clock: ticks and hold warnings in every task, and the
     /// truncation sweep of every task whose interval has passed.
     pub fn punctuate(&mut self, now: i64, cluster: &dyn Cluster) -> Result<(), WorkerError> {
-        self.ready()?;
+        self.ready_for_work()?;
         self.now = self.now.max(now);
         let now = self.now;
         for id in std::mem::take(&mut self.waiting) {

@@ -42,13 +42,6 @@ impl Worker {
         });
     }
 
-    /// The tasks that failed since the last call, in the order they failed:
-    /// each is stopped until [`restart_task`](Self::restart_task) (the
-    /// host's error handler decides), its partitions still assigned here.
-    pub fn take_task_failures(&mut self) -> Vec<TaskFailure> {
-        std::mem::take(&mut self.failures)
-    }
-
     /// The tasks stopped after a failure.
     pub fn stopped_tasks(&self) -> impl Iterator<Item = &TaskId> {
         self.stopped.keys()
@@ -538,12 +531,6 @@ impl Worker {
         }
     }
 
-    /// The restore jobs queued since the last call
-    /// ([`RestoreMode::Deferred`]), for the host to run.
-    pub fn take_restore_jobs(&mut self) -> Vec<RestoreJob> {
-        std::mem::take(&mut self.jobs)
-    }
-
     /// Tasks whose restore job has not come back yet.
     pub fn restoring_tasks(&self) -> impl Iterator<Item = &TaskId> {
         self.restoring.keys()
@@ -564,12 +551,12 @@ impl Worker {
     /// failed replay leaves the task waiting when it was a lookup (retried
     /// at the next punctuation), and fails the worker's open work
     /// otherwise, as a failed start does.
-    pub fn restored(
+    pub(super) fn restored(
         &mut self,
         outcome: RestoreOutcome,
         cluster: &dyn Cluster,
     ) -> Result<(), WorkerError> {
-        self.ready()?;
+        self.ready_for_work()?;
         let RestoreOutcome {
             job,
             task,

@@ -1,0 +1,135 @@
+//! The worker's one door out: whatever it has for its host comes out in one
+//! [`Ready`], and whatever the host did about it goes back through
+//! [`Worker::advance`].
+//!
+//! The calls that tell the worker what happened (records, positions,
+//! assignments, revocations, the clock, faults) stay separate inputs, as
+//! raft-rs's `step` and `tick` are; what the host must *do* is never
+//! pulled piece by piece. A host asks for [`Worker::ready`] after each
+//! input it makes, acts on every part of the answer, and acknowledges the
+//! parts that ask for it.
+
+use super::*;
+
+/// Everything the worker has for its host, taken at once by
+/// [`Worker::ready`]. A host acts on every part; the ones that need an
+/// answer say which [`Ack`] it is.
+#[derive(Debug, Default)]
+#[must_use = "a host acts on every part of a Ready"]
+pub struct Ready {
+    /// Tasks that failed and stopped alone since the last ready; nothing of
+    /// theirs is open any more. The host's error policy decides what
+    /// follows ([`Worker::restart_task`], [`Worker::divert`], or ending the
+    /// membership).
+    pub failures: Vec<TaskFailure>,
+    /// Changelog replays to run off the poll loop
+    /// ([`RestoreMode::Deferred`]); each finished one comes back as
+    /// [`Ack::Restored`].
+    pub restores: Vec<RestoreJob>,
+    /// Fetch pauses and resumes (backpressure, and the partitions of a task
+    /// that has not formed yet). A partition no longer assigned may refuse;
+    /// nothing depends on it then.
+    pub flow: Vec<FlowChange>,
+    /// Consumer seeks, to make before the next poll, in order; each is
+    /// acknowledged with [`Ack::Seeked`] once made. Records polled from a
+    /// partition before its seek is acknowledged are dropped.
+    pub seeks: Vec<Seek>,
+    /// A fresh sample of every task's metrics and held heads, when one was
+    /// taken since the last ready.
+    pub published: Option<Published>,
+    /// The transaction to produce and commit: one that was due when the
+    /// host offered a commit point, or the one a
+    /// [`flush`](Worker::flush) or a [`before_revoke`](Worker::before_revoke)
+    /// closed. Its delivery reports go back as [`Ack::Delivered`] and its
+    /// fate as [`Ack::Committed`].
+    pub transaction: Option<Transaction>,
+}
+
+impl Ready {
+    /// Whether there is nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.failures.is_empty()
+            && self.restores.is_empty()
+            && self.flow.is_empty()
+            && self.seeks.is_empty()
+            && self.published.is_none()
+            && self.transaction.is_none()
+    }
+}
+
+/// What a host did about a [`Ready`], handed back through
+/// [`Worker::advance`].
+#[derive(Debug)]
+// Built by the host and taken at once, never stored or moved in bulk: the
+// restore outcome's size costs nothing a box would save.
+#[allow(clippy::large_enum_variant)]
+pub enum Ack<'a> {
+    /// The consumer made this seek: the partition's next polled record is
+    /// the one at `offset`.
+    Seeked {
+        /// The topic.
+        topic: &'a str,
+        /// The partition.
+        partition: i32,
+        /// The offset sought.
+        offset: i64,
+    },
+    /// The offset each record of the transaction handed over last got, by
+    /// index (the producer's delivery reports), before its
+    /// [`Committed`](Ack::Committed). With a local store these are the
+    /// checkpoints the commit's writes reach; a commit whose offsets were
+    /// not reported cannot be checkpointed, and the stores of the tasks it
+    /// wrote are wiped (rebuilt at their next start).
+    Delivered(&'a [i64]),
+    /// How the transaction handed over last ended.
+    Committed(CommitOutcome),
+    /// A restore job finished: its task starts (or fails).
+    Restored(RestoreOutcome),
+}
+
+impl Worker {
+    /// Everything the worker has for its host now.
+    ///
+    /// `commit_at` is the host's clock when it can start a transaction now
+    /// (between polls, with nothing in flight); the open work is then
+    /// handed over if it is due ([`commit_due_in`](Self::commit_due_in)).
+    /// `None` in the middle of a batch of records, or inside a rebalance:
+    /// only a transaction a [`flush`](Self::flush) or a
+    /// [`before_revoke`](Self::before_revoke) closed comes out then.
+    ///
+    /// Fails, taking nothing, when a commit point is offered while a
+    /// transaction is in flight or the open one must be aborted first.
+    pub fn ready(&mut self, commit_at: Option<i64>) -> Result<Ready, WorkerError> {
+        let transaction = match (self.closed.take(), commit_at) {
+            (Some(txn), _) => Some(txn),
+            (None, Some(now)) => self.poll_transaction(now)?,
+            (None, None) => None,
+        };
+        let published = std::mem::take(&mut self.fresh_sample).then(|| self.published.clone());
+        Ok(Ready {
+            failures: std::mem::take(&mut self.failures),
+            restores: std::mem::take(&mut self.jobs),
+            flow: std::mem::take(&mut self.flow),
+            seeks: std::mem::take(&mut self.seeks),
+            published,
+            transaction,
+        })
+    }
+
+    /// Takes the host's acknowledgement of a part of a [`Ready`].
+    pub fn advance(&mut self, ack: Ack<'_>, cluster: &dyn Cluster) -> Result<(), WorkerError> {
+        match ack {
+            Ack::Seeked {
+                topic,
+                partition,
+                offset,
+            } => self.seek_applied(topic, partition, offset),
+            Ack::Delivered(offsets) => {
+                self.delivered(offsets);
+                Ok(())
+            }
+            Ack::Committed(outcome) => self.commit_outcome(outcome, cluster),
+            Ack::Restored(outcome) => self.restored(outcome, cluster),
+        }
+    }
+}

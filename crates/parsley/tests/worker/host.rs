@@ -1,0 +1,190 @@
+//! The host these tests play: the worker behind its one door, with each
+//! part of a `Ready` kept until the test asks for it by name. The tests
+//! take seeks, pauses, failures and transactions at moments of their own
+//! choosing, one part at a time; this keeps what the other parts of the
+//! same `Ready` held, in order, as a host that acts on them later would.
+
+// The worker's own error type, as the library returns it.
+#![allow(clippy::result_large_err)]
+
+use std::ops::{Deref, DerefMut};
+
+use parsley::Parsley;
+use parsley::runtime::changelog::RestoreListener;
+use parsley::runtime::local::LocalStore;
+use parsley::runtime::worker::{
+    Ack, CommitOutcome, FlowChange, Ready, RestoreJob, RestoreOutcome, Seek, TaskFailure,
+    Transaction, WorkerConfig, WorkerError,
+};
+
+use super::Cluster;
+
+pub(crate) struct Worker {
+    core: parsley::runtime::worker::Worker,
+    pending: Ready,
+}
+
+impl Deref for Worker {
+    type Target = parsley::runtime::worker::Worker;
+    fn deref(&self) -> &Self::Target {
+        &self.core
+    }
+}
+
+impl DerefMut for Worker {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.core
+    }
+}
+
+impl Worker {
+    pub(crate) fn new(app: &Parsley, config: WorkerConfig) -> Worker {
+        Worker {
+            core: parsley::runtime::worker::Worker::new(app, config),
+            pending: Ready::default(),
+        }
+    }
+
+    pub(crate) fn with_local_store(self, store: Box<dyn LocalStore>) -> Worker {
+        Worker {
+            core: self.core.with_local_store(store),
+            pending: self.pending,
+        }
+    }
+
+    pub(crate) fn with_restore_listener(
+        self,
+        listener: std::sync::Arc<dyn RestoreListener>,
+    ) -> Worker {
+        Worker {
+            core: self.core.with_restore_listener(listener),
+            pending: self.pending,
+        }
+    }
+
+    /// What the worker handed over outside a commit point, kept.
+    fn fill(&mut self) {
+        let ready = self
+            .core
+            .ready(None)
+            .expect("a ready without a commit point never fails");
+        self.keep(ready);
+    }
+
+    fn keep(&mut self, ready: Ready) {
+        let Ready {
+            failures,
+            restores,
+            flow,
+            seeks,
+            published: _,
+            transaction,
+        } = ready;
+        let p = &mut self.pending;
+        p.failures.extend(failures);
+        p.restores.extend(restores);
+        p.flow.extend(flow);
+        p.seeks.extend(seeks);
+        assert!(
+            transaction.is_none() || p.transaction.is_none(),
+            "two transactions closed at once"
+        );
+        p.transaction = p.transaction.take().or(transaction);
+    }
+
+    pub(crate) fn take_seeks(&mut self) -> Vec<Seek> {
+        self.fill();
+        std::mem::take(&mut self.pending.seeks)
+    }
+
+    pub(crate) fn take_flow_changes(&mut self) -> Vec<FlowChange> {
+        self.fill();
+        std::mem::take(&mut self.pending.flow)
+    }
+
+    pub(crate) fn take_task_failures(&mut self) -> Vec<TaskFailure> {
+        self.fill();
+        std::mem::take(&mut self.pending.failures)
+    }
+
+    pub(crate) fn take_restore_jobs(&mut self) -> Vec<RestoreJob> {
+        self.fill();
+        std::mem::take(&mut self.pending.restores)
+    }
+
+    /// A commit point: the transaction, if one is due.
+    pub(crate) fn poll_transaction(
+        &mut self,
+        now: i64,
+    ) -> Result<Option<Transaction>, WorkerError> {
+        let mut ready = self.core.ready(Some(now))?;
+        let txn = ready.transaction.take();
+        self.keep(ready);
+        Ok(txn)
+    }
+
+    /// Closes the open transaction and takes it.
+    pub(crate) fn flush(&mut self) -> Result<Option<Transaction>, WorkerError> {
+        self.core.flush()?;
+        self.fill();
+        Ok(self.pending.transaction.take())
+    }
+
+    /// Settles the open work before a revocation; the transaction to commit
+    /// first, if there is one.
+    pub(crate) fn before_revoke(
+        &mut self,
+        lost: bool,
+        cluster: &Cluster,
+    ) -> Result<Option<Transaction>, WorkerError> {
+        self.core.before_revoke(lost, cluster)?;
+        self.fill();
+        Ok(self.pending.transaction.take())
+    }
+
+    /// The revocation; what was kept for the partitions that go, goes too
+    /// (the worker drops what it still queues for them).
+    pub(crate) fn revoke(&mut self, partitions: &[(String, i32)]) -> Result<(), WorkerError> {
+        self.core.revoke(partitions)?;
+        let gone = |t: &str, p: i32| partitions.iter().any(|(at, ap)| at == t && *ap == p);
+        self.pending.seeks.retain(|s| !gone(&s.topic, s.partition));
+        self.pending.flow.retain(|f| !gone(&f.topic, f.partition));
+        Ok(())
+    }
+
+    pub(crate) fn seek_applied(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Result<(), WorkerError> {
+        let ack = Ack::Seeked {
+            topic,
+            partition,
+            offset,
+        };
+        self.core.advance(ack, &Cluster::default())
+    }
+
+    pub(crate) fn delivered(&mut self, offsets: &[i64]) {
+        self.core
+            .advance(Ack::Delivered(offsets), &Cluster::default())
+            .expect("delivery reports are always taken");
+    }
+
+    pub(crate) fn commit_outcome(
+        &mut self,
+        outcome: CommitOutcome,
+        cluster: &Cluster,
+    ) -> Result<(), WorkerError> {
+        self.core.advance(Ack::Committed(outcome), cluster)
+    }
+
+    pub(crate) fn restored(
+        &mut self,
+        outcome: RestoreOutcome,
+        cluster: &Cluster,
+    ) -> Result<(), WorkerError> {
+        self.core.advance(Ack::Restored(outcome), cluster)
+    }
+}
