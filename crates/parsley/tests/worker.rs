@@ -3383,4 +3383,44 @@ fn the_door_hands_each_part_over_once_and_cuts_only_at_a_commit_point() {
     let ready = w.ready(None).unwrap();
     assert_eq!(ready.published.map(|p| p.at), Some(at));
     assert!(w.ready(None).unwrap().is_empty());
+
+    // A transaction closed and not taken yet goes with the tasks a fence
+    // drops: the next ready has nothing of theirs.
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    w.flush().unwrap();
+    assert!(matches!(
+        w.on_fault(Fault::Fenced("another owner".into())),
+        Directive::Rejoin
+    ));
+    assert!(w.ready(None).unwrap().transaction.is_none());
+}
+
+/// A restore job handed over before its task left is one the worker no
+/// longer awaits, even once the task is back with a job of its own; the
+/// new job is awaited.
+#[test]
+fn a_restore_job_of_a_task_that_left_is_not_awaited() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut host = Worker::new(
+        &app,
+        WorkerConfig {
+            restores: RestoreMode::Deferred,
+            ..WorkerConfig::default()
+        },
+    );
+    let w: &mut parsley::runtime::worker::Worker = &mut host;
+    let parts = || vec![part("a", 0), part("b", 0)];
+    w.assign(parts(), &cluster, 0).unwrap();
+    let first = w.ready(None).unwrap().restores;
+    assert_eq!(first.len(), 1);
+    assert!(w.awaits(&first[0]));
+    w.revoke(&[("a".to_owned(), 0), ("b".to_owned(), 0)])
+        .unwrap();
+    assert!(!w.awaits(&first[0]), "its task left");
+    w.assign(parts(), &cluster, 0).unwrap();
+    let second = w.ready(None).unwrap().restores;
+    assert_eq!(second.len(), 1);
+    assert!(w.awaits(&second[0]));
+    assert!(!w.awaits(&first[0]), "the task is back with another job");
 }

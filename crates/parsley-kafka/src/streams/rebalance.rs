@@ -340,10 +340,17 @@ impl Shared {
             self.apply_flow(consumer, flow);
             self.seek_to(consumer, seeks)?;
             if let Some(txn) = transaction {
+                // A commit of the poll loop's says so; one made while
+                // revoking or closing keeps saying that.
                 let phase = *lock(&self.phase);
-                set_phase(&self.phase, "committing");
+                let polling = phase == "polling";
+                if polling {
+                    set_phase(&self.phase, "committing");
+                }
                 let r = self.commit(consumer, txn);
-                set_phase(&self.phase, phase);
+                if polling {
+                    set_phase(&self.phase, phase);
+                }
                 r?;
             }
             ready = self.worker.ready(None)?;

@@ -678,10 +678,10 @@ impl Restorer {
     ) -> Result<(), StreamsError> {
         shared.settle(consumer)?;
         for job in std::mem::take(&mut shared.jobs) {
-            // A job whose task left (revoked since it was handed over) is
-            // not started: the worker no longer waits for it, and a task
+            // A job whose task left since it was handed over is not
+            // started: the worker no longer waits for it, and a task
             // assigned here again has a job of its own.
-            if !shared.worker.restoring_tasks().any(|t| t == job.task()) {
+            if !shared.worker.awaits(&job) {
                 continue;
             }
             if self.jobs.send(job).is_err() {

@@ -345,7 +345,8 @@ pub enum CommitOutcome {
 pub enum RevokePlan {
     /// Nothing is open.
     Nothing,
-    /// Commit the open work first ([`Worker::flush`]).
+    /// Commit the open work first: [`Worker::before_revoke`] closes it into
+    /// the next [`Ready`].
     Commit,
     /// The assignment was lost: abort the open transaction
     /// ([`Worker::abort`]).

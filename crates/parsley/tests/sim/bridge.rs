@@ -854,9 +854,7 @@ impl StreamThread for Thread {
         // And a restore job the worker no longer waits for (its task
         // closed) is not run.
         let worker = &self.worker;
-        self.pending
-            .restores
-            .retain(|j| worker.restoring_tasks().any(|t| t == j.task()));
+        self.pending.restores.retain(|j| worker.awaits(j));
         Ok(())
     }
 

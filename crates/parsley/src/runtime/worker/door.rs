@@ -24,15 +24,18 @@ pub struct Ready {
     pub failures: Vec<TaskFailure>,
     /// Changelog replays to run off the poll loop
     /// ([`RestoreMode::Deferred`]); each finished one comes back as
-    /// [`Ack::Restored`].
+    /// [`Ack::Restored`]. A host that starts them later than it takes them
+    /// skips the ones the worker no longer [`awaits`](Worker::awaits).
     pub restores: Vec<RestoreJob>,
     /// Fetch pauses and resumes (backpressure, and the partitions of a task
     /// that has not formed yet). A partition no longer assigned may refuse;
     /// nothing depends on it then.
     pub flow: Vec<FlowChange>,
     /// Consumer seeks, to make before the next poll, in order; each is
-    /// acknowledged with [`Ack::Seeked`] once made. Records polled from a
-    /// partition before its seek is acknowledged are dropped.
+    /// acknowledged with [`Ack::Seeked`] once made. A record or a position
+    /// of a partition whose seek was not acknowledged is refused
+    /// ([`WorkerError::SeekNotApplied`]), so a host that forgot one fails
+    /// instead of skipping records.
     pub seeks: Vec<Seek>,
     /// A fresh sample of every task's metrics and held heads, when one was
     /// taken since the last ready.

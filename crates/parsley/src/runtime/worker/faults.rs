@@ -225,6 +225,9 @@ impl Worker {
             self.close_local(id);
         }
         self.tasks.clear();
+        // A transaction a flush closed and the host has not taken yet is
+        // the dropped tasks' too.
+        self.closed = None;
         self.spans.clear();
         self.reached.clear();
         self.restoring.clear();
