@@ -877,30 +877,53 @@ impl TestDriver {
                 ..
             } = ready;
             transaction = transaction.or(closed);
-            for failure in failures {
-                self.worker.restart_task(&failure.task, &self.log)?;
-            }
-            for Seek {
-                topic,
-                partition,
-                offset,
-            } in seeks
-            {
-                let ack = Ack::Seeked {
-                    topic: &topic,
-                    partition,
-                    offset,
-                };
-                self.worker.advance(ack, &self.log)?;
-                self.positions.insert((topic, partition), offset);
+            if let Err(e) = self.restart_and_seek(failures, seeks) {
+                // A transaction taken here is never committed now: the
+                // worker hears it aborted, so the abort that follows the
+                // error finds nothing in flight.
+                if transaction.is_some() {
+                    let aborted = Ack::Committed(CommitOutcome::Aborted);
+                    self.worker.advance(aborted, &self.log)?;
+                }
+                return Err(e);
             }
         }
     }
 
-    /// [`take_ready`](Self::take_ready) where no transaction was closed.
+    fn restart_and_seek(
+        &mut self,
+        failures: Vec<crate::runtime::worker::TaskFailure>,
+        seeks: Vec<Seek>,
+    ) -> Result<(), WorkerError> {
+        for failure in failures {
+            self.worker.restart_task(&failure.task, &self.log)?;
+        }
+        for Seek {
+            topic,
+            partition,
+            offset,
+        } in seeks
+        {
+            let ack = Ack::Seeked {
+                topic: &topic,
+                partition,
+                offset,
+            };
+            self.worker.advance(ack, &self.log)?;
+            self.positions.insert((topic, partition), offset);
+        }
+        Ok(())
+    }
+
+    /// [`take_ready`](Self::take_ready) where no transaction was closed
+    /// (only [`commit`](Self::commit) closes one). Should one come out, it
+    /// is reported aborted rather than left in flight.
     fn seek(&mut self) -> Result<(), WorkerError> {
-        let closed = self.take_ready()?;
-        debug_assert!(closed.is_none(), "only a commit closes a transaction");
+        if self.take_ready()?.is_some() {
+            debug_assert!(false, "only a commit closes a transaction");
+            let aborted = Ack::Committed(CommitOutcome::Aborted);
+            self.worker.advance(aborted, &self.log)?;
+        }
         Ok(())
     }
 
