@@ -2392,6 +2392,39 @@ fn a_revocation_drops_the_seeks_of_what_it_takes_and_keeps_the_others() {
     );
 }
 
+/// The same, for a host that took the abort's `Ready` before the
+/// revocation and makes its seeks after it (the simulator's bridge and
+/// these tests' host keep each part until their scenario asks): what it
+/// kept for the partitions that left goes with them, as the worker drops
+/// what it still queues.
+#[test]
+fn a_host_that_kept_a_ready_drops_the_seeks_of_what_a_revocation_takes() {
+    let app = counting_app();
+    let cluster = counting_cluster(2);
+    let mut w = Worker::new(
+        &app,
+        WorkerConfig {
+            assignment: Assignment::Incremental,
+            ..WorkerConfig::default()
+        },
+    );
+    let parts = (0..2).flat_map(|p| [part("a", p), part("b", p)]).collect();
+    w.assign(parts, &cluster, 0).unwrap();
+    seek(&mut w);
+    commit(&mut w, &cluster);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    w.abort(&cluster).unwrap();
+    // The abort's ready is taken (its seeks kept) before the revocation.
+    assert!(w.take_task_failures().is_empty());
+    w.revoke(&[("a".to_owned(), 1), ("b".to_owned(), 1)])
+        .unwrap();
+    let seeks: BTreeSet<(String, i32)> = seek(&mut w).into_keys().collect();
+    assert_eq!(
+        seeks,
+        BTreeSet::from([("a".to_owned(), 0), ("b".to_owned(), 0)])
+    );
+}
+
 /// A local store kept in memory, shared by the workers of a test (a state
 /// directory that outlives each process).
 #[derive(Clone, Default)]

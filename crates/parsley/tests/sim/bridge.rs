@@ -848,9 +848,7 @@ impl StreamThread for Thread {
         // revocation, which is harmless; the world takes them later, so
         // the ones of partitions it no longer holds go with them (as the
         // worker drops the ones still queued).
-        let gone = |t: &str, p: i32| all.iter().any(|(at, ap)| at == t && *ap == p);
-        self.pending.seeks.retain(|s| !gone(&s.topic, s.partition));
-        self.pending.flow.retain(|f| !gone(&f.topic, f.partition));
+        self.pending.forget(&all);
         // And a restore job the worker no longer waits for (its task
         // closed) is not run.
         let worker = &self.worker;

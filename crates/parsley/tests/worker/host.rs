@@ -146,9 +146,7 @@ impl Worker {
     /// (the worker drops what it still queues for them).
     pub(crate) fn revoke(&mut self, partitions: &[(String, i32)]) -> Result<(), WorkerError> {
         self.core.revoke(partitions)?;
-        let gone = |t: &str, p: i32| partitions.iter().any(|(at, ap)| at == t && *ap == p);
-        self.pending.seeks.retain(|s| !gone(&s.topic, s.partition));
-        self.pending.flow.retain(|f| !gone(&f.topic, f.partition));
+        self.pending.forget(partitions);
         Ok(())
     }
 

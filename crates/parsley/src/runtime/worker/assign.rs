@@ -306,16 +306,7 @@ impl Worker {
             return Err(WorkerError::OpenTransaction);
         }
         let mut closing = BTreeSet::new();
-        self.seeks.retain(|k| {
-            !partitions
-                .iter()
-                .any(|(t, p)| *t == k.topic && *p == k.partition)
-        });
-        self.flow.retain(|f| {
-            !partitions
-                .iter()
-                .any(|(t, p)| *t == f.topic && *p == f.partition)
-        });
+        door::forget(&mut self.seeks, &mut self.flow, partitions);
         let mut touched = BTreeSet::new();
         for key in partitions {
             self.assigned.remove(key);

@@ -58,6 +58,23 @@ impl Ready {
             && self.published.is_none()
             && self.transaction.is_none()
     }
+
+    /// Drops the seeks, pauses and resumes of `partitions`, for a host
+    /// that keeps a ready's parts past a revocation of them: the worker
+    /// drops the same from what it still queues when it takes a
+    /// revocation.
+    pub fn forget(&mut self, partitions: &[(String, i32)]) {
+        forget(&mut self.seeks, &mut self.flow, partitions);
+    }
+}
+
+/// The revocation's rule for queued seeks and fetch changes: those of the
+/// partitions that leave go with them.
+pub(super) fn forget(seeks: &mut Vec<Seek>, flow: &mut Vec<FlowChange>, gone: &[(String, i32)]) {
+    let left =
+        |topic: &str, partition: i32| gone.iter().any(|(t, p)| t == topic && *p == partition);
+    seeks.retain(|s| !left(&s.topic, s.partition));
+    flow.retain(|f| !left(&f.topic, f.partition));
 }
 
 /// What a host did about a [`Ready`], handed back through
