@@ -575,24 +575,12 @@ impl Thread {
     /// commit point. A transaction comes out only where a flush or a
     /// revocation closed one, and those take it at once.
     fn fill(&mut self) -> Result<(), String> {
-        let Ready {
-            failures,
-            restores,
-            flow,
-            seeks,
-            published: _,
-            transaction,
-        } = self.worker.ready(None).map_err(err)?;
-        let p = &mut self.pending;
-        p.failures.extend(failures);
-        p.restores.extend(restores);
-        p.flow.extend(flow);
-        p.seeks.extend(seeks);
-        if transaction.is_some() {
-            if p.transaction.is_some() {
+        let ready = self.worker.ready(None).map_err(err)?;
+        if let Some(closed) = self.pending.append(ready) {
+            if self.pending.transaction.is_some() {
                 return Err("two transactions closed at once".into());
             }
-            p.transaction = transaction;
+            self.pending.transaction = Some(closed);
         }
         Ok(())
     }
@@ -894,19 +882,7 @@ impl StreamThread for Thread {
     ) -> Result<Option<HostTransaction>, String> {
         match self.worker.ready(Some(now)) {
             Ok(ready) => {
-                let Ready {
-                    failures,
-                    restores,
-                    flow,
-                    seeks,
-                    published: _,
-                    transaction,
-                } = ready;
-                let p = &mut self.pending;
-                p.failures.extend(failures);
-                p.restores.extend(restores);
-                p.flow.extend(flow);
-                p.seeks.extend(seeks);
+                let transaction = self.pending.append(ready);
                 Ok(transaction.map(|t| self.convert(t)))
             }
             Err(e) => self.recover(Err(e), broker).map(|()| None),

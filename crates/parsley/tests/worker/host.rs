@@ -72,24 +72,13 @@ impl Worker {
     }
 
     fn keep(&mut self, ready: Ready) {
-        let Ready {
-            failures,
-            restores,
-            flow,
-            seeks,
-            published: _,
-            transaction,
-        } = ready;
-        let p = &mut self.pending;
-        p.failures.extend(failures);
-        p.restores.extend(restores);
-        p.flow.extend(flow);
-        p.seeks.extend(seeks);
-        assert!(
-            transaction.is_none() || p.transaction.is_none(),
-            "two transactions closed at once"
-        );
-        p.transaction = p.transaction.take().or(transaction);
+        if let Some(closed) = self.pending.append(ready) {
+            assert!(
+                self.pending.transaction.is_none(),
+                "two transactions closed at once"
+            );
+            self.pending.transaction = Some(closed);
+        }
     }
 
     pub(crate) fn take_seeks(&mut self) -> Vec<Seek> {

@@ -59,6 +59,29 @@ impl Ready {
             && self.transaction.is_none()
     }
 
+    /// Appends `later`'s parts to these, in order (a newer sample
+    /// replaces an older one), for a host that keeps a ready's parts until
+    /// it acts on each; returns `later`'s transaction, which such a host
+    /// takes at once rather than keeps.
+    pub fn append(&mut self, later: Ready) -> Option<Transaction> {
+        let Ready {
+            failures,
+            restores,
+            flow,
+            seeks,
+            published,
+            transaction,
+        } = later;
+        self.failures.extend(failures);
+        self.restores.extend(restores);
+        self.flow.extend(flow);
+        self.seeks.extend(seeks);
+        if published.is_some() {
+            self.published = published;
+        }
+        transaction
+    }
+
     /// Drops the seeks, pauses and resumes of `partitions`, for a host
     /// that keeps a ready's parts past a revocation of them: the worker
     /// drops the same from what it still queues when it takes a
