@@ -3433,15 +3433,39 @@ fn a_restore_job_of_a_task_that_left_is_not_awaited() {
     let w: &mut parsley::runtime::worker::Worker = &mut host;
     let parts = || vec![part("a", 0), part("b", 0)];
     w.assign(parts(), &cluster, 0).unwrap();
-    let first = w.ready(None).unwrap().restores;
+    let mut first = w.ready(None).unwrap().restores;
     assert_eq!(first.len(), 1);
     assert!(w.awaits(&first[0]));
     w.revoke(&[("a".to_owned(), 0), ("b".to_owned(), 0)])
         .unwrap();
     assert!(!w.awaits(&first[0]), "its task left");
+    assert!(first[0].is_cancelled());
     w.assign(parts(), &cluster, 0).unwrap();
-    let second = w.ready(None).unwrap().restores;
+    let mut second = w.ready(None).unwrap().restores;
     assert_eq!(second.len(), 1);
-    assert!(w.awaits(&second[0]));
+    assert!(w.awaits(&second[0]) && !second[0].is_cancelled());
     assert!(!w.awaits(&first[0]), "the task is back with another job");
+    // The old job, run now, reads nothing (it would write the task's
+    // local store behind the new job's back) and changes nothing.
+    let outcome = first.remove(0).run(&cluster, &Unreadable);
+    w.advance(Ack::Restored(outcome), &cluster).unwrap();
+    assert!(w.awaits(&second[0]));
+    // A fence cancels the jobs of every task it drops.
+    let _ = w.on_fault(Fault::Fenced("another owner".into()));
+    assert!(second[0].is_cancelled());
+    let outcome = second.remove(0).run(&cluster, &Unreadable);
+    assert_eq!(outcome.task().partition, 0);
+}
+
+/// A changelog reader that must not be asked.
+struct Unreadable;
+
+impl ChangelogReader for Unreadable {
+    fn read_changelog(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Vec<ChangelogRecord>, MetadataError> {
+        panic!("a cancelled restore read {topic}:{partition}")
+    }
 }

@@ -338,7 +338,16 @@ impl Shared {
                 self.sample = published;
             }
             self.apply_flow(consumer, flow);
-            self.seek_to(consumer, seeks)?;
+            if let Err(e) = self.seek_to(consumer, seeks) {
+                if transaction.is_some() {
+                    // Never begun on the producer: the worker hears it
+                    // aborted, so the recovery that follows finds nothing
+                    // in flight.
+                    let aborted = Ack::Committed(CommitOutcome::Aborted);
+                    self.worker.advance(aborted, &self.cluster)?;
+                }
+                return Err(e);
+            }
             if let Some(txn) = transaction {
                 // A commit of the poll loop's says so; one made while
                 // revoking or closing keeps saying that.

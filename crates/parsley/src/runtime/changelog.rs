@@ -47,6 +47,15 @@ pub enum ChangelogError {
         /// The changelog's partition count.
         actual: i32,
     },
+    /// The restore job was not run: its task left this worker (revoked, or
+    /// every task dropped after fencing) after the job was handed over, so
+    /// nothing waits for it, and running it could write the task's local
+    /// store behind a newer restore's back.
+    #[error("task {task}: restore not run, the task left before it began")]
+    Cancelled {
+        /// The task the job was for.
+        task: TaskId,
+    },
     /// A record that no store wrote.
     #[error("task {task}: changelog {topic:?} holds a record the stores never write: {reason}")]
     Corrupt {

@@ -59,6 +59,8 @@ pub struct RestoreJob {
     pub(crate) thread_id: String,
     /// Where a bounded task's fold state goes while it is replayed.
     pub(crate) spill: Option<FoldSpill>,
+    /// Set by the worker once it no longer waits for this job.
+    pub(crate) cancelled: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for RestoreJob {
@@ -77,10 +79,29 @@ impl RestoreJob {
         &self.task
     }
 
+    /// Whether the worker stopped waiting for this job (its task left):
+    /// [`run`](Self::run) then returns at once, reading and writing
+    /// nothing.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Replays the task's changelogs through `reader` (from the local
     /// store's checkpoint, or from the beginning), reporting progress to
-    /// the restore metrics and listener as it goes.
+    /// the restore metrics and listener as it goes. A job the worker no
+    /// longer waits for ([`is_cancelled`](Self::is_cancelled)) is not run:
+    /// its outcome is [`ChangelogError::Cancelled`].
     pub fn run(self, metadata: &dyn TopicMetadata, reader: &dyn ChangelogReader) -> RestoreOutcome {
+        if self.is_cancelled() {
+            return RestoreOutcome {
+                job: self.id,
+                result: Err(ChangelogError::Cancelled {
+                    task: self.task.clone(),
+                }),
+                task: self.task,
+                unusable: None,
+            };
+        }
         let RestoreJob {
             id,
             task,
@@ -93,6 +114,7 @@ impl RestoreJob {
             listener,
             thread_id,
             mut spill,
+            cancelled: _,
         } = self;
         let changelogs = Changelogs {
             state: &state,

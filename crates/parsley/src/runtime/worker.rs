@@ -34,10 +34,11 @@
 //!   commit interval: the records to produce (emissions and ticks, then the
 //!   changelog records of both stores, task by task), the consumed
 //!   positions to commit, and what each task did, in order.
-//! * [`Ack::Committed`]: committed, aborted or fenced. An abort returns every task to its committed state and seeks
-//!   every channel back to its committed position, so the retry redelivers
-//!   the same records in the same causal order; fencing (a zombie) drops
-//!   every task.
+//! * [`Ack::Committed`]: committed, aborted, fenced, or of unknown fate.
+//!   An abort returns every task to its committed state and seeks every
+//!   channel back to its committed position, so the retry redelivers the
+//!   same records in the same causal order; fencing (a zombie) and an
+//!   unknown fate drop every task.
 //!
 //! Any error from a task makes the open transaction unusable: the worker
 //! refuses further work until the host aborts ([`abort`](Worker::abort)).
@@ -173,8 +174,9 @@ pub enum OnRetentionLoss {
 /// How a worker paces its work.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerConfig {
-    /// How often [`Worker::ready`] hands a transaction over, at most: one is due once work is open and this long has passed since
-    /// the previous one was handed over (the first is due at once). As with
+    /// How often [`Worker::ready`] hands a transaction over, at most: one
+    /// is due once work is open and this long has passed since the
+    /// previous one was handed over (the first is due at once). As with
     /// Kafka Streams' `commit.interval.ms`, the time a commit takes is part
     /// of the interval, not added to it.
     pub commit_interval: Duration,
@@ -594,6 +596,15 @@ struct Restoring {
     prepared: Prepared,
     /// A failed task restarting in place, not a task of a new assignment.
     restart: bool,
+    /// The job's flag: set when the worker stops waiting for it, so a host
+    /// that has not started it yet never does.
+    cancelled: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Restoring {
+    fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+    }
 }
 
 /// A run of one task's changelog records on one topic in the transaction

@@ -837,10 +837,6 @@ impl StreamThread for Thread {
         // the ones of partitions it no longer holds go with them (as the
         // worker drops the ones still queued).
         self.pending.forget(&all);
-        // And a restore job the worker no longer waits for (its task
-        // closed) is not run.
-        let worker = &self.worker;
-        self.pending.restores.retain(|j| worker.awaits(j));
         Ok(())
     }
 

@@ -315,7 +315,8 @@ impl Worker {
             }
             if let Some(id) = self.task_of(&key.0, key.1) {
                 self.waiting.remove(&id);
-                if self.restoring.remove(&id).is_some() {
+                if let Some(restoring) = self.restoring.remove(&id) {
+                    restoring.cancel();
                     info!(task = %id, "restoring task revoked");
                     self.jobs.retain(|j| j.task != id);
                 }

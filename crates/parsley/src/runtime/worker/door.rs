@@ -24,8 +24,9 @@ pub struct Ready {
     pub failures: Vec<TaskFailure>,
     /// Changelog replays to run off the poll loop
     /// ([`RestoreMode::Deferred`]); each finished one comes back as
-    /// [`Ack::Restored`]. A host that starts them later than it takes them
-    /// skips the ones the worker no longer [`awaits`](Worker::awaits).
+    /// [`Ack::Restored`]. A job whose task leaves before it starts is
+    /// cancelled ([`RestoreJob::is_cancelled`]): run anyway, it returns at
+    /// once; a host may skip it ([`Worker::awaits`]).
     pub restores: Vec<RestoreJob>,
     /// Fetch pauses and resumes (backpressure, and the partitions of a task
     /// that has not formed yet). A partition no longer assigned may refuse;

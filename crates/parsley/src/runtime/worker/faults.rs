@@ -230,7 +230,9 @@ impl Worker {
         self.closed = None;
         self.spans.clear();
         self.reached.clear();
-        self.restoring.clear();
+        for restoring in std::mem::take(&mut self.restoring).into_values() {
+            restoring.cancel();
+        }
         self.jobs.clear();
         self.waiting.clear();
         self.failing = None;

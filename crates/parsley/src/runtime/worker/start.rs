@@ -175,6 +175,7 @@ impl Worker {
                         job: job.id,
                         prepared,
                         restart,
+                        cancelled: Arc::clone(&job.cancelled),
                     },
                 );
                 self.jobs.push(job);
@@ -403,6 +404,7 @@ impl Worker {
             bounds,
             listener: self.restore_listener.clone(),
             thread_id: self.config.thread_id.clone(),
+            cancelled: Arc::default(),
         };
         let prepared = Prepared {
             identity,
@@ -534,7 +536,8 @@ impl Worker {
     /// Whether the worker still waits for this restore job: its task is
     /// restoring here, from this very job. A job handed over before its
     /// task was revoked is not (even when the task came back since, with
-    /// a job of its own); a host need not start it.
+    /// a job of its own); a host need not start it, and if it does, the
+    /// job returns at once ([`RestoreJob::is_cancelled`]).
     pub fn awaits(&self, job: &RestoreJob) -> bool {
         self.restoring.get(&job.task).map(|r| r.job) == Some(job.id)
     }
