@@ -26,8 +26,8 @@ use parsley::runtime::host::{AssignedPartition, RecordView};
 use parsley::runtime::host::{MetadataError, TopicMetadata};
 use parsley::runtime::metrics::{Published, TaskMetrics};
 use parsley::runtime::worker::{
-    Ack, CommitOutcome, Directive, Fault, OnRetentionLoss, Ready, RestoreJob, StartPolicy,
-    TaskFailure, Transaction, Worker, WorkerConfig,
+    Ack, CommitOutcome, Directive, Fault, OnRetentionLoss, Ready, StartPolicy, TaskFailure,
+    Transaction, Worker, WorkerConfig,
 };
 use parsley::{HeldRecord, Parsley};
 use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
@@ -856,13 +856,12 @@ struct Shared {
     /// The instance's restore counts, and what this worker added so far.
     restores: Arc<RestoreTotals>,
     seen: parsley::runtime::worker::WorkerStats,
-    /// What the worker handed over that the poll loop acts on between
-    /// polls, not where it was handed over (inside a rebalance callback,
-    /// or in the middle of a batch): failed tasks for the error handler,
-    /// restore jobs for the restore thread, and a fresh sample to publish.
-    failures: Vec<TaskFailure>,
-    jobs: Vec<RestoreJob>,
-    sample: Option<Published>,
+    /// The parts of the worker's readies that the poll loop acts on
+    /// between polls, not where they were handed over (inside a rebalance
+    /// callback, or in the middle of a batch): failed tasks for the error
+    /// handler, restore jobs for the restore thread, and a fresh sample to
+    /// publish. Pauses, resumes, seeks and transactions never wait here.
+    kept: Ready,
 }
 
 impl Shared {

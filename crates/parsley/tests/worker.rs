@@ -3416,11 +3416,10 @@ fn the_door_hands_each_part_over_once_and_cuts_only_at_a_commit_point() {
     assert!(w.ready(None).unwrap().transaction.is_none());
 }
 
-/// A restore job handed over before its task left is one the worker no
-/// longer awaits, even once the task is back with a job of its own; the
-/// new job is awaited.
+/// A restore job handed over before its task left is cancelled, even once
+/// the task is back with a job of its own; the new job is not.
 #[test]
-fn a_restore_job_of_a_task_that_left_is_not_awaited() {
+fn a_restore_job_of_a_task_that_left_is_cancelled() {
     let app = counting_app();
     let cluster = counting_cluster(1);
     let mut host = Worker::new(
@@ -3435,21 +3434,22 @@ fn a_restore_job_of_a_task_that_left_is_not_awaited() {
     w.assign(parts(), &cluster, 0).unwrap();
     let mut first = w.ready(None).unwrap().restores;
     assert_eq!(first.len(), 1);
-    assert!(w.awaits(&first[0]));
+    assert!(!first[0].is_cancelled());
     w.revoke(&[("a".to_owned(), 0), ("b".to_owned(), 0)])
         .unwrap();
-    assert!(!w.awaits(&first[0]), "its task left");
-    assert!(first[0].is_cancelled());
+    assert!(first[0].is_cancelled(), "its task left");
     w.assign(parts(), &cluster, 0).unwrap();
     let mut second = w.ready(None).unwrap().restores;
     assert_eq!(second.len(), 1);
-    assert!(w.awaits(&second[0]) && !second[0].is_cancelled());
-    assert!(!w.awaits(&first[0]), "the task is back with another job");
+    assert!(!second[0].is_cancelled());
+    assert!(first[0].is_cancelled(), "the task is back with another job");
     // The old job, run now, reads nothing (it would write the task's
-    // local store behind the new job's back) and changes nothing.
+    // local store behind the new job's back) and changes nothing: the
+    // task still waits for the new one.
     let outcome = first.remove(0).run(&cluster, &Unreadable);
     w.advance(Ack::Restored(outcome), &cluster).unwrap();
-    assert!(w.awaits(&second[0]));
+    assert_eq!(w.restoring_tasks().count(), 1);
+    assert_eq!(w.tasks().count(), 0);
     // A fence cancels the jobs of every task it drops.
     let _ = w.on_fault(Fault::Fenced("another owner".into()));
     assert!(second[0].is_cancelled());

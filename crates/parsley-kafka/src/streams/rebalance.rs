@@ -324,19 +324,9 @@ impl Shared {
     ) -> Result<(), StreamsError> {
         let mut ready = ready;
         while !ready.is_empty() {
-            let Ready {
-                failures,
-                restores,
-                flow,
-                seeks,
-                published,
-                transaction,
-            } = ready;
-            self.failures.extend(failures);
-            self.jobs.extend(restores);
-            if published.is_some() {
-                self.sample = published;
-            }
+            let transaction = self.kept.append(ready);
+            let flow = std::mem::take(&mut self.kept.flow);
+            let seeks = std::mem::take(&mut self.kept.seeks);
             self.apply_flow(consumer, flow);
             if let Err(e) = self.seek_to(consumer, seeks) {
                 if transaction.is_some() {

@@ -448,9 +448,7 @@ impl StreamThread {
                 readiness: self.readiness.clone(),
                 restores: self.restores.clone(),
                 seen: parsley::runtime::worker::WorkerStats::default(),
-                failures: Vec::new(),
-                jobs: Vec::new(),
-                sample: None,
+                kept: Ready::default(),
             }),
         };
         let mut consumer_config = settings::for_consumer(&self.config);
@@ -615,7 +613,7 @@ impl StreamThread {
                 // transaction if it is due.
                 let ready = shared.worker.ready(Some(now))?;
                 shared.act(&consumer, ready)?;
-                if let Some(published) = shared.sample.take() {
+                if let Some(published) = shared.kept.published.take() {
                     if let Some(p) = publisher.as_mut() {
                         p.publish(&self.thread_report(&published));
                     }
@@ -634,7 +632,7 @@ impl StreamThread {
             }
             // A task that failed stopped alone; the handler decides what
             // follows.
-            let failures = std::mem::take(&mut lock(&consumer.context().shared).failures);
+            let failures = std::mem::take(&mut lock(&consumer.context().shared).kept.failures);
             for failure in failures {
                 if let Some(session) = self.task_failed(&consumer, failure) {
                     leave(&mut publisher);
@@ -677,13 +675,7 @@ impl Restorer {
         consumer: &BaseConsumer<ThreadContext>,
     ) -> Result<(), StreamsError> {
         shared.settle(consumer)?;
-        for job in std::mem::take(&mut shared.jobs) {
-            // A job whose task left since it was handed over is not
-            // started: the worker no longer waits for it, and a task
-            // assigned here again has a job of its own.
-            if !shared.worker.awaits(&job) {
-                continue;
-            }
+        for job in std::mem::take(&mut shared.kept.restores) {
             if self.jobs.send(job).is_err() {
                 return Err(StreamsError::Thread {
                     thread: shared.index,

@@ -86,8 +86,9 @@ impl Worker {
         }
     }
 
-    /// How long from `now` (the host's clock) until a [`ready`](Self::ready)
-    /// offered a commit point hands a transaction over: zero when one is due, `None` while no work is open. A host
+    /// How long from `now` (the host's clock) until a
+    /// [`ready`](Self::ready) offered a commit point hands a transaction
+    /// over: zero when one is due, `None` while no work is open. A host
     /// that waits for records waits no longer than this, so a due commit
     /// is not held back by an idle poll.
     ///

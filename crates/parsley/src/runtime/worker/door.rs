@@ -25,8 +25,7 @@ pub struct Ready {
     /// Changelog replays to run off the poll loop
     /// ([`RestoreMode::Deferred`]); each finished one comes back as
     /// [`Ack::Restored`]. A job whose task leaves before it starts is
-    /// cancelled ([`RestoreJob::is_cancelled`]): run anyway, it returns at
-    /// once; a host may skip it ([`Worker::awaits`]).
+    /// cancelled ([`RestoreJob::is_cancelled`]): run, it returns at once.
     pub restores: Vec<RestoreJob>,
     /// Fetch pauses and resumes (backpressure, and the partitions of a task
     /// that has not formed yet). A partition no longer assigned may refuse;

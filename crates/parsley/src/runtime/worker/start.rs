@@ -533,15 +533,6 @@ impl Worker {
         }
     }
 
-    /// Whether the worker still waits for this restore job: its task is
-    /// restoring here, from this very job. A job handed over before its
-    /// task was revoked is not (even when the task came back since, with
-    /// a job of its own); a host need not start it, and if it does, the
-    /// job returns at once ([`RestoreJob::is_cancelled`]).
-    pub fn awaits(&self, job: &RestoreJob) -> bool {
-        self.restoring.get(&job.task).map(|r| r.job) == Some(job.id)
-    }
-
     /// Tasks whose restore job has not come back yet.
     pub fn restoring_tasks(&self) -> impl Iterator<Item = &TaskId> {
         self.restoring.keys()
