@@ -237,7 +237,10 @@ pub use driver::{
 };
 pub use fold::{FoldKey, FoldStore, FoldWrites, StateView};
 pub use holds::{Diagnosis, HeldRecord, WaitingOn};
-pub use logic::{FoldOutput, HandlerOutput, LogicError, Next, Step, recovering, recovering_fold};
+pub use logic::{
+    Emissions, EmissionsIntoIter, FoldOutput, HandlerOutput, LogicError, Next, Step, recovering,
+    recovering_fold,
+};
 pub use message::{Coordinate, Header, Message, Tick};
 pub use probes::{
     Finding, Note, NoteKind, Probe, ProbeFailure, ProbeReport, Samples, probe, probe_cluster,

@@ -178,6 +178,63 @@ fn a_recovering_handler_routes_to_the_error_sink_exactly_once() {
 }
 // ANCHOR_END: recovering
 
+/// A handler given the message by value may return one emission, none, or
+/// an error, without a list: `Ok(None)` emits nothing and commits the
+/// delivery, an `Err` aborts and the retry redelivers, and the moved key
+/// and value arrive intact.
+#[test]
+fn an_owned_handler_returns_one_emission_none_or_an_error() {
+    let (input, out) = (topic("in"), topic("out"));
+    let fail_once = Arc::new(AtomicBool::new(true));
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut builder = Stage::named("filter");
+    let sink = builder.add_sink(&out);
+    let (fail, log) = (fail_once.clone(), seen.clone());
+    let stage = builder
+        .on_owned(
+            &input,
+            move |m: Message<String, String>| -> Result<Option<Emission>, String> {
+                log.lock().unwrap().push(value(&m));
+                match m.value().map(String::as_str) {
+                    Some("skip") => Ok(None),
+                    Some("flaky") if fail.swap(false, Ordering::SeqCst) => Err("not yet".into()),
+                    _ => {
+                        let (key, value) = m.into_key_value();
+                        Ok(Some(sink.send(key, value)))
+                    }
+                }
+            },
+        )
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    let mut d = TestDriver::new(&app).unwrap();
+    d.pipe(&input, "a", "one").unwrap();
+    d.pipe(&input, "b", "skip").unwrap();
+    let err = d.pipe(&input, "c", "flaky").unwrap_err();
+    assert!(
+        matches!(&err, DriverError::Task(TaskError::Logic { coordinate, .. }) if coordinate.offset == 2),
+        "{err}"
+    );
+    // The retry handles the failed record again, and the next one after it.
+    d.run().unwrap();
+    d.pipe(&input, "d", "two").unwrap();
+    assert_eq!(
+        d.key_values(&out).unwrap(),
+        vec![
+            (Some("a".to_string()), Some("one".to_string())),
+            (Some("c".to_string()), Some("flaky".to_string())),
+            (Some("d".to_string()), Some("two".to_string())),
+        ]
+    );
+    assert_eq!(d.aborts(), 1, "the Err aborted its step once");
+    assert!(!fail_once.load(Ordering::SeqCst));
+    // The failed record was handled again; the skipped one only once.
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.iter().filter(|v| *v == "flaky").count(), 2);
+    assert_eq!(seen.iter().filter(|v| *v == "skip").count(), 1);
+}
+
 // ANCHOR: recovering-fold
 #[test]
 fn a_recovering_fold_keeps_the_prior_state() {

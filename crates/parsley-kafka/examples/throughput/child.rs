@@ -211,21 +211,23 @@ fn stage_app(
         let mut stage = Stage::named("sum").state(Codec::int64(), || 0);
         let out = stage.add_sink(&dst);
         stage
-            .fold(&src, move |sum: i64, m: &Message<String, String>| {
-                seen(m);
+            .fold_owned(&src, move |sum: i64, m: Message<String, String>| {
+                seen(&m);
                 let v = m.value().map_or("", String::as_str);
                 let n: i64 = v.get(52..).and_then(|t| t.parse().ok()).unwrap_or(0);
                 let sum = sum + n;
                 let sent = v.get(..20).unwrap_or("00000000000000000000");
-                Step::to(sum).emit(out.send(m.key().cloned(), format!("{sent}{sum:044}")))
+                let value = format!("{sent}{sum:044}");
+                Step::to(sum).emit(out.send(m.into_key_value().0, value))
             })
             .build()?
     } else {
         let out = dst.clone();
         Stage::named("copy")
-            .on(&src, move |m: &Message<String, String>| {
-                seen(m);
-                vec![out.send(m.key().cloned(), m.value().cloned())]
+            .on_owned(&src, move |m: Message<String, String>| {
+                seen(&m);
+                let (key, value) = m.into_key_value();
+                out.send(key, value)
             })
             .sink(&dst)
             .build()?

@@ -3,7 +3,10 @@
 //!
 //! * A **handler** maps one delivered message to its emissions:
 //!   `Fn(&Message<K, V>) -> Vec<Emission>`, or the fallible form
-//!   `Fn(&Message<K, V>) -> Result<Vec<Emission>, E>`.
+//!   `Fn(&Message<K, V>) -> Result<Vec<Emission>, E>`. It may also return
+//!   one `Emission`, an `Option<Emission>` or [`Emissions`]; a handler given
+//!   the message by value (`StageBuilder::on_owned`) can move its key and
+//!   value into its emissions instead of cloning them.
 //! * A **fold** steps per-key state: `Fn(S, &Message<K, V>) -> Step<S>`, or
 //!   `-> Result<Step<S>, E>`. The runtime resolves the state for the
 //!   message's key (the declared initial value for an unseen key), applies
@@ -19,9 +22,120 @@
 //! whose failures are deterministic domain outcomes into emissions to an
 //! error sink instead.
 
+use std::ops::Deref;
+
+use smallvec::SmallVec;
+
 use crate::codec::BoxError;
 use crate::message::Message;
 use crate::topic::Emission;
+
+/// The emissions of one application of logic, in send order. The first is
+/// kept inline, so logic that emits one record per delivery (most logic)
+/// allocates no list for it; a second moves them all to the heap.
+///
+/// ```
+/// use parsley::{Codec, Emissions, Topic};
+/// let out: Topic<String, i64> = Topic::new("out", Codec::utf8(), Codec::int64());
+/// let mut emissions = Emissions::from(out.send("a", 1));
+/// emissions.push(out.send("b", 2));
+/// assert_eq!(emissions.len(), 2);
+/// assert_eq!(emissions, Emissions::from(vec![out.send("a", 1), out.send("b", 2)]));
+/// assert!(Emissions::from(None).is_empty());
+/// ```
+#[derive(Default, PartialEq, Debug)]
+pub struct Emissions(SmallVec<[Emission; 1]>);
+
+impl Emissions {
+    /// No emissions.
+    pub fn new() -> Self {
+        Emissions(SmallVec::new())
+    }
+
+    /// Appends one emission.
+    pub fn push(&mut self, emission: Emission) {
+        self.0.push(emission);
+    }
+
+    /// The emissions as a list (allocates unless it was built from one).
+    pub fn into_vec(self) -> Vec<Emission> {
+        self.0.into_vec()
+    }
+}
+
+impl Deref for Emissions {
+    type Target = [Emission];
+
+    fn deref(&self) -> &[Emission] {
+        &self.0
+    }
+}
+
+impl From<Emission> for Emissions {
+    fn from(emission: Emission) -> Self {
+        let mut list = SmallVec::new();
+        list.push(emission);
+        Emissions(list)
+    }
+}
+
+impl From<Option<Emission>> for Emissions {
+    fn from(emission: Option<Emission>) -> Self {
+        emission.map_or_else(Emissions::new, Emissions::from)
+    }
+}
+
+impl From<Vec<Emission>> for Emissions {
+    fn from(emissions: Vec<Emission>) -> Self {
+        Emissions(SmallVec::from_vec(emissions))
+    }
+}
+
+impl FromIterator<Emission> for Emissions {
+    fn from_iter<I: IntoIterator<Item = Emission>>(iter: I) -> Self {
+        Emissions(iter.into_iter().collect())
+    }
+}
+
+impl Extend<Emission> for Emissions {
+    fn extend<I: IntoIterator<Item = Emission>>(&mut self, iter: I) {
+        self.0.extend(iter);
+    }
+}
+
+impl IntoIterator for Emissions {
+    type Item = Emission;
+    type IntoIter = EmissionsIntoIter;
+
+    fn into_iter(self) -> EmissionsIntoIter {
+        EmissionsIntoIter(self.0.into_iter())
+    }
+}
+
+/// The emissions of an [`Emissions`], by value, in send order.
+pub struct EmissionsIntoIter(smallvec::IntoIter<[Emission; 1]>);
+
+impl Iterator for EmissionsIntoIter {
+    type Item = Emission;
+
+    fn next(&mut self) -> Option<Emission> {
+        self.0.next()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.size_hint()
+    }
+}
+
+impl ExactSizeIterator for EmissionsIntoIter {}
+
+impl std::fmt::Debug for EmissionsIntoIter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("EmissionsIntoIter")
+            .field(&self.0.as_slice())
+            .finish()
+    }
+}
 
 /// What a fold does to its state slot.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -48,7 +162,7 @@ pub enum Next<S> {
 #[derive(PartialEq, Debug)]
 pub struct Step<S> {
     next: Next<S>,
-    emissions: Vec<Emission>,
+    emissions: Emissions,
 }
 
 impl<S> Step<S> {
@@ -56,7 +170,7 @@ impl<S> Step<S> {
     pub fn to(state: S) -> Self {
         Step {
             next: Next::Set(state),
-            emissions: Vec::new(),
+            emissions: Emissions::new(),
         }
     }
 
@@ -64,7 +178,7 @@ impl<S> Step<S> {
     pub fn delete() -> Self {
         Step {
             next: Next::Delete,
-            emissions: Vec::new(),
+            emissions: Emissions::new(),
         }
     }
 
@@ -72,7 +186,7 @@ impl<S> Step<S> {
     pub fn keep() -> Self {
         Step {
             next: Next::Keep,
-            emissions: Vec::new(),
+            emissions: Emissions::new(),
         }
     }
 
@@ -100,6 +214,11 @@ impl<S> Step<S> {
 
     /// The next state and the emissions, by value.
     pub fn into_parts(self) -> (Next<S>, Vec<Emission>) {
+        (self.next, self.emissions.into_vec())
+    }
+
+    /// The next state and the emissions, the first still inline.
+    pub(crate) fn into_step_parts(self) -> (Next<S>, Emissions) {
         (self.next, self.emissions)
     }
 }
@@ -122,30 +241,37 @@ impl std::error::Error for LogicError {
     }
 }
 
-/// What a handler may return: `Vec<Emission>`, or
-/// `Result<Vec<Emission>, E>` for any error convertible to a boxed error
-/// (`String`, `&str`, every `std::error::Error`).
+/// What a handler may return: `Vec<Emission>`, one `Emission`, an
+/// `Option<Emission>` or [`Emissions`], or any of them in a `Result<_, E>`
+/// for an error convertible to a boxed error (`String`, `&str`, every
+/// `std::error::Error`).
 #[diagnostic::on_unimplemented(
-    message = "a handler returns `Vec<Emission>` or `Result<Vec<Emission>, E>`, not `{Self}`",
+    message = "a handler returns emissions (`Vec<Emission>`, `Emission`, `Option<Emission>` or `Emissions`, or one of them in a `Result`), not `{Self}`",
     label = "this handler's return type",
     note = "emissions come from `sink.send(key, value)`; build several with `vec![..]`, or name the collection: `.collect::<Vec<_>>()`"
 )]
 pub trait HandlerOutput {
     /// The emissions, or the logic's error.
-    fn into_emissions(self) -> Result<Vec<Emission>, LogicError>;
+    fn into_emissions(self) -> Result<Emissions, LogicError>;
 }
 
-impl HandlerOutput for Vec<Emission> {
-    fn into_emissions(self) -> Result<Vec<Emission>, LogicError> {
-        Ok(self)
-    }
+macro_rules! handler_output {
+    ($($t:ty),*) => {$(
+        impl HandlerOutput for $t {
+            fn into_emissions(self) -> Result<Emissions, LogicError> {
+                Ok(Emissions::from(self))
+            }
+        }
+
+        impl<E: Into<BoxError>> HandlerOutput for Result<$t, E> {
+            fn into_emissions(self) -> Result<Emissions, LogicError> {
+                self.map(Emissions::from).map_err(|e| LogicError(e.into()))
+            }
+        }
+    )*};
 }
 
-impl<E: Into<BoxError>> HandlerOutput for Result<Vec<Emission>, E> {
-    fn into_emissions(self) -> Result<Vec<Emission>, LogicError> {
-        self.map_err(|e| LogicError(e.into()))
-    }
-}
+handler_output!(Vec<Emission>, Emission, Option<Emission>, Emissions);
 
 /// What a fold may return: `Step<S>`, or `Result<Step<S>, E>`.
 #[diagnostic::on_unimplemented(

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::codec::{Codec, CodecError};
 use crate::fold::{StateSource, StateView};
-use crate::logic::{FoldOutput, HandlerOutput, LogicError, Next, Step};
+use crate::logic::{Emissions, FoldOutput, HandlerOutput, LogicError, Next, Step};
 use crate::message::{Header, Message, Tick};
 use crate::topic::{AnyTopic, Emission, Part, Payload, Sink, Topic, erase};
 
@@ -71,7 +71,7 @@ pub(crate) enum StateWrite {
 /// One application of logic: the state write and the emissions.
 pub(crate) struct Outcome {
     pub(crate) write: StateWrite,
-    pub(crate) emissions: Vec<Emission>,
+    pub(crate) emissions: Emissions,
 }
 
 /// Why applying logic failed (before any panic handling).
@@ -454,7 +454,7 @@ where
 }
 
 fn step_outcome<S: 'static>(codec: &Codec<S>, step: Step<S>) -> Result<Outcome, Failure> {
-    let (next, emissions) = step.into_parts();
+    let (next, emissions) = step.into_step_parts();
     let write = match next {
         Next::Keep => StateWrite::Keep,
         Next::Delete => StateWrite::Delete,
@@ -465,20 +465,54 @@ fn step_outcome<S: 'static>(codec: &Codec<S>, step: Step<S>) -> Result<Outcome, 
 
 impl<M: StateMode> StageBuilder<M> {
     /// Adds `topic` as a source, handled by `handler`: a function from the
-    /// delivered message to its emissions, returning `Vec<Emission>` or
-    /// `Result<Vec<Emission>, E>`. On a stateful stage a handler leaves the
-    /// state untouched.
-    pub fn on<K, V, F, R>(mut self, topic: &Topic<K, V>, handler: F) -> Self
+    /// delivered message to its emissions, returning any
+    /// [`HandlerOutput`]: `Vec<Emission>`, one `Emission`, an
+    /// `Option<Emission>`, or one of them in a `Result<_, E>`. On a stateful
+    /// stage a handler leaves the state untouched.
+    pub fn on<K, V, F, R>(self, topic: &Topic<K, V>, handler: F) -> Self
     where
         K: Payload,
         V: Payload,
         F: Fn(&Message<K, V>) -> R + Send + Sync + 'static,
         R: HandlerOutput,
     {
+        self.on_owned(topic, move |m: Message<K, V>| handler(&m))
+    }
+
+    /// [`on`](Self::on) with a handler that takes the message by value, so
+    /// it can move the key, the value or the headers into what it emits
+    /// instead of cloning them: the message is the delivered record's own
+    /// copy, and nothing else reads it after the handler.
+    ///
+    /// ```
+    /// use parsley::{Codec, Parsley, Stage, TestDriver, Topic};
+    /// let orders: Topic<String, String> = Topic::new("orders", Codec::utf8(), Codec::utf8());
+    /// let audit: Topic<String, String> = Topic::new("audit", Codec::utf8(), Codec::utf8());
+    /// let mut builder = Stage::named("audit");
+    /// let out = builder.add_sink(&audit);
+    /// let stage = builder
+    ///     .on_owned(&orders, move |m| {
+    ///         let (key, value) = m.into_key_value();
+    ///         out.send(key, value)
+    ///     })
+    ///     .build()?;
+    /// let mut driver = TestDriver::new(&Parsley::named("shop", [stage])?)?;
+    /// driver.pipe(&orders, "o-1", "two pears")?;
+    /// let audited = driver.key_values(&audit)?;
+    /// assert_eq!(audited, vec![(Some("o-1".to_string()), Some("two pears".to_string()))]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_owned<K, V, F, R>(mut self, topic: &Topic<K, V>, handler: F) -> Self
+    where
+        K: Payload,
+        V: Payload,
+        F: Fn(Message<K, V>) -> R + Send + Sync + 'static,
+        R: HandlerOutput,
+    {
         let t = topic.clone();
         let logic: SourceLogic = Arc::new(move |input, _state| {
             let m = decode_message(&t, input)?;
-            let emissions = handler(&m).into_emissions().map_err(Failure::Logic)?;
+            let emissions = handler(m).into_emissions().map_err(Failure::Logic)?;
             Ok(Outcome {
                 write: StateWrite::Keep,
                 emissions,
@@ -899,11 +933,47 @@ impl<S: 'static> StageBuilder<Stateful<S>> {
     /// Adds `topic` as a source folded over the key's state: `fold` gets the
     /// current state (the initial value for an unseen key) and the message,
     /// and returns a [`Step`] (or `Result<Step<S>, E>`).
-    pub fn fold<K, V, F, R>(mut self, topic: &Topic<K, V>, fold: F) -> Self
+    pub fn fold<K, V, F, R>(self, topic: &Topic<K, V>, fold: F) -> Self
     where
         K: Payload,
         V: Payload,
         F: Fn(S, &Message<K, V>) -> R + Send + Sync + 'static,
+        R: FoldOutput<S>,
+    {
+        self.fold_owned(topic, move |s, m: Message<K, V>| fold(s, &m))
+    }
+
+    /// [`fold`](Self::fold) with a fold that takes the message by value, so
+    /// it can move the key, the value or the headers into what it emits
+    /// instead of cloning them. The key's state slot is found from the
+    /// record's key bytes, not from the message, so moving the key out
+    /// changes nothing.
+    ///
+    /// ```
+    /// use parsley::{Codec, Parsley, Stage, Step, TestDriver, Topic};
+    /// let payments: Topic<String, i64> = Topic::new("payments", Codec::utf8(), Codec::int64());
+    /// let balances: Topic<String, i64> = Topic::new("balances", Codec::utf8(), Codec::int64());
+    /// let mut builder = Stage::named("balances").state(Codec::int64(), || 0);
+    /// let out = builder.add_sink(&balances);
+    /// let stage = builder
+    ///     .fold_owned(&payments, move |balance, m| {
+    ///         let (account, amount) = m.into_key_value();
+    ///         let next = balance + amount.unwrap_or(0);
+    ///         Step::to(next).emit(out.send(account, next))
+    ///     })
+    ///     .build()?;
+    /// let mut driver = TestDriver::new(&Parsley::named("bank", [stage])?)?;
+    /// driver.pipe(&payments, "acct-1", 40)?;
+    /// driver.pipe(&payments, "acct-1", 2)?;
+    /// let account = Some("acct-1".to_string());
+    /// assert_eq!(driver.key_values(&balances)?, vec![(account.clone(), Some(40)), (account, Some(42))]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fold_owned<K, V, F, R>(mut self, topic: &Topic<K, V>, fold: F) -> Self
+    where
+        K: Payload,
+        V: Payload,
+        F: Fn(S, Message<K, V>) -> R + Send + Sync + 'static,
         R: FoldOutput<S>,
     {
         let t = topic.clone();
@@ -912,7 +982,7 @@ impl<S: 'static> StageBuilder<Stateful<S>> {
         let logic: SourceLogic = Arc::new(move |input, state| {
             let m = decode_message(&t, input)?;
             let s = resolve_state(&codec, init.as_ref(), state)?;
-            let step = fold(s, &m).into_step().map_err(Failure::Logic)?;
+            let step = fold(s, m).into_step().map_err(Failure::Logic)?;
             step_outcome(&codec, step)
         });
         self.add_source(erase(topic), logic, true);
