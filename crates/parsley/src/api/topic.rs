@@ -275,30 +275,134 @@ impl fmt::Display for Part {
     }
 }
 
-trait EmissionBody: Send + Sync {
-    fn topic_name(&self) -> &str;
-    fn headers(&self) -> &[Header];
-    fn add_header(&mut self, header: Header);
-    fn timestamp(&self) -> Option<i64>;
-    fn set_timestamp(&mut self, ts: i64);
-    fn as_any(&self) -> &dyn Any;
-    fn into_any(self: Box<Self>) -> Box<dyn Any>;
-    fn eq_body(&self, other: &dyn EmissionBody) -> bool;
-    fn fmt_body(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
-    fn key_any(&self) -> Option<&dyn Any>;
-    fn value_any(&self) -> Option<&dyn Any>;
-    fn key_type(&self) -> TypeId;
-    fn value_type(&self) -> TypeId;
+/// A key or value of an emission with its type erased. The payload types
+/// most topics carry (text, bytes, a 64-bit integer) are kept inline; any
+/// other is boxed. Which type it was is kept beside it, in the emission.
+enum Slot {
+    Null,
+    Text(String),
+    Bytes(Vec<u8>),
+    Int(i64),
+    Other(Box<dyn AnyPayload>),
 }
 
-struct TypedEmission<K, V> {
-    /// The destination's name: a topic's shared name, or a sink handle's
-    /// interned one.
-    topic: EmissionTarget,
-    key: Option<K>,
-    value: Option<V>,
-    timestamp: Option<i64>,
-    headers: Vec<Header>,
+/// A boxed payload of any type, comparable and printable behind the box.
+trait AnyPayload: Send + Sync {
+    fn as_any(&self) -> &dyn Any;
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
+    fn eq_any(&self, other: &dyn Any) -> bool;
+    fn fmt_any(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
+}
+
+impl<T: Payload> AnyPayload for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+
+    fn eq_any(&self, other: &dyn Any) -> bool {
+        other.downcast_ref::<T>() == Some(self)
+    }
+
+    fn fmt_any(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Takes the value out of `slot` if it holds a `U` (a downcast by value,
+/// with no box).
+fn take_as<T: 'static, U: 'static>(slot: &mut Option<T>) -> Option<U> {
+    (slot as &mut dyn Any)
+        .downcast_mut::<Option<U>>()
+        .and_then(Option::take)
+}
+
+impl Slot {
+    fn of<T: Payload>(value: Option<T>) -> Slot {
+        let mut value = value;
+        if value.is_none() {
+            return Slot::Null;
+        }
+        if let Some(s) = take_as::<T, String>(&mut value) {
+            return Slot::Text(s);
+        }
+        if let Some(b) = take_as::<T, Vec<u8>>(&mut value) {
+            return Slot::Bytes(b);
+        }
+        if let Some(i) = take_as::<T, i64>(&mut value) {
+            return Slot::Int(i);
+        }
+        match value {
+            Some(v) => Slot::Other(Box::new(v)),
+            None => Slot::Null,
+        }
+    }
+
+    /// The value as a `T`: `Ok(None)` for null, `Err` when it is not a `T`.
+    fn into_typed<T: 'static>(self) -> Result<Option<T>, ()> {
+        fn back<U: 'static, T: 'static>(u: U) -> Result<Option<T>, ()> {
+            take_as::<U, T>(&mut Some(u)).map(Some).ok_or(())
+        }
+        match self {
+            Slot::Null => Ok(None),
+            Slot::Text(s) => back(s),
+            Slot::Bytes(b) => back(b),
+            Slot::Int(i) => back(i),
+            Slot::Other(b) => b
+                .into_any()
+                .downcast::<T>()
+                .map(|t| Some(*t))
+                .map_err(|_| ()),
+        }
+    }
+
+    fn as_any(&self) -> Option<&dyn Any> {
+        match self {
+            Slot::Null => None,
+            Slot::Text(s) => Some(s),
+            Slot::Bytes(b) => Some(b),
+            Slot::Int(i) => Some(i),
+            Slot::Other(b) => Some(b.as_any()),
+        }
+    }
+}
+
+impl PartialEq for Slot {
+    fn eq(&self, other: &Slot) -> bool {
+        match (self, other) {
+            (Slot::Null, Slot::Null) => true,
+            (Slot::Text(a), Slot::Text(b)) => a == b,
+            (Slot::Bytes(a), Slot::Bytes(b)) => a == b,
+            (Slot::Int(a), Slot::Int(b)) => a == b,
+            (Slot::Other(a), Slot::Other(b)) => a.eq_any(b.as_any()),
+            _ => false,
+        }
+    }
+}
+
+/// Prints as the `Option` of the typed value would.
+impl fmt::Debug for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        struct Inner<'a>(&'a Slot);
+        impl fmt::Debug for Inner<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self.0 {
+                    Slot::Null => Ok(()),
+                    Slot::Text(s) => fmt::Debug::fmt(s, f),
+                    Slot::Bytes(b) => fmt::Debug::fmt(b, f),
+                    Slot::Int(i) => fmt::Debug::fmt(i, f),
+                    Slot::Other(b) => b.fmt_any(f),
+                }
+            }
+        }
+        match self {
+            Slot::Null => f.write_str("None"),
+            _ => f.debug_tuple("Some").field(&Inner(self)).finish(),
+        }
+    }
 }
 
 enum EmissionTarget {
@@ -315,77 +419,6 @@ impl EmissionTarget {
     }
 }
 
-impl<K: Payload, V: Payload> EmissionBody for TypedEmission<K, V> {
-    fn topic_name(&self) -> &str {
-        self.topic.name()
-    }
-
-    fn headers(&self) -> &[Header] {
-        &self.headers
-    }
-
-    fn add_header(&mut self, header: Header) {
-        self.headers.push(header);
-    }
-
-    fn timestamp(&self) -> Option<i64> {
-        self.timestamp
-    }
-
-    fn set_timestamp(&mut self, ts: i64) {
-        self.timestamp = Some(ts);
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn into_any(self: Box<Self>) -> Box<dyn Any> {
-        self
-    }
-
-    fn eq_body(&self, other: &dyn EmissionBody) -> bool {
-        match other.as_any().downcast_ref::<TypedEmission<K, V>>() {
-            Some(o) => {
-                self.topic.name() == o.topic.name()
-                    && self.key == o.key
-                    && self.value == o.value
-                    && self.timestamp == o.timestamp
-                    && self.headers == o.headers
-            }
-            None => false,
-        }
-    }
-
-    fn fmt_body(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut d = f.debug_struct("Emission");
-        d.field("topic", &self.topic.name())
-            .field("key", &self.key)
-            .field("value", &self.value)
-            .field("timestamp", &self.timestamp);
-        if !self.headers.is_empty() {
-            d.field("headers", &self.headers);
-        }
-        d.finish()
-    }
-
-    fn key_any(&self) -> Option<&dyn Any> {
-        self.key.as_ref().map(|k| k as &dyn Any)
-    }
-
-    fn value_any(&self) -> Option<&dyn Any> {
-        self.value.as_ref().map(|v| v as &dyn Any)
-    }
-
-    fn key_type(&self) -> TypeId {
-        TypeId::of::<K>()
-    }
-
-    fn value_type(&self) -> TypeId {
-        TypeId::of::<V>()
-    }
-}
-
 /// An output as a value: a key and value bound for one topic, minted by
 /// [`Topic::send`].
 ///
@@ -395,7 +428,15 @@ impl<K: Payload, V: Payload> EmissionBody for TypedEmission<K, V> {
 /// with the topic's codecs only at the stamping site, where a codec error
 /// fails the task.
 pub struct Emission {
-    body: Box<dyn EmissionBody>,
+    /// The destination's name: a topic's shared name, or a sink handle's
+    /// interned one.
+    topic: EmissionTarget,
+    key: Slot,
+    value: Slot,
+    /// The key's and value's types (a null slot does not say).
+    types: (TypeId, TypeId),
+    timestamp: Option<i64>,
+    headers: Vec<Header>,
 }
 
 impl Emission {
@@ -405,30 +446,29 @@ impl Emission {
         value: impl IntoNullable<V>,
     ) -> Self {
         Emission {
-            body: Box::new(TypedEmission {
-                topic,
-                key: key.into_nullable(),
-                value: value.into_nullable(),
-                timestamp: None,
-                headers: Vec::new(),
-            }),
+            topic,
+            key: Slot::of(key.into_nullable()),
+            value: Slot::of(value.into_nullable()),
+            types: (TypeId::of::<K>(), TypeId::of::<V>()),
+            timestamp: None,
+            headers: Vec::new(),
         }
     }
 
     /// The destination topic's name.
     pub fn topic(&self) -> &str {
-        self.body.topic_name()
+        self.topic.name()
     }
 
     /// The timestamp set with [`Topic::send_at`] or [`at`](Self::at);
     /// `None` inherits the handled message's timestamp.
     pub fn timestamp(&self) -> Option<i64> {
-        self.body.timestamp()
+        self.timestamp
     }
 
     /// The same emission with its own timestamp.
     pub fn at(mut self, timestamp: i64) -> Self {
-        self.body.set_timestamp(timestamp);
+        self.timestamp = Some(timestamp);
         self
     }
 
@@ -444,14 +484,14 @@ impl Emission {
     /// assert_eq!(e.header("origin"), Some(&b"billing"[..]));
     /// ```
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
-        self.body
-            .add_header(Header::new(Into::<String>::into(name), value));
+        self.headers
+            .push(Header::new(Into::<String>::into(name), value));
         self
     }
 
     /// The emission's headers, in the order they were added.
     pub fn headers(&self) -> &[Header] {
-        self.body.headers()
+        &self.headers
     }
 
     /// The value of the first header named `name` (`None` when absent or
@@ -466,31 +506,44 @@ impl Emission {
     /// The key, if the emission's key type is `K`: `Some(None)` for a null
     /// key, `None` when `K` is the wrong type.
     pub fn key<K: 'static>(&self) -> Option<Option<&K>> {
-        if self.body.key_type() != TypeId::of::<K>() {
+        if self.types.0 != TypeId::of::<K>() {
             return None;
         }
-        Some(self.body.key_any().and_then(|k| k.downcast_ref::<K>()))
+        Some(self.key.as_any().and_then(|k| k.downcast_ref::<K>()))
     }
 
     /// The value, if the emission's value type is `V`: `Some(None)` for a
     /// tombstone, `None` when `V` is the wrong type.
     pub fn value<V: 'static>(&self) -> Option<Option<&V>> {
-        if self.body.value_type() != TypeId::of::<V>() {
+        if self.types.1 != TypeId::of::<V>() {
             return None;
         }
-        Some(self.body.value_any().and_then(|v| v.downcast_ref::<V>()))
+        Some(self.value.as_any().and_then(|v| v.downcast_ref::<V>()))
     }
 }
 
 impl PartialEq for Emission {
     fn eq(&self, other: &Self) -> bool {
-        self.body.eq_body(other.body.as_ref())
+        self.types == other.types
+            && self.topic.name() == other.topic.name()
+            && self.key == other.key
+            && self.value == other.value
+            && self.timestamp == other.timestamp
+            && self.headers == other.headers
     }
 }
 
 impl fmt::Debug for Emission {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.body.fmt_body(f)
+        let mut d = f.debug_struct("Emission");
+        d.field("topic", &self.topic.name())
+            .field("key", &self.key)
+            .field("value", &self.value)
+            .field("timestamp", &self.timestamp);
+        if !self.headers.is_empty() {
+            d.field("headers", &self.headers);
+        }
+        d.finish()
     }
 }
 
@@ -553,18 +606,17 @@ impl<K: Payload, V: Payload> ErasedTopic for Topic<K, V> {
         &self,
         emission: Emission,
     ) -> Option<Result<EncodedEmission, (Part, CodecError)>> {
-        let typed = emission
-            .body
-            .into_any()
-            .downcast::<TypedEmission<K, V>>()
-            .ok()?;
-        let TypedEmission {
+        if emission.types != (TypeId::of::<K>(), TypeId::of::<V>()) {
+            return None;
+        }
+        let Emission {
             key,
             value,
             timestamp,
             headers,
             ..
-        } = *typed;
+        } = emission;
+        let (key, value) = (key.into_typed::<K>().ok()?, value.into_typed::<V>().ok()?);
         let encode = || {
             let key = match key {
                 Some(k) => Some(
@@ -619,6 +671,69 @@ mod tests {
         // Same name, different types: not equal.
         let c: Topic<String, String> = Topic::new("t", Codec::utf8(), Codec::utf8());
         assert_ne!(a.send("k", 1), c.send("k", "1"));
+    }
+
+    /// Text, bytes and 64-bit integers ride inline, any other type boxed:
+    /// each comes back out as itself, compares by value and type, and
+    /// prints as the typed `Option` would.
+    #[test]
+    fn every_kind_of_payload_round_trips_through_the_sink() {
+        #[derive(PartialEq, Debug)]
+        struct Point(i32, i32);
+        let bytes: Topic<Vec<u8>, i64> = Topic::new("b", Codec::bytes(), Codec::int64());
+        let points: Topic<String, Point> = Topic::new(
+            "p",
+            Codec::utf8(),
+            Codec::new(
+                |p: &Point| format!("{},{}", p.0, p.1).into_bytes(),
+                |_: &[u8]| Ok::<_, String>(Point(0, 0)),
+            ),
+        );
+        let e = bytes.send(vec![1u8, 2], 7);
+        assert_eq!(e.key::<Vec<u8>>(), Some(Some(&vec![1u8, 2])));
+        assert_eq!(
+            format!("{e:?}"),
+            r#"Emission { topic: "b", key: Some([1, 2]), value: Some(7), timestamp: None }"#
+        );
+        let enc = erase(&bytes)
+            .encode_emission(e)
+            .expect("same types")
+            .unwrap();
+        assert_eq!(
+            (enc.key, enc.value),
+            (Some(vec![1, 2]), Some(7i64.to_be_bytes().to_vec()))
+        );
+
+        let e = points.send("here", Point(3, 4));
+        assert_eq!(e.value::<Point>(), Some(Some(&Point(3, 4))));
+        assert_eq!(e, points.send("here", Point(3, 4)));
+        assert_ne!(e, points.send("here", Point(3, 5)));
+        assert_eq!(
+            format!("{e:?}"),
+            r#"Emission { topic: "p", key: Some("here"), value: Some(Point(3, 4)), timestamp: None }"#
+        );
+        let enc = erase(&points)
+            .encode_emission(e)
+            .expect("same types")
+            .unwrap();
+        assert_eq!(enc.value, Some(b"3,4".to_vec()));
+
+        // A sink of other types refuses the emission, nulls included.
+        assert!(
+            erase(&t())
+                .encode_emission(bytes.send(None, None))
+                .is_none()
+        );
+        let wide: Topic<String, i32> = Topic::new(
+            "t",
+            Codec::utf8(),
+            Codec::new(
+                |v: &i32| v.to_be_bytes().to_vec(),
+                |_: &[u8]| Ok::<_, String>(0),
+            ),
+        );
+        assert!(erase(&t()).encode_emission(wide.send("k", 1)).is_none());
+        assert_ne!(wide.send(None, None), t().send(None, None));
     }
 
     #[test]
