@@ -73,13 +73,19 @@ impl FoldKey {
     /// assert_eq!(FoldKey::key_bytes(None), FoldKey::Null.to_bytes());
     /// ```
     pub fn key_bytes(key: Option<&[u8]>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(key.map_or(1, |k| k.len() + 1));
+        FoldKey::write_key_bytes(key, &mut out);
+        out
+    }
+
+    /// [`key_bytes`](Self::key_bytes) written over `out`, reusing its room.
+    pub(crate) fn write_key_bytes(key: Option<&[u8]>, out: &mut Vec<u8>) {
+        out.clear();
         match key {
-            None => vec![0x00],
+            None => out.push(0x00),
             Some(k) => {
-                let mut out = Vec::with_capacity(k.len() + 1);
                 out.push(0x01);
                 out.extend_from_slice(k);
-                out
             }
         }
     }
@@ -119,12 +125,24 @@ impl FoldWrites {
         FoldWrites::default()
     }
 
-    pub(crate) fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
-        self.writes.insert(key, Some(value));
+    /// Puts `value` under `key`, copying the key only when it is new to
+    /// this batch.
+    pub(crate) fn put(&mut self, key: &[u8], value: Vec<u8>) {
+        self.set(key, Some(value));
     }
 
-    pub(crate) fn delete(&mut self, key: Vec<u8>) {
-        self.writes.insert(key, None);
+    /// Deletes `key`, copying the key only when it is new to this batch.
+    pub(crate) fn delete(&mut self, key: &[u8]) {
+        self.set(key, None);
+    }
+
+    fn set(&mut self, key: &[u8], value: Option<Vec<u8>>) {
+        match self.writes.get_mut(key) {
+            Some(slot) => *slot = value,
+            None => {
+                self.writes.insert(key.to_vec(), value);
+            }
+        }
     }
 
     /// True when nothing changed.
@@ -148,6 +166,12 @@ impl FoldWrites {
         self.writes
             .iter()
             .map(|(k, v)| (k.as_slice(), v.as_deref()))
+    }
+
+    /// The changes in key order, by value (for a host's local store, once
+    /// the committed store has read them).
+    pub(crate) fn into_entries(self) -> impl Iterator<Item = (Vec<u8>, Option<Vec<u8>>)> {
+        self.writes.into_iter()
     }
 }
 
@@ -709,15 +733,36 @@ mod tests {
     fn store_applies_puts_and_deletes() {
         let mut s = FoldStore::new();
         let mut w = FoldWrites::new();
-        w.put(FoldKey::Null.to_bytes(), vec![1]);
-        w.put(FoldKey::Ticks.to_bytes(), vec![2]);
+        w.put(&FoldKey::Null.to_bytes(), vec![1]);
+        w.put(&FoldKey::Ticks.to_bytes(), vec![2]);
         s.apply(&w);
         assert_eq!(s.get(&FoldKey::Null).as_deref(), Some(&[1u8][..]));
         let mut w = FoldWrites::new();
-        w.delete(FoldKey::Null.to_bytes());
+        w.delete(&FoldKey::Null.to_bytes());
         s.apply(&w);
         assert_eq!(s.get(&FoldKey::Null), None);
         assert_eq!(s.len(), 1);
+    }
+
+    /// A later write to a key pending in the same batch replaces the
+    /// earlier one, put or delete; the batch keeps one entry per key, in
+    /// key order, and hands them over by value in that order.
+    #[test]
+    fn a_later_write_to_a_pending_key_replaces_it() {
+        let mut w = FoldWrites::new();
+        let key = FoldKey::key_bytes(Some(b"k"));
+        w.put(&key, vec![1]);
+        w.put(&FoldKey::Null.to_bytes(), vec![9]);
+        w.put(&key, vec![2]);
+        assert_eq!(w.get(&key), Some(Some(&[2u8][..])));
+        w.delete(&key);
+        assert_eq!(w.get(&key), Some(None));
+        w.put(&key, vec![3]);
+        assert_eq!(w.len(), 2);
+        assert_eq!(
+            w.into_entries().collect::<Vec<_>>(),
+            vec![(vec![0x00], Some(vec![9])), (key, Some(vec![3]))]
+        );
     }
 
     /// A local store the test applies by hand: `writes` are what the store
@@ -785,7 +830,7 @@ mod tests {
 
     fn put(k: u32, v: &[u8]) -> FoldWrites {
         let mut w = FoldWrites::new();
-        w.put(k.to_be_bytes().to_vec(), v.to_vec());
+        w.put(&k.to_be_bytes(), v.to_vec());
         w
     }
 
@@ -913,7 +958,7 @@ mod tests {
         s.evict();
         assert_eq!(s.cache_stats().unwrap().resident, 0);
         let mut w = FoldWrites::new();
-        w.delete(1u32.to_be_bytes().to_vec());
+        w.delete(&1u32.to_be_bytes());
         commit(&mut s, &disk, w, false);
         // The disk still has the value; the store must not read it.
         assert_eq!(disk.state().len(), 1);
@@ -946,7 +991,7 @@ mod tests {
         let mut restored = FoldWrites::new();
         for k in 0..50u32 {
             s.put_bytes(k.to_be_bytes().to_vec(), vec![1; 10]);
-            restored.put(k.to_be_bytes().to_vec(), vec![1; 10]);
+            restored.put(&k.to_be_bytes(), vec![1; 10]);
         }
         // The host wrote the restored state before attaching.
         let disk = Arc::new(FakeDisk {
@@ -986,7 +1031,7 @@ mod tests {
             let mut w = FoldWrites::new();
             for i in 0..1_000 {
                 let key = FoldKey::Key(format!("key-{}", batch * 1_000 + i).into_bytes());
-                w.put(key.to_bytes(), 1i64.to_be_bytes().to_vec());
+                w.put(&key.to_bytes(), 1i64.to_be_bytes().to_vec());
             }
             s.apply(&w);
         }

@@ -579,6 +579,8 @@ pub struct Task {
     stores: TaskStores,
     in_flight: Option<InFlight>,
     pending_fold: FoldWrites,
+    /// Room reused for each delivery's state key.
+    key_scratch: Vec<u8>,
     outgoing: Vec<OutgoingRecord>,
     events: Vec<TaskEvent>,
     /// Whether `events` is kept (see [`Task::set_record_events`]).

@@ -102,7 +102,8 @@ impl Task {
     pub fn commit_done_into(&mut self, out: Option<&mut Vec<crate::runtime::local::LocalEntry>>) {
         use crate::runtime::local::StoreKind;
         if let Some(done) = self.in_flight.take() {
-            if let Some(out) = out {
+            let mut out = out;
+            if let Some(out) = out.as_deref_mut() {
                 for (key, value) in done.protocol.iter() {
                     out.push((
                         StoreKind::Protocol,
@@ -110,13 +111,19 @@ impl Task {
                         value.map(<[u8]>::to_vec),
                     ));
                 }
-                for (key, value) in done.fold.iter() {
-                    out.push((StoreKind::Fold, key.to_vec(), value.map(<[u8]>::to_vec)));
-                }
             }
             self.stores.held.committed(&done.protocol);
             self.stores.protocol.apply_owned(done.protocol);
             self.stores.fold.apply(&done.fold);
+            // The committed store has copied what it keeps: the local
+            // store's entries take the writes themselves.
+            if let Some(out) = out {
+                out.extend(
+                    done.fold
+                        .into_entries()
+                        .map(|(key, value)| (StoreKind::Fold, key, value)),
+                );
+            }
             self.committed_tick_at = self.in_flight_tick_at;
         }
     }

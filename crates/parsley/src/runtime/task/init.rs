@@ -151,6 +151,7 @@ impl Task {
             stores,
             in_flight: None,
             pending_fold: FoldWrites::new(),
+            key_scratch: Vec::new(),
             outgoing: Vec::new(),
             events: Vec::new(),
             record_events: true,

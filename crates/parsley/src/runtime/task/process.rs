@@ -316,9 +316,13 @@ impl Task {
             }
             SourceSlot::User(i) => {
                 let src = &stage.def.sources[i];
-                let key = src
-                    .uses_state
-                    .then(|| FoldKey::key_bytes(record.key.as_deref()));
+                // Built in the task's reused buffer: the pending writes copy
+                // it only for a key new to the transaction.
+                let key = src.uses_state.then(|| {
+                    let mut key = std::mem::take(&mut self.key_scratch);
+                    FoldKey::write_key_bytes(record.key.as_deref(), &mut key);
+                    key
+                });
                 let state = key.as_ref().and_then(|k| self.fold_get(k));
                 let topic = self.shared_topic_name(record.channel.topic);
                 // The record's bytes go to the logic: the record itself is
@@ -405,9 +409,10 @@ impl Task {
         if let Some(key) = state_key {
             match outcome.write {
                 StateWrite::Keep => {}
-                StateWrite::Put(bytes) => self.pending_fold.put(key, bytes),
-                StateWrite::Delete => self.pending_fold.delete(key),
+                StateWrite::Put(bytes) => self.pending_fold.put(&key, bytes),
+                StateWrite::Delete => self.pending_fold.delete(&key),
             }
+            self.key_scratch = key;
         }
         for (ordinal, emission) in outcome.emissions.into_iter().enumerate() {
             let origin = EmissionOrigin {
