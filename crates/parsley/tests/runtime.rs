@@ -178,6 +178,79 @@ fn a_recovering_handler_routes_to_the_error_sink_exactly_once() {
 }
 // ANCHOR_END: recovering
 
+// ANCHOR: owned-forward
+#[test]
+fn an_owned_handler_forwards_without_cloning() {
+    let (orders, audit) = (topic("orders"), topic("audit"));
+    let mut builder = Stage::named("audit");
+    let out = builder.add_sink(&audit);
+    let stage = builder
+        .on_owned(&orders, move |m| {
+            let (key, value) = m.into_key_value();
+            out.send(key, value)
+        })
+        .build()
+        .unwrap();
+    let mut d = TestDriver::new(&Parsley::named("shop", [stage]).unwrap()).unwrap();
+    d.pipe(&orders, "o-1", "two pears").unwrap();
+    d.pipe(&orders, None, None).unwrap();
+    assert_eq!(
+        d.key_values(&audit).unwrap(),
+        vec![
+            (Some("o-1".to_string()), Some("two pears".to_string())),
+            (None, None)
+        ]
+    );
+}
+// ANCHOR_END: owned-forward
+
+/// Every form a handler may return goes through a stage: a bare
+/// `Option`, a `Result` of one emission, and `Emissions`.
+#[test]
+fn handlers_may_return_every_emission_form() {
+    let (a, b, c, out) = (topic("a"), topic("b"), topic("c"), topic("out"));
+    let mut builder = Stage::named("forms");
+    let sink = builder.add_sink(&out);
+    let stage = builder
+        .on(&a, move |m| {
+            (value(m) != "skip").then(|| sink.send(m.key().cloned(), value(m)))
+        })
+        .on(&b, move |m| -> Result<Emission, String> {
+            if value(m) == "bad" {
+                return Err("bad".into());
+            }
+            Ok(sink.send(m.key().cloned(), value(m)))
+        })
+        .on(&c, move |m| {
+            let mut all = Emissions::new();
+            all.push(sink.send("first", value(m)));
+            all.push(sink.send("second", value(m)));
+            all
+        })
+        .build()
+        .unwrap();
+    let mut d = TestDriver::new(&Parsley::named("app", [stage]).unwrap()).unwrap();
+    d.pipe(&a, "k", "skip").unwrap();
+    d.pipe(&a, "k", "kept").unwrap();
+    d.pipe(&b, "k", "good").unwrap();
+    d.pipe(&c, "k", "twice").unwrap();
+    assert!(matches!(
+        d.pipe(&b, "k", "bad").unwrap_err(),
+        DriverError::Task(TaskError::Logic { .. })
+    ));
+    assert_eq!(
+        d.values(&out).unwrap(),
+        vec!["kept", "good", "twice", "twice"]
+    );
+    assert_eq!(
+        d.key_values(&out).unwrap()[2..]
+            .iter()
+            .map(|(k, _)| k.clone().unwrap())
+            .collect::<Vec<_>>(),
+        vec!["first", "second"]
+    );
+}
+
 /// A handler given the message by value may return one emission, none, or
 /// an error, without a list: `Ok(None)` emits nothing and commits the
 /// delivery, an `Err` aborts and the retry redelivers, and the moved key

@@ -744,6 +744,19 @@ mod tests {
         assert_eq!(s.len(), 1);
     }
 
+    /// A state key written over a reused buffer is the key alone, whatever
+    /// the buffer held before (a longer key, a null key's byte).
+    #[test]
+    fn a_key_written_over_a_reused_buffer_is_exact() {
+        let mut buf = FoldKey::key_bytes(Some(b"a much longer key"));
+        FoldKey::write_key_bytes(Some(b"k"), &mut buf);
+        assert_eq!(buf, FoldKey::key_bytes(Some(b"k")));
+        FoldKey::write_key_bytes(None, &mut buf);
+        assert_eq!(buf, FoldKey::Null.to_bytes());
+        FoldKey::write_key_bytes(Some(b""), &mut buf);
+        assert_eq!(buf, FoldKey::for_key(Some(b"")).to_bytes());
+    }
+
     /// A later write to a key pending in the same batch replaces the
     /// earlier one, put or delete; the batch keeps one entry per key, in
     /// key order, and hands them over by value in that order.

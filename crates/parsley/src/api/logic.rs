@@ -42,9 +42,20 @@ use crate::topic::Emission;
 /// assert_eq!(emissions.len(), 2);
 /// assert_eq!(emissions, Emissions::from(vec![out.send("a", 1), out.send("b", 2)]));
 /// assert!(Emissions::from(None).is_empty());
+/// assert_eq!(format!("{:?}", Emissions::new()), "[]");
+/// for emission in &emissions {
+///     assert_eq!(emission.topic(), "out");
+/// }
 /// ```
-#[derive(Default, PartialEq, Debug)]
+#[derive(Default, PartialEq)]
 pub struct Emissions(SmallVec<[Emission; 1]>);
+
+/// Prints as a list.
+impl std::fmt::Debug for Emissions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.0.as_slice(), f)
+    }
+}
 
 impl Emissions {
     /// No emissions.
@@ -57,7 +68,8 @@ impl Emissions {
         self.0.push(emission);
     }
 
-    /// The emissions as a list (allocates unless it was built from one).
+    /// The emissions as a list: allocates when it holds one emission
+    /// inline, and hands over its heap list otherwise.
     pub fn into_vec(self) -> Vec<Emission> {
         self.0.into_vec()
     }
@@ -127,7 +139,24 @@ impl Iterator for EmissionsIntoIter {
     }
 }
 
+impl DoubleEndedIterator for EmissionsIntoIter {
+    fn next_back(&mut self) -> Option<Emission> {
+        self.0.next_back()
+    }
+}
+
 impl ExactSizeIterator for EmissionsIntoIter {}
+
+impl std::iter::FusedIterator for EmissionsIntoIter {}
+
+impl<'a> IntoIterator for &'a Emissions {
+    type Item = &'a Emission;
+    type IntoIter = std::slice::Iter<'a, Emission>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
 
 impl std::fmt::Debug for EmissionsIntoIter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -467,7 +467,8 @@ impl<M: StateMode> StageBuilder<M> {
     /// Adds `topic` as a source, handled by `handler`: a function from the
     /// delivered message to its emissions, returning any
     /// [`HandlerOutput`]: `Vec<Emission>`, one `Emission`, an
-    /// `Option<Emission>`, or one of them in a `Result<_, E>`. On a stateful
+    /// `Option<Emission>`, [`Emissions`], or one of them in a
+    /// `Result<_, E>`. On a stateful
     /// stage a handler leaves the state untouched.
     pub fn on<K, V, F, R>(self, topic: &Topic<K, V>, handler: F) -> Self
     where
@@ -480,8 +481,8 @@ impl<M: StateMode> StageBuilder<M> {
     }
 
     /// [`on`](Self::on) with a handler that takes the message by value, so
-    /// it can move the key, the value or the headers into what it emits
-    /// instead of cloning them: the message is the delivered record's own
+    /// it can move the key and the value into what it emits
+    /// ([`Message::into_key_value`]) instead of cloning them: the message is the delivered record's own
     /// copy, and nothing else reads it after the handler.
     ///
     /// ```
@@ -944,8 +945,8 @@ impl<S: 'static> StageBuilder<Stateful<S>> {
     }
 
     /// [`fold`](Self::fold) with a fold that takes the message by value, so
-    /// it can move the key, the value or the headers into what it emits
-    /// instead of cloning them. The key's state slot is found from the
+    /// it can move the key and the value into what it emits
+    /// ([`Message::into_key_value`]) instead of cloning them. The key's state slot is found from the
     /// record's key bytes, not from the message, so moving the key out
     /// changes nothing.
     ///

@@ -412,7 +412,11 @@ impl Task {
                 StateWrite::Put(bytes) => self.pending_fold.put(&key, bytes),
                 StateWrite::Delete => self.pending_fold.delete(&key),
             }
-            self.key_scratch = key;
+            // Kept for the next delivery, unless it is a tick slot's key,
+            // made for the tick alone.
+            if key.capacity() >= self.key_scratch.capacity() {
+                self.key_scratch = key;
+            }
         }
         for (ordinal, emission) in outcome.emissions.into_iter().enumerate() {
             let origin = EmissionOrigin {
