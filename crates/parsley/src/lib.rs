@@ -33,7 +33,10 @@
 //! **Logic** is a handler (message to emissions) or a fold (state and
 //! message to a [`Step`]: next state plus emissions). Emissions are minted
 //! by their topic, `topic.send(key, value)`, and compare with `==`, so logic
-//! tests need no runtime at all:
+//! tests need no runtime at all. (Logic that forwards a key or value it was
+//! handed takes the message by value instead, with
+//! [`StageBuilder::on_owned`] or [`StageBuilder::fold_owned`], and moves
+//! them into its emission.)
 //!
 //! ```
 //! # use parsley::{Codec, Topic};
