@@ -393,16 +393,6 @@ impl Slot {
             Slot::Other(b) => Some(b.as_any()),
         }
     }
-
-    fn fmt_inner(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Slot::Null => Ok(()),
-            Slot::Text(s) => fmt::Debug::fmt(s, f),
-            Slot::Bytes(b) => fmt::Debug::fmt(b, f),
-            Slot::Int(i) => fmt::Debug::fmt(i, f),
-            Slot::Other(b) => b.fmt_any(f),
-        }
-    }
 }
 
 impl PartialEq for Slot {
@@ -428,18 +418,17 @@ impl Parts {
         }
     }
 
-    /// The key (`false`) or the value (`true`); `None` for null.
-    fn get(&self, value: bool) -> Option<&dyn Any> {
-        match (self, value) {
-            (Parts::Slots(k, _), false) => k.as_any(),
-            (Parts::Slots(_, v), true) => v.as_any(),
-            (Parts::Pair(p), false) => Some(p.key().as_any()),
-            (Parts::Pair(p), true) => Some(p.value().as_any()),
+    /// The key or the value, borrowed.
+    fn part(&self, part: Part) -> PartRef<'_> {
+        match (self, part) {
+            (Parts::Slots(k, _), Part::Key) => PartRef::Slot(k),
+            (Parts::Slots(_, v), Part::Value) => PartRef::Slot(v),
+            (Parts::Pair(p), Part::Key) => PartRef::Boxed(p.key()),
+            (Parts::Pair(p), Part::Value) => PartRef::Boxed(p.value()),
         }
     }
 
     /// The key and value as `K` and `V`; `None` when they are not.
-    #[allow(clippy::type_complexity)]
     fn into_typed<K: 'static, V: 'static>(self) -> Option<(Option<K>, Option<V>)> {
         match self {
             Parts::Slots(k, v) => Some((k.into_typed().ok()?, v.into_typed().ok()?)),
@@ -463,26 +452,40 @@ impl PartialEq for Parts {
     }
 }
 
-/// Prints one part as the typed `Option` would.
-struct ShowPart<'a>(&'a Parts, bool);
+/// One part of an emission, borrowed: a slot, or a side of a boxed pair.
+enum PartRef<'a> {
+    Slot(&'a Slot),
+    Boxed(&'a dyn AnyPayload),
+}
 
-impl fmt::Debug for ShowPart<'_> {
+impl<'a> PartRef<'a> {
+    /// The value; `None` for null.
+    fn as_any(&self) -> Option<&'a dyn Any> {
+        match *self {
+            PartRef::Slot(s) => s.as_any(),
+            PartRef::Boxed(b) => Some(b.as_any()),
+        }
+    }
+}
+
+impl fmt::Debug for dyn AnyPayload + '_ {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        struct Inner<'a>(&'a Parts, bool);
-        impl fmt::Debug for Inner<'_> {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                match (self.0, self.1) {
-                    (Parts::Slots(k, _), false) => k.fmt_inner(f),
-                    (Parts::Slots(_, v), true) => v.fmt_inner(f),
-                    (Parts::Pair(p), false) => p.key().fmt_any(f),
-                    (Parts::Pair(p), true) => p.value().fmt_any(f),
-                }
-            }
-        }
-        if self.0.get(self.1).is_none() {
-            return f.write_str("None");
-        }
-        f.debug_tuple("Some").field(&Inner(self.0, self.1)).finish()
+        self.fmt_any(f)
+    }
+}
+
+/// Prints as the typed `Option` would.
+impl fmt::Debug for PartRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let value: &dyn fmt::Debug = match *self {
+            PartRef::Slot(Slot::Null) => return f.write_str("None"),
+            PartRef::Slot(Slot::Text(s)) => s,
+            PartRef::Slot(Slot::Bytes(b)) => b,
+            PartRef::Slot(Slot::Int(i)) => i,
+            PartRef::Slot(Slot::Other(b)) => b,
+            PartRef::Boxed(ref b) => b,
+        };
+        f.debug_tuple("Some").field(value).finish()
     }
 }
 
@@ -594,7 +597,12 @@ impl Emission {
         if (self.types)().0 != TypeId::of::<K>() {
             return None;
         }
-        Some(self.parts.get(false).and_then(|k| k.downcast_ref::<K>()))
+        Some(
+            self.parts
+                .part(Part::Key)
+                .as_any()
+                .and_then(|k| k.downcast_ref::<K>()),
+        )
     }
 
     /// The value, if the emission's value type is `V`: `Some(None)` for a
@@ -603,7 +611,12 @@ impl Emission {
         if (self.types)().1 != TypeId::of::<V>() {
             return None;
         }
-        Some(self.parts.get(true).and_then(|v| v.downcast_ref::<V>()))
+        Some(
+            self.parts
+                .part(Part::Value)
+                .as_any()
+                .and_then(|v| v.downcast_ref::<V>()),
+        )
     }
 }
 
@@ -621,8 +634,8 @@ impl fmt::Debug for Emission {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("Emission");
         d.field("topic", &self.topic.name())
-            .field("key", &ShowPart(&self.parts, false))
-            .field("value", &ShowPart(&self.parts, true))
+            .field("key", &self.parts.part(Part::Key))
+            .field("value", &self.parts.part(Part::Value))
             .field("timestamp", &self.timestamp);
         if !self.headers.is_empty() {
             d.field("headers", &self.headers);
@@ -756,6 +769,13 @@ mod tests {
         assert_ne!(a.send("k", 1), c.send("k", "1"));
     }
 
+    fn encoded<K: Payload, V: Payload>(topic: &Topic<K, V>, e: Emission) -> EncodedEmission {
+        let sink = erase(topic);
+        sink.encode_emission(e)
+            .expect("same types")
+            .expect("the codecs encode")
+    }
+
     /// Text, bytes and 64-bit integers ride inline, any other type boxed:
     /// each comes back out as itself, compares by value and type, and
     /// prints as the typed `Option` would.
@@ -773,21 +793,26 @@ mod tests {
             ),
         );
         let e = bytes.send(vec![1u8, 2], 7);
+        assert!(matches!(
+            e.parts,
+            Parts::Slots(Slot::Bytes(_), Slot::Int(_))
+        ));
         assert_eq!(e.key::<Vec<u8>>(), Some(Some(&vec![1u8, 2])));
         assert_eq!(
             format!("{e:?}"),
             r#"Emission { topic: "b", key: Some([1, 2]), value: Some(7), timestamp: None }"#
         );
-        let enc = erase(&bytes)
-            .encode_emission(e)
-            .expect("same types")
-            .unwrap();
+        let enc = encoded(&bytes, e);
         assert_eq!(
             (enc.key, enc.value),
             (Some(vec![1, 2]), Some(7i64.to_be_bytes().to_vec()))
         );
 
         let e = points.send("here", Point(3, 4));
+        assert!(matches!(
+            e.parts,
+            Parts::Slots(Slot::Text(_), Slot::Other(_))
+        ));
         assert_eq!(e.value::<Point>(), Some(Some(&Point(3, 4))));
         assert_eq!(e, points.send("here", Point(3, 4)));
         assert_ne!(e, points.send("here", Point(3, 5)));
@@ -795,10 +820,7 @@ mod tests {
             format!("{e:?}"),
             r#"Emission { topic: "p", key: Some("here"), value: Some(Point(3, 4)), timestamp: None }"#
         );
-        let enc = erase(&points)
-            .encode_emission(e)
-            .expect("same types")
-            .unwrap();
+        let enc = encoded(&points, e);
         assert_eq!(enc.value, Some(b"3,4".to_vec()));
 
         // Neither side inline: one box for both, compared and printed
@@ -818,10 +840,7 @@ mod tests {
             format!("{e:?}"),
             r#"Emission { topic: "q", key: Some(Point(1, 2)), value: Some(Point(3, 4)), timestamp: None }"#
         );
-        let enc = erase(&pairs)
-            .encode_emission(e)
-            .expect("same types")
-            .unwrap();
+        let enc = encoded(&pairs, e);
         assert_eq!(
             (enc.key, enc.value),
             (Some(b"1,2".to_vec()), Some(b"3,4".to_vec()))
@@ -832,10 +851,7 @@ mod tests {
             format!("{e:?}"),
             r#"Emission { topic: "q", key: None, value: Some(Point(5, 6)), timestamp: None }"#
         );
-        let enc = erase(&pairs)
-            .encode_emission(e)
-            .expect("same types")
-            .unwrap();
+        let enc = encoded(&pairs, e);
         assert_eq!((enc.key, enc.value), (None, Some(b"5,6".to_vec())));
 
         // A sink of other types refuses the emission, nulls included.

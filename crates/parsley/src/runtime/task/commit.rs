@@ -99,10 +99,12 @@ impl Task {
     /// As [`commit_done`](Self::commit_done), also listing the committed
     /// writes in `out` (for a local store): puts and deletes of both
     /// stores, protocol store first, each in key order.
-    pub fn commit_done_into(&mut self, out: Option<&mut Vec<crate::runtime::local::LocalEntry>>) {
+    pub fn commit_done_into(
+        &mut self,
+        mut out: Option<&mut Vec<crate::runtime::local::LocalEntry>>,
+    ) {
         use crate::runtime::local::StoreKind;
         if let Some(done) = self.in_flight.take() {
-            let mut out = out;
             if let Some(out) = out.as_deref_mut() {
                 for (key, value) in done.protocol.iter() {
                     out.push((
