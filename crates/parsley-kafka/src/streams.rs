@@ -830,9 +830,6 @@ struct Shared {
     cluster: KafkaCluster,
     timeout: Duration,
     error: Option<StreamsError>,
-    /// Where each produced record's clock is encoded on its way into the
-    /// producer's headers; kept from one record to the next.
-    scratch: Vec<u8>,
     /// The instance is closing: the thread takes no new tasks.
     stop: Arc<AtomicBool>,
     /// What the thread is doing.

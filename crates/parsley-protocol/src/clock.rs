@@ -307,13 +307,23 @@ impl VectorClock {
             .map(|i| self.sequences[i].seq)
     }
 
-    /// An empty clock with room for `offsets` offset claims and `sequences`
-    /// sequence claims, so that merges up to that width do not grow it.
-    pub(crate) fn with_capacity(offsets: usize, sequences: usize) -> Self {
-        VectorClock {
-            offsets: Vec::with_capacity(offsets),
-            sequences: Vec::with_capacity(sequences),
-        }
+    /// Makes room for `offsets` and `sequences` more claims.
+    pub(crate) fn reserve(&mut self, offsets: usize, sequences: usize) {
+        self.offsets.reserve(offsets);
+        self.sequences.reserve(sequences);
+    }
+
+    /// Empties the clock, keeping its room.
+    pub(crate) fn clear(&mut self) {
+        self.offsets.clear();
+        self.sequences.clear();
+    }
+
+    /// Makes this clock a copy of `other`, in the room it already has.
+    pub(crate) fn copy_from(&mut self, other: &VectorClock) {
+        self.clear();
+        self.offsets.extend_from_slice(&other.offsets);
+        self.sequences.extend_from_slice(&other.sequences);
     }
 
     /// Claims every offset at or below `offset` on `channel` (max-merge).

@@ -3,8 +3,8 @@
 //! fetched record goes in as a [`RecordView`] (a view of the client's own
 //! message, or a [`PolledRecord`] where the host keeps its records); an
 //! assigned partition as an [`AssignedPartition`]; a record to append comes
-//! out as an [`OutgoingRecord`], its causal stamp kept as values until the
-//! host writes it, and consumer seeks and fetch pauses as [`Seek`] and
+//! out as an [`OutgoingRecord`], its causal stamp already encoded (by a
+//! [`StampWriter`]), and consumer seeks and fetch pauses as [`Seek`] and
 //! [`FlowChange`].
 //!
 //! They live in the protocol crate so that the simulator, which never
@@ -13,8 +13,13 @@
 
 use std::sync::Arc;
 
-use crate::clock::ClockVersion;
-use crate::{CausalHeaders, Channel, Header};
+use ::bytes::{Bytes, BytesMut};
+
+use crate::clock::{ClockVersion, VectorClock};
+use crate::error::ProtocolError;
+use crate::headers::{CLOCK_HEADER, CorruptHeader, SENDER_HEADER, SEQ_HEADER};
+use crate::node::CausalNode;
+use crate::{CausalHeaders, Channel, Header, SenderTag};
 
 /// One partition the group assigned, with the facts the worker needs to
 /// choose its start.
@@ -168,8 +173,8 @@ pub struct OutgoingRecord {
     pub value: Option<Vec<u8>>,
     /// The record timestamp.
     pub timestamp: i64,
-    /// The causal stamp (emissions and ticks), kept as values: a host
-    /// writes it as the first headers, `vc`, `vc-sender`, `vc-seq`
+    /// The causal stamp (emissions and ticks), encoded: a host writes it
+    /// as the first headers, `vc`, `vc-sender`, `vc-seq`
     /// ([`write_headers`](Self::write_headers), or
     /// [`header_list`](Self::header_list) for a host that stores them).
     /// Changelog records and dead letters carry none.
@@ -182,33 +187,98 @@ pub struct OutgoingRecord {
     pub origin: Option<EmissionOrigin>,
 }
 
-/// A record's causal stamp and the clock version its sink is written in.
+/// A record's causal stamp, encoded as it goes on the wire.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Stamp {
-    /// The clock and sender tag.
-    pub headers: CausalHeaders,
-    /// How the clock is encoded (version 1 unless the sink opted into the
-    /// compact one).
-    pub version: ClockVersion,
+    /// The `vc` header's value, in the clock version of the record's sink.
+    /// Stamps written by one [`StampWriter`] share its buffers, so a stamp
+    /// kept keeps its buffer: a host drops stamps with their records.
+    pub clock: Bytes,
+    /// The sender tag: the `vc-sender` and `vc-seq` headers.
+    pub sender: SenderTag,
+}
+
+impl Stamp {
+    /// The stamp decoded (for a host or a test that looks into it).
+    pub fn decode(&self) -> Result<CausalHeaders, CorruptHeader> {
+        Ok(CausalHeaders {
+            clock: VectorClock::decode(&self.clock)?,
+            sender: Some(self.sender),
+        })
+    }
+}
+
+/// Stamps a host's outgoing records: asks the node for each stamp and
+/// writes its `vc` value into buffers the stamps share, so stamping a
+/// record allocates nothing of its own. A new buffer is taken when the last
+/// is full, sized for several dozen stamps of the current width (between
+/// 1 KiB and 64 KiB, or one stamp when a stamp is larger). One per task,
+/// [released](Self::release) whenever the task hands its records over.
+#[derive(Debug, Default)]
+pub struct StampWriter {
+    /// The rest of the current buffer (what stamps already took is split off).
+    buf: BytesMut,
+    /// The stamp as the node writes it, before it joins the buffer.
+    scratch: Vec<u8>,
+}
+
+impl StampWriter {
+    /// Stamps per buffer.
+    const STAMPS_PER_BUFFER: usize = 64;
+    /// The smallest and largest buffer taken for several stamps.
+    const BUFFER_BOUNDS: (usize, usize) = (1 << 10, 64 << 10);
+
+    /// A writer with no buffer yet.
+    pub fn new() -> StampWriter {
+        StampWriter::default()
+    }
+
+    /// Lets go of the current buffer, so that a writer keeps none between
+    /// transactions (the stamps already written keep theirs while they
+    /// live). A task calls it when it hands its records over.
+    pub fn release(&mut self) {
+        self.buf = BytesMut::new();
+    }
+
+    /// The stamp of one record `node` sends to `destination`, its clock in
+    /// `version`: [`CausalNode::prepare_send_into`] (which assigns the
+    /// record's send sequence), written into the shared buffer.
+    pub fn stamp(
+        &mut self,
+        node: &mut CausalNode,
+        destination: Channel,
+        version: ClockVersion,
+    ) -> Result<Stamp, ProtocolError> {
+        self.scratch.clear();
+        let sender = node.prepare_send_into(destination, version, &mut self.scratch)?;
+        let len = self.scratch.len();
+        if self.buf.capacity() < len {
+            let (low, high) = Self::BUFFER_BOUNDS;
+            let room = (len * Self::STAMPS_PER_BUFFER).clamp(low, high).max(len);
+            self.buf = BytesMut::with_capacity(room);
+        }
+        self.buf.extend_from_slice(&self.scratch);
+        Ok(Stamp {
+            clock: self.buf.split().freeze(),
+            sender,
+        })
+    }
 }
 
 impl OutgoingRecord {
     /// How many headers the record carries on the wire.
     pub fn header_count(&self) -> usize {
-        let stamp = self
-            .stamp
-            .as_ref()
-            .map_or(0, |s| if s.headers.sender.is_some() { 3 } else { 1 });
+        let stamp = if self.stamp.is_some() { 3 } else { 0 };
         stamp + self.headers.len()
     }
 
     /// Hands `put` every header in wire order (the stamp's, then the
-    /// record's own) with no allocation per record: the clock is encoded
-    /// into `scratch`, which a host keeps from one record to the next.
-    pub fn write_headers(&self, scratch: &mut Vec<u8>, mut put: impl FnMut(&str, Option<&[u8]>)) {
+    /// record's own) with no allocation: the stamp is already encoded.
+    pub fn write_headers(&self, mut put: impl FnMut(&str, Option<&[u8]>)) {
         if let Some(s) = &self.stamp {
-            s.headers
-                .write_headers_as(s.version, scratch, |name, value| put(name, Some(value)));
+            put(CLOCK_HEADER, Some(&s.clock));
+            put(SENDER_HEADER, Some(&s.sender.sender.to_bytes()));
+            put(SEQ_HEADER, Some(&s.sender.seq.to_be_bytes()));
         }
         for h in &self.headers {
             put(h.name(), h.value.as_deref());
@@ -220,7 +290,9 @@ impl OutgoingRecord {
     pub fn header_list(&self) -> Vec<Header> {
         let mut out = Vec::with_capacity(self.header_count());
         if let Some(s) = &self.stamp {
-            s.headers.encode_headers_into_as(s.version, &mut out);
+            out.push(Header::new(CLOCK_HEADER, s.clock.to_vec()));
+            out.push(Header::new(SENDER_HEADER, s.sender.sender.to_bytes()));
+            out.push(Header::new(SEQ_HEADER, s.sender.seq.to_be_bytes()));
         }
         out.extend(self.headers.iter().cloned());
         out

@@ -23,7 +23,9 @@
 //!    from the committed store.
 //! 4. Partition every outgoing record first, then stamp it with
 //!    [`prepare_send`](CausalNode::prepare_send) for its concrete destination
-//!    channel, and send exactly what was stamped.
+//!    channel (or [`prepare_send_into`](CausalNode::prepare_send_into), or a
+//!    [`StampWriter`](crate::host::StampWriter), for the stamp already
+//!    encoded), and send exactly what was stamped.
 //! 5. Start through [`CausalNode::init`] from committed state, and seek the
 //!    channels in [`resume_positions`](CausalNode::resume_positions).
 //! 6. Never start a channel below its log start.
@@ -553,18 +555,23 @@ pub struct CausalNode {
 }
 
 /// The part of every stamp that does not depend on the destination, kept
-/// between sends until the node's state moves. A delivery moves it, and
-/// most deliveries make one send or none, so the base is kept only once a
-/// second send asks for it: the first send takes the computed base as its
-/// own clock instead of copying it.
-#[derive(Clone, Debug)]
-enum StampBase {
-    /// Not computed since the state last moved.
-    Stale,
-    /// Computed once and handed to a send, not kept.
-    Lent,
-    /// Kept for the sends that follow.
-    Kept(VectorClock),
+/// between sends until the node's state moves, and the clock each stamp is
+/// put together in. Both keep their room from one stamp to the next, so
+/// once they have grown to the stamps' width a stamp allocates nothing of
+/// its own.
+#[derive(Clone, Debug, Default)]
+struct StampBase {
+    /// Whether `clock` is the base of the node's current state. Whatever
+    /// moves the state (a delivery, a sweep, a commit's writes) clears it.
+    fresh: bool,
+    /// The base: frontiers, advertised clocks, carried ancestry and own
+    /// outputs, with resolvable sequence claims turned into offsets.
+    clock: VectorClock,
+    /// The stamp under construction: the base with the destination's own
+    /// echo left out and this incarnation's other sends claimed.
+    stamp: VectorClock,
+    /// Sequence claims resolved to offsets while the base is computed.
+    upgrades: Vec<(Channel, i64)>,
 }
 
 impl CausalNode {

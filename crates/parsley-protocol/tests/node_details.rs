@@ -89,8 +89,8 @@ fn every_send_between_two_deliveries_stamps_the_same_base() {
     let broker = FakeBroker::default().with_topic(x.topic, 1, 0);
     let mut h = Harness::start(config(sender(ME), &[a], &[x.topic]), broker);
     h.feed(rec(a, 0, offsets(&[(far, 20)])));
-    // The first send takes the computed base, the second computes and keeps
-    // it, the third copies the kept one: all three carry the same claims.
+    // The first send computes the base and keeps it, the next two start
+    // from the kept one: all three carry the same claims.
     let stamps: Vec<_> = (0..3).map(|_| h.node.prepare_send(x).unwrap()).collect();
     assert_eq!(stamps[0].clock.offset(a), Some(0));
     assert_eq!(stamps[0].clock.offset(far), Some(20));
@@ -102,7 +102,7 @@ fn every_send_between_two_deliveries_stamps_the_same_base() {
         .filter_map(|s| s.sender.map(|t| t.seq))
         .collect();
     assert_eq!(seqs, vec![1, 2, 3]);
-    // The next delivery moves the base, kept or not.
+    // The next delivery moves the base.
     h.feed(rec(a, 1, offsets(&[(far, 21)])));
     let next = h.node.prepare_send(x).unwrap();
     assert_eq!(next.clock.offset(a), Some(1));
@@ -123,8 +123,7 @@ fn truncate_counts_what_it_removed_and_the_next_stamp_leaves_it_out() {
     // Advertised on a: far <= 20 and other <= 4; on b: far <= 30.
     h.feed(rec(a, 0, offsets(&[(far, 20), (other, 4)])));
     h.feed(rec(b, 0, offsets(&[(far, 30)])));
-    // Two stamps now, so the node keeps its stamp base (a single send after
-    // a delivery takes the base without keeping it).
+    // Two stamps from the base the node now keeps.
     assert_eq!(h.node.prepare_send(x).unwrap().clock.offset(other), Some(4));
     assert_eq!(h.node.prepare_send(x).unwrap().clock.offset(other), Some(4));
     // Stability covers far up to 25 and other up to 4: the entries far <= 20

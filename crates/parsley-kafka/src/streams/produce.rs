@@ -206,10 +206,11 @@ impl Shared {
             // write): librdkafka allocates one per list.
             let count = r.header_count();
             if count > 0 {
-                // The stamp is written straight into librdkafka's list
-                // (which copies each value), through one scratch buffer.
+                // The stamp, encoded when the record was emitted, is
+                // written straight into librdkafka's list (which copies
+                // each value).
                 let mut headers = Some(OwnedHeaders::new_with_capacity(count));
-                r.write_headers(&mut self.scratch, |key, value| {
+                r.write_headers(|key, value| {
                     headers = headers
                         .take()
                         .map(|hs| hs.insert(rdkafka::message::Header { key, value }));

@@ -436,7 +436,6 @@ impl StreamThread {
                 cluster,
                 timeout,
                 error: None,
-                scratch: Vec::new(),
                 stop: self.stop.clone(),
                 phase: self.phase.clone(),
                 rejoin: None,

@@ -41,7 +41,7 @@ impl CausalNode {
         let ch = &mut self.channels[i];
         if ch.advertised.merge(&record.causal.clock) {
             ch.advertised_dirty = true;
-            self.stamp_base = StampBase::Stale;
+            self.stamp_base.fresh = false;
         }
         if let Some(tag) = record.causal.sender
             && ch
@@ -54,7 +54,7 @@ impl CausalNode {
             self.stats.past_skipped_total += 1;
             debug!(channel = %record.channel, offset = record.offset, "record of the node's past skipped on a joined input");
             if ch.is_empty() && set_frontier(ch, record.offset) {
-                self.stamp_base = StampBase::Stale;
+                self.stamp_base.fresh = false;
                 if self.held > 0 {
                     self.cascade(out)?;
                 }
@@ -82,7 +82,7 @@ impl CausalNode {
             ch.head_unmet = Some(unmet);
             self.held += 1;
             if bridged {
-                self.stamp_base = StampBase::Stale;
+                self.stamp_base.fresh = false;
             }
         }
         if self.held > 0 {
@@ -108,7 +108,7 @@ impl CausalNode {
         }
         ch.position = position;
         if ch.is_empty() && set_frontier(ch, position - 1) {
-            self.stamp_base = StampBase::Stale;
+            self.stamp_base.fresh = false;
             if self.held > 0 {
                 self.cascade(&mut out)?;
             }
@@ -289,7 +289,7 @@ impl CausalNode {
             }
             ch.delivered_dirty.insert(tag.sender);
         }
-        self.stamp_base = StampBase::Stale;
+        self.stamp_base.fresh = false;
         self.stats.delivered_total += 1;
         debug!(channel = %record.channel, offset = record.offset, was_held, "record delivered");
         out.push(Delivery { record, was_held });
@@ -320,7 +320,7 @@ impl CausalNode {
         loop {
             let clean = self.channels[i].clean_prefix();
             if set_frontier(&mut self.channels[i], clean) {
-                self.stamp_base = StampBase::Stale;
+                self.stamp_base.fresh = false;
                 progressed = true;
             }
             let ch = &mut self.channels[i];

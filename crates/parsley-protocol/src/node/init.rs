@@ -342,7 +342,7 @@ impl Reconcile {
             resume: self.resume,
             held: 0,
             held_bytes: 0,
-            stamp_base: StampBase::Stale,
+            stamp_base: StampBase::default(),
             stepped: std::mem::take(&mut p.stepped),
             stats: NodeStats::default(),
             window,

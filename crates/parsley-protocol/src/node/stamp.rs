@@ -1,6 +1,7 @@
 //! The stamp a node writes on each send.
 
 use super::*;
+use crate::clock::ClockVersion;
 
 impl CausalNode {
     /// Stamps one outgoing record for its concrete destination channel and
@@ -14,29 +15,54 @@ impl CausalNode {
     /// Foreign sequence claims this node can resolve become offset claims,
     /// and echoes of earlier incarnations' own sends are dropped (own outputs
     /// or carried ancestry already claim them in offset form).
+    ///
+    /// The returned clock is the stamp's own allocation;
+    /// [`prepare_send_into`](Self::prepare_send_into) writes the same stamp
+    /// encoded, without one.
     pub fn prepare_send(&mut self, destination: Channel) -> Result<CausalHeaders, ProtocolError> {
+        let sender = self.assemble_stamp(destination)?;
+        Ok(CausalHeaders {
+            clock: self.stamp_base.stamp.clone(),
+            sender: Some(sender),
+        })
+    }
+
+    /// [`prepare_send`](Self::prepare_send) for a host that writes the
+    /// stamp as bytes: appends the `vc` header's value in `version` to
+    /// `out` and returns the sender tag (`vc-sender`, `vc-seq`). The node
+    /// puts each stamp together in room it keeps, so this allocates nothing
+    /// once that room has grown to the stamps' width (and `out` has room).
+    pub fn prepare_send_into(
+        &mut self,
+        destination: Channel,
+        version: ClockVersion,
+        out: &mut Vec<u8>,
+    ) -> Result<SenderTag, ProtocolError> {
+        let sender = self.assemble_stamp(destination)?;
+        self.stamp_base.stamp.encode_into_as(version, out);
+        Ok(sender)
+    }
+
+    /// Puts the stamp for `destination` together in `stamp_base.stamp` and
+    /// takes its send sequence.
+    fn assemble_stamp(&mut self, destination: Channel) -> Result<SenderTag, ProtocolError> {
         if !self.sinks.contains(&destination.topic) || destination.partition < 0 {
             return Err(ProtocolError::UndeclaredSink {
                 channel: destination,
             });
         }
-        let mut clock = match std::mem::replace(&mut self.stamp_base, StampBase::Stale) {
-            StampBase::Kept(base) => {
-                let clock = base.clone();
-                self.stamp_base = StampBase::Kept(base);
-                clock
-            }
-            StampBase::Stale => {
-                self.stamp_base = StampBase::Lent;
-                self.compute_stamp_base()
-            }
-            StampBase::Lent => {
-                let base = self.compute_stamp_base();
-                let clock = base.clone();
-                self.stamp_base = StampBase::Kept(base);
-                clock
-            }
-        };
+        if !self.stamp_base.fresh {
+            let mut base = std::mem::take(&mut self.stamp_base);
+            self.compute_stamp_base(&mut base.clock, &mut base.upgrades);
+            base.fresh = true;
+            self.stamp_base = base;
+        }
+        let StampBase {
+            clock: base,
+            stamp: clock,
+            ..
+        } = &mut self.stamp_base;
+        clock.copy_from(base);
         // Never a claim of our own on the destination itself (an echo of an
         // earlier send there, this incarnation's or a prior one's): the
         // record travels behind those sends on the same channel.
@@ -51,12 +77,9 @@ impl CausalNode {
         self.send_seq.insert(destination, seq);
         self.send_seq_dirty.insert(destination);
         self.self_claims.insert(destination, seq);
-        Ok(CausalHeaders {
-            clock,
-            sender: Some(SenderTag {
-                sender: self.sender,
-                seq,
-            }),
+        Ok(SenderTag {
+            sender: self.sender,
+            seq,
         })
     }
 
@@ -93,15 +116,17 @@ impl CausalNode {
                 .sum::<usize>()
     }
 
-    fn compute_stamp_base(&self) -> VectorClock {
+    /// Computes the stamp base into `base`, in the room it has.
+    fn compute_stamp_base(&self, base: &mut VectorClock, upgrades: &mut Vec<(Channel, i64)>) {
         // Room for every claim the merges below can bring, so that the base
-        // is allocated once, whatever the upstream stamps carry.
+        // grows at most once, whatever the upstream stamps carry.
         let sides = || {
             std::iter::once(&self.carried)
                 .chain(std::iter::once(&self.own_outputs))
                 .chain(self.channels.iter().map(|c| &c.advertised))
         };
-        let mut base = VectorClock::with_capacity(
+        base.clear();
+        base.reserve(
             self.channels.len() + sides().map(|c| c.offsets().len()).sum::<usize>(),
             sides().map(|c| c.sequences().len()).sum(),
         );
@@ -113,7 +138,7 @@ impl CausalNode {
         }
         base.merge(&self.carried);
         base.merge(&self.own_outputs);
-        let mut upgrades = Vec::new();
+        upgrades.clear();
         base.retain_sequences(|c| {
             if let Some(m) = self.mark(c.channel, c.sender)
                 && m.seq >= c.seq
@@ -132,9 +157,8 @@ impl CausalNode {
                     .get(&c.channel)
                     .is_some_and(|&p| c.seq <= p))
         });
-        for (ch, offset) in upgrades {
+        for &(ch, offset) in upgrades.iter() {
             base.claim_offset(ch, offset);
         }
-        base
     }
 }

@@ -120,7 +120,7 @@ impl CausalNode {
         }
         let removed = before - self.stamp_side_len();
         if removed > 0 {
-            self.stamp_base = StampBase::Stale;
+            self.stamp_base.fresh = false;
         }
         removed
     }
@@ -164,7 +164,7 @@ impl CausalNode {
                 }
             }
         }
-        self.stamp_base = StampBase::Stale;
+        self.stamp_base.fresh = false;
         Ok(TruncationReport {
             entries_removed: before - self.stamp_side_len(),
             destroyed_topics: destroyed,

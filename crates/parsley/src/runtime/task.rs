@@ -74,7 +74,7 @@ use crate::topic::{AnyTopic, Emission, Part};
 
 pub use crate::runtime::host::{MetadataError, RecordView, TopicDescription, TopicMetadata};
 pub use crate::runtime::identity::TaskId;
-pub use parsley_protocol::host::{EmissionOrigin, OutgoingRecord, Stamp};
+pub use parsley_protocol::host::{EmissionOrigin, OutgoingRecord, Stamp, StampWriter};
 
 /// An emission to send to a dead-letter topic instead of its sink: the
 /// sink (or the client) refused it, and the host's production error
@@ -582,6 +582,8 @@ pub struct Task {
     /// Room reused for each delivery's state key.
     key_scratch: Vec<u8>,
     outgoing: Vec<OutgoingRecord>,
+    /// Writes the stamps of `outgoing` into buffers they share.
+    stamps: StampWriter,
     events: Vec<TaskEvent>,
     /// Whether `events` is kept (see [`Task::set_record_events`]).
     record_events: bool,

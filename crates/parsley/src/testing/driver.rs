@@ -1061,7 +1061,7 @@ impl TestDriver {
     /// Unstamped records (changelog records, dead letters, which carry an
     /// input's headers as they were) name none.
     fn producer_of(&self, r: &OutgoingRecord) -> Option<TaskId> {
-        let sender = r.stamp.as_ref()?.headers.sender?.sender;
+        let sender = r.stamp.as_ref()?.sender.sender;
         self.senders.get(&sender).cloned()
     }
 

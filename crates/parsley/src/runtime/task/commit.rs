@@ -58,6 +58,7 @@ impl Task {
         // records as this one took (up to a bound), so that it does not
         // grow again from nothing, copying every record at each doubling.
         let room = self.outgoing.len().min(KEPT_OUTGOING_ROOM);
+        self.stamps.release();
         Ok(TaskCommit {
             records: std::mem::replace(&mut self.outgoing, Vec::with_capacity(room)),
             changelog,
@@ -87,6 +88,7 @@ impl Task {
     /// anything (an abort: a host that streams records into its open
     /// transaction has produced them, and they end up aborted).
     pub fn take_abandoned(&mut self) -> Vec<OutgoingRecord> {
+        self.stamps.release();
         std::mem::take(&mut self.outgoing)
     }
 

@@ -153,6 +153,7 @@ impl Task {
             pending_fold: FoldWrites::new(),
             key_scratch: Vec::new(),
             outgoing: Vec::new(),
+            stamps: StampWriter::new(),
             events: Vec::new(),
             record_events: true,
             acted: false,

@@ -465,9 +465,10 @@ impl Task {
         let Some((topic, channel)) = self.tick_route.clone() else {
             return Ok(());
         };
+        // Ticks go to the tick topic, always in version 1.
         let stamp = self
-            .node
-            .prepare_send(channel)
+            .stamps
+            .stamp(&mut self.node, channel, ClockVersion::V1)
             .map_err(|e| self.protocol(e))?;
         self.stats.emitted += 1;
         self.stats.ticks_emitted += 1;
@@ -485,11 +486,7 @@ impl Task {
             key: Some(channel.partition.to_be_bytes().to_vec()),
             value: None,
             timestamp: self.wall_clock,
-            // Ticks go to the tick topic, always in version 1.
-            stamp: Some(Stamp {
-                headers: stamp,
-                version: ClockVersion::V1,
-            }),
+            stamp: Some(stamp),
             headers: Vec::new(),
             origin: None,
         });

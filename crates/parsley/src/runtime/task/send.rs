@@ -103,8 +103,8 @@ impl Task {
         }
         let partition = partition_for(encoded.key.as_deref(), self.id.partition, sink.partitions);
         let stamp = self
-            .node
-            .prepare_send(Channel::new(sink.id, partition))
+            .stamps
+            .stamp(&mut self.node, Channel::new(sink.id, partition), sink.clock)
             .map_err(|e| self.protocol(e))?;
         self.stats.emitted += 1;
         if self.record_events {
@@ -125,10 +125,7 @@ impl Task {
             key: encoded.key,
             value: encoded.value,
             timestamp,
-            stamp: Some(Stamp {
-                headers: stamp,
-                version: sink.clock,
-            }),
+            stamp: Some(stamp),
             headers: encoded.headers,
             origin: Some(origin),
         });
