@@ -13,7 +13,10 @@
 
 use std::sync::Arc;
 
-use ::bytes::{Bytes, BytesMut};
+/// The shared byte slice a [`Stamp`] keeps its clock in (the `bytes`
+/// crate's), re-exported so that a host needs no dependency of its own.
+pub use ::bytes::Bytes;
+use ::bytes::BytesMut;
 
 use crate::clock::{ClockVersion, VectorClock};
 use crate::error::ProtocolError;
