@@ -562,7 +562,8 @@ pub struct CausalNode {
 #[derive(Clone, Debug, Default)]
 struct StampBase {
     /// Whether `clock` is the base of the node's current state. Whatever
-    /// moves the state (a delivery, a sweep, a commit's writes) clears it.
+    /// moves what the base reads (a record received or delivered, a
+    /// position report, a truncation sweep) clears it.
     fresh: bool,
     /// The base: frontiers, advertised clocks, carried ancestry and own
     /// outputs, with resolvable sequence claims turned into offsets.

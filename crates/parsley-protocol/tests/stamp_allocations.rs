@@ -41,7 +41,7 @@ fn stamping_after_each_delivery_allocates_nothing_once_warm() {
         }
     }
     assert_eq!(counted, 0, "allocations in 396 warm stamps");
-    // What was written is the stamp.
+    // The reused room still follows the deliveries.
     let stamp = h.node.prepare_send(x).unwrap();
     assert_eq!(stamp.clock.offset(far), Some(209));
     assert_eq!(stamp.clock.offset(a), Some(199));
