@@ -207,26 +207,6 @@ impl CausalHeaders {
         });
     }
 
-    /// Hands `put` each header's name and value in wire order without
-    /// allocating a value of its own: the clock is encoded into `scratch`
-    /// (cleared first, its capacity kept for the next stamp), the sender and
-    /// sequence are fixed-size. For a host that copies headers into its
-    /// client's own list anyway (librdkafka's does).
-    pub fn write_headers_as(
-        &self,
-        version: ClockVersion,
-        scratch: &mut Vec<u8>,
-        mut put: impl FnMut(&'static str, &[u8]),
-    ) {
-        scratch.clear();
-        self.clock.encode_into_as(version, scratch);
-        put(CLOCK_HEADER, scratch);
-        if let Some(tag) = self.sender {
-            put(SENDER_HEADER, &tag.sender.to_bytes());
-            put(SEQ_HEADER, &tag.seq.to_be_bytes());
-        }
-    }
-
     /// Calls `f` with each header name and value, in wire order.
     fn encode_each_as(&self, version: ClockVersion, mut f: impl FnMut(&'static str, Vec<u8>)) {
         f(CLOCK_HEADER, self.clock.encode_as(version));
@@ -240,42 +220,6 @@ impl CausalHeaders {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn written_headers_are_the_encoded_ones_in_both_versions() {
-        use crate::ids::{Channel, TopicId};
-        let mut clock = VectorClock::new();
-        let (t1, t2) = (TopicId::from_u128(7), TopicId::from_u128(9));
-        clock.claim_offset(Channel::new(t1, 0), 41);
-        clock.claim_offset(Channel::new(t1, 3), 7);
-        let sender = SenderId::from_u128(0xabc);
-        clock.claim_sequence(Channel::new(t2, 1), sender, 5);
-        let tagged = CausalHeaders {
-            clock: clock.clone(),
-            sender: Some(SenderTag { sender, seq: 12 }),
-        };
-        let untagged = CausalHeaders {
-            clock,
-            sender: None,
-        };
-        let mut scratch = vec![0xff; 3];
-        for h in [&tagged, &untagged] {
-            for version in [ClockVersion::V1, ClockVersion::Compact] {
-                let mut encoded = Vec::new();
-                h.encode_headers_into_as(version, &mut encoded);
-                let mut written = Vec::new();
-                h.write_headers_as(version, &mut scratch, |name, value| {
-                    written.push(Header::new(name, value.to_vec()))
-                });
-                assert_eq!(written, encoded, "{version:?}");
-            }
-        }
-        assert_eq!(
-            scratch,
-            untagged.clock.encode_compact(),
-            "the scratch holds the last clock alone, not appended to old bytes"
-        );
-    }
 
     #[test]
     fn exactly_the_three_causal_names_are_causal() {

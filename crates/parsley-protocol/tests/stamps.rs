@@ -125,3 +125,44 @@ fn a_stamp_to_an_undeclared_sink_is_refused_and_takes_no_sequence() {
         .unwrap();
     assert_eq!(first.sender.seq, 1);
 }
+
+#[test]
+fn a_stamped_record_writes_the_headers_it_lists_stamp_first_in_both_versions() {
+    use parsley_protocol::host::OutgoingRecord;
+    use std::sync::Arc;
+    let mut h = busy_node();
+    let mut writer = StampWriter::new();
+    for version in [ClockVersion::V1, ClockVersion::Compact] {
+        let stamp = writer.stamp(&mut h.node, ch(9, 1), version).unwrap();
+        let expected = stamp.decode().unwrap();
+        let record = OutgoingRecord {
+            topic: Arc::from("out"),
+            partition: 1,
+            key: None,
+            value: Some(b"v".to_vec()),
+            timestamp: 5,
+            stamp: Some(stamp),
+            headers: vec![Header::new("trace", b"t-1".to_vec())],
+            origin: None,
+        };
+        let mut written = Vec::new();
+        record.write_headers(|name, value| {
+            written.push(Header {
+                name: name.to_owned().into(),
+                value: value.map(<[u8]>::to_vec),
+            })
+        });
+        let listed = record.header_list();
+        assert_eq!(written, listed, "{version:?}");
+        assert_eq!(record.header_count(), 4);
+        let names: Vec<&str> = listed.iter().map(|h| h.name()).collect();
+        assert_eq!(names, ["vc", "vc-sender", "vc-seq", "trace"]);
+        let decoded =
+            CausalHeaders::decode(listed.iter().map(|h| (h.name(), h.value.as_deref()))).unwrap();
+        assert_eq!(decoded, expected, "{version:?}");
+        assert_eq!(
+            ClockVersion::of(listed[0].value.as_deref().unwrap()),
+            Some(version)
+        );
+    }
+}
