@@ -58,9 +58,24 @@ impl FoldKey {
     /// ```
     pub fn to_bytes(&self) -> Vec<u8> {
         match self {
-            FoldKey::Null => vec![0x00],
             FoldKey::Key(k) => FoldKey::key_bytes(Some(k)),
-            FoldKey::Ticks => vec![0x02],
+            _ => {
+                let mut out = Vec::with_capacity(1);
+                self.write_bytes(&mut out);
+                out
+            }
+        }
+    }
+
+    /// [`to_bytes`](Self::to_bytes) written over `out`, reusing its room.
+    pub(crate) fn write_bytes(&self, out: &mut Vec<u8>) {
+        match self {
+            FoldKey::Null => FoldKey::write_key_bytes(None, out),
+            FoldKey::Key(k) => FoldKey::write_key_bytes(Some(k), out),
+            FoldKey::Ticks => {
+                out.clear();
+                out.push(0x02);
+            }
         }
     }
 

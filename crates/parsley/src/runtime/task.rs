@@ -579,7 +579,9 @@ pub struct Task {
     stores: TaskStores,
     in_flight: Option<InFlight>,
     pending_fold: FoldWrites,
-    /// Room reused for each delivery's state key.
+    /// The delivering record's state key (its slot's, or the tick slot's),
+    /// built in room reused from one delivery to the next and read from
+    /// the state read to the write.
     key_scratch: Vec<u8>,
     outgoing: Vec<OutgoingRecord>,
     /// Writes the stamps of `outgoing` into buffers they share.

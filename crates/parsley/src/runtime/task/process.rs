@@ -289,7 +289,7 @@ impl Task {
             );
         }
         let stage = self.stage.clone();
-        let (outcome, state_key) = match slot {
+        let (outcome, uses_state) = match slot {
             SourceSlot::Ticks => {
                 let Some(decl) = stage.def.ticks.as_ref() else {
                     return Err(TaskError::Config {
@@ -298,9 +298,9 @@ impl Task {
                     });
                 };
                 let tick = Tick::new(record.timestamp).on_partition(record.channel.partition);
-                let key = FoldKey::Ticks.to_bytes();
                 let state = if decl.uses_state {
-                    self.fold_get(&key)
+                    FoldKey::Ticks.write_bytes(&mut self.key_scratch);
+                    self.fold_get(&self.key_scratch)
                 } else {
                     None
                 };
@@ -312,18 +312,19 @@ impl Task {
                 let r = catch_unwind(AssertUnwindSafe(|| {
                     (decl.logic)(&tick, state.as_deref(), &keyed)
                 }));
-                (r, decl.uses_state.then_some(key))
+                (r, decl.uses_state)
             }
             SourceSlot::User(i) => {
                 let src = &stage.def.sources[i];
-                // Built in the task's reused buffer: the pending writes copy
-                // it only for a key new to the transaction.
-                let key = src.uses_state.then(|| {
-                    let mut key = std::mem::take(&mut self.key_scratch);
-                    FoldKey::write_key_bytes(record.key.as_deref(), &mut key);
-                    key
-                });
-                let state = key.as_ref().and_then(|k| self.fold_get(k));
+                // The state key is built in the task's reused buffer: the
+                // pending writes copy it only for a key new to the
+                // transaction.
+                let state = if src.uses_state {
+                    FoldKey::write_key_bytes(record.key.as_deref(), &mut self.key_scratch);
+                    self.fold_get(&self.key_scratch)
+                } else {
+                    None
+                };
                 let topic = self.shared_topic_name(record.channel.topic);
                 // The record's bytes go to the logic: the record itself is
                 // not read again past this point but for its position and
@@ -338,7 +339,7 @@ impl Task {
                     headers: std::mem::take(&mut record.headers),
                 };
                 let r = catch_unwind(AssertUnwindSafe(|| (src.logic)(input, state.as_deref())));
-                (r, key)
+                (r, src.uses_state)
             }
         };
         // A state read from the local store that failed read as absent:
@@ -374,7 +375,7 @@ impl Task {
                 tick: matches!(slot, SourceSlot::Ticks),
             }));
         }
-        self.apply(outcome, state_key, record.timestamp, at)
+        self.apply(outcome, uses_state, record.timestamp, at)
     }
 
     pub(super) fn failure(&self, failure: Failure, coordinate: Coordinate) -> TaskError {
@@ -402,20 +403,16 @@ impl Task {
     pub(super) fn apply(
         &mut self,
         outcome: Outcome,
-        state_key: Option<Vec<u8>>,
+        uses_state: bool,
         timestamp: i64,
         at: (Channel, i64),
     ) -> Result<(), TaskError> {
-        if let Some(key) = state_key {
+        // The delivery's state key is still in `key_scratch`.
+        if uses_state {
             match outcome.write {
                 StateWrite::Keep => {}
-                StateWrite::Put(bytes) => self.pending_fold.put(&key, bytes),
-                StateWrite::Delete => self.pending_fold.delete(&key),
-            }
-            // Kept for the next delivery, unless it is a tick slot's key,
-            // made for the tick alone.
-            if key.capacity() >= self.key_scratch.capacity() {
-                self.key_scratch = key;
+                StateWrite::Put(bytes) => self.pending_fold.put(&self.key_scratch, bytes),
+                StateWrite::Delete => self.pending_fold.delete(&self.key_scratch),
             }
         }
         for (ordinal, emission) in outcome.emissions.into_iter().enumerate() {
