@@ -180,7 +180,7 @@ fn a_recovering_handler_routes_to_the_error_sink_exactly_once() {
 
 // ANCHOR: owned-forward
 #[test]
-fn an_owned_handler_forwards_without_cloning() {
+fn an_owned_handler_forwards_the_key_and_value_it_owns() {
     let (orders, audit) = (topic("orders"), topic("audit"));
     let mut builder = Stage::named("audit");
     let out = builder.add_sink(&audit);
