@@ -269,12 +269,17 @@ impl TopicMetadata for Changelogs {
 }
 
 impl ChangelogReader for Changelogs {
-    fn read_changelog(
+    fn replay_changelog_from(
         &self,
         _topic: &str,
         _partition: i32,
-    ) -> Result<Vec<ChangelogRecord>, MetadataError> {
-        Ok(self.0.clone())
+        from: i64,
+        apply: &mut dyn FnMut(ChangelogRecord),
+    ) -> Result<i64, MetadataError> {
+        for r in self.0.iter().filter(|r| r.offset >= from) {
+            apply(r.clone());
+        }
+        Ok(self.0.last().map_or(0, |r| r.offset + 1))
     }
 }
 

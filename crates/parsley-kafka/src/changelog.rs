@@ -14,7 +14,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use tracing::{debug, warn};
+use tracing::debug;
 
 /// The replay consumer's context. librdkafka reports the end of a
 /// partition as an error event, and rdkafka's default context logs every
@@ -24,6 +24,10 @@ use tracing::{debug, warn};
 struct ReplayContext;
 
 impl ClientContext for ReplayContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        crate::logs::client_log(level, fac, log_message);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if matches!(
             error,
@@ -31,7 +35,7 @@ impl ClientContext for ReplayContext {
         ) {
             debug!(reason, "changelog replay reached the end of its partition");
         } else {
-            warn!(%error, reason, "changelog replay consumer error");
+            crate::logs::client_error(&error, reason);
         }
     }
 }
@@ -80,7 +84,9 @@ impl Replayer {
 
     /// Replays one changelog partition from offset `from` (its log start
     /// when that is below it) to its end (the last stable offset), handing
-    /// each record to `apply`; returns how many it read. A replay that keeps making progress never times out;
+    /// each record to `apply`; returns how many it read and where it
+    /// stopped (the consumer's position at the end: the last stable
+    /// offset). A replay that keeps making progress never times out;
     /// one that receives nothing for `stall` while the end lies ahead fails
     /// with [`MetadataError::Stalled`], naming where it stood. It never
     /// returns a partial store as complete.
@@ -91,7 +97,7 @@ impl Replayer {
         from: i64,
         stall: Duration,
         apply: &mut dyn FnMut(ChangelogRecord),
-    ) -> Result<u64, MetadataError> {
+    ) -> Result<(u64, i64), MetadataError> {
         let failed = |message: String| MetadataError::Failed {
             topic: topic.to_owned(),
             message,
@@ -107,7 +113,7 @@ impl Replayer {
         self.consumer
             .assign(&tpl)
             .map_err(|e| failed(e.to_string()))?;
-        let r = self.read(topic, partition, stall, apply);
+        let r = self.read(topic, partition, from, stall, apply);
         // Whatever happened, the next replay starts from a clean slate.
         let _ = self.consumer.unassign();
         r
@@ -117,9 +123,10 @@ impl Replayer {
         &self,
         topic: &str,
         partition: i32,
+        from: i64,
         stall: Duration,
         apply: &mut dyn FnMut(ChangelogRecord),
-    ) -> Result<u64, MetadataError> {
+    ) -> Result<(u64, i64), MetadataError> {
         let mut progress = Instant::now();
         let mut read = 0u64;
         let mut next = -1;
@@ -136,7 +143,15 @@ impl Replayer {
                     });
                     continue;
                 }
-                Some(Err(KafkaError::PartitionEOF(p))) if p == partition => return Ok(read),
+                Some(Err(KafkaError::PartitionEOF(p))) if p == partition => {
+                    if let Some(at) = self.stopped_at(topic, partition, from, next) {
+                        return Ok((read, at));
+                    }
+                    // An end reported before this replay read anything
+                    // while there is something to read: not this
+                    // assignment's end. Read on.
+                    continue;
+                }
                 Some(Err(e))
                     if e.rdkafka_error_code() == Some(RDKafkaErrorCode::OffsetOutOfRange) =>
                 {
@@ -175,6 +190,55 @@ impl Replayer {
                 });
             }
         }
+    }
+}
+
+impl Replayer {
+    /// Where a replay that reached the end of its partition stopped, if it
+    /// did. librdkafka moves the consumer's position past the transaction
+    /// markers and aborted records it skips, so after the end it is the
+    /// last stable offset. A replay that consumed and skipped nothing has
+    /// no position; it stopped at its start (`from`, or the log start when
+    /// above) only if the last stable offset is not above that start: an
+    /// end reported then with records to read is a stale one (the same
+    /// partition's end from an earlier replay of this reused consumer),
+    /// and `None` says to read on.
+    fn stopped_at(&self, topic: &str, partition: i32, from: i64, next: i64) -> Option<i64> {
+        let position = self.consumer.position().ok().and_then(|tpl| {
+            match tpl.find_partition(topic, partition)?.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            }
+        });
+        if let Some(p) = position {
+            return Some(p.max(next));
+        }
+        if next >= 0 {
+            return Some(next);
+        }
+        let timeout = Duration::from_secs(5);
+        let low = self
+            .consumer
+            .fetch_watermarks(topic, partition, timeout)
+            .ok()?
+            .0;
+        let mut end = TopicPartitionList::new();
+        end.add_partition_offset(topic, partition, Offset::End)
+            .ok()?;
+        // The consumer is read_committed: its "latest" is the last stable
+        // offset.
+        let stable = match self
+            .consumer
+            .offsets_for_times(end, timeout)
+            .ok()?
+            .find_partition(topic, partition)?
+            .offset()
+        {
+            Offset::Offset(o) => o,
+            _ => return None,
+        };
+        let start = from.max(low);
+        (stable <= start).then_some(start)
     }
 }
 

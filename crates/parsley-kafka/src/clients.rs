@@ -17,7 +17,6 @@ use parsley_protocol::headers::{CLOCK_HEADER, CausalHeaders, CorruptHeader};
 use parsley_protocol::{Channel, TopicId, VectorClock};
 use rdkafka::ClientConfig;
 use rdkafka::admin::AdminClient;
-use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 
@@ -104,7 +103,7 @@ pub fn read_causal<M: Message>(message: &M) -> Result<CausalHeaders, CorruptHead
 /// not claim its own earlier sends. A producer that stamps nothing claims
 /// nothing: its records are delivered at once everywhere.
 pub struct CausalClock {
-    admin: AdminClient<DefaultClientContext>,
+    admin: AdminClient<crate::ClientLogs>,
     clock: VectorClock,
     ids: BTreeMap<String, TopicId>,
     timeout: Duration,
@@ -123,7 +122,7 @@ impl CausalClock {
     /// from `config` (bootstrap and security settings).
     pub fn new(config: &ClientConfig) -> Result<CausalClock, ClockError> {
         Ok(CausalClock {
-            admin: config.create()?,
+            admin: config.create_with_context(crate::ClientLogs)?,
             clock: VectorClock::new(),
             ids: BTreeMap::new(),
             timeout: Duration::from_secs(30),

@@ -22,17 +22,17 @@ use parsley::runtime::host::{ChangelogReader, ChangelogRecord};
 use parsley::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
 use parsley_protocol::{BrokerOffsets, BrokerOffsetsError, TopicId, TopicOffsets};
 use rdkafka::admin::AdminClient;
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+use crate::ClientLogs;
 use crate::topic_ids::{self, Described};
 
 /// Cluster access for the host core: topic metadata and broker offsets.
 pub struct KafkaCluster {
     config: ClientConfig,
-    admin: AdminClient<DefaultClientContext>,
+    admin: AdminClient<ClientLogs>,
     timeout: Duration,
     /// Topic names by id, as last described.
     names: Mutex<BTreeMap<TopicId, String>>,
@@ -41,7 +41,7 @@ pub struct KafkaCluster {
     /// How long a replay may receive nothing before it fails.
     restore_stall: Duration,
     /// The client for batched offset lookups, made at the first lookup.
-    lookup: Mutex<Option<BaseConsumer>>,
+    lookup: Mutex<Option<BaseConsumer<ClientLogs>>>,
 }
 
 impl std::fmt::Debug for KafkaCluster {
@@ -64,7 +64,7 @@ impl KafkaCluster {
         admin.set("isolation.level", "read_uncommitted");
         Ok(KafkaCluster {
             config: config.clone(),
-            admin: admin.create()?,
+            admin: admin.create_with_context(ClientLogs)?,
             timeout,
             names: Mutex::new(BTreeMap::new()),
             replayer: Mutex::new(None),
@@ -102,7 +102,7 @@ impl KafkaCluster {
     }
 
     /// The admin client (for tests and tools that create or delete topics).
-    pub fn admin(&self) -> &AdminClient<DefaultClientContext> {
+    pub fn admin(&self) -> &AdminClient<ClientLogs> {
         &self.admin
     }
 
@@ -197,7 +197,12 @@ impl KafkaCluster {
         if tpl.count() == 0 {
             return Ok(out);
         }
-        let listed = self.list_offsets(tpl)?;
+        let listed = self
+            .list_offsets(tpl.clone())
+            .inspect_err(|_| self.refresh_leaders(&tpl))?;
+        if listed.elements().iter().any(|e| e.error().is_err()) {
+            self.refresh_leaders(&tpl);
+        }
         for (id, answer) in resolved {
             let Some((name, partitions)) = answer else {
                 continue;
@@ -226,6 +231,30 @@ impl KafkaCluster {
         Ok(out)
     }
 
+    /// Refreshes the lookup client's view of the leaders of `tpl`'s topics
+    /// after a lookup failed. librdkafka does not refresh its metadata
+    /// when a ListOffsets answer says a leader is not available, and
+    /// refreshes it by itself only every few minutes: after a leader
+    /// moved, every lookup of that partition failed until then (seen on
+    /// a three-broker cluster as a task that never restarted after its
+    /// partition's leader came back).
+    fn refresh_leaders(&self, tpl: &TopicPartitionList) {
+        let lookup = self.lookup.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(consumer) = lookup.as_ref() else {
+            return;
+        };
+        let topics: BTreeSet<String> = tpl
+            .elements()
+            .iter()
+            .map(|e| e.topic().to_owned())
+            .collect();
+        for topic in topics {
+            if let Err(e) = consumer.fetch_metadata(Some(&topic), self.timeout) {
+                tracing::debug!(%topic, error = %e, "the lookup client's metadata refresh failed");
+            }
+        }
+    }
+
     /// One ListOffsets round for every partition of `tpl` (its offsets say
     /// which: `Offset::End`, the high watermark, or `Offset::Beginning`, the
     /// log start): librdkafka sends one request per partition leader, where
@@ -235,22 +264,25 @@ impl KafkaCluster {
         tpl: TopicPartitionList,
     ) -> Result<TopicPartitionList, BrokerOffsetsError> {
         let mut lookup = self.lookup.lock().unwrap_or_else(|p| p.into_inner());
-        let consumer = match &mut *lookup {
-            Some(c) => c,
-            slot @ None => {
-                let mut config = crate::settings::for_consumer(&self.config);
-                // The high watermark, not the last stable offset (see the
-                // module documentation).
-                config
-                    .set("isolation.level", "read_uncommitted")
-                    .set("group.id", "parsley-offset-lookups")
-                    .set("enable.auto.commit", "false")
-                    .remove("transactional.id");
-                slot.insert(config.create().map_err(|e: KafkaError| {
-                    BrokerOffsetsError::new(format!("cannot create the lookup client: {e}"))
-                })?)
-            }
-        };
+        let consumer =
+            match &mut *lookup {
+                Some(c) => c,
+                slot @ None => {
+                    let mut config = crate::settings::for_consumer(&self.config);
+                    // The high watermark, not the last stable offset (see the
+                    // module documentation).
+                    config
+                        .set("isolation.level", "read_uncommitted")
+                        .set("group.id", "parsley-offset-lookups")
+                        .set("enable.auto.commit", "false")
+                        .remove("transactional.id");
+                    slot.insert(config.create_with_context(ClientLogs).map_err(
+                        |e: KafkaError| {
+                            BrokerOffsetsError::new(format!("cannot create the lookup client: {e}"))
+                        },
+                    )?)
+                }
+            };
         consumer
             .offsets_for_times(tpl, self.timeout)
             .map_err(|e| BrokerOffsetsError::new(e.to_string()))
@@ -258,32 +290,13 @@ impl KafkaCluster {
 }
 
 impl ChangelogReader for KafkaCluster {
-    fn read_changelog(
-        &self,
-        topic: &str,
-        partition: i32,
-    ) -> Result<Vec<ChangelogRecord>, MetadataError> {
-        let mut out = Vec::new();
-        self.replay_changelog(topic, partition, &mut |r| out.push(r))?;
-        Ok(out)
-    }
-
-    fn replay_changelog(
-        &self,
-        topic: &str,
-        partition: i32,
-        apply: &mut dyn FnMut(ChangelogRecord),
-    ) -> Result<(), MetadataError> {
-        self.replay_changelog_from(topic, partition, 0, apply)
-    }
-
     fn replay_changelog_from(
         &self,
         topic: &str,
         partition: i32,
         from: i64,
         apply: &mut dyn FnMut(ChangelogRecord),
-    ) -> Result<(), MetadataError> {
+    ) -> Result<i64, MetadataError> {
         let mut replayer = self.replayer.lock().unwrap_or_else(|p| p.into_inner());
         let r = match &mut *replayer {
             Some(r) => r,
@@ -297,9 +310,9 @@ impl ChangelogReader for KafkaCluster {
             }
         };
         let started = std::time::Instant::now();
-        let records = r.replay(topic, partition, from, self.restore_stall, apply)?;
-        tracing::debug!(%topic, partition, from, records, elapsed = ?started.elapsed(), "changelog partition replayed");
-        Ok(())
+        let (records, reached) = r.replay(topic, partition, from, self.restore_stall, apply)?;
+        tracing::debug!(%topic, partition, from, records, reached, elapsed = ?started.elapsed(), "changelog partition replayed");
+        Ok(reached)
     }
 }
 

@@ -96,7 +96,7 @@ fn due(last: Option<&(i64, Shape)>, now: i64, shape: &Shape) -> bool {
 
 /// A stream thread's publisher.
 pub(crate) struct Publisher {
-    producer: BaseProducer,
+    producer: BaseProducer<crate::ClientLogs>,
     topic: String,
     key: String,
     last: Option<(i64, Shape)>,
@@ -109,7 +109,7 @@ impl Publisher {
         instance: &str,
         thread: usize,
     ) -> Option<Publisher> {
-        match crate::settings::for_producer(config).create() {
+        match crate::settings::for_producer(config).create_with_context(crate::ClientLogs) {
             Ok(producer) => Some(Publisher {
                 producer,
                 topic: diagnostics_topic(application_id),

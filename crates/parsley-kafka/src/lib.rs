@@ -49,6 +49,7 @@ mod cluster;
 pub mod diagnostics;
 #[cfg(feature = "streams")]
 mod error;
+pub mod logs;
 #[cfg(feature = "streams")]
 mod policy;
 #[cfg(feature = "streams")]
@@ -62,6 +63,7 @@ pub mod topic_ids;
 pub use clients::{CausalClock, ClockError};
 #[cfg(feature = "streams")]
 pub use cluster::KafkaCluster;
+pub use logs::ClientLogs;
 #[cfg(feature = "streams")]
 pub use parsley::{HeldRecord, probe_cluster};
 #[cfg(feature = "streams")]

@@ -15,7 +15,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info};
 
 use crate::error::StreamsError;
 pub use parsley::runtime::worker::RefusedRecord;
@@ -119,7 +119,8 @@ pub(crate) fn request_shutdown(
     reason: &str,
     timeout: Duration,
 ) -> Result<(), StreamsError> {
-    let producer: BaseProducer = crate::settings::for_producer(config).create()?;
+    let producer: BaseProducer<crate::ClientLogs> =
+        crate::settings::for_producer(config).create_with_context(crate::ClientLogs)?;
     producer
         .send(
             BaseRecord::to(topic)
@@ -144,7 +145,7 @@ pub(crate) fn watch(
     let mut c = crate::settings::for_consumer(config);
     c.set("enable.auto.commit", "false")
         .set("group.id", format!("{topic}-watch"));
-    let consumer: BaseConsumer = c.create()?;
+    let consumer: BaseConsumer<crate::ClientLogs> = c.create_with_context(crate::ClientLogs)?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, 0, Offset::End)?;
     consumer.assign(&tpl)?;
@@ -160,7 +161,10 @@ pub(crate) fn watch(
                 return Ok(());
             }
             Some(Ok(_)) | None => {}
-            Some(Err(e)) => warn!(error = %e, "control topic read failed"),
+            // The client's own error events say what went wrong (and a
+            // broker it cannot reach is retried): a read that failed is
+            // read again.
+            Some(Err(e)) => debug!(error = %e, "control topic read failed; reading again"),
         }
     }
     Ok(())

@@ -8,6 +8,7 @@
 //! capture, what a transaction holds, what an abort rolls back, ticks and
 //! sweeps) is the worker's, so the simulator has judged it.
 
+mod classify;
 mod produce;
 mod rebalance;
 mod thread;
@@ -826,9 +827,19 @@ impl CausalStreams {
 struct Shared {
     worker: Worker,
     start_policy: StartPolicy,
-    producer: TxnProducer,
+    /// Shared with a helper thread while a call that can hang runs there
+    /// ([`produce::guarded`]).
+    producer: Arc<TxnProducer>,
+    /// What a replacement producer is made from
+    /// ([`Directive::ReplaceProducer`]).
+    producer_config: ClientConfig,
     cluster: KafkaCluster,
+    /// How long a lookup may take.
     timeout: Duration,
+    /// How long a transaction may stay open (the producer's
+    /// `transaction.timeout.ms`): the longest any step of a commit waits,
+    /// since the coordinator aborts the transaction past it anyway.
+    txn_timeout: Duration,
     error: Option<StreamsError>,
     /// The instance is closing: the thread takes no new tasks.
     stop: Arc<AtomicBool>,

@@ -113,7 +113,9 @@ pub enum Outcome {
 /// host reports to its core, which decides what follows.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum SimFault {
-    /// The producer was fenced by another with its transactional id.
+    /// The producer was fenced: its epoch is stale (its coordinator ended
+    /// the transaction at its timeout, or another producer took its
+    /// transactional id).
     Fenced,
     /// The client failed for good.
     Fatal,
@@ -135,6 +137,26 @@ pub enum SimFault {
         /// Whether the client gave up on the consumer.
         fatal: bool,
     },
+    /// One record of the transaction could not be written *now* (it timed
+    /// out while a leader moved, too few replicas were in sync): the
+    /// transaction must be aborted and tried again, and the record is not
+    /// refused. The host's production handler would send a refused record
+    /// to the dead-letter topic, so a core that took this for a refusal
+    /// dead-letters a valid emission, which the world counts.
+    Transient {
+        /// The record's index in the transaction.
+        record: usize,
+    },
+    /// A call of the transactional producer never returned (a client
+    /// defect waiting on a coordinator that went away); the commit had not
+    /// happened.
+    Hung,
+    /// The abort the core asked for failed; `retriable` when the client
+    /// says it may succeed if made again (its coordinator unreachable).
+    AbortFailed {
+        /// Whether the abort may be made again.
+        retriable: bool,
+    },
 }
 
 /// What a thread's core told its host to do about a fault.
@@ -150,6 +172,9 @@ pub enum SimDirective {
     Fail,
     /// Nothing to do.
     Continue,
+    /// Make a new producer (its initialisation ends the open transaction),
+    /// then report the transaction aborted; the membership stays.
+    ReplaceProducer,
 }
 
 impl SimFault {
@@ -158,12 +183,18 @@ impl SimFault {
     fn allows(self, d: SimDirective) -> bool {
         use SimDirective::*;
         match self {
-            SimFault::Fenced => d == Rejoin,
+            SimFault::Fenced | SimFault::Hung => matches!(d, Rejoin | ReplaceProducer),
             SimFault::Fatal => matches!(d, Fail | Rejoin),
-            SimFault::Abortable | SimFault::RecordRefused { .. } => d == Abort,
+            SimFault::Abortable | SimFault::RecordRefused { .. } | SimFault::Transient { .. } => {
+                d == Abort
+            }
             SimFault::Retriable => matches!(d, Retry | Rejoin),
             SimFault::Poll { fatal: true } => matches!(d, Fail | Rejoin),
             SimFault::Poll { fatal: false } => d == Continue,
+            SimFault::AbortFailed { retriable: true } => {
+                matches!(d, Retry | ReplaceProducer | Rejoin)
+            }
+            SimFault::AbortFailed { retriable: false } => matches!(d, ReplaceProducer | Rejoin),
         }
     }
 }
@@ -320,6 +351,14 @@ pub struct AppBudget {
     /// Static members whose process restarts within the session timeout
     /// (same member, same partitions, no rebalance).
     pub bounces: u32,
+    /// Commit markers written late: a committed transaction's marker on
+    /// one partition it wrote lands at a later step, as on Kafka, where
+    /// the coordinator writes a transaction's markers partition by
+    /// partition (one partition's leader failing over delays its marker).
+    /// Until it lands, `read_committed` readers stop below that
+    /// transaction's records there, while its consumed offsets already
+    /// count.
+    pub late_markers: u32,
 }
 
 impl Default for AppBudget {
@@ -338,6 +377,7 @@ impl Default for AppBudget {
             poll_faults: 0,
             store_faults: 0,
             bounces: 0,
+            late_markers: 0,
         }
     }
 }
@@ -438,8 +478,12 @@ pub struct AppStats {
     /// Log-start lookup outages.
     pub lookup_failures: u64,
     /// Faults injected, by class: fenced, fatal, abortable, retriable,
-    /// refused (failed), refused (dead-lettered), poll, fatal poll.
-    pub faults: [u64; 8],
+    /// refused (failed), refused (dead-lettered), poll, fatal poll,
+    /// transient record failure, failed abort (retriable), failed abort
+    /// (not retriable), hung client call.
+    pub faults: [u64; 12],
+    /// Producers a thread replaced, keeping its membership.
+    pub producer_replacements: u64,
     /// Retriable faults whose retries ran out (the commit's fate unknown),
     /// then committed by the coordinator, and then aborted.
     pub unknown_fates: [u64; 2],
@@ -467,6 +511,10 @@ pub struct AppStats {
     pub restores_run: u64,
     /// Deliveries committed by a member while one of its tasks restored.
     pub deliveries_while_restoring: u64,
+    /// Commit markers written late, partition by partition.
+    pub late_markers: u64,
+    /// Restores run while a changelog of theirs had a marker still to land.
+    pub restores_before_a_marker: u64,
 }
 
 impl AppStats {
@@ -496,6 +544,7 @@ impl AppStats {
             *a += b;
         }
         self.dead_letters += o.dead_letters;
+        self.producer_replacements += o.producer_replacements;
         self.wakes += o.wakes;
         self.partial_holds += o.partial_holds;
         self.deliveries_while_reconciling += o.deliveries_while_reconciling;
@@ -507,6 +556,8 @@ impl AppStats {
         self.bounces += o.bounces;
         self.restores_run += o.restores_run;
         self.deliveries_while_restoring += o.deliveries_while_restoring;
+        self.late_markers += o.late_markers;
+        self.restores_before_a_marker += o.restores_before_a_marker;
     }
 }
 
@@ -562,6 +613,7 @@ enum Action {
     Reconcile,
     Bounce(usize),
     Restore(usize),
+    LandMarker,
 }
 
 /// A seeded application world. See the [module documentation](self).
@@ -595,6 +647,13 @@ pub struct AppWorld {
     kept_this_round: BTreeSet<String>,
     /// The offset each record of the transaction judged last got.
     last_offsets: Vec<i64>,
+    /// Records refused with the dead-letter topic as the production
+    /// handler's choice: the most dead letters that may be committed.
+    dead_letters_allowed: u64,
+    /// Commit markers still to land: (partition, transaction).
+    late: Vec<(Channel, u64)>,
+    /// The next committed transaction's number.
+    next_txn: u64,
 }
 
 impl AppWorld {
@@ -669,6 +728,9 @@ impl AppWorld {
             target: BTreeMap::new(),
             kept_this_round: BTreeSet::new(),
             last_offsets: Vec::new(),
+            dead_letters_allowed: 0,
+            late: Vec::new(),
+            next_txn: 0,
         };
         for _ in 0..world.config.members {
             world.add_member();
@@ -1034,7 +1096,7 @@ impl AppWorld {
                 .get(&(topic.to_owned(), partition))
                 .copied(),
             log_start: c.map_or(0, |c| self.broker.log_start(c)),
-            end: Some(c.map_or(0, |c| self.broker.end_offset(c))),
+            end: Some(c.map_or(0, |c| self.broker.last_stable(c))),
         }
     }
 
@@ -1134,7 +1196,7 @@ impl AppWorld {
                     continue;
                 };
                 let pos = m.positions.get(&(t.clone(), *p)).copied().unwrap_or(0);
-                if pos < self.broker.end_offset(c) && !m.paused.contains(&(t.clone(), *p)) {
+                if pos < self.broker.last_stable(c) && !m.paused.contains(&(t.clone(), *p)) {
                     out.push((4, Action::Poll(i, k)));
                 }
             }
@@ -1168,6 +1230,9 @@ impl AppWorld {
             if m.thread.restoring() {
                 out.push((2, Action::Restore(i)));
             }
+        }
+        if !self.late.is_empty() {
+            out.push((2, Action::LandMarker));
         }
         let live = self.members.iter().filter(|m| !m.zombie).count();
         if (self.budget.joins > 0 && self.members.len() < self.config.max_members) || live == 0 {
@@ -1271,11 +1336,15 @@ impl AppWorld {
                 if let Some(txn) = txn {
                     let fate = if self.budget.faults > 0 && self.rng.random_bool(0.3) {
                         self.budget.faults -= 1;
-                        let fault = match self.rng.random_range(0..5) {
+                        let fault = match self.rng.random_range(0..7) {
+                            6 => SimFault::Hung,
                             0 => SimFault::Fenced,
                             1 => SimFault::Fatal,
                             2 => SimFault::Abortable,
                             3 => SimFault::Retriable,
+                            4 => SimFault::Transient {
+                                record: self.refusable(&txn),
+                            },
                             _ => SimFault::RecordRefused {
                                 record: self.refusable(&txn),
                                 dead_letter: self.config.dead_letter_topic.is_some()
@@ -1348,8 +1417,16 @@ impl AppWorld {
                 self.budget.bounces -= 1;
                 self.bounce(i)?;
             }
+            Action::LandMarker => {
+                let k = self.rng.random_range(0..self.late.len());
+                let (c, txn) = self.late.remove(k);
+                self.broker.land_marker(c, txn);
+            }
             Action::Restore(i) => {
                 self.stats.restores_run += 1;
+                if !self.late.is_empty() {
+                    self.stats.restores_before_a_marker += 1;
+                }
                 let broker = &self.broker;
                 self.members[i]
                     .thread
@@ -1420,7 +1497,7 @@ impl AppWorld {
             (Some(l), true) => l + 1,
             _ => match self.broker.fetch(c, pos) {
                 Some((o, _)) => o,
-                None => self.broker.end_offset(c),
+                None => self.broker.last_stable(c).max(pos),
             },
         };
         self.members[i].positions.insert((t.clone(), p), position);
@@ -1573,11 +1650,25 @@ impl AppWorld {
             SimFault::RecordRefused { .. } => 5,
             SimFault::Poll { fatal: false } => 6,
             SimFault::Poll { fatal: true } => 7,
+            SimFault::Transient { .. } => 8,
+            SimFault::AbortFailed { retriable: true } => 9,
+            SimFault::AbortFailed { retriable: false } => 10,
+            SimFault::Hung => 11,
         };
         let fault = match fault {
-            SimFault::RecordRefused { .. } if txn.records.is_empty() => SimFault::Abortable,
+            SimFault::RecordRefused { .. } | SimFault::Transient { .. }
+                if txn.records.is_empty() =>
+            {
+                SimFault::Abortable
+            }
             other => other,
         };
+        if let SimFault::RecordRefused {
+            dead_letter: true, ..
+        } = fault
+        {
+            self.dead_letters_allowed += 1;
+        }
         self.stats.faults[class] += 1;
         let stale = self.members[i].generation != self.generation || self.members[i].zombie;
         loop {
@@ -1589,14 +1680,33 @@ impl AppWorld {
                     }
                 }
                 SimDirective::Abort => {
-                    self.abort_records(&txn)?;
-                    self.stats.aborts += 1;
-                    let broker = &self.broker;
-                    self.members[i]
-                        .thread
-                        .outcome(Outcome::Aborted, broker)
-                        .map_err(|e| self.fail(format!("member {i}: abort refused: {e}")))?;
-                    return self.apply_seeks(i);
+                    // The abort itself may fail: its coordinator
+                    // unreachable (it may go through when made again), or
+                    // refusing it.
+                    while self.budget.faults > 0 && self.rng.random_bool(0.25) {
+                        self.budget.faults -= 1;
+                        let retriable = self.rng.random_bool(0.5);
+                        self.stats.faults[if retriable { 9 } else { 10 }] += 1;
+                        match self.answer(i, SimFault::AbortFailed { retriable })? {
+                            // Made again: it fails again, or goes through.
+                            SimDirective::Retry => continue,
+                            // The new producer's initialisation ends the
+                            // transaction.
+                            SimDirective::ReplaceProducer => {
+                                self.stats.producer_replacements += 1;
+                                break;
+                            }
+                            _ => {
+                                self.abort_records(&txn)?;
+                                return self.replace(i);
+                            }
+                        }
+                    }
+                    return self.aborted(i, &txn);
+                }
+                SimDirective::ReplaceProducer => {
+                    self.stats.producer_replacements += 1;
+                    return self.aborted(i, &txn);
                 }
                 SimDirective::Rejoin | SimDirective::Fail => {
                     if fault == SimFault::Retriable && !stale && self.rng.random_bool(0.5) {
@@ -1617,6 +1727,19 @@ impl AppWorld {
                 }
             }
         }
+    }
+
+    /// Member `i`'s transaction ended aborted (its records stay in the log
+    /// as aborted records); the thread hears it and makes its seeks.
+    fn aborted(&mut self, i: usize, txn: &HostTransaction) -> Result<(), AppFailure> {
+        self.abort_records(txn)?;
+        self.stats.aborts += 1;
+        let broker = &self.broker;
+        self.members[i]
+            .thread
+            .outcome(Outcome::Aborted, broker)
+            .map_err(|e| self.fail(format!("member {i}: abort refused: {e}")))?;
+        self.apply_seeks(i)
     }
 
     fn commit(
@@ -1772,6 +1895,17 @@ impl AppWorld {
             return Err(self.fail(message));
         }
         let changelog = |t: &str| t.ends_with("-changelog");
+        // Which partitions' markers land late (chosen before the records
+        // go in: their records wait behind the marker).
+        let txn_no = self.next_txn;
+        self.next_txn += 1;
+        let mut late: BTreeSet<(String, i32)> = BTreeSet::new();
+        for key in &touched {
+            if self.budget.late_markers > 0 && self.rng.random_bool(0.4) {
+                self.budget.late_markers -= 1;
+                late.insert(key.clone());
+            }
+        }
         for r in &txn.records {
             let Some(c) = self.channel(&r.topic, r.partition) else {
                 return Err(self.fail(format!("produce to unknown topic {}", r.topic)));
@@ -1787,6 +1921,12 @@ impl AppWorld {
                     )));
                 }
                 self.stats.dead_letters += 1;
+                if self.stats.dead_letters > self.dead_letters_allowed {
+                    return Err(self.fail(format!(
+                        "{} dead letters committed, but only {} records were refused with the dead-letter topic as their handler's choice: a record that was not refused (a transient failure?) went there",
+                        self.stats.dead_letters, self.dead_letters_allowed
+                    )));
+                }
             } else if !changelog(&r.topic) {
                 let Some((_, p, t, part)) = pending.pop_front() else {
                     return Err(self.fail(format!(
@@ -1804,7 +1944,11 @@ impl AppWorld {
                 oracle_id = self.oracle.register(p, c, offset);
             }
             let record = self.stored(r, oracle_id)?;
-            let offset = self.broker.append(c, record, true);
+            let offset = if late.contains(&(r.topic.to_string(), r.partition)) {
+                self.broker.append_open(c, record, txn_no)
+            } else {
+                self.broker.append(c, record, true)
+            };
             self.last_offsets.push(offset);
         }
         if !pending.is_empty() {
@@ -1812,7 +1956,12 @@ impl AppWorld {
         }
         for (t, p) in &touched {
             if let Some(c) = self.channel(t, *p) {
-                self.broker.append_marker(c, true);
+                if late.contains(&(t.clone(), *p)) {
+                    self.stats.late_markers += 1;
+                    self.late.push((c, txn_no));
+                } else {
+                    self.broker.append_marker(c, true);
+                }
             }
         }
         for (t, p, o) in &txn.offsets {

@@ -67,6 +67,24 @@ struct Partition {
     log_start: i64,
     /// The sender tags of the committed records written here.
     senders: BTreeSet<SenderId>,
+    /// Transactions that committed but whose commit marker on this
+    /// partition is not written yet, with the offset of their first record
+    /// here: a `read_committed` consumer stops below the lowest of them
+    /// (the last stable offset), as it does on Kafka, where a
+    /// transaction's markers land on each partition separately.
+    open: BTreeMap<u64, i64>,
+}
+
+impl Partition {
+    /// The last stable offset: the first offset of a transaction still
+    /// unresolved here, or the end.
+    fn last_stable(&self) -> i64 {
+        self.open
+            .values()
+            .copied()
+            .min()
+            .unwrap_or(self.entries.len() as i64)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -286,6 +304,55 @@ impl SimBroker {
         offset
     }
 
+    /// Appends a business record of committed transaction `txn` whose
+    /// commit marker on this partition is not written yet: it is
+    /// committed, but no `read_committed` fetch or replay passes it until
+    /// [`land_marker`](Self::land_marker). Returns its offset.
+    pub fn append_open(&mut self, c: Channel, record: StoredRecord, txn: u64) -> i64 {
+        let offset = self.append(c, record, true);
+        self.partition_mut(c).open.entry(txn).or_insert(offset);
+        offset
+    }
+
+    /// Writes transaction `txn`'s commit marker on this partition at last:
+    /// its records here become readable. Returns the marker's offset.
+    pub fn land_marker(&mut self, c: Channel, txn: u64) -> i64 {
+        self.partition_mut(c).open.remove(&txn);
+        self.append_marker(c, true)
+    }
+
+    /// The last stable offset: a `read_committed` consumer reads, and
+    /// moves its position, no further (the first offset of a transaction
+    /// whose marker is not written here yet, or the end).
+    pub fn last_stable(&self, c: Channel) -> i64 {
+        self.partition(c).map_or(0, Partition::last_stable)
+    }
+
+    /// Every committed business record of a live partition from its log
+    /// start up to its last stable offset, and that offset: a
+    /// `read_committed` replay, and where it stopped.
+    pub fn stable_from_start(&self, c: Channel) -> (Vec<(i64, &StoredRecord)>, i64) {
+        let Some(p) = self.partition(c) else {
+            return (Vec::new(), 0);
+        };
+        let stable = p.last_stable();
+        let records = p
+            .entries
+            .iter()
+            .enumerate()
+            .skip(p.log_start.max(0) as usize)
+            .take_while(|(i, _)| (*i as i64) < stable)
+            .filter_map(|(i, e)| match e {
+                Entry::Record {
+                    record,
+                    committed: true,
+                } => Some((i as i64, record)),
+                _ => None,
+            })
+            .collect();
+        (records, stable.max(p.log_start))
+    }
+
     /// Appends a transaction marker; returns its offset.
     pub fn append_marker(&mut self, c: Channel, commit: bool) -> i64 {
         let p = self.partition_mut(c);
@@ -309,14 +376,17 @@ impl SimBroker {
     }
 
     /// The first committed business record at or after `from` (and at or
-    /// after the log start), as a `read_committed` consumer would fetch it.
+    /// after the log start) and below the last stable offset, as a
+    /// `read_committed` consumer would fetch it.
     pub fn fetch(&self, c: Channel, from: i64) -> Option<(i64, &StoredRecord)> {
         let p = self.partition(c)?;
         let start = from.max(p.log_start).max(0) as usize;
+        let stable = p.last_stable();
         p.entries
             .iter()
             .enumerate()
             .skip(start)
+            .take_while(|(i, _)| (*i as i64) < stable)
             .find_map(|(i, e)| match e {
                 Entry::Record {
                     record,
@@ -327,12 +397,12 @@ impl SimBroker {
     }
 
     /// Where a consumer at `from` can move its position without fetching
-    /// anything: to the next committed business record, or to the end.
-    /// `None` when there is nothing to skip.
+    /// anything: to the next committed business record, or to the last
+    /// stable offset. `None` when there is nothing to skip.
     pub fn skip_target(&self, c: Channel, from: i64) -> Option<i64> {
         let target = match self.fetch(c, from) {
             Some((o, _)) => o,
-            None => self.end_offset(c),
+            None => self.last_stable(c),
         };
         (target > from).then_some(target)
     }

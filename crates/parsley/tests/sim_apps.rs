@@ -419,6 +419,7 @@ fn full_budget() -> AppBudget {
         poll_faults: 0,
         store_faults: 0,
         bounces: 0,
+        late_markers: 0,
     }
 }
 
@@ -714,6 +715,21 @@ fn floor(name: &str, runs: &[Seeded], what: &str, pred: impl Fn(&Seeded) -> bool
     );
 }
 
+/// What a world with late commit markers must reach: markers that landed
+/// after their transaction's offsets counted, and restores that read a
+/// changelog short of the end their task started against, and waited.
+fn late_marker_floors(name: &str, runs: &[Seeded]) {
+    floor(name, runs, "commit markers written late", |r| {
+        r.world.late_markers > 0
+    });
+    floor(
+        name,
+        runs,
+        "restores that stopped short of their changelog's end and waited",
+        |r| r.bridge.short_restores > 0,
+    );
+}
+
 /// What every application world must reach: fenced zombies, aborted
 /// transactions, transactions over several tasks, deferred positions, and
 /// a fold-state check over committed deliveries.
@@ -858,9 +874,19 @@ fn faults_of_every_class() {
         (5, "refused records sent to the dead-letter topic"),
         (6, "transient poll errors"),
         (7, "fatal poll errors"),
+        (8, "records that could not be written now (transient)"),
+        (9, "aborts that could not reach their coordinator"),
+        (10, "aborts the coordinator refused"),
+        (11, "producer calls that never returned"),
     ] {
         floor(name, &runs, what, |r| r.world.faults[class] > 0);
     }
+    floor(
+        name,
+        &runs,
+        "producers replaced with the membership kept",
+        |r| r.world.producer_replacements > 0,
+    );
     floor(
         name,
         &runs,
@@ -967,6 +993,7 @@ fn incremental_assignment_with_restores_apart_from_processing() {
             joins: 4,
             zombies: 3,
             bounces: 3,
+            late_markers: 12,
             ..full_budget()
         },
         0,
@@ -975,6 +1002,7 @@ fn incremental_assignment_with_restores_apart_from_processing() {
     fold_cache_floors(name, &runs);
     held_on_disk_floors(name, &runs);
     paging_floor(name, &runs);
+    late_marker_floors(name, &runs);
     floor(name, &runs, "a member holding half of a task", |r| {
         r.world.partial_holds > 0
     });
@@ -1017,10 +1045,12 @@ fn local_stores_through_crashes_and_damaged_disks() {
             joins: 4,
             store_faults: 8,
             bounces: 3,
+            late_markers: 12,
             ..full_budget()
         },
         0,
     );
+    late_marker_floors(name, &runs);
     common_floors(name, &runs);
     fold_cache_floors(name, &runs);
     held_on_disk_floors(name, &runs);

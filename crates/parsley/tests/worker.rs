@@ -41,6 +41,9 @@ struct Cluster {
     fail_reads: Cell<u32>,
     /// End-offset lookups still to fail.
     fail_ends: Cell<u32>,
+    /// Changelog partitions whose last stable offset is held back at this
+    /// offset (a transaction whose marker has not landed there).
+    unstable: RefCell<BTreeMap<(String, i32), i64>>,
 }
 
 impl Cluster {
@@ -142,11 +145,13 @@ impl BrokerOffsets for Cluster {
 }
 
 impl ChangelogReader for Cluster {
-    fn read_changelog(
+    fn replay_changelog_from(
         &self,
         topic: &str,
         partition: i32,
-    ) -> Result<Vec<ChangelogRecord>, MetadataError> {
+        from: i64,
+        apply: &mut dyn FnMut(ChangelogRecord),
+    ) -> Result<i64, MetadataError> {
         if self.fail_reads.get() > 0 {
             self.fail_reads.set(self.fail_reads.get() - 1);
             return Err(MetadataError::Failed {
@@ -154,12 +159,30 @@ impl ChangelogReader for Cluster {
                 message: "unreachable (test)".to_owned(),
             });
         }
-        Ok(self
-            .logs
+        let key = (topic.to_owned(), partition);
+        let records = self.logs.borrow().get(&key).cloned().unwrap_or_default();
+        // Where a read_committed replay stops: the end, unless a test holds
+        // the last stable offset back (a transaction whose marker has not
+        // landed here).
+        let end = self
+            .ends
             .borrow()
-            .get(&(topic.to_owned(), partition))
-            .cloned()
-            .unwrap_or_default())
+            .get(&key)
+            .copied()
+            .unwrap_or_else(|| records.last().map_or(0, |r| r.offset + 1));
+        let stable = self
+            .unstable
+            .borrow()
+            .get(&key)
+            .copied()
+            .map_or(end, |s| s.min(end));
+        for r in records
+            .into_iter()
+            .filter(|r| r.offset >= from && r.offset < stable)
+        {
+            apply(r);
+        }
+        Ok(stable)
     }
 }
 
@@ -231,6 +254,20 @@ fn worker(app: &Parsley) -> Worker {
         app,
         WorkerConfig {
             commit_interval: Duration::from_millis(100),
+            ..WorkerConfig::default()
+        },
+    )
+}
+
+/// A worker that returns a task's start error to its caller instead of
+/// stopping the task (as the test driver does), so a test can look at the
+/// error itself.
+fn worker_reporting_starts(app: &Parsley) -> Worker {
+    Worker::new(
+        app,
+        WorkerConfig {
+            commit_interval: Duration::from_millis(100),
+            stop_tasks_that_cannot_start: false,
             ..WorkerConfig::default()
         },
     )
@@ -407,7 +444,7 @@ fn a_committed_position_below_the_log_start_fails_unless_told_to_resume() {
             part("b", 0),
         ]
     };
-    let mut w = worker(&app);
+    let mut w = worker_reporting_starts(&app);
     let err = w.assign(lost(), &cluster, 0).unwrap_err();
     match &err {
         WorkerError::RetentionLoss {
@@ -458,6 +495,7 @@ fn a_late_joiner_without_a_known_end_does_not_guess() {
             &app,
             WorkerConfig {
                 start_policy: StartPolicy::Latest,
+                stop_tasks_that_cannot_start: false,
                 ..WorkerConfig::default()
             },
         )
@@ -932,7 +970,7 @@ fn a_changelog_with_the_wrong_partition_count_is_refused() {
         ("app-count-state-changelog", 2),
         ("app-count-fold-changelog", 1),
     ]);
-    let mut w = worker(&app);
+    let mut w = worker_reporting_starts(&app);
     let err = w
         .assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
         .unwrap_err();
@@ -1043,11 +1081,41 @@ fn a_task_whose_start_fails_on_a_lookup_waits_and_retries() {
     // Records of a waiting task are dropped (fetched again after its seek).
     w.on_record(rec("a", 0, 0, "x")).unwrap();
     assert_eq!(w.stats().dropped_while_waiting, 1);
-    // The next punctuation starts it.
+    // Not at once: the lookup is made again after a pause of 200 ms,
+    // which the host waits for no longer than it must.
     w.punctuate(10, &cluster).unwrap();
+    assert_eq!(w.tasks().count(), 0, "not before its pause");
+    assert_eq!(w.restart_due_in(10), Some(Duration::from_millis(190)));
+    // The first punctuation after it starts it.
+    w.punctuate(200, &cluster).unwrap();
     assert_eq!(w.tasks().count(), 1);
+    assert_eq!(w.restart_due_in(200), None);
     assert_eq!(seek(&mut w)[&("a".to_owned(), 0)], 0);
     w.on_record(rec("a", 0, 0, "x")).unwrap();
+}
+
+/// A lookup that keeps failing is made again after 200 ms, then 400, 800,
+/// ... up to 5 s, not at every punctuation.
+#[test]
+fn a_lookup_that_keeps_failing_is_retried_less_and_less_often() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    cluster.fail_reads.set(6);
+    let mut w = worker(&app);
+    w.assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
+        .unwrap();
+    let mut now = 0;
+    let mut waits = Vec::new();
+    while let Some(wait) = w.restart_due_in(now) {
+        waits.push(wait.as_millis());
+        // Punctuations before it is due change nothing.
+        w.punctuate(now + 1, &cluster).unwrap();
+        now += i64::try_from(wait.as_millis()).unwrap();
+        w.punctuate(now, &cluster).unwrap();
+    }
+    assert_eq!(waits, [200, 400, 800, 1_600, 3_200, 5_000]);
+    assert_eq!(w.tasks().count(), 1, "started once the reads went through");
+    assert_eq!(w.stats().task_start_retries, 6);
 }
 
 #[test]
@@ -1103,7 +1171,7 @@ fn a_task_restarted_after_a_failed_reset_starts_from_the_latest_commit() {
     w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
     assert_eq!(w.tasks().count(), 0, "the reset failed");
     assert_eq!(w.waiting_tasks().count(), 1);
-    w.punctuate(10, &cluster).unwrap();
+    w.punctuate(1_000, &cluster).unwrap();
     assert_eq!(
         seek(&mut w)[&("a".to_owned(), 0)],
         1,
@@ -1180,7 +1248,7 @@ fn a_changelog_record_no_store_writes_is_refused() {
                 value: Some(vec![1]),
             }],
         );
-        let mut w = worker(&app);
+        let mut w = worker_reporting_starts(&app);
         let err = w
             .assign(vec![part("a", 0), part("b", 0)], &cluster, 0)
             .unwrap_err();
@@ -1189,6 +1257,136 @@ fn a_changelog_record_no_store_writes_is_refused() {
             "{topic}: {err}"
         );
     }
+}
+
+/// A task whose changelog reads only up to below the end it started
+/// against (the previous owner's last transaction committed, its consumed
+/// offsets count, but its marker on the changelog has not landed) does not
+/// start on what it read: it waits and tries again, and starts with that
+/// transaction's writes once the marker lands. One whose marker never
+/// lands stops, alone, once `changelog_stable_wait` has passed, naming the
+/// partition and the offsets.
+#[test]
+fn a_restore_short_of_its_changelogs_end_waits_for_the_marker() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    // The previous owner counted two records of `a` in key "k".
+    let mut first = started(&app, &cluster);
+    first.on_record(rec("a", 0, 0, "k")).unwrap();
+    first.on_record(rec("a", 0, 1, "k")).unwrap();
+    let txn = first.flush().unwrap().unwrap();
+    cluster.commit(&txn.records);
+    first
+        .commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    let changelog = ("app-count-fold-changelog".to_owned(), 0);
+    let end = cluster.ends.borrow()[&changelog];
+    // Its marker on the fold changelog is late: reads stop at its first
+    // record there.
+    let first_record = cluster.logs.borrow()[&changelog][0].offset;
+    cluster
+        .unstable
+        .borrow_mut()
+        .insert(changelog.clone(), first_record);
+    let committed = |o| AssignedPartition {
+        committed: Some(o),
+        ..part("a", 0)
+    };
+    let mut w = worker(&app);
+    w.assign(vec![committed(2), part("b", 0)], &cluster, 0)
+        .unwrap();
+    assert_eq!(w.tasks().count(), 0, "not started on a short read");
+    assert_eq!(w.waiting_tasks().count(), 1);
+    assert_eq!(w.stats().short_restores, 1);
+    w.punctuate(1_000, &cluster).unwrap();
+    assert_eq!(w.tasks().count(), 0, "still short");
+    // The marker lands.
+    cluster.unstable.borrow_mut().clear();
+    w.punctuate(5_000, &cluster).unwrap();
+    assert_eq!(w.tasks().count(), 1, "started once the changelog is stable");
+    for s in w.take_seeks() {
+        w.seek_applied(&s.topic, s.partition, s.offset).unwrap();
+    }
+    w.on_record(rec("a", 0, 2, "k")).unwrap();
+    let txn = w.flush().unwrap().unwrap();
+    let counted: Vec<String> = txn
+        .records
+        .iter()
+        .filter(|r| &*r.topic == "out")
+        .map(|r| String::from_utf8(r.value.clone().unwrap()).unwrap())
+        .collect();
+    assert_eq!(counted, ["3"], "with the late transaction's writes");
+    assert!(end > first_record);
+
+    // A marker that never lands: the task stops after the wait.
+    cluster
+        .unstable
+        .borrow_mut()
+        .insert(changelog.clone(), first_record);
+    let mut w = worker(&app);
+    w.assign(vec![committed(2), part("b", 0)], &cluster, 0)
+        .unwrap();
+    w.punctuate(14_000, &cluster).unwrap();
+    assert!(w.take_task_failures().is_empty(), "still waiting at 14 s");
+    w.punctuate(16_000, &cluster).unwrap();
+    let failures = w.take_task_failures();
+    assert_eq!(failures.len(), 1, "stopped after 15 s");
+    assert!(
+        failures[0].error.contains(&format!(
+            "app-count-fold-changelog:0 reads only up to offset {first_record}, below its end {end}"
+        )),
+        "{}",
+        failures[0].error
+    );
+}
+
+/// A task that cannot start for a reason of its own (a changelog record no
+/// store writes) stops alone, and the host hears of it as a task failure
+/// naming the error; the thread's other task starts and runs, and nothing
+/// is refused. Restarted, it fails the same way and stays stopped.
+#[test]
+fn a_task_that_cannot_start_stops_alone_and_the_others_run() {
+    let app = counting_app();
+    let cluster = counting_cluster(2);
+    cluster.logs.borrow_mut().insert(
+        ("app-count-fold-changelog".to_owned(), 1),
+        vec![ChangelogRecord {
+            offset: 0,
+            key: Some(vec![0x07]),
+            value: Some(vec![1]),
+        }],
+    );
+    let mut w = worker(&app);
+    w.assign(
+        vec![part("a", 0), part("b", 0), part("a", 1), part("b", 1)],
+        &cluster,
+        0,
+    )
+    .expect("one task's start failure is not the thread's");
+    let running: Vec<String> = w.tasks().map(ToString::to_string).collect();
+    assert_eq!(running, ["count[0]"]);
+    let failures = w.take_task_failures();
+    assert_eq!(failures.len(), 1);
+    assert_eq!(failures[0].task.partition, 1);
+    assert!(
+        failures[0].error.contains("never write"),
+        "{}",
+        failures[0].error
+    );
+    assert_eq!(w.stopped_tasks().count(), 1);
+    // The running task goes on.
+    for s in w.take_seeks() {
+        w.seek_applied(&s.topic, s.partition, s.offset).unwrap();
+    }
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    assert!(w.flush().unwrap().is_some());
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    // Restarted, it fails again, alone.
+    w.restart_task(&failures[0].task, &cluster).unwrap();
+    w.punctuate(10_000, &cluster).unwrap();
+    assert_eq!(w.take_task_failures().len(), 1);
+    assert_eq!(w.tasks().count(), 1);
 }
 
 /// A tick that went into an aborted transaction is emitted again at the
@@ -2012,14 +2210,9 @@ fn each_fault_class_gets_its_directive() {
         let d = w.on_fault(fault);
         (d, w.tasks().count(), w.assignment().count())
     };
-    for fault in [
-        Fault::Fenced("fenced".into()),
-        Fault::AbortFailed("abort failed".into()),
-    ] {
-        let (d, tasks, assigned) = fenced(fault.clone());
-        assert!(matches!(d, Directive::Rejoin), "{fault:?}: {d:?}");
-        assert_eq!((tasks, assigned), (0, 0), "{fault:?} drops every task");
-    }
+    let (d, tasks, assigned) = fenced(Fault::Fenced("no longer a member".into()));
+    assert!(matches!(d, Directive::Rejoin), "{d:?}");
+    assert_eq!((tasks, assigned), (0, 0), "fencing drops every task");
     for fault in [
         Fault::Fatal("dead".into()),
         Fault::Poll {
@@ -2085,6 +2278,145 @@ fn each_fault_class_gets_its_directive() {
     assert!(
         matches!(d, Directive::Retry { after } if after == Duration::from_millis(100)),
         "{d:?}"
+    );
+}
+
+/// A transient fault (a record that timed out while a leader moved, too
+/// few in-sync replicas) aborts the transaction and keeps every task, with
+/// no task failure (so nothing reaches the production error handler); the
+/// ready after the abort asks the host to pause before it polls again,
+/// once, for 100 ms, doubling with each such abort in a row, and back to
+/// 100 ms once a transaction commits. An abortable client error counts the
+/// same way.
+#[test]
+fn a_transient_fault_aborts_keeps_every_task_and_asks_for_a_growing_pause() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let (mut w, _) = in_flight(&app, &cluster);
+    let mut pauses = Vec::new();
+    for i in 0..4 {
+        let fault = if i == 2 {
+            Fault::Abortable("abortable".into())
+        } else {
+            Fault::Transient("record 0 for out:0 could not be written now: timed out".into())
+        };
+        assert!(matches!(w.on_fault(fault), Directive::Abort));
+        w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+        assert_eq!(w.tasks().count(), 1, "an abort keeps the tasks");
+        assert!(w.take_task_failures().is_empty(), "no task failed");
+        pauses.push(w.take_backoff().map(|d| d.as_millis()));
+        for s in w.take_seeks() {
+            w.seek_applied(&s.topic, s.partition, s.offset).unwrap();
+        }
+        assert_eq!(w.take_backoff(), None, "a pause is asked once");
+        w.on_record(rec("a", 0, 0, "x")).unwrap();
+        w.flush().unwrap().unwrap();
+    }
+    assert_eq!(pauses, [Some(100), Some(200), Some(400), Some(800)]);
+    assert_eq!(w.stats().transient_aborts, 4);
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    w.flush().unwrap().unwrap();
+    assert!(matches!(
+        w.on_fault(Fault::Transient("timed out".into())),
+        Directive::Abort
+    ));
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    assert_eq!(
+        w.take_backoff(),
+        Some(Duration::from_millis(100)),
+        "a commit starts the count again"
+    );
+}
+
+/// An abort that could not reach its transaction coordinator (unreachable,
+/// or moving to another broker) is made again, after 100, 200 and 400 ms;
+/// one that then goes through keeps every task. One that keeps failing, or
+/// that the coordinator refused, asks for a new producer (its
+/// initialisation ends the transaction) and keeps the tasks and the
+/// membership.
+#[test]
+fn an_abort_that_cannot_reach_its_coordinator_is_made_again_before_the_producer_goes() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let unreachable = || Fault::AbortFailed {
+        retriable: true,
+        message: "Failed to end transaction: Local: Timed out".into(),
+    };
+    let (mut w, _) = in_flight(&app, &cluster);
+    assert!(matches!(
+        w.on_fault(Fault::Transient("timed out".into())),
+        Directive::Abort
+    ));
+    let mut waits = Vec::new();
+    loop {
+        match w.on_fault(unreachable()) {
+            Directive::Retry { after } => waits.push(after.as_millis()),
+            Directive::ReplaceProducer => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(waits, [100, 200, 400]);
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    assert_eq!(w.tasks().count(), 1, "a new producer: the tasks stay");
+    assert_eq!(w.stats().producer_replacements, 1);
+
+    let (mut w, _) = in_flight(&app, &cluster);
+    assert!(matches!(w.on_fault(unreachable()), Directive::Retry { .. }));
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    assert_eq!(w.tasks().count(), 1, "the abort went through on its retry");
+
+    let (mut w, _) = in_flight(&app, &cluster);
+    assert!(matches!(
+        w.on_fault(Fault::AbortFailed {
+            retriable: false,
+            message: "refused".into()
+        }),
+        Directive::ReplaceProducer
+    ));
+}
+
+/// A fenced producer (its coordinator ended the transaction at its
+/// timeout, as happens when a broker fails over) is replaced, keeping the
+/// tasks and the membership; a producer replaced twice with no commit in
+/// between gives the membership up on the third fencing (two members
+/// taking one transactional id from each other), and a commit starts the
+/// count again.
+#[test]
+fn a_fenced_producer_is_replaced_and_a_third_in_a_row_gives_the_membership_up() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let fenced = || Fault::ProducerFenced("Local: This instance has been fenced".into());
+    let (mut w, _) = in_flight(&app, &cluster);
+    for _ in 0..MAX_PRODUCER_REPLACEMENTS {
+        assert!(matches!(w.on_fault(fenced()), Directive::ReplaceProducer));
+        w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+        assert_eq!(w.tasks().count(), 1, "the tasks stay");
+        for s in w.take_seeks() {
+            w.seek_applied(&s.topic, s.partition, s.offset).unwrap();
+        }
+        w.on_record(rec("a", 0, 0, "x")).unwrap();
+        w.flush().unwrap().unwrap();
+    }
+    assert!(matches!(w.on_fault(fenced()), Directive::Rejoin));
+    assert_eq!(w.tasks().count(), 0, "given up: every task dropped");
+
+    let (mut w, _) = in_flight(&app, &cluster);
+    assert!(matches!(w.on_fault(fenced()), Directive::ReplaceProducer));
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    for s in w.take_seeks() {
+        w.seek_applied(&s.topic, s.partition, s.offset).unwrap();
+    }
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    w.flush().unwrap().unwrap();
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    w.flush().unwrap().unwrap();
+    assert!(
+        matches!(w.on_fault(fenced()), Directive::ReplaceProducer),
+        "a commit starts the count again"
     );
 }
 
@@ -2784,8 +3116,9 @@ fn a_partition_is_fetched_from_its_task_position_or_else_from_its_log_start() {
     assert_eq!(w.waiting_tasks().count(), 1);
     // Absolute, never the logical beginning.
     assert_eq!(w.fetch_start("a", 0), 42);
-    // Started (at the next punctuation): its position, which it seeks to.
-    w.punctuate(0, &cluster).unwrap();
+    // Started (at a punctuation once its retry is due): its position,
+    // which it seeks to.
+    w.punctuate(1_000, &cluster).unwrap();
     assert_eq!(w.waiting_tasks().count(), 0);
     let seeks = seek(&mut w);
     assert_eq!(w.fetch_start("a", 0), seeks[&("a".to_owned(), 0)]);
@@ -3170,7 +3503,7 @@ fn a_rebuild_whose_part_fails_does_not_start_the_task_and_tries_again() {
     store
         .parts_before_full
         .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
-    w.punctuate(10, &cluster).unwrap();
+    w.punctuate(1_000, &cluster).unwrap();
     assert_eq!(w.tasks().count(), 1);
     let id = w.tasks().next().unwrap().clone();
     for k in 0..60 {
@@ -3461,11 +3794,13 @@ fn a_restore_job_of_a_task_that_left_is_cancelled() {
 struct Unreadable;
 
 impl ChangelogReader for Unreadable {
-    fn read_changelog(
+    fn replay_changelog_from(
         &self,
         topic: &str,
         partition: i32,
-    ) -> Result<Vec<ChangelogRecord>, MetadataError> {
+        _: i64,
+        _: &mut dyn FnMut(ChangelogRecord),
+    ) -> Result<i64, MetadataError> {
         panic!("a cancelled restore read {topic}:{partition}")
     }
 }

@@ -2,21 +2,24 @@
 //! the commit, and each failed step handed to the worker as a fault whose
 //! directive is followed.
 
+use super::classify::{self, RecordClass};
 use super::*;
 
 /// One record the producer could not produce: its index in the
-/// transaction, and the client's or the broker's reason.
+/// transaction, what its error says about it, and the client's or the
+/// broker's reason.
 #[derive(Clone, Debug)]
 pub(super) struct RecordFailure {
     record: usize,
+    class: RecordClass,
     error: String,
 }
 
-/// The transactional producer's context: it keeps the first record-level
-/// failure its delivery reports carry (each record's opaque is its index in
-/// the transaction), for the commit to hand to the worker as
-/// [`Fault::RecordRefused`] instead of an abort-and-retry loop on the same
-/// record.
+/// The transactional producer's context: it keeps the most telling
+/// record-level failure its delivery reports carry in the open transaction
+/// (each record's opaque is its index in the transaction), for the commit
+/// to hand to the worker by its class ([`classify::record_class`]) instead
+/// of an abort-and-retry loop on the same record.
 #[derive(Default)]
 pub(super) struct Deliveries {
     failed: Mutex<Option<RecordFailure>>,
@@ -26,12 +29,21 @@ pub(super) struct Deliveries {
 }
 
 impl Deliveries {
+    /// Keeps `failure` if it says more than the one kept: fencing, then a
+    /// fatal error, then a refused record, then a transient failure (a
+    /// refused record among timed-out ones is the one to act on: it fails
+    /// the same way on every retry), the first of each class.
     fn record(&self, failure: RecordFailure) {
-        lock(&self.failed).get_or_insert(failure);
+        let mut kept = lock(&self.failed);
+        if kept.as_ref().is_none_or(|k| failure.class > k.class) {
+            *kept = Some(failure);
+        }
     }
 
-    /// A new transaction of `records` records begins.
+    /// A new transaction of `records` records begins: whatever failed in
+    /// an earlier one (aborted since) is no longer this one's.
     fn begin(&self, records: usize) {
+        *lock(&self.failed) = None;
         let mut offsets = lock(&self.offsets);
         offsets.clear();
         offsets.resize(records, -1);
@@ -42,29 +54,40 @@ impl Deliveries {
     }
 }
 
-impl ClientContext for Deliveries {}
+impl ClientContext for Deliveries {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        crate::logs::client_log(level, fac, log_message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        crate::logs::client_error(&error, reason);
+    }
+}
 
 impl rdkafka::producer::ProducerContext for Deliveries {
     type DeliveryOpaque = usize;
 
     fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, record: usize) {
         use rdkafka::types::RDKafkaErrorCode::{PurgeInflight, PurgeQueue};
-        if let Ok(m) = result {
-            if let Some(slot) = lock(&self.offsets).get_mut(record) {
-                *slot = rdkafka::Message::offset(m);
+        match result {
+            Ok(m) => {
+                if let Some(slot) = lock(&self.offsets).get_mut(record) {
+                    *slot = rdkafka::Message::offset(m);
+                }
             }
-            return;
-        }
-        if let Err((e, _)) = result {
-            // Records purged because the transaction failed are its
-            // consequence, not its cause.
-            if matches!(e.rdkafka_error_code(), Some(PurgeQueue | PurgeInflight)) {
-                return;
+            Err((e, _)) => {
+                let code = e.rdkafka_error_code();
+                // Records purged because the transaction failed are its
+                // consequence, not its cause.
+                if matches!(code, Some(PurgeQueue | PurgeInflight)) {
+                    return;
+                }
+                self.record(RecordFailure {
+                    record,
+                    class: code.map_or(RecordClass::Fatal, classify::record_class),
+                    error: e.to_string(),
+                });
             }
-            self.record(RecordFailure {
-                record,
-                error: e.to_string(),
-            });
         }
     }
 }
@@ -104,7 +127,7 @@ impl Shared {
                 Ok(())
             }
             Err(Directive::Abort) => {
-                warn!(txn = txn.id, "transaction aborted; the tasks roll back");
+                debug!(txn = txn.id, "transaction aborts; the tasks roll back");
                 self.abort_open(&txn)
             }
             Err(d) => self.follow(d),
@@ -119,49 +142,85 @@ impl Shared {
                 Ok(())
             }
             Directive::Fail(e) => Err((*e).into()),
+            Directive::ReplaceProducer => self.replace_producer(),
             // Handled where they arise.
             Directive::Abort | Directive::Retry { .. } | Directive::Continue => Ok(()),
         }
     }
 
+    /// Replaces the producer with a new one of the same transactional id
+    /// (its initialisation ends what the old one left open), then tells
+    /// the worker the transaction aborted: the tasks go on from their
+    /// committed state in the same membership. A failed initialisation is
+    /// the worker's to judge like any other step.
+    fn replace_producer(&mut self) -> Result<(), StreamsError> {
+        use rdkafka::producer::PurgeConfig;
+        // Nothing of the old producer's is wanted any more: purged, its
+        // drop waits for nothing.
+        self.producer
+            .purge(PurgeConfig::default().queue().inflight());
+        loop {
+            let producer: TxnProducer = self
+                .producer_config
+                .create_with_context(Deliveries::default())?;
+            match producer.init_transactions(self.timeout) {
+                Ok(()) => {
+                    self.producer = Arc::new(producer);
+                    break;
+                }
+                Err(e) => match self.worker.on_fault(classify::step_fault(&e)) {
+                    Directive::Retry { after } => std::thread::sleep(after),
+                    // Counted by the worker: another attempt, or a
+                    // directive to give the membership up.
+                    Directive::ReplaceProducer => {}
+                    d => return self.follow(d),
+                },
+            }
+        }
+        info!("producer replaced; the tasks go on from their committed state");
+        self.worker
+            .advance(Ack::Committed(CommitOutcome::Aborted), &self.cluster)?;
+        Ok(())
+    }
+
     /// Aborts the open transaction and tells the worker, which rolls back.
-    /// When the abort fails, the coordinator may already have ended the
-    /// transaction (a member that froze past its transaction timeout):
-    /// the worker hears [`Fault::AbortFailed`], and a new producer fences
-    /// whatever state this one is in.
+    /// An abort that fails is the worker's to judge ([`Fault::AbortFailed`],
+    /// by [`classify::abort_fault`]): one that could not reach its
+    /// coordinator (unreachable, moving to another broker) is made again
+    /// after a pause; one the coordinator refused, or that keeps failing,
+    /// ends the membership, and a new producer fences whatever state this
+    /// one is in (the coordinator aborts the transaction at its timeout in
+    /// any case).
     fn abort_open(&mut self, txn: &Transaction) -> Result<(), StreamsError> {
         // librdkafka aborts only once the delivery reports of the records
         // already sent have been served.
-        let _ = await_deliveries(&self.producer, self.timeout);
-        match self.producer.abort_transaction(self.timeout) {
-            Ok(()) => {
-                self.worker
-                    .advance(Ack::Committed(CommitOutcome::Aborted), &self.cluster)?;
-                Ok(())
-            }
-            Err(abort) => {
-                warn!(txn = txn.id, error = %abort, "the abort failed");
-                let d = self.worker.on_fault(Fault::AbortFailed(abort.to_string()));
-                self.follow(d)
+        let _ = await_deliveries(&self.producer, self.txn_timeout);
+        loop {
+            match self.producer.abort_transaction(self.txn_timeout) {
+                Ok(()) => {
+                    self.worker
+                        .advance(Ack::Committed(CommitOutcome::Aborted), &self.cluster)?;
+                    return Ok(());
+                }
+                Err(abort) => {
+                    debug!(txn = txn.id, error = %abort, "the abort failed");
+                    match self.worker.on_fault(classify::abort_fault(&abort)) {
+                        Directive::Retry { after } => std::thread::sleep(after),
+                        d => return self.follow(d),
+                    }
+                }
             }
         }
     }
 
-    /// The fault a failed step of `txn` is: a record the delivery reports
-    /// refused, if one was; else the error's own class.
+    /// The fault a failed step of `txn` is: the most telling record
+    /// failure its delivery reports carried, by that record's class (a
+    /// step fails *because* a record did); else the step's own error.
     fn fault_of(&self, txn: &Transaction, e: &KafkaError) -> Fault {
-        if let Some(f) = self.producer.context().take()
-            && let Some(r) = txn.records.get(f.record)
-        {
-            return Fault::RecordRefused {
-                record: f.record,
-                topic: r.topic.to_string(),
-                partition: r.partition,
-                origin: r.origin,
-                reason: f.error,
-            };
+        if let Some(f) = self.producer.context().take() {
+            return classify::record_fault(f.class, f.record, txn.records.get(f.record), f.error);
         }
-        classify(e)
+        classify::step_fault(e)
     }
 
     /// Runs one step of a commit, retrying it as long as the worker says.
@@ -195,9 +254,7 @@ impl Shared {
             "transaction producing"
         );
         self.step(txn, |p| p.begin_transaction())?;
-        if self.worker.has_local_store() {
-            self.producer.context().begin(txn.records.len());
-        }
+        self.producer.context().begin(txn.records.len());
         for (i, r) in txn.records.iter().enumerate() {
             let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(&r.topic, i)
                 .partition(r.partition)
@@ -236,15 +293,14 @@ impl Shared {
                         record = back;
                     }
                     Err((e, _)) => {
-                        // The client refused the record itself (larger than
-                        // its message.max.bytes, say).
-                        return Err(self.worker.on_fault(Fault::RecordRefused {
-                            record: i,
-                            topic: r.topic.to_string(),
-                            partition: r.partition,
-                            origin: r.origin,
-                            reason: e.to_string(),
-                        }));
+                        // The client refused the record at once: for what
+                        // it is (larger than its message.max.bytes, say),
+                        // or for the producer's own state.
+                        let class = e
+                            .rdkafka_error_code()
+                            .map_or(RecordClass::Fatal, classify::record_class);
+                        let fault = classify::record_fault(class, i, Some(r), e.to_string());
+                        return Err(self.worker.on_fault(fault));
                     }
                 }
             }
@@ -254,46 +310,98 @@ impl Shared {
             if let Err(e) =
                 offsets.add_partition_offset(&o.topic, o.partition, Offset::Offset(o.offset))
             {
-                return Err(self.worker.on_fault(classify(&e)));
+                return Err(self.worker.on_fault(classify::step_fault(&e)));
             }
         }
         let Some(metadata) = consumer.group_metadata() else {
+            // The group, not the producer: another member has the tasks.
             return Err(self.worker.on_fault(Fault::Fenced(
                 "the consumer has no group metadata: it is not a member of the group".to_owned(),
             )));
         };
-        let timeout = self.timeout;
-        self.step(txn, |p| {
-            p.send_offsets_to_transaction(&offsets, &metadata, timeout)
-        })?;
+        // No step of a transaction waits longer than the transaction may
+        // live: past it, its coordinator aborts it whatever the client
+        // does.
+        let timeout = self.txn_timeout;
+        let metadata = Arc::new(metadata);
+        let offsets = Arc::new(offsets);
+        loop {
+            let call = {
+                let (offsets, metadata) = (offsets.clone(), metadata.clone());
+                move |p: &TxnProducer| p.send_offsets_to_transaction(&offsets, &metadata, timeout)
+            };
+            let fault = match guarded(&self.producer, timeout, call) {
+                Ok(()) => break,
+                Err(Guarded::Failed(e)) => self.fault_of(txn, &e),
+                Err(Guarded::Hung) => Fault::ClientHung(format!(
+                    "sending the consumed offsets to the transaction did not return within {:?}",
+                    timeout + HUNG_MARGIN
+                )),
+            };
+            match self.worker.on_fault(fault) {
+                Directive::Retry { after } => std::thread::sleep(after),
+                d => return Err(d),
+            }
+        }
         self.step(txn, |p| await_deliveries(p, timeout))?;
         debug!(txn = txn.id, "transaction ending");
         self.step(txn, |p| p.commit_transaction(timeout))
     }
 }
 
-/// Sorts a client error into the worker's fault classes by the client's
-/// own flags and codes, and nothing more: fencing codes, then librdkafka's
-/// fatal, abortable and retriable flags. A transaction error with none of
-/// them (a call in the wrong state) counts as fatal; the delivery wait
-/// running out is abortable (the abort purges what is in flight).
-fn classify(e: &KafkaError) -> Fault {
-    use rdkafka::types::RDKafkaErrorCode::{
-        Fenced, InvalidProducerEpoch, OperationTimedOut, ProducerFenced,
-    };
-    let message = e.to_string();
-    if matches!(
-        e.rdkafka_error_code(),
-        Some(Fenced | ProducerFenced | InvalidProducerEpoch)
-    ) {
-        return Fault::Fenced(message);
+/// How much longer than its own timeout a guarded call may take before it
+/// counts as hung.
+const HUNG_MARGIN: Duration = Duration::from_secs(2);
+
+/// How a guarded call ended, when it did not succeed.
+pub(super) enum Guarded {
+    /// It returned this error.
+    Failed(KafkaError),
+    /// It did not return within its timeout and [`HUNG_MARGIN`].
+    Hung,
+}
+
+/// Runs `call` on the producer on a helper thread and waits for it at
+/// most `timeout` plus [`HUNG_MARGIN`]. librdkafka's
+/// `send_offsets_to_transaction` can wait forever, whatever its timeout,
+/// for a group coordinator that went away (librdkafka issues 5456 and
+/// 5511, open in the 2.12 this crate builds): a stream thread that waited
+/// with it would stop for good, its tasks with it. A call that hangs keeps
+/// its helper thread and the old producer until it returns; the stream
+/// thread goes on with a new producer ([`Directive::ReplaceProducer`]).
+pub(super) fn guarded(
+    producer: &Arc<TxnProducer>,
+    timeout: Duration,
+    call: impl FnOnce(&TxnProducer) -> Result<(), KafkaError> + Send + 'static,
+) -> Result<(), Guarded> {
+    let (done, wait) = std::sync::mpsc::channel();
+    let p = producer.clone();
+    let call = std::sync::Arc::new(Mutex::new(Some(call)));
+    let on_helper = call.clone();
+    let spawned = std::thread::Builder::new()
+        .name("parsley-txn-call".to_owned())
+        .spawn(move || {
+            if let Some(call) = lock(&on_helper).take() {
+                let _ = done.send(call(&p));
+            }
+        });
+    if let Err(e) = spawned {
+        // No thread to spare: the call is made here, unguarded.
+        warn!(error = %e, "no helper thread for a transactional call; making it unguarded");
+        return match lock(&call).take() {
+            Some(call) => call(producer).map_err(Guarded::Failed),
+            None => Err(Guarded::Hung),
+        };
     }
-    match e {
-        KafkaError::Transaction(t) if t.is_fatal() => Fault::Fatal(message),
-        KafkaError::Transaction(t) if t.txn_requires_abort() => Fault::Abortable(message),
-        KafkaError::Transaction(t) if t.is_retriable() => Fault::Retriable(message),
-        KafkaError::Flush(OperationTimedOut) => Fault::Abortable(message),
-        _ => Fault::Fatal(message),
+    match wait.recv_timeout(timeout + HUNG_MARGIN) {
+        Ok(r) => r.map_err(Guarded::Failed),
+        Err(_) => {
+            warn!(
+                ?timeout,
+                "a transactional call of the producer did not return (a librdkafka defect with a coordinator that went away); giving that producer up"
+            );
+            Err(Guarded::Hung)
+        }
     }
 }
 
@@ -318,4 +426,46 @@ fn await_deliveries(producer: &TxnProducer, timeout: Duration) -> Result<(), Kaf
         producer.poll(DELIVERY_POLL);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(record: usize, class: RecordClass) -> RecordFailure {
+        RecordFailure {
+            record,
+            class,
+            error: format!("{class:?}"),
+        }
+    }
+
+    /// A failure left from a transaction that was aborted is not blamed on
+    /// record `j` of the next one (another record, often another task's).
+    #[test]
+    fn a_new_transaction_forgets_the_failures_of_the_last() {
+        let d = Deliveries::default();
+        d.record(failure(3, RecordClass::Refused));
+        d.begin(5);
+        assert!(d.take().is_none());
+        assert_eq!(*lock(&d.offsets), vec![-1; 5]);
+    }
+
+    /// Of several failed records, the one that says the most is acted on: a
+    /// refused record among timed-out ones (it fails the same way on every
+    /// retry), and fencing over everything.
+    #[test]
+    fn the_most_telling_record_failure_is_kept() {
+        let d = Deliveries::default();
+        d.record(failure(1, RecordClass::Transient));
+        d.record(failure(2, RecordClass::Refused));
+        d.record(failure(3, RecordClass::Transient));
+        d.record(failure(4, RecordClass::Refused));
+        let kept = d.take().unwrap();
+        assert_eq!((kept.record, kept.class), (2, RecordClass::Refused));
+        d.record(failure(1, RecordClass::Refused));
+        d.record(failure(5, RecordClass::Fenced));
+        d.record(failure(6, RecordClass::Fatal));
+        assert_eq!(d.take().unwrap().class, RecordClass::Fenced);
+    }
 }

@@ -5,6 +5,10 @@
 use super::*;
 
 impl ClientContext for ThreadContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        crate::logs::client_log(level, fac, log_message);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         // An out-of-range fetch also reaches the poll loop, where the
         // worker decides whether it is a loss to fail on; the event itself
@@ -15,7 +19,7 @@ impl ClientContext for ThreadContext {
         ) {
             warn!(%error, reason, "a fetch offset is out of range");
         } else {
-            error!(%error, reason, "librdkafka error");
+            crate::logs::client_error(&error, reason);
         }
     }
 }

@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// The longest one cluster lookup made on a stream thread may take (a
+/// task's start or reset): see `StreamThread::session`.
+const STREAM_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long a poll waits, at most, while a task restores: a finished
 /// restore starts its task within this.
 const RESTORE_POLL: Duration = Duration::from_millis(10);
@@ -338,10 +342,16 @@ impl StreamThread {
         }
     }
 
-    /// Waits `wait`, or less if the application closes meanwhile; says
-    /// whether to go on.
+    /// Waits `wait` before joining the group again, or less if the
+    /// application closes meanwhile; says whether to go on.
     pub(super) fn pause(&self, wait: Duration) -> bool {
-        set_phase(&self.phase, "waiting to join the group again (backoff)");
+        self.wait_out(wait, "waiting to join the group again (backoff)")
+    }
+
+    /// Waits `wait`, doing `phase`, or less if the application closes
+    /// meanwhile; says whether to go on.
+    fn wait_out(&self, wait: Duration, phase: &'static str) -> bool {
+        set_phase(&self.phase, phase);
         let until = Instant::now() + wait;
         while Instant::now() < until {
             if self.stop.load(Ordering::SeqCst) {
@@ -376,7 +386,12 @@ impl StreamThread {
             "joining the group (producer and consumer set-up)",
         );
         let timeout = self.options.request_timeout;
-        let cluster = KafkaCluster::new(&self.config, timeout)?
+        // The lookups a task's start or reset makes run on the stream
+        // thread: one sent to a broker that just died waits its whole
+        // timeout (librdkafka does not send it elsewhere), and every task of
+        // the thread waits with it. They give up sooner, and the worker
+        // tries again after a pause, with the leaders looked up afresh.
+        let cluster = KafkaCluster::new(&self.config, timeout.min(STREAM_LOOKUP_TIMEOUT))?
             .with_restore_stall(self.options.restore_stall_timeout);
         let restorer = self.restorer()?;
         let mut producer_config = settings::for_producer(&self.config);
@@ -387,6 +402,10 @@ impl StreamThread {
         if producer_config.get("transaction.timeout.ms").is_none() {
             producer_config.set("transaction.timeout.ms", "10000");
         }
+        let txn_timeout = producer_config
+            .get("transaction.timeout.ms")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .map_or(Duration::from_secs(10), Duration::from_millis);
         if producer_config.get("linger.ms").is_none() {
             producer_config.set("linger.ms", "0");
         }
@@ -432,9 +451,11 @@ impl StreamThread {
             shared: Mutex::new(Shared {
                 worker,
                 start_policy: self.options.start_policy,
-                producer,
+                producer: Arc::new(producer),
+                producer_config,
                 cluster,
                 timeout,
+                txn_timeout,
                 error: None,
                 stop: self.stop.clone(),
                 phase: self.phase.clone(),
@@ -521,6 +542,20 @@ impl StreamThread {
             }
         };
         while !self.stop.load(Ordering::SeqCst) {
+            // A transaction aborted for a transient fault (a broker down or
+            // moving): the worker asks for a pause before the next attempt,
+            // with nothing fetched meanwhile.
+            let backoff = lock(&consumer.context().shared).kept.backoff.take();
+            if let Some(wait) = backoff {
+                debug!(
+                    thread = self.index,
+                    ?wait,
+                    "pausing before the next attempt"
+                );
+                self.wait_out(wait, "waiting before the next attempt (transient failure)");
+                set_phase(&self.phase, "polling");
+                continue;
+            }
             let mut turn = || -> Result<Option<Session>, StreamsError> {
                 // A batch of what the consumer has buffered: the first poll
                 // waits, the rest take only what is already fetched. Each

@@ -56,6 +56,27 @@ pub enum ChangelogError {
         /// The task the job was for.
         task: TaskId,
     },
+    /// A replay stopped below the end the task started against: a
+    /// transaction with records on the changelog (the previous owner's
+    /// last, typically) has not been resolved there yet, its commit marker
+    /// not written, while its consumed offsets may already be. Starting
+    /// now would miss its writes; the worker waits for the marker (bounded
+    /// by [`WorkerConfig::changelog_stable_wait`](crate::runtime::worker::WorkerConfig::changelog_stable_wait)).
+    #[error(
+        "task {task}: changelog {topic}:{partition} reads only up to offset {reached}, below its end {end} when the task started: a transaction with records there is not resolved yet (its commit marker not written), and restoring without it would miss its writes"
+    )]
+    Unstable {
+        /// The task being restored.
+        task: TaskId,
+        /// The changelog topic.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+        /// Where the replay stopped (the last stable offset).
+        reached: i64,
+        /// The partition's end when the task started.
+        end: i64,
+    },
     /// A record that no store wrote.
     #[error("task {task}: changelog {topic:?} holds a record the stores never write: {reason}")]
     Corrupt {
@@ -83,6 +104,7 @@ pub fn restore(
         state: state_changelog,
         fold: fold_changelog,
         tasks,
+        ends: None,
     };
     restore_from(task, &changelogs, metadata, reader, None, None, &mut |_| {}).map(|r| r.stores)
 }
@@ -156,6 +178,11 @@ pub struct Changelogs<'a> {
     pub fold: Option<&'a str>,
     /// The stage's task count: each changelog's partition count.
     pub tasks: i32,
+    /// Each changelog's end (the high watermark) when the task started, by
+    /// topic: a replay that stops below it fails with
+    /// [`ChangelogError::Unstable`]. `None` checks nothing (a restore of
+    /// stores outside a task start, for a test or a tool).
+    pub ends: Option<&'a BTreeMap<String, i64>>,
 }
 
 /// Where a restore starts: stores read from a local store, and the first
@@ -419,6 +446,7 @@ pub fn restore_from(
         task,
         topic,
         tasks: changelogs.tasks,
+        end: changelogs.ends.and_then(|e| e.get(topic).copied()),
         metadata,
         reader,
     };
@@ -479,6 +507,8 @@ struct One<'a> {
     task: &'a TaskId,
     topic: &'a str,
     tasks: i32,
+    /// The end the replay must reach, if checked.
+    end: Option<i64>,
     metadata: &'a dyn TopicMetadata,
     reader: &'a dyn ChangelogReader,
 }
@@ -501,33 +531,25 @@ impl One<'_> {
         };
         let mut read = Tail::new(out, self.topic, kind);
         progress(read.progress(false));
-        replay(
-            self.task,
-            self.topic,
-            self.tasks,
-            self.metadata,
-            self.reader,
-            read.from,
-            &mut |r| {
-                read.take(&r);
-                match (after.as_deref_mut(), r.key.clone()) {
-                    (Some(after), Some(key)) => {
-                        let value = r.value.clone();
-                        rebuild.apply(r, put);
-                        after(
-                            &mut rebuild.store,
-                            &mut read.out.tail,
-                            &key,
-                            value.as_deref(),
-                        );
-                    }
-                    _ => rebuild.apply(r, put),
+        self.replay(read.from, &mut |r| {
+            read.take(&r);
+            match (after.as_deref_mut(), r.key.clone()) {
+                (Some(after), Some(key)) => {
+                    let value = r.value.clone();
+                    rebuild.apply(r, put);
+                    after(
+                        &mut rebuild.store,
+                        &mut read.out.tail,
+                        &key,
+                        value.as_deref(),
+                    );
                 }
-                if read.count.is_multiple_of(PROGRESS_EVERY) {
-                    progress(read.progress(false));
-                }
-            },
-        )?;
+                _ => rebuild.apply(r, put),
+            }
+            if read.count.is_multiple_of(PROGRESS_EVERY) {
+                progress(read.progress(false));
+            }
+        })?;
         progress(read.progress(true));
         read.finish();
         rebuild.finish(self.task, self.topic)
@@ -581,35 +603,50 @@ impl<'a> Tail<'a> {
     }
 }
 
-fn replay(
-    task: &TaskId,
-    topic: &str,
-    tasks: i32,
-    metadata: &dyn TopicMetadata,
-    reader: &dyn ChangelogReader,
-    from: i64,
-    apply: &mut dyn FnMut(ChangelogRecord),
-) -> Result<(), ChangelogError> {
-    let unavailable = |source| ChangelogError::Unavailable {
-        task: task.clone(),
-        topic: topic.to_owned(),
-        cause: source,
-    };
-    let d = metadata.describe(topic).map_err(unavailable)?;
-    if d.partitions != tasks {
-        return Err(ChangelogError::Partitions {
+impl One<'_> {
+    /// Replays the changelog partition from `from` through the reader,
+    /// refusing a partition count that differs from the stage's, and a
+    /// replay that stopped below the end the task started against.
+    fn replay(
+        &self,
+        from: i64,
+        apply: &mut dyn FnMut(ChangelogRecord),
+    ) -> Result<(), ChangelogError> {
+        let (task, topic) = (self.task, self.topic);
+        let unavailable = |source| ChangelogError::Unavailable {
             task: task.clone(),
             topic: topic.to_owned(),
-            expected: tasks,
-            actual: d.partitions,
-        });
+            cause: source,
+        };
+        let d = self.metadata.describe(topic).map_err(unavailable)?;
+        if d.partitions != self.tasks {
+            return Err(ChangelogError::Partitions {
+                task: task.clone(),
+                topic: topic.to_owned(),
+                expected: self.tasks,
+                actual: d.partitions,
+            });
+        }
+        let reached = self
+            .reader
+            .replay_changelog_from(topic, task.partition, from, apply)
+            .map_err(unavailable)?;
+        // Stopping below the end the task started against means a
+        // transaction's records there are not resolved yet: a restore that
+        // went on without them would start the task without that
+        // transaction's writes while its consumed offsets may already
+        // count.
+        match self.end {
+            Some(end) if reached < end => Err(ChangelogError::Unstable {
+                task: task.clone(),
+                topic: topic.to_owned(),
+                partition: task.partition,
+                reached,
+                end,
+            }),
+            _ => Ok(()),
+        }
     }
-    if from > 0 {
-        reader.replay_changelog_from(topic, task.partition, from, apply)
-    } else {
-        reader.replay_changelog(topic, task.partition, apply)
-    }
-    .map_err(unavailable)
 }
 
 /// How a store takes one changelog record (key, value or tombstone),

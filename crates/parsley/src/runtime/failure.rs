@@ -60,10 +60,16 @@ impl Backoff {
 /// worker's decision ([`Worker::on_fault`](crate::runtime::worker::Worker::on_fault)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fault {
-    /// The producer was fenced by a newer one with its transactional id
-    /// (or its epoch is stale), or the group moved on without this member:
-    /// another owner has the tasks now.
+    /// The group moved on without this member (its consumer has no
+    /// current membership): another owner has the tasks now.
     Fenced(String),
+    /// The producer's epoch is no longer current: its transaction
+    /// coordinator ended the open transaction (one that ran past
+    /// `transaction.timeout.ms`, as a broker failover can make it run), or
+    /// another producer took its transactional id. The producer can go no
+    /// further; the consumer's membership is not in question (a member
+    /// that did lose it is fenced by the group at its next offset commit).
+    ProducerFenced(String),
     /// The client reports an error it will not recover from (the producer
     /// or consumer must be recreated).
     Fatal(String),
@@ -73,6 +79,12 @@ pub enum Fault {
     /// A transactional call failed in a way the client says may succeed
     /// if called again (a timeout among them): its effect is not known.
     Retriable(String),
+    /// The transaction could not be written *now*, for a reason that
+    /// passes: a record timed out or was turned away while a partition's
+    /// leader moved, a broker was down, or too few replicas were in sync.
+    /// The transaction must be aborted, and its retry writes the same
+    /// records; nothing about the records themselves is wrong.
+    Transient(String),
     /// One record of the transaction handed over last was refused by the
     /// client or the broker (too large, say): `record` is its index in
     /// [`Transaction::records`](crate::runtime::worker::Transaction::records).
@@ -89,8 +101,20 @@ pub enum Fault {
         /// Why it was refused.
         reason: String,
     },
-    /// Aborting the open transaction failed.
-    AbortFailed(String),
+    /// A call of the transactional producer did not return within its
+    /// timeout and a margin (librdkafka can wait forever for a coordinator
+    /// that went away). The producer is given up; the transaction it had
+    /// open never committed (the call that hung comes before the commit).
+    ClientHung(String),
+    /// Aborting the open transaction failed. `retriable` when the client
+    /// says the abort may succeed if made again (its transaction
+    /// coordinator unreachable or moving, a timeout).
+    AbortFailed {
+        /// Whether the abort may be made again.
+        retriable: bool,
+        /// The error.
+        message: String,
+    },
     /// The consumer's poll reported an error; `fatal` as the client says.
     Poll {
         /// Whether the client gave up on the consumer.
@@ -105,11 +129,14 @@ impl Fault {
     pub fn class(&self) -> &'static str {
         match self {
             Fault::Fenced(_) => "fenced",
+            Fault::ProducerFenced(_) => "producer-fenced",
+            Fault::ClientHung(_) => "client-hung",
             Fault::Fatal(_) => "fatal",
             Fault::Abortable(_) => "abortable",
             Fault::Retriable(_) => "retriable",
+            Fault::Transient(_) => "transient",
             Fault::RecordRefused { .. } => "record-refused",
-            Fault::AbortFailed(_) => "abort-failed",
+            Fault::AbortFailed { .. } => "abort-failed",
             Fault::Poll { fatal: true, .. } => "poll-fatal",
             Fault::Poll { fatal: false, .. } => "poll",
         }
@@ -119,7 +146,8 @@ impl Fault {
 /// What the worker tells its host to do about a [`Fault`].
 #[derive(Debug)]
 pub enum Directive {
-    /// Call the step that failed again, after `after`.
+    /// Call the step that failed again (the abort, for a failed abort),
+    /// after `after`.
     Retry {
         /// The wait first.
         after: Duration,
@@ -132,6 +160,15 @@ pub enum Directive {
     /// The worker dropped every task: leave the group and join again as a
     /// new member, with a new producer.
     Rejoin,
+    /// The producer can go no further, but nothing says another member
+    /// owns the tasks: make a new producer with the same transactional id
+    /// (initialising it ends whatever the old one left open), then report
+    /// the transaction aborted
+    /// ([`CommitOutcome::Aborted`](crate::runtime::worker::CommitOutcome::Aborted)).
+    /// Every task returns to its committed state; the group membership
+    /// stays, so nothing rebalances. A failure of the new producer's
+    /// initialisation is a fault like any other.
+    ReplaceProducer,
     /// Stop the stream thread with this error; the error handler decides
     /// what follows.
     Fail(Box<WorkerError>),

@@ -84,46 +84,53 @@ pub struct ChangelogRecord {
 }
 
 /// Reads changelog partitions back, supplied by the host.
+///
+/// A replay reads as a `read_committed` consumer does, and says where it
+/// stopped: the offset below which every offset is resolved (its committed
+/// records handed over, aborted records and transaction markers passed),
+/// which is the partition's last stable offset when it ran. A transaction
+/// whose commit marker has not reached this partition yet stops it below
+/// that transaction's records, even when the transaction committed
+/// elsewhere (its consumed offsets, say): Kafka writes a transaction's
+/// markers partition by partition. The worker compares where a replay
+/// stopped with the end the task started against, and waits for a
+/// replay that falls short instead of starting a task that misses writes
+/// ([`ChangelogError::Unstable`](crate::runtime::changelog::ChangelogError::Unstable)).
 pub trait ChangelogReader {
-    /// Every committed record of one changelog partition, from its log start
-    /// to its end, in offset order (a `read_committed` replay).
-    fn read_changelog(
-        &self,
-        topic: &str,
-        partition: i32,
-    ) -> Result<Vec<ChangelogRecord>, MetadataError>;
-
-    /// The same records, handed to `apply` one by one as they arrive, so a
-    /// restore keeps only the live state, never every superseded version
-    /// at once. The default reads them all first; a host that can stream
-    /// overrides it.
-    fn replay_changelog(
-        &self,
-        topic: &str,
-        partition: i32,
-        apply: &mut dyn FnMut(ChangelogRecord),
-    ) -> Result<(), MetadataError> {
-        for r in self.read_changelog(topic, partition)? {
-            apply(r);
-        }
-        Ok(())
-    }
-
-    /// The records at offset `from` and above, handed to `apply` in offset
-    /// order (the tail a local store's checkpoint leaves to read). The
-    /// default filters a whole replay; a host that can seek overrides it.
+    /// The committed records of one changelog partition at offset `from`
+    /// and above (from its log start, when that is above `from`), handed
+    /// to `apply` in offset order as they arrive, so a restore keeps only
+    /// the live state, never every superseded version at once. Returns
+    /// the offset where the replay stopped (see the trait's
+    /// documentation).
     fn replay_changelog_from(
         &self,
         topic: &str,
         partition: i32,
         from: i64,
         apply: &mut dyn FnMut(ChangelogRecord),
-    ) -> Result<(), MetadataError> {
-        self.replay_changelog(topic, partition, &mut |r| {
-            if r.offset >= from {
-                apply(r);
-            }
-        })
+    ) -> Result<i64, MetadataError>;
+
+    /// The same, from the partition's log start.
+    fn replay_changelog(
+        &self,
+        topic: &str,
+        partition: i32,
+        apply: &mut dyn FnMut(ChangelogRecord),
+    ) -> Result<i64, MetadataError> {
+        self.replay_changelog_from(topic, partition, 0, apply)
+    }
+
+    /// Every committed record of one changelog partition from its log
+    /// start to where a replay stops, in offset order.
+    fn read_changelog(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Vec<ChangelogRecord>, MetadataError> {
+        let mut out = Vec::new();
+        self.replay_changelog(topic, partition, &mut |r| out.push(r))?;
+        Ok(out)
     }
 }
 

@@ -116,10 +116,15 @@ impl RestoreJob {
             mut spill,
             cancelled: _,
         } = self;
+        let ends: BTreeMap<String, i64> = bounds
+            .iter()
+            .map(|(topic, &(_, end))| (topic.clone(), end))
+            .collect();
         let changelogs = Changelogs {
             state: &state,
             fold: fold.as_deref(),
             tasks,
+            ends: Some(&ends),
         };
         let (restored_total, remaining) = TaskMeters::restore(&thread_id, &task);
         let mut last = 0u64;

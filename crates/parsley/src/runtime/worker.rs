@@ -190,8 +190,39 @@ pub struct WorkerConfig {
     pub assignment: Assignment,
     /// How many times a commit step that failed with a retriable error is
     /// retried (waiting 100 ms, then doubling) before the commit's fate
-    /// counts as unknown.
+    /// counts as unknown; and how many times an abort that could not reach
+    /// its coordinator is made again before the worker gives its tasks up.
     pub commit_retries: u32,
+    /// How long the host waits before it polls again after a transaction
+    /// aborted for a transient fault ([`Fault::Transient`],
+    /// [`Fault::Abortable`]): `initial` after the first, doubling with
+    /// each further one before a commit goes through, up to `max`. The
+    /// tasks are back at their committed state meanwhile and nothing is
+    /// fetched, so a broker outage costs no memory and no busy loop.
+    /// 100 ms to 5 s by default.
+    pub transient_backoff: Backoff,
+    /// How long a task whose start failed on a lookup that may succeed
+    /// later waits before it tries again: `initial` after the first
+    /// failure, doubling with each one in a row, up to `max`
+    /// ([`LOOKUP_RETRY`] by default: 200 ms to 5 s).
+    pub lookup_retry: Backoff,
+    /// Whether a task that cannot start (its restore or its initialisation
+    /// fails for a reason of its own, not a lookup that may succeed later)
+    /// stops alone, as a task that fails while running does, and reaches
+    /// the host as a [`TaskFailure`]: the default, so one task's bad
+    /// changelog or lost history never takes the thread's other tasks
+    /// down. `false` fails the worker's open work with the error instead,
+    /// for a host that reports it to its caller (the test driver).
+    pub stop_tasks_that_cannot_start: bool,
+    /// How long a task's restore waits for a changelog that reads only up
+    /// to below the end the task started against
+    /// ([`ChangelogError::Unstable`]: a transaction of the task's previous
+    /// owner not resolved on it yet) before the task fails, naming the
+    /// partition and the offsets. Such a transaction resolves within its
+    /// transaction timeout at most (its coordinator aborts it then): the
+    /// Kafka runtime sets this to the producer's `transaction.timeout.ms`
+    /// plus 5 s. 15 s by default.
+    pub changelog_stable_wait: Duration,
     /// How long a failed task waits before it restarts, once the host's
     /// error handler asked for a restart ([`Worker::restart_task`]).
     pub task_backoff: Backoff,
@@ -258,7 +289,11 @@ impl Default for WorkerConfig {
             on_retention_loss: OnRetentionLoss::Fail,
             assignment: Assignment::Complete,
             commit_retries: 3,
+            transient_backoff: DEFAULT_TRANSIENT_BACKOFF,
             task_backoff: Backoff::default(),
+            changelog_stable_wait: Duration::from_secs(15),
+            lookup_retry: LOOKUP_RETRY,
+            stop_tasks_that_cannot_start: true,
             local_store_max_age: Duration::from_secs(12 * 3600),
             restores: RestoreMode::Inline,
             hold_budget: Some(DEFAULT_HOLD_BUDGET),
@@ -270,6 +305,13 @@ impl Default for WorkerConfig {
         }
     }
 }
+
+/// The default [`WorkerConfig::transient_backoff`]: 100 ms, doubling up
+/// to 5 s.
+pub const DEFAULT_TRANSIENT_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(100),
+    max: Duration::from_secs(5),
+};
 
 /// The default [`WorkerConfig::hold_budget`]: 32 MiB per task.
 pub const DEFAULT_HOLD_BUDGET: usize = 32 << 20;
@@ -400,6 +442,16 @@ pub struct WorkerStats {
     pub faults: u64,
     /// Commit steps retried after a retriable fault.
     pub commit_retries: u64,
+    /// Transactions aborted for a transient fault
+    /// ([`Fault::Transient`], [`Fault::Abortable`]), each followed by a
+    /// backoff.
+    pub transient_aborts: u64,
+    /// Producers replaced with the membership kept
+    /// ([`Directive::ReplaceProducer`]).
+    pub producer_replacements: u64,
+    /// Task restores that read a changelog only up to below the end the
+    /// task started against ([`ChangelogError::Unstable`]) and waited.
+    pub short_restores: u64,
     /// Times a task was left partial: some of its partitions here, the
     /// rest not yet ([`Assignment::Incremental`]).
     pub partial_tasks: u64,
@@ -651,9 +703,13 @@ pub struct Worker {
     config: WorkerConfig,
     assigned: BTreeMap<(String, i32), AssignedPartition>,
     tasks: BTreeMap<TaskId, Slot>,
-    /// Tasks whose start failed on a transient lookup, retried at each
-    /// punctuation.
-    waiting: BTreeSet<TaskId>,
+    /// Tasks whose start failed on a transient lookup (a leader or a
+    /// coordinator moving, a broker down), retried at a punctuation once
+    /// their pause is over ([`LOOKUP_RETRY`]).
+    waiting: BTreeMap<TaskId, Retrying>,
+    /// When each task's restore first stopped below its changelog's end
+    /// ([`ChangelogError::Unstable`]), by the host's clock.
+    unstable_since: BTreeMap<TaskId, i64>,
     /// The task whose error poisoned the open transaction, if a task's did.
     failing: Option<Failing>,
     /// Tasks that failed and stopped; their partitions stay assigned here.
@@ -674,6 +730,15 @@ pub struct Worker {
     owners: Vec<(usize, TaskId)>,
     /// Retries of the in-flight transaction's commit so far.
     commit_retries: u32,
+    /// Retries of the in-flight transaction's abort so far.
+    abort_retries: u32,
+    /// Transactions aborted for a transient fault since the last commit.
+    aborts_in_a_row: u32,
+    /// Producers replaced since the last commit ([`Directive::ReplaceProducer`]).
+    producer_replacements: u32,
+    /// How long the host waits before it polls again, not yet handed over
+    /// ([`Ready::backoff`]).
+    backoff: Option<Duration>,
     /// Where each task's changelog records lie in the transaction in
     /// flight.
     spans: Vec<Span>,
@@ -725,6 +790,29 @@ impl std::fmt::Debug for Worker {
 /// The first wait before a commit step is retried.
 const COMMIT_RETRY: Duration = Duration::from_millis(100);
 
+/// How long a task whose start failed on a lookup waits before the lookup
+/// is made again: 200 ms, doubling with each failure in a row, up to 5 s.
+/// (Every punctuation, as before, made a lookup every few milliseconds
+/// while a broker failed over, and logged each failure.)
+pub const LOOKUP_RETRY: Backoff = Backoff {
+    initial: Duration::from_millis(200),
+    max: Duration::from_secs(5),
+};
+
+/// How many times in a row, with no commit in between, the worker asks its
+/// host for a new producer ([`Directive::ReplaceProducer`]) before it
+/// gives the membership up instead.
+pub const MAX_PRODUCER_REPLACEMENTS: u32 = 2;
+
+/// A task waiting to start again after a failed lookup.
+#[derive(Clone, Copy, Debug)]
+struct Retrying {
+    /// Failed attempts in a row.
+    failures: u32,
+    /// When the next attempt is due, by the host's clock.
+    at: i64,
+}
+
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -738,7 +826,8 @@ impl Worker {
             config,
             assigned: BTreeMap::new(),
             tasks: BTreeMap::new(),
-            waiting: BTreeSet::new(),
+            waiting: BTreeMap::new(),
+            unstable_since: BTreeMap::new(),
             failing: None,
             stopped: BTreeMap::new(),
             failures: Vec::new(),
@@ -748,6 +837,10 @@ impl Worker {
             diversions: BTreeMap::new(),
             owners: Vec::new(),
             commit_retries: 0,
+            abort_retries: 0,
+            aborts_in_a_row: 0,
+            producer_replacements: 0,
+            backoff: None,
             spans: Vec::new(),
             reached: BTreeMap::new(),
             local: None,
@@ -884,6 +977,7 @@ fn transient(e: &WorkerError) -> bool {
             cause: MetadataError::Failed { .. },
             ..
         }) => true,
+        WorkerError::Changelog(ChangelogError::Unstable { .. }) => true,
         _ => false,
     }
 }

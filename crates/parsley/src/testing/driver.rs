@@ -286,6 +286,10 @@ fn driver_config() -> WorkerConfig {
         // A failed step is retried at the next call, as before the task
         // backoff existed: the driver's clock moves only when told.
         task_backoff: crate::runtime::failure::Backoff::NONE,
+        lookup_retry: crate::runtime::failure::Backoff::NONE,
+        // A task that cannot start is the caller's error at once, not a
+        // failure the driver would restart in a loop.
+        stop_tasks_that_cannot_start: false,
         // A step releases everything it can: a test sees a release whole,
         // not a transaction's share of it.
         release_per_transaction: None,

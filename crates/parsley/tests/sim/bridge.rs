@@ -67,11 +67,13 @@ impl BrokerOffsets for View<'_> {
 }
 
 impl ChangelogReader for View<'_> {
-    fn read_changelog(
+    fn replay_changelog_from(
         &self,
         topic: &str,
         partition: i32,
-    ) -> Result<Vec<ChangelogRecord>, MetadataError> {
+        from: i64,
+        apply: &mut dyn FnMut(ChangelogRecord),
+    ) -> Result<i64, MetadataError> {
         if self.0.lookup_outage() {
             return Err(MetadataError::Failed {
                 topic: topic.to_owned(),
@@ -82,16 +84,19 @@ impl ChangelogReader for View<'_> {
             .0
             .topic_id(topic)
             .ok_or_else(|| MetadataError::Missing(topic.to_owned()))?;
-        Ok(self
-            .0
-            .committed_from_start(Channel::new(id, partition))
-            .into_iter()
-            .map(|(offset, r)| ChangelogRecord {
-                offset,
-                key: r.key.clone(),
-                value: r.value.clone(),
-            })
-            .collect())
+        // As a read_committed consumer: up to the last stable offset, which
+        // a transaction whose marker has not landed here holds back.
+        let (records, stable) = self.0.stable_from_start(Channel::new(id, partition));
+        for (offset, r) in records {
+            if offset >= from {
+                apply(ChangelogRecord {
+                    offset,
+                    key: r.key.clone(),
+                    value: r.value.clone(),
+                });
+            }
+        }
+        Ok(stable)
     }
 }
 
@@ -481,6 +486,9 @@ pub struct BridgeStats {
     pub resets_with_held_on_disk: u64,
     /// Task starts retried after a failed lookup.
     pub start_retries: u64,
+    /// Task restores that read a changelog only up to below the end the
+    /// task started against (a late marker), and waited.
+    pub short_restores: u64,
     /// Tasks that failed and stopped.
     pub task_failures: u64,
     /// Stopped tasks restarted.
@@ -671,6 +679,7 @@ impl Thread {
         s.resets_with_held_on_disk +=
             now.resets_with_held_on_disk - self.seen.resets_with_held_on_disk;
         s.start_retries += now.task_start_retries - self.seen.task_start_retries;
+        s.short_restores += now.short_restores - self.seen.short_restores;
         s.local_starts += now.local_store_starts - self.seen.local_store_starts;
         s.local_rebuilds += now.local_store_rebuilds - self.seen.local_store_rebuilds;
         s.local_write_failures +=
@@ -868,7 +877,10 @@ impl StreamThread for Thread {
         let r = self.worker.punctuate(now, &View(broker));
         let r = self.recover(r, broker);
         self.account();
-        r
+        r?;
+        // A task that could not start stopped alone: the handlers hear
+        // of it, as a host's poll loop takes every ready's failures.
+        self.handle_failures(broker)
     }
 
     fn poll_transaction(
@@ -920,7 +932,7 @@ impl StreamThread for Thread {
 
     fn fault(&mut self, fault: SimFault, _broker: &SimBroker) -> Result<SimDirective, String> {
         let fault = match fault {
-            SimFault::Fenced => Fault::Fenced("producer fenced (simulated)".into()),
+            SimFault::Fenced => Fault::ProducerFenced("producer fenced (simulated)".into()),
             SimFault::Fatal => Fault::Fatal("client failed (simulated)".into()),
             SimFault::Abortable => Fault::Abortable("abortable (simulated)".into()),
             SimFault::Retriable => Fault::Retriable("timed out (simulated)".into()),
@@ -940,6 +952,23 @@ impl StreamThread for Thread {
                     reason: "too large (simulated)".into(),
                 }
             }
+            SimFault::Transient { record } => {
+                // A production handler that sends every refused record to
+                // the dead-letter topic: a core that took this for a
+                // refusal would send a valid emission there, and the
+                // world counts dead letters against refusals.
+                self.divert_next = true;
+                Fault::Transient(format!(
+                    "record {record} could not be written now: timed out (simulated)"
+                ))
+            }
+            SimFault::Hung => {
+                Fault::ClientHung("a producer call never returned (simulated)".into())
+            }
+            SimFault::AbortFailed { retriable } => Fault::AbortFailed {
+                retriable,
+                message: "the abort failed (simulated)".into(),
+            },
             SimFault::Poll { fatal } => Fault::Poll {
                 fatal,
                 message: "poll error (simulated)".into(),
@@ -950,6 +979,7 @@ impl StreamThread for Thread {
             Directive::Abort => SimDirective::Abort,
             Directive::Rejoin => SimDirective::Rejoin,
             Directive::Fail(_) => SimDirective::Fail,
+            Directive::ReplaceProducer => SimDirective::ReplaceProducer,
             Directive::Continue => SimDirective::Continue,
         })
     }
@@ -980,7 +1010,8 @@ impl StreamThread for Thread {
         let r = self.worker.advance(Ack::Restored(outcome), &View(broker));
         let r = self.recover(r, broker);
         self.account();
-        r
+        r?;
+        self.handle_failures(broker)
     }
 
     fn delivered(&mut self, offsets: &[i64], broker: &SimBroker) {
@@ -1029,7 +1060,10 @@ impl StreamThread for Thread {
     }
 
     fn needs_punctuation(&self) -> bool {
-        self.worker.waiting_tasks().next().is_some() || self.worker.release_due_in().is_some()
+        // A task waiting on a failed lookup, or a stopped task, whose retry
+        // is due now (a later one is a wake-up: the world lets time pass).
+        self.worker.restart_due_in(0) == Some(std::time::Duration::ZERO)
+            || self.worker.release_due_in().is_some()
     }
 
     fn held_heads(&self) -> Vec<(String, i32, i64)> {

@@ -229,7 +229,7 @@ fn an_abort_that_cannot_read_the_store_rebuilds_from_the_changelog() {
     store
         .broken_reads
         .store(false, std::sync::atomic::Ordering::SeqCst);
-    w.punctuate(10, &cluster).unwrap();
+    w.punctuate(1_000, &cluster).unwrap();
     assert_eq!(w.tasks().count(), 1);
     assert_eq!(
         w.stats().local_store_starts,

@@ -96,6 +96,11 @@ impl Worker {
         std::mem::take(&mut self.pending.failures)
     }
 
+    pub(crate) fn take_backoff(&mut self) -> Option<std::time::Duration> {
+        self.fill();
+        self.pending.backoff.take()
+    }
+
     pub(crate) fn take_restore_jobs(&mut self) -> Vec<RestoreJob> {
         self.fill();
         std::mem::take(&mut self.pending.restores)

@@ -31,7 +31,7 @@ impl Worker {
         }
         for id in &touched {
             if self.tasks.contains_key(id)
-                || self.waiting.contains(id)
+                || self.waiting.contains_key(id)
                 || self.restoring.contains_key(id)
                 || self.stopped.contains_key(id)
             {
@@ -55,7 +55,7 @@ impl Worker {
         }
         for id in touched {
             if self.tasks.contains_key(&id)
-                || self.waiting.contains(&id)
+                || self.waiting.contains_key(&id)
                 || self.restoring.contains_key(&id)
                 || self.stopped.contains_key(&id)
             {
@@ -112,8 +112,8 @@ impl Worker {
 
     /// Starts a task; a transient lookup failure leaves it waiting (its
     /// partitions' records are dropped, to be fetched again from its start
-    /// position once it runs), to be retried at the next punctuation. Any
-    /// other failure is final.
+    /// position once it runs), to be retried at a punctuation after a
+    /// pause ([`WorkerConfig::lookup_retry`]). Any other failure is final.
     pub(super) fn try_start(
         &mut self,
         id: TaskId,
@@ -121,22 +121,68 @@ impl Worker {
     ) -> Result<(), WorkerError> {
         match self.start_task(&id, cluster) {
             Ok(()) => {
-                self.waiting.remove(&id);
+                if let Some(r) = self.waiting.remove(&id) {
+                    info!(task = %id, failed_lookups = r.failures, "task started once its lookups went through");
+                }
+                self.unstable_since.remove(&id);
                 Ok(())
             }
-            Err(e) if transient(&e) => {
-                warn!(task = %id, error = %e, "task start failed on a lookup; retrying at the next punctuation");
-                self.stats.task_start_retries += 1;
-                self.waiting.insert(id);
+            Err(e) if self.waits_on(&id, &e) => {
+                self.lookup_failed(id, &e, "task start");
                 Ok(())
             }
-            Err(e) => self.poison(e),
+            Err(e) => self.fail_start(id, e),
         }
+    }
+
+    /// Whether a task whose start failed with `e` waits and tries again: a
+    /// lookup that may succeed later, and a changelog that reads only up
+    /// to below the end the task started against
+    /// ([`ChangelogError::Unstable`]), until
+    /// [`WorkerConfig::changelog_stable_wait`] has passed since that was
+    /// first seen for the task (then the error is the task's).
+    pub(super) fn waits_on(&mut self, id: &TaskId, e: &WorkerError) -> bool {
+        if !transient(e) {
+            return false;
+        }
+        if matches!(e, WorkerError::Changelog(ChangelogError::Unstable { .. })) {
+            self.stats.short_restores += 1;
+            let since = *self.unstable_since.entry(id.clone()).or_insert(self.now);
+            if self.now.saturating_sub(since) >= ms(self.config.changelog_stable_wait) {
+                self.unstable_since.remove(id);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A task's start (or restore) failed on a lookup that may succeed
+    /// later: it waits, and is tried again after its pause. The first
+    /// failure in a row is a WARN, and every tenth after it (a task that
+    /// keeps waiting shows); the others, DEBUG.
+    pub(super) fn lookup_failed(&mut self, id: TaskId, e: &dyn std::fmt::Display, what: &str) {
+        self.stats.task_start_retries += 1;
+        let failures = self.waiting.get(&id).map_or(0, |r| r.failures);
+        let wait = self.config.lookup_retry.step(failures);
+        if failures == 0 {
+            warn!(task = %id, error = %e, ?wait, "{what} failed on a lookup (a leader or coordinator moving, a broker down?); trying again after a pause");
+        } else if (failures + 1).is_multiple_of(10) {
+            warn!(task = %id, error = %e, ?wait, failures = failures + 1, "{what} still fails on a lookup; the task keeps waiting");
+        } else {
+            debug!(task = %id, error = %e, ?wait, failures = failures + 1, "{what} failed on a lookup again");
+        }
+        self.waiting.insert(
+            id,
+            Retrying {
+                failures: failures + 1,
+                at: self.now.saturating_add(ms(wait)),
+            },
+        );
     }
 
     /// Tasks still waiting to start.
     pub fn waiting_tasks(&self) -> impl Iterator<Item = &TaskId> {
-        self.waiting.iter()
+        self.waiting.keys()
     }
 
     /// The partitions a task consumes: partition `p` of every source and of
@@ -315,6 +361,7 @@ impl Worker {
             }
             if let Some(id) = self.task_of(&key.0, key.1) {
                 self.waiting.remove(&id);
+                self.unstable_since.remove(&id);
                 if let Some(restoring) = self.restoring.remove(&id) {
                     restoring.cancel();
                     info!(task = %id, "restoring task revoked");

@@ -216,6 +216,7 @@ impl Worker {
         self.spans.clear();
         self.reached.clear();
         self.commit_retries = 0;
+        self.abort_retries = 0;
         let mut txn = Transaction {
             id,
             ..Transaction::default()
@@ -349,6 +350,8 @@ impl Worker {
                     }
                 }
                 self.stats.commits += 1;
+                self.aborts_in_a_row = 0;
+                self.producer_replacements = 0;
                 self.state = State::Open;
                 self.dirty = false;
                 self.spans.clear();

@@ -46,6 +46,12 @@ pub struct Ready {
     /// closed. Its delivery reports go back as [`Ack::Delivered`] and its
     /// fate as [`Ack::Committed`].
     pub transaction: Option<Transaction>,
+    /// How long to wait before polling again: a transaction aborted for a
+    /// transient fault (a broker down or moving), and the next attempt
+    /// waits this long ([`WorkerConfig::transient_backoff`]) rather than
+    /// fetching and processing records that could not be written either.
+    /// The tasks are back at their committed state.
+    pub backoff: Option<Duration>,
 }
 
 impl Ready {
@@ -57,6 +63,7 @@ impl Ready {
             && self.seeks.is_empty()
             && self.published.is_none()
             && self.transaction.is_none()
+            && self.backoff.is_none()
     }
 
     /// Appends `later`'s parts to these, in order (a newer sample
@@ -71,7 +78,9 @@ impl Ready {
             seeks,
             published,
             transaction,
+            backoff,
         } = later;
+        self.backoff = self.backoff.max(backoff);
         self.failures.extend(failures);
         self.restores.extend(restores);
         self.flow.extend(flow);
@@ -156,6 +165,7 @@ impl Worker {
             seeks: std::mem::take(&mut self.seeks),
             published,
             transaction,
+            backoff: self.backoff.take(),
         })
     }
 

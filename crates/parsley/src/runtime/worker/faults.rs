@@ -53,9 +53,11 @@ impl Worker {
     ///
     /// | fault | what the worker does | directive |
     /// |-------|----------------------|-----------|
-    /// | [`Fault::Fenced`], [`Fault::AbortFailed`] | drops every task | [`Directive::Rejoin`] |
+    /// | [`Fault::Fenced`] | drops every task | [`Directive::Rejoin`] |
+    /// | [`Fault::ProducerFenced`], [`Fault::ClientHung`], [`Fault::AbortFailed`] not retriable | counts the replacement | [`Directive::ReplaceProducer`]; report the abort once the new producer is ready. After [`MAX_PRODUCER_REPLACEMENTS`] in a row without a commit: drops every task, [`Directive::Rejoin`] |
+    /// | [`Fault::AbortFailed`], retriable | counts the retry | [`Directive::Retry`] (call the abort again), up to [`WorkerConfig::commit_retries`] times; then as a failed abort that is not retriable |
     /// | [`Fault::Fatal`] | drops every task | [`Directive::Fail`] (the error handler decides) |
-    /// | [`Fault::Abortable`] | nothing yet | [`Directive::Abort`]; report the abort as usual |
+    /// | [`Fault::Abortable`], [`Fault::Transient`] | counts the abort | [`Directive::Abort`]; report the abort as usual. The [`Ready`] after it asks the host to wait ([`Ready::backoff`]: [`WorkerConfig::transient_backoff`], doubling with each such abort before a commit goes through) |
     /// | [`Fault::Retriable`] in a commit | counts the retry | [`Directive::Retry`], up to [`WorkerConfig::commit_retries`] times; then the commit's fate is unknown: drops every task, [`Directive::Rejoin`] |
     /// | [`Fault::RecordRefused`] | marks the task that made the record | [`Directive::Abort`]; the abort stops that task, and its [`TaskFailure::refused`] names the record |
     /// | [`Fault::Poll`], not fatal | nothing (the client retries) | [`Directive::Continue`] |
@@ -71,10 +73,39 @@ impl Worker {
                 warn!(class, error = %message, "consumer error; the client retries it");
                 Directive::Continue
             }
-            Fault::Fenced(message) | Fault::AbortFailed(message) => {
-                warn!(class, error = %message, "another owner has the tasks now; rejoining");
+            Fault::Fenced(message) => {
+                warn!(class, error = %message, "this member is no longer in the group: another owner has the tasks now; dropping every task and joining the group again");
                 self.fenced();
                 Directive::Rejoin
+            }
+            Fault::ProducerFenced(message) => self.replace_producer(
+                class,
+                &message,
+                "the producer was fenced: its transaction coordinator ended the open transaction (one that ran past transaction.timeout.ms, as a broker failover can make it), or another producer took its transactional id",
+            ),
+            Fault::ClientHung(message) => self.replace_producer(
+                class,
+                &message,
+                "a call of the producer never returned",
+            ),
+            Fault::AbortFailed {
+                retriable: true,
+                message,
+            } if matches!(self.state, State::InFlight)
+                && self.abort_retries < self.config.commit_retries =>
+            {
+                let after = COMMIT_RETRY.saturating_mul(1 << self.abort_retries.min(16));
+                self.abort_retries += 1;
+                warn!(class, error = %message, attempt = self.abort_retries, ?after, "the abort did not reach the transaction coordinator (unreachable or moving); trying it again");
+                Directive::Retry { after }
+            }
+            Fault::AbortFailed { retriable, message } => {
+                let why = if retriable {
+                    "the abort never reached the transaction coordinator"
+                } else {
+                    "the transaction coordinator refused the abort"
+                };
+                self.replace_producer(class, &message, why)
             }
             Fault::Fatal(message)
             | Fault::Poll {
@@ -84,8 +115,12 @@ impl Worker {
                 self.fenced();
                 Directive::Fail(Box::new(WorkerError::Client { class, message }))
             }
-            Fault::Abortable(message) => {
-                debug!(class, error = %message, "the transaction aborts");
+            Fault::Abortable(message) | Fault::Transient(message) => {
+                let wait = self.config.transient_backoff.step(self.aborts_in_a_row);
+                self.aborts_in_a_row = self.aborts_in_a_row.saturating_add(1);
+                self.stats.transient_aborts += 1;
+                self.backoff = Some(self.backoff.map_or(wait, |b| b.max(wait)));
+                warn!(class, error = %message, aborts_in_a_row = self.aborts_in_a_row, ?wait, "the transaction could not be written now; it aborts, and is tried again after a pause");
                 Directive::Abort
             }
             Fault::Retriable(message) => {
@@ -152,6 +187,25 @@ impl Worker {
                 Directive::Abort
             }
         }
+    }
+
+    /// The producer can go no further (`why`): a new one with the same
+    /// transactional id ends what it left open, and the tasks go back to
+    /// their committed state as for an abort, keeping the membership. A
+    /// producer replaced [`MAX_PRODUCER_REPLACEMENTS`] times without a
+    /// commit in between (two members taking one transactional id from
+    /// each other, a coordinator that keeps refusing) is given up with the
+    /// membership instead.
+    fn replace_producer(&mut self, class: &'static str, message: &str, why: &str) -> Directive {
+        if self.producer_replacements >= MAX_PRODUCER_REPLACEMENTS {
+            warn!(class, error = %message, replacements = self.producer_replacements, "{why}, again, with no commit since the producer was last replaced: dropping every task and joining the group again");
+            self.fenced();
+            return Directive::Rejoin;
+        }
+        self.producer_replacements += 1;
+        self.stats.producer_replacements += 1;
+        warn!(class, error = %message, "{why}: replacing the producer (its open transaction ends with it) and going on from the committed state, keeping the group membership");
+        Directive::ReplaceProducer
     }
 
     /// After a refused record stopped its task ([`TaskFailure::refused`]),
@@ -235,12 +289,15 @@ impl Worker {
         }
         self.jobs.clear();
         self.waiting.clear();
+        self.unstable_since.clear();
         self.failing = None;
         self.stopped.clear();
         self.partial.clear();
         self.flow.clear();
         self.diversions.clear();
         self.owners.clear();
+        self.backoff = None;
+        self.producer_replacements = 0;
         self.routes = Routes::default();
         self.assigned.clear();
         self.seeks.clear();
@@ -335,9 +392,11 @@ impl Worker {
                         }
                     }
                     if transient_task(&e) {
-                        self.waiting.insert(id.clone());
+                        self.lookup_failed(id.clone(), &e, "task reset");
                     } else {
-                        failed.get_or_insert(e);
+                        // Its own failure: it stops alone, and the error
+                        // handler hears of it.
+                        self.fail_start(id.clone(), WorkerError::Task(e))?;
                     }
                 }
             }

@@ -252,7 +252,13 @@ impl Worker {
         self.ready_for_work()?;
         self.now = self.now.max(now);
         let now = self.now;
-        for id in std::mem::take(&mut self.waiting) {
+        let due: Vec<TaskId> = self
+            .waiting
+            .iter()
+            .filter(|(_, r)| r.at <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
             self.try_start(id, cluster)?;
         }
         self.restart_due(cluster)?;

@@ -42,6 +42,55 @@ impl Worker {
         });
     }
 
+    /// A task that could not start (or start again after a reset) for a
+    /// reason of its own: it stops alone, as a task that failed while
+    /// running does, and the host's error handler hears of it; the
+    /// thread's other tasks go on. Anything else (a misuse of the worker)
+    /// fails the worker's open work, as before.
+    pub(super) fn fail_start(&mut self, id: TaskId, e: WorkerError) -> Result<(), WorkerError> {
+        if !self.config.stop_tasks_that_cannot_start
+            || !matches!(
+                e,
+                WorkerError::Task(_)
+                    | WorkerError::Changelog(_)
+                    | WorkerError::RetentionLoss { .. }
+                    | WorkerError::EndUnknown { .. }
+            )
+        {
+            return self.poison(e);
+        }
+        self.waiting.remove(&id);
+        self.unstable_since.remove(&id);
+        for (topic, partition) in self.needed(&id) {
+            if self.assigned.contains_key(&(topic.clone(), partition)) {
+                // Nothing reads them until the task restarts.
+                self.flow.push(FlowChange {
+                    topic,
+                    partition,
+                    paused: true,
+                });
+            }
+        }
+        let reason = e.to_string();
+        let earlier = self
+            .streaks
+            .entry(id.clone())
+            .or_default()
+            .fail(self.now, &self.config.task_backoff);
+        self.stats.task_failures += 1;
+        warn!(task = %id, error = %reason, failures_in_a_row = earlier + 1,
+            "task could not start and stopped; the thread's other tasks go on");
+        self.stopped
+            .insert(id.clone(), Stopped { restart_at: None });
+        self.failures.push(TaskFailure {
+            task: id,
+            error: reason,
+            earlier_in_a_row: earlier,
+            refused: None,
+        });
+        Ok(())
+    }
+
     /// The tasks stopped after a failure.
     pub fn stopped_tasks(&self) -> impl Iterator<Item = &TaskId> {
         self.stopped.keys()
@@ -74,12 +123,14 @@ impl Worker {
         Ok(Some(wait))
     }
 
-    /// How long from `now` until a stopped task is due to restart, if one
-    /// is to. A host that waits for records waits no longer than this.
+    /// How long from `now` until a stopped task is due to restart, or a
+    /// task waiting on a failed lookup is due to try its start again, if
+    /// one is. A host that waits for records waits no longer than this.
     pub fn restart_due_in(&self, now: i64) -> Option<Duration> {
         self.stopped
             .values()
             .filter_map(|s| s.restart_at)
+            .chain(self.waiting.values().map(|r| r.at))
             .min()
             .map(|at| Duration::from_millis(u64::try_from(at - now.max(self.now)).unwrap_or(0)))
     }
@@ -145,10 +196,13 @@ impl Worker {
             }
             None => 0,
         };
+        // The ends a replay must reach are looked up with the job (its
+        // bounds), so a start that never replays checks nothing here.
         let changelogs = Changelogs {
             state: &names.state_changelog,
             fold: names.fold_changelog.as_deref(),
             tasks,
+            ends: None,
         };
         let (prepared, job) = self.prepare(id, &changelogs, cluster)?;
         match self.config.restores {
@@ -585,14 +639,15 @@ impl Worker {
             self.complete_start(&task, pending.prepared, restored, unusable, cluster)
         });
         match r {
-            Ok(()) => Ok(()),
-            Err(e) if transient(&e) => {
-                warn!(task = %task, error = %e, "task restore failed on a lookup; retrying at the next punctuation");
-                self.stats.task_start_retries += 1;
-                self.waiting.insert(task);
+            Ok(()) => {
+                self.unstable_since.remove(&task);
                 Ok(())
             }
-            Err(e) => self.poison(e),
+            Err(e) if self.waits_on(&task, &e) => {
+                self.lookup_failed(task, &e, "task restore");
+                Ok(())
+            }
+            Err(e) => self.fail_start(task, e),
         }
     }
 

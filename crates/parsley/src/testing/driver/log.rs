@@ -179,7 +179,34 @@ impl TopicMetadata for Log {
 }
 
 impl ChangelogReader for Log {
-    fn read_changelog(
+    fn replay_changelog_from(
+        &self,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        apply: &mut dyn FnMut(ChangelogRecord),
+    ) -> Result<i64, MetadataError> {
+        // The driver's transactions land whole: every offset is resolved.
+        let records = self.records_of(topic, partition)?;
+        let end = self.end_of(topic, partition);
+        for r in records.into_iter().filter(|r| r.offset >= from) {
+            apply(r);
+        }
+        Ok(end)
+    }
+}
+
+impl Log {
+    fn end_of(&self, topic: &str, partition: i32) -> i64 {
+        self.topics
+            .get(topic)
+            .and_then(|t| t.partitions.get(usize::try_from(partition).ok()?))
+            .map_or(0, |entries| {
+                i64::try_from(entries.len()).unwrap_or(i64::MAX)
+            })
+    }
+
+    fn records_of(
         &self,
         topic: &str,
         partition: i32,
