@@ -147,6 +147,8 @@ impl StateDir {
         TaskFiles::new(Files {
             dir: self.clone(),
             open: BTreeMap::new(),
+            #[cfg(test)]
+            fail_writes: Arc::default(),
         })
     }
 }
@@ -217,6 +219,21 @@ impl LocalReader for FileReader {
         Ok(())
     }
 
+    fn fold_keys(&self, f: &mut dyn FnMut(&[u8])) -> Result<(), LocalStoreError> {
+        let task = &self.task;
+        let read = self.db.begin_read().map_err(|e| io(task, e))?;
+        let table = match read.open_table(FOLD) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+            Err(e) => return Err(corrupt(task, e)),
+        };
+        for entry in table.iter().map_err(|e| corrupt(task, e))? {
+            let (k, _) = entry.map_err(|e| corrupt(task, e))?;
+            f(k.value());
+        }
+        Ok(())
+    }
+
     fn fold_scan(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LocalStoreError> {
         let task = &self.task;
         let read = self.db.begin_read().map_err(|e| io(task, e))?;
@@ -238,7 +255,23 @@ impl LocalReader for FileReader {
 struct Files {
     dir: Arc<StateDir>,
     open: BTreeMap<TaskId, Open>,
+    /// Fails every write from now on (tests of what a failed write leaves).
+    #[cfg(test)]
+    fail_writes: Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// A task whose write failed: the file was deleted, and no later write of
+/// the task lands until the task's store is opened (or wiped) again, in
+/// the writer's order. Writes queued behind the failed one would otherwise
+/// re-create the file from a later commit's entries alone, which a start
+/// would then trust. `reported` once the stream thread has heard of it.
+#[derive(Clone, Debug)]
+struct Mark {
+    error: LocalStoreError,
+    reported: bool,
+}
+
+type Marks = Arc<Mutex<BTreeMap<TaskId, Mark>>>;
 
 /// What the writer thread is asked to do, in order.
 enum Job {
@@ -252,6 +285,9 @@ enum Job {
         TaskId,
         SyncSender<Result<Option<Arc<dyn LocalReader>>, LocalStoreError>>,
     ),
+    /// The task starts over with no file: a failed write's mark goes, in
+    /// order after every write queued before.
+    Forget(TaskId),
     /// A write; with a reply, the writer answers once it is done (or
     /// failed).
     Write(
@@ -285,8 +321,10 @@ pub struct TaskFiles {
     /// files close, so a restore still running cannot keep the writer
     /// thread (and the close) waiting past its current write.
     shared_jobs: Arc<Mutex<Option<SyncSender<Job>>>>,
-    failed: Arc<Mutex<BTreeMap<TaskId, LocalStoreError>>>,
+    failed: Marks,
     writer: Option<std::thread::JoinHandle<()>>,
+    #[cfg(test)]
+    fail_writes: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for TaskFiles {
@@ -302,17 +340,24 @@ fn gone(task: &TaskId) -> LocalStoreError {
 impl TaskFiles {
     fn new(mut files: Files) -> TaskFiles {
         let dir = files.dir.clone();
+        #[cfg(test)]
+        let fail_writes = files.fail_writes.clone();
         let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(QUEUE);
-        let failed: Arc<Mutex<BTreeMap<TaskId, LocalStoreError>>> = Arc::default();
+        let failed: Marks = Arc::default();
         let marks = failed.clone();
         let writer = std::thread::Builder::new()
             .name("parsley-state".to_owned())
             .spawn(move || {
+                let forget = |task: &TaskId| {
+                    marks.lock().unwrap_or_else(|p| p.into_inner()).remove(task);
+                };
                 for job in rx {
                     match job {
                         Job::Open(task, leave, reply) => {
+                            forget(&task);
                             let _ = reply.send(files.read(&task, leave));
                         }
+                        Job::Forget(task) => forget(&task),
                         Job::Reader(task, reply) => {
                             let _ = reply.send(files.reader(&task));
                         }
@@ -321,15 +366,18 @@ impl TaskFiles {
                                 .lock()
                                 .unwrap_or_else(|p| p.into_inner())
                                 .get(&task)
-                                .cloned();
+                                .map(|m| m.error.clone());
                             let result = match earlier {
                                 Some(e) => Err(e),
                                 None => files.write(&task, write).inspect_err(|e| {
                                     let _ = files.wipe(&task);
-                                    marks
-                                        .lock()
-                                        .unwrap_or_else(|p| p.into_inner())
-                                        .insert(task, e.clone());
+                                    marks.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                                        task,
+                                        Mark {
+                                            error: e.clone(),
+                                            reported: false,
+                                        },
+                                    );
                                 }),
                             };
                             if let Some(reply) = reply {
@@ -337,6 +385,7 @@ impl TaskFiles {
                             }
                         }
                         Job::Wipe(task, reply) => {
+                            forget(&task);
                             let _ = reply.send(files.wipe(&task));
                         }
                         Job::Close(task, reply) => {
@@ -354,6 +403,8 @@ impl TaskFiles {
             jobs,
             failed,
             writer,
+            #[cfg(test)]
+            fail_writes,
         }
     }
 
@@ -368,25 +419,29 @@ impl TaskFiles {
         answer.recv().map_err(|_| gone(task))?
     }
 
+    /// A failed write of `task` not reported yet, reported now. The mark
+    /// stays (and keeps refusing the task's writes) until the writer
+    /// thread takes the task's next open or wipe.
     fn take_failure(&self, task: &TaskId) -> Option<LocalStoreError> {
-        self.failed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(task)
+        let mut marks = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        let mark = marks.get_mut(task)?;
+        (!mark.reported).then(|| {
+            mark.reported = true;
+            mark.error.clone()
+        })
+    }
+
+    /// Clears `task`'s mark in the writer's order (no reply awaited).
+    fn forget(&self, task: &TaskId) {
+        if let Some(jobs) = self.jobs.as_ref() {
+            let _ = jobs.send(Job::Forget(task.clone()));
+        }
     }
 }
 
 impl LocalStore for TaskFiles {
     fn open(&mut self, task: &TaskId) -> Result<Option<LocalSnapshot>, LocalStoreError> {
-        // A failed write already deleted the file.
-        let _ = self.take_failure(task);
-        // No file: nothing to wait for. (A write of an earlier run of the
-        // task still queued would create one; reading none then only
-        // costs a full replay, which rewrites the file after that write.)
-        if !self.dir.task_file(task).exists() {
-            return Ok(None);
-        }
-        self.ask(task, |r| Job::Open(task.clone(), LeaveOnDisk::default(), r))
+        self.open_leaving(task, LeaveOnDisk::default())
     }
 
     fn open_leaving(
@@ -394,8 +449,14 @@ impl LocalStore for TaskFiles {
         task: &TaskId,
         leave: LeaveOnDisk,
     ) -> Result<Option<LocalSnapshot>, LocalStoreError> {
-        let _ = self.take_failure(task);
+        // No file (a failed write deleted it, say): nothing to wait for. A
+        // failed write's mark is cleared behind the writes queued before,
+        // which it refuses. (A write of an earlier run of the task still
+        // queued, with no failure behind it, would create a file; reading
+        // none then only costs a full replay, which rewrites the file after
+        // that write.)
         if !self.dir.task_file(task).exists() {
+            self.forget(task);
             return Ok(None);
         }
         self.ask(task, |r| Job::Open(task.clone(), leave, r))
@@ -430,7 +491,6 @@ impl LocalStore for TaskFiles {
     }
 
     fn wipe(&mut self, task: &TaskId) -> Result<(), LocalStoreError> {
-        let _ = self.take_failure(task);
         self.ask(task, |r| Job::Wipe(task.clone(), r))
     }
 
@@ -623,6 +683,10 @@ impl LocalStore for Files {
     }
 
     fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
+        #[cfg(test)]
+        if self.fail_writes.load(Ordering::SeqCst) {
+            return Err(io(task, "no space left on device (test)"));
+        }
         let open = self.db(task)?;
         let durable = write.replace || open.last_durable.elapsed() >= DURABLE_EVERY;
         let mut txn = open.db.begin_write().map_err(|e| io(task, e))?;
@@ -1110,6 +1174,7 @@ mod tests {
         let mut files = Files {
             dir: dir.clone(),
             open: BTreeMap::new(),
+            fail_writes: Arc::default(),
         };
         let write = |replace: bool, round: u32| LocalWrite {
             identity: Some(identity()),
@@ -1140,6 +1205,52 @@ mod tests {
         let snapshot = files.open(&task()).unwrap().unwrap();
         assert_eq!(snapshot.fold.len(), 21 * 2_000);
         files.close_all();
+        drop(dir);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// Once a write failed (and deleted the file), no later write of the
+    /// task lands until the task's store is opened again in the writer's
+    /// order, even after the stream thread heard of the failure: a write
+    /// queued behind the failed one would otherwise re-create the file from
+    /// a later commit's entries alone, with a checkpoint a start would
+    /// trust (finding 6 of the broker-failure review).
+    #[test]
+    fn a_failed_write_keeps_later_writes_out_until_the_task_opens_again() {
+        let root = temp("failed-write");
+        let dir = StateDir::lock(&root, "app", "i1").unwrap();
+        let mut files = dir.stores();
+        let write = |checkpoint: i64, key: &[u8]| LocalWrite {
+            identity: Some(identity()),
+            checkpoint: BTreeMap::from([("app-s-fold-changelog".to_owned(), checkpoint)]),
+            replace: false,
+            written_at: 1,
+            seq: 0,
+            entries: vec![(StoreKind::Fold, key.to_vec(), Some(b"v".to_vec()))],
+        };
+        files.write(&task(), write(10, b"k1")).unwrap();
+        files.fail_writes.store(true, Ordering::SeqCst);
+        files.write(&task(), write(20, b"k2")).unwrap();
+        // The failure reaches the stream thread (here as it closes the
+        // task's store).
+        assert!(
+            files.close(&task()).is_err(),
+            "the failed write is reported"
+        );
+        files.fail_writes.store(false, Ordering::SeqCst);
+        // A write that was queued behind the failed one lands nowhere.
+        files.write(&task(), write(30, b"k3")).unwrap();
+        assert_eq!(
+            files.open(&task()).unwrap(),
+            None,
+            "no file re-created from the later write alone"
+        );
+        // Opened again, the task writes as usual.
+        files.write(&task(), write(40, b"k4")).unwrap();
+        files.close(&task()).unwrap();
+        let s = files.open(&task()).unwrap().unwrap();
+        assert_eq!(s.fold, vec![(b"k4".to_vec(), b"v".to_vec())]);
+        drop(files);
         drop(dir);
         let _ = std::fs::remove_dir_all(&root);
     }

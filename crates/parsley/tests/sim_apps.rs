@@ -857,7 +857,9 @@ fn settlement_pipeline() {
 #[test]
 fn faults_of_every_class() {
     let budget = AppBudget {
-        faults: 20,
+        // Seven classes of commit fault (and failed aborts drawn from the
+        // same budget): enough of each in a fifth of the seeds.
+        faults: 28,
         poll_faults: 4,
         ..full_budget()
     };

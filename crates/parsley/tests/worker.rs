@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use parsley::protocol::{BrokerOffsets, BrokerOffsetsError, TopicId, TopicOffsets};
-use parsley::runtime::changelog::ChangelogError;
+use parsley::runtime::changelog::{self, ChangelogError};
 use parsley::runtime::host::{ChangelogReader, ChangelogRecord};
 use parsley::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
 use parsley::runtime::worker::*;
@@ -1078,6 +1078,19 @@ fn a_task_whose_start_fails_on_a_lookup_waits_and_retries() {
     assert_eq!(w.waiting_tasks().count(), 1);
     assert_eq!(w.stats().task_start_retries, 1);
     assert!(w.take_seeks().is_empty());
+    // Nothing is fetched for it while it waits.
+    let paused: Vec<(String, i32, bool)> = w
+        .take_flow_changes()
+        .into_iter()
+        .map(|f| (f.topic, f.partition, f.paused))
+        .collect();
+    assert_eq!(
+        paused,
+        [("a".to_owned(), 0, true), ("b".to_owned(), 0, true)]
+    );
+    // An offset out of range on its partitions (a fetch overtaken by
+    // retention before the pause) is not a loss of a running task.
+    w.offset_out_of_range(&cluster).unwrap();
     // Records of a waiting task are dropped (fetched again after its seek).
     w.on_record(rec("a", 0, 0, "x")).unwrap();
     assert_eq!(w.stats().dropped_while_waiting, 1);
@@ -1086,10 +1099,20 @@ fn a_task_whose_start_fails_on_a_lookup_waits_and_retries() {
     w.punctuate(10, &cluster).unwrap();
     assert_eq!(w.tasks().count(), 0, "not before its pause");
     assert_eq!(w.restart_due_in(10), Some(Duration::from_millis(190)));
-    // The first punctuation after it starts it.
+    // The first punctuation after it starts it, and fetches again.
     w.punctuate(200, &cluster).unwrap();
     assert_eq!(w.tasks().count(), 1);
     assert_eq!(w.restart_due_in(200), None);
+    let last: BTreeMap<(String, i32), bool> = w
+        .take_flow_changes()
+        .into_iter()
+        .map(|f| ((f.topic, f.partition), f.paused))
+        .collect();
+    assert_eq!(
+        last.values().copied().collect::<Vec<_>>(),
+        [false, false],
+        "{last:?}"
+    );
     assert_eq!(seek(&mut w)[&("a".to_owned(), 0)], 0);
     w.on_record(rec("a", 0, 0, "x")).unwrap();
 }
@@ -3164,6 +3187,139 @@ fn a_deferred_restore_of_a_task_restarting_in_place_is_not_the_assignment_restor
         vec![task("s", 1)]
     );
     assert_eq!(w.assignment_restoring().count(), 0);
+}
+
+/// A restore that replays a tail onto a local store keeps each key's last
+/// write for the store, not every record it replayed (finding 5 of the
+/// broker-failure review: a long tail that rewrote a few keys was held in
+/// memory once per record, besides the stores).
+#[test]
+fn a_replayed_tail_keeps_one_write_per_key() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    for i in 0..200 {
+        w.on_record(rec("a", 0, i, "k")).unwrap();
+        commit(&mut w, &cluster);
+    }
+    let task = task("count", 0);
+    let changelogs = changelog::Changelogs {
+        state: "app-count-state-changelog",
+        fold: Some("app-count-fold-changelog"),
+        tasks: 1,
+        ends: None,
+    };
+    // A start at offset 0 of both changelogs: the whole log is the tail.
+    let restored = changelog::restore_from(
+        &task,
+        &changelogs,
+        &cluster,
+        &cluster,
+        Some(changelog::RestoreStart::default()),
+        None,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(restored.replayed >= 400, "replayed {}", restored.replayed);
+    let fold_writes = restored
+        .tail
+        .keys()
+        .filter(|(kind, _)| *kind == StoreKind::Fold)
+        .count();
+    assert_eq!(fold_writes, 1, "one fold key, written 200 times");
+    assert!(
+        restored.tail.len() < 20,
+        "{} writes kept for {} records replayed",
+        restored.tail.len(),
+        restored.replayed
+    );
+    assert_eq!(restored.stores.fold.len(), 1);
+}
+
+/// [`MemLocal`] that keeps which tasks' files are open, as a file engine
+/// that refuses a second open of one file in a process would.
+#[derive(Clone, Default)]
+struct OpenFiles {
+    inner: MemLocal,
+    open: std::sync::Arc<std::sync::Mutex<BTreeSet<TaskId>>>,
+}
+
+impl OpenFiles {
+    fn open_now(&self) -> Vec<TaskId> {
+        self.open.lock().unwrap().iter().cloned().collect()
+    }
+}
+
+impl LocalStore for OpenFiles {
+    fn open(&mut self, task: &TaskId) -> Result<Option<LocalSnapshot>, LocalStoreError> {
+        self.open.lock().unwrap().insert(task.clone());
+        self.inner.open(task)
+    }
+    fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
+        self.open.lock().unwrap().insert(task.clone());
+        self.inner.write(task, write)
+    }
+    fn wipe(&mut self, task: &TaskId) -> Result<(), LocalStoreError> {
+        self.inner.wipe(task)
+    }
+    fn close(&mut self, task: &TaskId) -> Result<(), LocalStoreError> {
+        self.open.lock().unwrap().remove(task);
+        Ok(())
+    }
+}
+
+/// A task's file is let go whatever state the task leaves the worker in:
+/// revoked while its restore was out, stopped after it failed, unable to
+/// start, or dropped with everything when the worker is fenced (finding 4
+/// of the broker-failure review: only running tasks were closed, and a
+/// task moving to another thread of the instance then ran without its
+/// store, the file still held).
+#[test]
+fn every_task_that_leaves_lets_its_file_go() {
+    let failing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let app = failing_app(failing.clone());
+    let cluster = failing_cluster();
+    let deferred = || WorkerConfig {
+        restores: RestoreMode::Deferred,
+        ..WorkerConfig::default()
+    };
+    let store = OpenFiles::default();
+    // Restoring, then revoked before the job ran.
+    let mut w = Worker::new(&app, deferred()).with_local_store(Box::new(store.clone()));
+    w.assign(vec![part("a", 0), part("a", 1)], &cluster, 0)
+        .unwrap();
+    assert_eq!(w.restoring_tasks().count(), 2);
+    assert_eq!(store.open_now().len(), 2, "each restore opened its file");
+    w.revoke(&[("a".to_owned(), 1)]).unwrap();
+    assert_eq!(
+        store.open_now(),
+        [task("s", 0)],
+        "the revoked task's file is free"
+    );
+    // Fenced while restoring: every file goes.
+    w.fenced();
+    assert!(store.open_now().is_empty());
+
+    // Running, then stopped after a failure.
+    let store = OpenFiles::default();
+    let mut w = Worker::new(&app, deferred()).with_local_store(Box::new(store.clone()));
+    w.assign(vec![part("a", 0), part("a", 1)], &cluster, 0)
+        .unwrap();
+    for job in w.take_restore_jobs() {
+        let outcome = job.run(&cluster, &cluster);
+        w.restored(outcome, &cluster).unwrap();
+    }
+    seek(&mut w);
+    commit(&mut w, &cluster);
+    failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(w.on_record(rec("a", 1, 0, "bad")).is_err());
+    w.abort(&cluster).unwrap();
+    assert_eq!(w.take_task_failures().len(), 1);
+    assert_eq!(
+        store.open_now(),
+        [task("s", 0)],
+        "the stopped task's file is free until it restarts"
+    );
 }
 
 /// [`MemLocal`] with readers: a task's fold state may leave memory.

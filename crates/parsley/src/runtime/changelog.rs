@@ -205,10 +205,11 @@ pub struct Restored {
     /// The next offset after the last record replayed (or where the replay
     /// started, when it read none), per changelog topic.
     pub next: BTreeMap<String, i64>,
-    /// The records replayed, in order, when the restore started from a
-    /// local store (for the host to bring that store up to date); empty
-    /// for a restore from nothing.
-    pub tail: Vec<crate::runtime::local::LocalEntry>,
+    /// What the replay wrote, when the restore started from a local store
+    /// (for the host to bring that store up to date): each key's last
+    /// value only, so a tail that rewrote a few keys many times holds a few
+    /// entries, not one per record. Empty for a restore from nothing.
+    pub tail: TailWrites,
     /// Whether part of the fold state, or of a rebuild's held records,
     /// went to the local store during the replay ([`FoldSpill`]): then the
     /// stores hold only the rest, and the local store must be completed,
@@ -219,6 +220,17 @@ pub struct Restored {
     /// A part that could not be written: the local store holds an
     /// unknown part of the state and memory not all of it.
     pub spill_failed: Option<crate::runtime::local::LocalStoreError>,
+}
+
+/// The writes a replayed tail makes to a local store: each key's last value
+/// (`None`: deleted), in key order.
+pub type TailWrites = BTreeMap<(StoreKind, Vec<u8>), Option<Vec<u8>>>;
+
+/// The entries of a tail's writes, to hand to a local store.
+pub fn tail_entries(tail: TailWrites) -> Vec<crate::runtime::local::LocalEntry> {
+    tail.into_iter()
+        .map(|((kind, key), value)| (kind, key, value))
+        .collect()
 }
 
 /// Writes a fold state out to the task's local store as a replay goes,
@@ -249,6 +261,10 @@ pub struct FoldSpill {
     held_records: bool,
     held_bytes: usize,
     held_keys: Vec<parsley_protocol::store::StateKey>,
+    /// Set once the worker no longer waits for the restore (its task
+    /// left): no more parts are written, so a job that was already running
+    /// does not open the task's file again after the worker closed it.
+    cancelled: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// A rebuild writes the held records it replayed to the local store each
@@ -286,7 +302,18 @@ impl FoldSpill {
             held_records: false,
             held_bytes: 0,
             held_keys: Vec::new(),
+            cancelled: None,
         }
+    }
+
+    /// Writes no more parts once `cancelled` is set (the restore's task
+    /// left the worker).
+    pub fn stopping_when(
+        mut self,
+        cancelled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> FoldSpill {
+        self.cancelled = Some(cancelled);
+        self
     }
 
     /// Which parts to write: fold entries (on by default), and a rebuild's
@@ -358,6 +385,17 @@ impl FoldSpill {
             entries,
             seq: 0,
         };
+        if self
+            .cancelled
+            .as_ref()
+            .is_some_and(|c| c.load(std::sync::atomic::Ordering::Acquire))
+        {
+            self.failed = Some(crate::runtime::local::LocalStoreError::Io {
+                task: task.clone(),
+                message: "the restore was cancelled: its task left".to_owned(),
+            });
+            return;
+        }
         match self.writer.write(task, write) {
             Ok(()) => {
                 self.spilled = true;
@@ -374,7 +412,7 @@ impl FoldSpill {
         key: &[u8],
         value: Option<&[u8]>,
         fold: &mut FoldStore,
-        tail: &mut Vec<crate::runtime::local::LocalEntry>,
+        tail: &mut TailWrites,
     ) {
         if self.failed.is_some() || !self.fold {
             return;
@@ -405,10 +443,10 @@ impl FoldSpill {
             entries.extend(fold.into_iter().map(|(kind, k)| (kind, k, None)));
             entries
         } else {
-            // The tail holds every record replayed, in order; what memory
-            // holds is their outcome for the keys they touched.
+            // The tail holds each key's last write; what memory holds is
+            // the outcome for the keys it touched.
             drop(fold.drain_bytes());
-            std::mem::take(tail)
+            tail_entries(std::mem::take(tail))
         };
         self.write_part(task, rebuild, entries);
         self.held = 0;
@@ -457,10 +495,9 @@ pub fn restore_from(
         .as_deref_mut()
         .filter(|s| s.held_records && !keep_tail)
         .map(|s| {
-            move |store: &mut MemStore,
-                  _: &mut Vec<crate::runtime::local::LocalEntry>,
-                  key: &[u8],
-                  value: Option<&[u8]>| { s.take_held(task, key, value, store) }
+            move |store: &mut MemStore, _: &mut TailWrites, key: &[u8], value: Option<&[u8]>| {
+                s.take_held(task, key, value, store)
+            }
         });
     out.stores.protocol = one(changelogs.state).replay_into(
         &mut out,
@@ -475,10 +512,7 @@ pub fn restore_from(
     if let Some(topic) = changelogs.fold {
         let rebuild = !keep_tail;
         let mut spilling = spill.as_deref_mut().map(|s| {
-            move |fold: &mut FoldStore,
-                  tail: &mut Vec<crate::runtime::local::LocalEntry>,
-                  key: &[u8],
-                  value: Option<&[u8]>| {
+            move |fold: &mut FoldStore, tail: &mut TailWrites, key: &[u8], value: Option<&[u8]>| {
                 s.take(task, rebuild, key, value, fold, tail)
             }
         });
@@ -594,7 +628,8 @@ impl<'a> Tail<'a> {
         self.count += 1;
         self.next = self.next.max(r.offset.saturating_add(1));
         if let (Some(kind), Some(key)) = (self.kind, &r.key) {
-            self.out.tail.push((kind, key.clone(), r.value.clone()));
+            // A later write of the key replaces an earlier one's.
+            self.out.tail.insert((kind, key.clone()), r.value.clone());
         }
     }
 
@@ -655,8 +690,7 @@ type Put<S> = fn(&mut S, Vec<u8>, Option<Vec<u8>>) -> Result<(), String>;
 
 /// Called after each record a replay applied: the store, the tail kept so
 /// far, and the record's key and value.
-type After<'a, S> =
-    dyn FnMut(&mut S, &mut Vec<crate::runtime::local::LocalEntry>, &[u8], Option<&[u8]>) + 'a;
+type After<'a, S> = dyn FnMut(&mut S, &mut TailWrites, &[u8], Option<&[u8]>) + 'a;
 
 /// A store rebuilt record by record as a replay hands them over; the first
 /// record no store wrote is kept as the error, and the rest are ignored.

@@ -169,6 +169,15 @@ pub trait LocalReader: Send + Sync {
     fn fold_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, LocalStoreError>;
     /// Every fold store entry, in key order, as of the applied writes.
     fn fold_scan(&self) -> Result<Vec<KeyValue>, LocalStoreError>;
+    /// Hands `f` every fold store key, in key order, as of the applied
+    /// writes, keeping none (counting keys must not load the state). The
+    /// default scans; a store that can walk keys overrides it.
+    fn fold_keys(&self, f: &mut dyn FnMut(&[u8])) -> Result<(), LocalStoreError> {
+        for (k, _) in self.fold_scan()? {
+            f(&k);
+        }
+        Ok(())
+    }
     /// Hands `f` each protocol store entry whose key lies in `from..to`
     /// (byte order), in key order, as of the applied writes.
     fn protocol_range(

@@ -756,4 +756,27 @@ impl StateSource for TaskState<'_> {
             .filter_map(|(k, v)| v.map(|v| (k, v)))
             .collect()
     }
+
+    fn count(&self) -> usize {
+        // The transaction's own writes (in flight, then pending) decide for
+        // the keys they touch; the committed store, for the others, key
+        // by key, with no state read.
+        let mut layered: BTreeMap<&[u8], bool> = BTreeMap::new();
+        for layer in self.in_flight.into_iter().chain([self.pending]) {
+            for (k, v) in layer.iter() {
+                layered.insert(k, v.is_some());
+            }
+        }
+        let ticks = FoldKey::Ticks.to_bytes();
+        let mut n = 0;
+        self.committed.for_each_key(&mut |k| {
+            if k != ticks.as_slice() && !layered.contains_key(k) {
+                n += 1;
+            }
+        });
+        n + layered
+            .iter()
+            .filter(|(k, present)| **present && **k != ticks.as_slice())
+            .count()
+    }
 }

@@ -306,9 +306,10 @@ fn without_a_budget_nothing_pauses() {
 }
 
 /// An abort whose task reset fails (a lookup outage) leaves the task
-/// waiting to start again: its paused partitions resume all the same, or
-/// the task would never fetch them again once it starts. (The simulator
-/// found this one.)
+/// waiting to start again: nothing is fetched for it while it waits, and
+/// once it starts every one of its partitions is fetched again, the ones
+/// its hold budget had paused included, or the task would never fetch
+/// them again. (The simulator found the last one.)
 #[test]
 fn a_task_whose_reset_fails_resumes_its_paused_partitions() {
     let app = three_source_app();
@@ -324,7 +325,25 @@ fn a_task_whose_reset_fails_resumes_its_paused_partitions() {
     cluster.fail_ends.set(1);
     w.abort(&cluster).unwrap();
     assert_eq!(w.waiting_tasks().count(), 1, "the reset failed");
-    assert_eq!(flow(&mut w), vec![("a".to_owned(), 0, false)]);
+    let last = |changes: Vec<(String, i32, bool)>| -> BTreeMap<String, bool> {
+        changes.into_iter().map(|(t, _, p)| (t, p)).collect()
+    };
+    assert_eq!(
+        last(flow(&mut w)),
+        BTreeMap::from([("a".into(), true), ("b".into(), true), ("c".into(), true)]),
+        "paused while it waits"
+    );
+    w.punctuate(1_000, &cluster).unwrap();
+    assert_eq!(w.tasks().count(), 1, "started");
+    assert_eq!(
+        last(flow(&mut w)),
+        BTreeMap::from([
+            ("a".into(), false),
+            ("b".into(), false),
+            ("c".into(), false)
+        ]),
+        "fetched again"
+    );
 }
 
 /// The task's own channel for `topic` partition 0 in `cluster`.

@@ -171,6 +171,18 @@ impl Worker {
         } else {
             debug!(task = %id, error = %e, ?wait, failures = failures + 1, "{what} failed on a lookup again");
         }
+        // Nothing is fetched for it meanwhile: its records would be
+        // dropped, and a fetch from the log start that retention overtakes
+        // would stop the consumer on an offset out of range.
+        for (topic, partition) in self.needed(&id) {
+            if self.assigned.contains_key(&(topic.clone(), partition)) {
+                self.flow.push(FlowChange {
+                    topic,
+                    partition,
+                    paused: true,
+                });
+            }
+        }
         self.waiting.insert(
             id,
             Retrying {
@@ -279,6 +291,19 @@ impl Worker {
             }
         }
         if lost == 0 {
+            // A partition of a task that is not running (waiting, stopped,
+            // restoring, not whole yet) is sought to its start when the
+            // task runs: nothing of a running task was lost.
+            let idle = self
+                .assigned
+                .keys()
+                .any(|(topic, partition)| self.routes.get(topic, *partition).is_none());
+            if idle {
+                debug!(
+                    "an offset out of range on a partition of a task that is not running; it is sought to its start when the task runs"
+                );
+                return Ok(());
+            }
             return self.poison(WorkerError::OffsetOutOfRange);
         }
         Ok(())
@@ -407,6 +432,11 @@ impl Worker {
             if self.tasks.contains_key(&id) {
                 continue;
             }
+            // Whatever state it left in (restoring, waiting on a lookup,
+            // stopped after a failure), its file is let go: another thread
+            // of this instance may take the task next, and the store
+            // engine refuses a second open of one file in a process.
+            self.close_local(&id);
             if self
                 .needed(&id)
                 .iter()

@@ -274,7 +274,15 @@ impl Worker {
     pub fn fenced(&mut self) {
         self.stats.fenced += 1;
         warn!("fenced or commit fate unknown: dropping every task; rejoin the group");
-        let ids: Vec<TaskId> = self.tasks.keys().cloned().collect();
+        // Every task this worker had, in whatever state, lets its file go.
+        let ids: BTreeSet<TaskId> = self
+            .tasks
+            .keys()
+            .chain(self.stopped.keys())
+            .chain(self.waiting.keys())
+            .chain(self.restoring.keys())
+            .cloned()
+            .collect();
         for id in &ids {
             self.close_local(id);
         }

@@ -259,6 +259,19 @@ impl Worker {
             .map(|(id, _)| id.clone())
             .collect();
         for id in due {
+            // Paused while it waited; a start made here (not a deferred
+            // restore, which resumes them once done) fetches them again.
+            if self.config.restores == RestoreMode::Inline {
+                for (topic, partition) in self.needed(&id) {
+                    if self.assigned.contains_key(&(topic.clone(), partition)) {
+                        self.flow.push(FlowChange {
+                            topic,
+                            partition,
+                            paused: false,
+                        });
+                    }
+                }
+            }
             self.try_start(id, cluster)?;
         }
         self.restart_due(cluster)?;

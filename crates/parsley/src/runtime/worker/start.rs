@@ -15,6 +15,9 @@ impl Worker {
             reason,
             refused,
         } = failing;
+        // Opened again when it restarts; until then, free for whichever
+        // thread of this instance takes the task if its partitions move.
+        self.close_local(&id);
         for c in &slot.channels {
             self.routes.remove(&c.topic, c.partition);
             // Nothing reads them until the task restarts.
@@ -61,6 +64,7 @@ impl Worker {
         }
         self.waiting.remove(&id);
         self.unstable_since.remove(&id);
+        self.close_local(&id);
         for (topic, partition) in self.needed(&id) {
             if self.assigned.contains_key(&(topic.clone(), partition)) {
                 // Nothing reads them until the task restarts.
@@ -439,10 +443,12 @@ impl Worker {
             .as_ref()
             .and_then(|s| s.written_at)
             .unwrap_or(self.now);
+        let cancelled: Arc<std::sync::atomic::AtomicBool> = Arc::default();
         let spill = match ((bounded || held_on_disk) && !local_off, self.local.as_mut()) {
             (true, Some(store)) => store.writer().map(|w| {
                 changelog::FoldSpill::new(w, self.fold_share.clone(), written_at)
                     .with_parts(bounded, held_on_disk)
+                    .stopping_when(cancelled.clone())
             }),
             _ => None,
         };
@@ -458,7 +464,7 @@ impl Worker {
             bounds,
             listener: self.restore_listener.clone(),
             thread_id: self.config.thread_id.clone(),
-            cancelled: Arc::default(),
+            cancelled,
         };
         let prepared = Prepared {
             identity,
@@ -511,7 +517,7 @@ impl Worker {
             written_at: self.now,
             seq: 0,
             entries: if from_local {
-                restored.tail
+                changelog::tail_entries(restored.tail)
             } else {
                 let mut entries = all_entries(&restored.stores);
                 entries.extend(restored.pending);
