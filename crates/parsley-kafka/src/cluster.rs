@@ -106,10 +106,35 @@ impl KafkaCluster {
         &self.admin
     }
 
+    /// How many replicas each partition of `topic` has (the fewest of any
+    /// partition), from the cluster's metadata.
+    pub fn replication_factor(&self, topic: &str) -> Result<usize, MetadataError> {
+        let failed = |message: String| MetadataError::Failed {
+            topic: topic.to_owned(),
+            message,
+        };
+        let md = self
+            .with_lookup(|client| client.fetch_metadata(Some(topic), self.timeout))
+            .map_err(failed)?
+            .map_err(|e| failed(e.to_string()))?;
+        md.topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .and_then(|t| t.partitions().iter().map(|p| p.replicas().len()).min())
+            .ok_or_else(|| MetadataError::Missing(topic.to_owned()))
+    }
+
     /// Describes topics by name.
     pub fn describe_topics(&self, names: &[&str]) -> Result<BTreeMap<String, Described>, String> {
-        let answer = topic_ids::describe(self.admin.inner(), names, self.timeout)
-            .map_err(|e| e.to_string())?;
+        let answer = topic_ids::describe(self.admin.inner(), names, self.timeout).map_err(|e| {
+            // librdkafka sends DescribeTopics to the controller it last
+            // heard of, and waits for it while it is down: a metadata
+            // answer from a broker that is up names a live one.
+            if let Err(refresh) = self.admin.inner().fetch_metadata(None, self.timeout) {
+                tracing::debug!(error = %refresh, "the admin client's metadata refresh failed");
+            }
+            e.to_string()
+        })?;
         let mut cache = self.names.lock().unwrap_or_else(|p| p.into_inner());
         for (name, d) in &answer {
             if let Described::Present { id, .. } = d {
@@ -263,29 +288,34 @@ impl KafkaCluster {
         &self,
         tpl: TopicPartitionList,
     ) -> Result<TopicPartitionList, BrokerOffsetsError> {
-        let mut lookup = self.lookup.lock().unwrap_or_else(|p| p.into_inner());
-        let consumer =
-            match &mut *lookup {
-                Some(c) => c,
-                slot @ None => {
-                    let mut config = crate::settings::for_consumer(&self.config);
-                    // The high watermark, not the last stable offset (see the
-                    // module documentation).
-                    config
-                        .set("isolation.level", "read_uncommitted")
-                        .set("group.id", "parsley-offset-lookups")
-                        .set("enable.auto.commit", "false")
-                        .remove("transactional.id");
-                    slot.insert(config.create_with_context(ClientLogs).map_err(
-                        |e: KafkaError| {
-                            BrokerOffsetsError::new(format!("cannot create the lookup client: {e}"))
-                        },
-                    )?)
-                }
-            };
-        consumer
-            .offsets_for_times(tpl, self.timeout)
+        self.with_lookup(|consumer| consumer.offsets_for_times(tpl, self.timeout))
+            .map_err(BrokerOffsetsError::new)?
             .map_err(|e| BrokerOffsetsError::new(e.to_string()))
+    }
+
+    /// Runs `f` with the lookup client (offsets and metadata), made at
+    /// the first lookup.
+    fn with_lookup<T>(&self, f: impl FnOnce(&BaseConsumer<ClientLogs>) -> T) -> Result<T, String> {
+        let mut lookup = self.lookup.lock().unwrap_or_else(|p| p.into_inner());
+        let consumer = match &mut *lookup {
+            Some(c) => c,
+            slot @ None => {
+                let mut config = crate::settings::for_consumer(&self.config);
+                // The high watermark, not the last stable offset (see the
+                // module documentation).
+                config
+                    .set("isolation.level", "read_uncommitted")
+                    .set("group.id", "parsley-offset-lookups")
+                    .set("enable.auto.commit", "false")
+                    .remove("transactional.id");
+                slot.insert(
+                    config
+                        .create_with_context(ClientLogs)
+                        .map_err(|e: KafkaError| format!("cannot create the lookup client: {e}"))?,
+                )
+            }
+        };
+        Ok(f(consumer))
     }
 }
 

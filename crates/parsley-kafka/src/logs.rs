@@ -23,7 +23,7 @@
 //!
 //! [`ClientLogs`] is the client context that does this for clients with
 //! nothing else to do (administration, lookups); the runtime's own
-//! contexts call [`client_log`] and [`client_error`].
+//! contexts call `client_log` and `client_error`.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};

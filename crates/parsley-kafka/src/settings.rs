@@ -75,10 +75,23 @@ const PRODUCER_ONLY: &[&str] = &[
     "transactional.id",
 ];
 
+/// How often the runtime's clients refresh the cluster's metadata (topic
+/// leaders, the controller) unless the configuration says otherwise.
+/// librdkafka's own default is five minutes, and it does not always look
+/// again when a broker it was never connected to is down: a client made
+/// after a broker died (a restore's consumer, a lookup) kept sending to
+/// the dead leader, or waiting for it as the controller, until the broker
+/// came back (seen on a three-broker cluster as tasks that could not start
+/// for as long as the broker was down).
+pub(crate) const METADATA_REFRESH: &str = "5000";
+
 fn without(config: &ClientConfig, keys: &[&str]) -> ClientConfig {
     let mut c = config.clone();
     for k in keys {
         c.remove(k);
+    }
+    if c.get("topic.metadata.refresh.interval.ms").is_none() {
+        c.set("topic.metadata.refresh.interval.ms", METADATA_REFRESH);
     }
     c
 }
@@ -119,6 +132,17 @@ mod tests {
         assert_eq!(k.get("linger.ms"), None);
         assert_eq!(k.get("transaction.timeout.ms"), None);
         assert_eq!(k.get("bootstrap.servers"), Some("127.0.0.1:1"));
+        // Leaders are looked up again every few seconds, unless the user
+        // chose otherwise.
+        assert_eq!(
+            k.get("topic.metadata.refresh.interval.ms"),
+            Some(METADATA_REFRESH)
+        );
+        c.set("topic.metadata.refresh.interval.ms", "60000");
+        assert_eq!(
+            for_producer(&c).get("topic.metadata.refresh.interval.ms"),
+            Some("60000")
+        );
     }
 
     #[test]

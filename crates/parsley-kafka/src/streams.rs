@@ -233,6 +233,14 @@ pub struct StreamsOptions {
     /// file holds them. Needs a state directory; without one (or with
     /// `None`) the whole fold state stays in memory. 64 MiB by default.
     pub fold_cache: Option<usize>,
+    /// The replication factor of the topics the runtime creates (the
+    /// changelogs, the control and diagnostics topics). `None` takes the
+    /// broker's `default.replication.factor`. With a factor asked for,
+    /// `start()` warns about an existing changelog replicated less, or
+    /// whose `min.insync.replicas` lets one replica alone acknowledge a
+    /// write while it has three or more (a broker lost then can take
+    /// committed state with it).
+    pub replication_factor: Option<i16>,
 }
 
 impl Default for StreamsOptions {
@@ -258,6 +266,7 @@ impl Default for StreamsOptions {
                 parsley::runtime::worker::DEFAULT_RELEASE_PER_TRANSACTION,
             ),
             fold_cache: Some(parsley::runtime::worker::DEFAULT_FOLD_CACHE),
+            replication_factor: None,
         }
     }
 }

@@ -81,7 +81,7 @@ fn unique(prefix: &str) -> String {
 #[derive(Default)]
 struct LogCounts {
     errors: Vec<String>,
-    warnings: usize,
+    warnings: Vec<String>,
 }
 
 fn logs() -> &'static Mutex<LogCounts> {
@@ -121,7 +121,9 @@ impl<S: tracing::Subscriber> Layer<S> for Count {
                 .errors
                 .push(format!("{}: {}", event.metadata().target(), text.0));
         } else {
-            counts.warnings += 1;
+            counts
+                .warnings
+                .push(format!("{}: {}", event.metadata().target(), text.0));
         }
     }
 }
@@ -831,4 +833,78 @@ fn two_brokers_down_so_no_write_reaches_its_replicas() {
             settle(t);
         },
     );
+}
+
+/// The topics the runtime creates take the replication factor asked
+/// (`StreamsOptions::replication_factor`), and an existing changelog
+/// replicated less than asked is warned about at start, naming it.
+#[test]
+#[ignore = "needs a replicated cluster: set PARSLEY_CLUSTER_BOOTSTRAP"]
+fn internal_topics_take_the_replication_factor_asked() {
+    let _ = logs();
+    let warnings_before = logs().lock().unwrap().warnings.len();
+    let (input, output) = (unique("in"), unique("out"));
+    let app_id = unique("rf");
+    let mut stage = Stage::named("count").state(Codec::utf8(), String::new);
+    let out = stage.add_sink(&topic(&output));
+    let stage = stage
+        .fold(
+            &topic(&input),
+            move |_: String, m: &Message<String, String>| {
+                let v = m.value().cloned().unwrap_or_default();
+                Step::to(v.clone()).emit(out.send(m.key().cloned(), v))
+            },
+        )
+        .build()
+        .unwrap();
+    let app = Parsley::named(app_id.as_str(), [stage]).unwrap();
+    let names = app.owned_names("count").unwrap().clone();
+    let admin = KafkaCluster::new(&cluster::config(), Duration::from_secs(30)).unwrap();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    // The state changelog exists already, with one replica.
+    let topics = [
+        NewTopic::new(&input, 1, TopicReplication::Fixed(3)),
+        NewTopic::new(&output, 1, TopicReplication::Fixed(3)),
+        NewTopic::new(&names.state_changelog, 1, TopicReplication::Fixed(1))
+            .set("cleanup.policy", "compact"),
+    ];
+    for r in block_on(admin.admin().create_topics(&topics, &opts)).unwrap() {
+        r.unwrap();
+    }
+    let all = [
+        input.as_str(),
+        output.as_str(),
+        names.state_changelog.as_str(),
+    ];
+    cluster::await_known_everywhere(&all, Duration::from_secs(30));
+    let state = std::env::temp_dir().join(unique("rf-state"));
+    let mut streams = CausalStreams::new(&app, cluster::config())
+        .unwrap()
+        .with_options(StreamsOptions {
+            replication_factor: Some(3),
+            state_dir: Some(state.clone()),
+            ..StreamsOptions::default()
+        });
+    streams.start().unwrap();
+    streams.wait_until_running(Duration::from_secs(60)).unwrap();
+    streams.close(Duration::from_secs(30)).unwrap();
+    let _ = std::fs::remove_dir_all(&state);
+    let fold = names.fold_changelog.clone().expect("a stateful stage");
+    assert_eq!(
+        admin.replication_factor(&fold).unwrap(),
+        3,
+        "created with 3"
+    );
+    assert_eq!(
+        admin
+            .replication_factor(&format!("{app_id}-control"))
+            .unwrap(),
+        3
+    );
+    let warned: Vec<String> = logs().lock().unwrap().warnings[warnings_before..]
+        .iter()
+        .filter(|w| w.contains(&names.state_changelog) && w.contains("fewer than the 3 asked"))
+        .cloned()
+        .collect();
+    assert_eq!(warned.len(), 1, "{warned:?}");
 }

@@ -194,10 +194,20 @@ impl Shared {
     fn abort_open(&mut self, txn: &Transaction) -> Result<(), StreamsError> {
         // librdkafka aborts only once the delivery reports of the records
         // already sent have been served.
-        let _ = await_deliveries(&self.producer, self.txn_timeout);
+        // An abort that cannot finish in a few seconds is better replaced
+        // by a new producer (the worker's call) than waited for.
+        let timeout = self.txn_timeout.min(ABORT_TIMEOUT);
+        let _ = await_deliveries(&self.producer, timeout);
         loop {
-            match self.producer.abort_transaction(self.txn_timeout) {
+            match self.producer.abort_transaction(timeout) {
                 Ok(()) => {
+                    // The next attempt is sent where the leaders are now:
+                    // records that timed out on a leader that died were
+                    // waiting for it, and librdkafka does not always look
+                    // again by itself before the next attempt times out too.
+                    if let Err(e) = self.producer.client().fetch_metadata(None, ABORT_TIMEOUT) {
+                        debug!(error = %e, "the producer's metadata refresh after an abort failed");
+                    }
                     self.worker
                         .advance(Ack::Committed(CommitOutcome::Aborted), &self.cluster)?;
                     return Ok(());
@@ -348,6 +358,10 @@ impl Shared {
         self.step(txn, |p| p.commit_transaction(timeout))
     }
 }
+
+/// The longest one abort (and the wait for the delivery reports before it)
+/// takes before it counts as failed.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How much longer than its own timeout a guarded call may take before it
 /// counts as hung.

@@ -409,6 +409,13 @@ impl StreamThread {
         if producer_config.get("linger.ms").is_none() {
             producer_config.set("linger.ms", "0");
         }
+        // A produce request to a broker that froze (a long pause, a
+        // network partition) is given up after 5 s and sent again to the
+        // partition's leader as the metadata then names it, not after
+        // librdkafka's 30 s, which outlived the transaction it belonged to.
+        if producer_config.get("request.timeout.ms").is_none() {
+            producer_config.set("request.timeout.ms", "5000");
+        }
         let producer: TxnProducer = producer_config.create_with_context(Deliveries::default())?;
         // Fences any earlier producer of this thread's id (this thread's own
         // previous membership among them) and aborts what it left open.
@@ -421,6 +428,9 @@ impl StreamThread {
                 start_policy: self.options.start_policy,
                 on_retention_loss: self.options.on_retention_loss,
                 task_backoff: self.options.task_backoff,
+                // A transaction left unresolved on a changelog resolves
+                // within its timeout (its coordinator aborts it then).
+                changelog_stable_wait: txn_timeout + Duration::from_secs(5),
                 assignment: match self.options.group_protocol {
                     GroupProtocol::Consumer => parsley::runtime::worker::Assignment::Incremental,
                     GroupProtocol::Classic => parsley::runtime::worker::Assignment::Complete,

@@ -70,7 +70,8 @@ impl CausalStreams {
         let topics: Vec<NewTopic<'_>> = creates
             .iter()
             .map(|(name, n)| {
-                let t = NewTopic::new(name, *n, TopicReplication::Fixed(-1));
+                let replication = self.options.replication_factor.map_or(-1, i32::from);
+                let t = NewTopic::new(name, *n, TopicReplication::Fixed(replication));
                 if name.ends_with("-control") {
                     // Requests matter only to instances running when they
                     // are made; a day of them is plenty.
@@ -136,15 +137,29 @@ impl CausalStreams {
                 .admin()
                 .describe_configs([&ResourceSpecifier::Topic(topic)], &opts),
         )?;
-        let policy = resources
-            .into_iter()
-            .next()
-            .and_then(Result::ok)
-            .and_then(|r| r.get("cleanup.policy").and_then(|e| e.value.clone()))
-            .ok_or_else(|| StreamsError::Changelog {
-                topic: topic.to_owned(),
-                reason: "its cleanup.policy could not be read".to_owned(),
-            })?;
+        let config = resources.into_iter().next().and_then(Result::ok);
+        let setting = |name: &str| {
+            config
+                .as_ref()
+                .and_then(|r| r.get(name).and_then(|e| e.value.clone()))
+        };
+        let policy = setting("cleanup.policy").ok_or_else(|| StreamsError::Changelog {
+            topic: topic.to_owned(),
+            reason: "its cleanup.policy could not be read".to_owned(),
+        })?;
+        if let Some(wanted) = self.options.replication_factor {
+            let min_isr = setting("min.insync.replicas").and_then(|v| v.parse::<usize>().ok());
+            match cluster.replication_factor(topic) {
+                Ok(replicas) => {
+                    for warning in replication_warnings(wanted, replicas, min_isr) {
+                        warn!(%topic, replicas, min_insync_replicas = ?min_isr, asked = wanted, "{warning}");
+                    }
+                }
+                Err(e) => {
+                    warn!(%topic, error = %e, "the changelog's replication could not be read");
+                }
+            }
+        }
         let parts: Vec<&str> = policy.split(',').map(str::trim).collect();
         if parts != ["compact"] {
             return Err(StreamsError::Changelog {
@@ -155,5 +170,50 @@ impl CausalStreams {
             });
         }
         Ok(())
+    }
+}
+
+/// What is wrong, for an operator, with a changelog replicated `replicas`
+/// times with `min.insync.replicas` at `min_isr`, when the application asks
+/// for `wanted` replicas: fewer replicas than asked, and, at three or more,
+/// a write acknowledged by a single replica.
+fn replication_warnings(wanted: i16, replicas: usize, min_isr: Option<usize>) -> Vec<String> {
+    let mut out = Vec::new();
+    let wanted = usize::try_from(wanted).unwrap_or(0);
+    if replicas < wanted {
+        out.push(format!(
+            "the changelog has {replicas} replica(s), fewer than the {wanted} asked (StreamsOptions::replication_factor): a broker lost can take the state it holds with it; raise it with kafka-reassign-partitions"
+        ));
+    }
+    if replicas >= 3 && min_isr.is_some_and(|m| m < 2) {
+        out.push(format!(
+            "the changelog's min.insync.replicas is {}: with {replicas} replicas, a write can be acknowledged by one broker alone and lost with it; set it to 2",
+            min_isr.unwrap_or(1)
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replication_warnings;
+
+    #[test]
+    fn a_changelog_replicated_less_than_asked_is_warned_about() {
+        assert!(replication_warnings(3, 3, Some(2)).is_empty());
+        assert!(replication_warnings(1, 1, Some(1)).is_empty());
+        let fewer = replication_warnings(3, 1, Some(1));
+        assert_eq!(fewer.len(), 1);
+        assert!(
+            fewer[0].contains("1 replica(s), fewer than the 3 asked"),
+            "{fewer:?}"
+        );
+        let one_ack = replication_warnings(3, 3, Some(1));
+        assert_eq!(one_ack.len(), 1);
+        assert!(
+            one_ack[0].contains("min.insync.replicas is 1"),
+            "{one_ack:?}"
+        );
+        assert_eq!(replication_warnings(3, 2, Some(1)).len(), 1);
     }
 }

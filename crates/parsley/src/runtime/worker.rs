@@ -190,8 +190,7 @@ pub struct WorkerConfig {
     pub assignment: Assignment,
     /// How many times a commit step that failed with a retriable error is
     /// retried (waiting 100 ms, then doubling) before the commit's fate
-    /// counts as unknown; and how many times an abort that could not reach
-    /// its coordinator is made again before the worker gives its tasks up.
+    /// counts as unknown.
     pub commit_retries: u32,
     /// How long the host waits before it polls again after a transaction
     /// aborted for a transient fault ([`Fault::Transient`],
@@ -798,6 +797,14 @@ pub const LOOKUP_RETRY: Backoff = Backoff {
     initial: Duration::from_millis(200),
     max: Duration::from_secs(5),
 };
+
+/// How many times an abort that could not reach its transaction
+/// coordinator is made again before the worker asks for a new producer
+/// instead (whose initialisation ends the transaction as surely, and waits
+/// for the coordinator by itself): each attempt waits out its own timeout,
+/// and three of them kept a partition still for 40 s on a three-broker
+/// cluster whose group coordinator was killed.
+pub const ABORT_RETRIES: u32 = 1;
 
 /// How many times in a row, with no commit in between, the worker asks its
 /// host for a new producer ([`Directive::ReplaceProducer`]) before it

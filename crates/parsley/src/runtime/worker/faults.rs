@@ -55,7 +55,7 @@ impl Worker {
     /// |-------|----------------------|-----------|
     /// | [`Fault::Fenced`] | drops every task | [`Directive::Rejoin`] |
     /// | [`Fault::ProducerFenced`], [`Fault::ClientHung`], [`Fault::AbortFailed`] not retriable | counts the replacement | [`Directive::ReplaceProducer`]; report the abort once the new producer is ready. After [`MAX_PRODUCER_REPLACEMENTS`] in a row without a commit: drops every task, [`Directive::Rejoin`] |
-    /// | [`Fault::AbortFailed`], retriable | counts the retry | [`Directive::Retry`] (call the abort again), up to [`WorkerConfig::commit_retries`] times; then as a failed abort that is not retriable |
+    /// | [`Fault::AbortFailed`], retriable | counts the retry | [`Directive::Retry`] (call the abort again), [`ABORT_RETRIES`] time; then as a failed abort that is not retriable |
     /// | [`Fault::Fatal`] | drops every task | [`Directive::Fail`] (the error handler decides) |
     /// | [`Fault::Abortable`], [`Fault::Transient`] | counts the abort | [`Directive::Abort`]; report the abort as usual. The [`Ready`] after it asks the host to wait ([`Ready::backoff`]: [`WorkerConfig::transient_backoff`], doubling with each such abort before a commit goes through) |
     /// | [`Fault::Retriable`] in a commit | counts the retry | [`Directive::Retry`], up to [`WorkerConfig::commit_retries`] times; then the commit's fate is unknown: drops every task, [`Directive::Rejoin`] |
@@ -91,9 +91,7 @@ impl Worker {
             Fault::AbortFailed {
                 retriable: true,
                 message,
-            } if matches!(self.state, State::InFlight)
-                && self.abort_retries < self.config.commit_retries =>
-            {
+            } if matches!(self.state, State::InFlight) && self.abort_retries < ABORT_RETRIES => {
                 let after = COMMIT_RETRY.saturating_mul(1 << self.abort_retries.min(16));
                 self.abort_retries += 1;
                 warn!(class, error = %message, attempt = self.abort_retries, ?after, "the abort did not reach the transaction coordinator (unreachable or moving); trying it again");
