@@ -390,16 +390,18 @@ pub struct CausalStreams {
     phases: Vec<Phase>,
     /// The locked state directory, while the instance runs.
     state_dir: Option<Arc<StateDir>>,
-    restores: Arc<RestoreTotals>,
+    restores: Arc<Totals>,
     restore_listener: Option<Arc<dyn RestoreListener>>,
 }
 
-/// What the instance's task starts restored, summed over its threads.
+/// What the instance's threads counted: their task starts' restores, and
+/// the producers they replaced.
 #[derive(Debug, Default)]
-struct RestoreTotals {
+struct Totals {
     replayed: AtomicU64,
     from_local: AtomicU64,
     rebuilt: AtomicU64,
+    producers_replaced: AtomicU64,
 }
 
 /// What this instance's task starts restored so far
@@ -626,10 +628,20 @@ impl CausalStreams {
         holds
     }
 
-    /// How many times a stream thread of this instance was fenced (or lost
-    /// a commit of unknown fate) and joined the group again as a new member.
+    /// How many times a stream thread of this instance left the group and
+    /// joined it again as a new member: after a commit of unknown fate, or
+    /// when its producer was refused three times in a row without a
+    /// commit (see [`producer_replacements`](Self::producer_replacements)).
     pub fn rejoins(&self) -> u64 {
         self.rejoins.load(Ordering::SeqCst)
+    }
+
+    /// How many times a stream thread of this instance replaced its
+    /// producer and kept its membership: the producer was fenced, could
+    /// not abort, or a call of it never returned. The tasks went on from
+    /// their committed state.
+    pub fn producer_replacements(&self) -> u64 {
+        self.restores.producers_replaced.load(Ordering::Relaxed)
     }
 
     /// Calls `listener(old, new)` on every change of state from now on, on
@@ -871,7 +883,7 @@ struct Shared {
     reports: Reports,
     readiness: Arc<Readiness>,
     /// The instance's restore counts, and what this worker added so far.
-    restores: Arc<RestoreTotals>,
+    restores: Arc<Totals>,
     seen: parsley::runtime::worker::WorkerStats,
     /// The parts of the worker's readies that the poll loop acts on
     /// between polls, not where they were handed over (inside a rebalance
@@ -882,8 +894,8 @@ struct Shared {
 }
 
 impl Shared {
-    /// Adds what the worker restored since the last call to the instance's
-    /// counts.
+    /// Adds what the worker restored and replaced since the last call to
+    /// the instance's counts.
     fn account(&mut self) {
         let now = self.worker.stats();
         let r = &self.restores;
@@ -897,6 +909,10 @@ impl Shared {
         );
         r.rebuilt.fetch_add(
             now.local_store_rebuilds - self.seen.local_store_rebuilds,
+            Ordering::Relaxed,
+        );
+        r.producers_replaced.fetch_add(
+            now.producer_replacements - self.seen.producer_replacements,
             Ordering::Relaxed,
         );
         self.seen = now;

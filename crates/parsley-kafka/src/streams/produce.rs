@@ -180,6 +180,7 @@ impl Shared {
         info!("producer replaced; the tasks go on from their committed state");
         self.worker
             .advance(Ack::Committed(CommitOutcome::Aborted), &self.cluster)?;
+        self.account();
         Ok(())
     }
 
@@ -188,9 +189,8 @@ impl Shared {
     /// by [`classify::abort_fault`]): one that could not reach its
     /// coordinator (unreachable, moving to another broker) is made again
     /// after a pause; one the coordinator refused, or that keeps failing,
-    /// ends the membership, and a new producer fences whatever state this
-    /// one is in (the coordinator aborts the transaction at its timeout in
-    /// any case).
+    /// has the producer replaced: the new one's initialisation ends
+    /// whatever state this one left its transaction in.
     fn abort_open(&mut self, txn: &Transaction) -> Result<(), StreamsError> {
         // librdkafka aborts only once the delivery reports of the records
         // already sent have been served.

@@ -45,7 +45,7 @@ pub(super) struct StreamThread {
     pub(super) readiness: Arc<Readiness>,
     /// The instance's state directory, if it keeps one.
     pub(super) state_dir: Option<Arc<StateDir>>,
-    pub(super) restores: Arc<RestoreTotals>,
+    pub(super) restores: Arc<Totals>,
     pub(super) restore_listener: Option<Arc<dyn RestoreListener>>,
 }
 

@@ -140,6 +140,12 @@ pub struct Disk {
     pub held_reads: u64,
     /// Restore parts that carried held records.
     pub held_parts: u64,
+    /// Tasks whose last write here failed, and nothing of theirs has
+    /// landed since.
+    failed: BTreeSet<TaskId>,
+    /// Writes that landed on a task's file after a write of it failed
+    /// (commits after the failure, once the file was reopened).
+    pub landed_after_failure: u64,
 }
 
 impl Disk {
@@ -159,6 +165,9 @@ impl Disk {
     }
 
     fn land(&mut self, task: &TaskId, write: LocalWrite) {
+        if self.failed.remove(task) {
+            self.landed_after_failure += 1;
+        }
         let seq = write.seq;
         let s = self.stores.entry(task.clone()).or_default();
         if write.replace {
@@ -234,6 +243,16 @@ impl Disks {
             .sum()
     }
 
+    /// Writes that landed on a task's file after a write of it failed,
+    /// on any disk.
+    pub fn landed_after_failure(&self) -> u64 {
+        self.0
+            .borrow()
+            .iter()
+            .map(|d| d.lock().unwrap().landed_after_failure)
+            .sum()
+    }
+
     pub fn take(&self) -> Arc<Mutex<Disk>> {
         let mut all = self.0.borrow_mut();
         if let Some(free) = all.iter().find(|d| Arc::strong_count(d) == 1) {
@@ -300,7 +319,10 @@ impl LocalStore for SimLocal {
                 d.die();
                 return Err(io("crashed inside the write (simulated)"));
             }
-            Some(StoreFault::WriteFails) => return Err(io("no space left on device (simulated)")),
+            Some(StoreFault::WriteFails) => {
+                d.failed.insert(task.clone());
+                return Err(io("no space left on device (simulated)"));
+            }
             Some(StoreFault::CorruptAndCrash) => {
                 d.die();
                 if let Some(s) = d.stores.get_mut(task) {
@@ -529,6 +551,9 @@ pub struct BridgeStats {
     /// Tasks failed because fold state beyond their cache was lost with a
     /// store write that failed.
     pub fold_store_failures: u64,
+    /// Running tasks that lost some of their partitions in a revocation
+    /// and kept the others.
+    pub tasks_split_by_revocation: u64,
 }
 
 /// One stream thread: a worker and its fault, if any.
@@ -840,7 +865,17 @@ impl StreamThread for Thread {
                     .map(|a| (a.topic.clone(), a.partition)),
             );
         }
+        let running: BTreeSet<TaskId> = self.worker.tasks().cloned().collect();
         self.worker.revoke(&all).map_err(err)?;
+        // A running task that lost some of its partitions and kept the
+        // others here (incremental assignment): it must stop delivering
+        // until the rest come back.
+        let split = self
+            .worker
+            .partial_tasks()
+            .filter(|t| running.contains(*t))
+            .count() as u64;
+        self.stats.borrow_mut().tasks_split_by_revocation += split;
         // A host that acts on each ready at once made these before the
         // revocation, which is harmless; the world takes them later, so
         // the ones of partitions it no longer holds go with them (as the
