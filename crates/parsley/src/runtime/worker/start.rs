@@ -27,14 +27,31 @@ impl Worker {
                 paused: true,
             });
         }
+        self.stopped_for(id, reason, refused, false);
+    }
+
+    /// Counts a stopped task's failure, keeps it stopped until its backoff
+    /// restarts it, and queues the failure for the host's error handler.
+    fn stopped_for(
+        &mut self,
+        id: TaskId,
+        reason: String,
+        refused: Option<RefusedRecord>,
+        starting: bool,
+    ) {
         let earlier = self
             .streaks
             .entry(id.clone())
             .or_default()
             .fail(self.now, &self.config.task_backoff);
         self.stats.task_failures += 1;
-        warn!(task = %id, error = %reason, failures_in_a_row = earlier + 1,
-            "task failed and stopped; nothing past the failing record is committed for it, and the thread's other tasks go on");
+        if starting {
+            warn!(task = %id, error = %reason, failures_in_a_row = earlier + 1,
+                "task could not start and stopped; the thread's other tasks go on");
+        } else {
+            warn!(task = %id, error = %reason, failures_in_a_row = earlier + 1,
+                "task failed and stopped; nothing past the failing record is committed for it, and the thread's other tasks go on");
+        }
         self.stopped
             .insert(id.clone(), Stopped { restart_at: None });
         self.failures.push(TaskFailure {
@@ -75,23 +92,7 @@ impl Worker {
                 });
             }
         }
-        let reason = e.to_string();
-        let earlier = self
-            .streaks
-            .entry(id.clone())
-            .or_default()
-            .fail(self.now, &self.config.task_backoff);
-        self.stats.task_failures += 1;
-        warn!(task = %id, error = %reason, failures_in_a_row = earlier + 1,
-            "task could not start and stopped; the thread's other tasks go on");
-        self.stopped
-            .insert(id.clone(), Stopped { restart_at: None });
-        self.failures.push(TaskFailure {
-            task: id,
-            error: reason,
-            earlier_in_a_row: earlier,
-            refused: None,
-        });
+        self.stopped_for(id, e.to_string(), None, true);
         Ok(())
     }
 
