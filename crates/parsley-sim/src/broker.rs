@@ -85,6 +85,25 @@ impl Partition {
             .min()
             .unwrap_or(self.entries.len() as i64)
     }
+
+    /// The committed business records a `read_committed` consumer can
+    /// fetch from `from` on: at or after the log start, below the last
+    /// stable offset.
+    fn readable(&self, from: i64) -> impl Iterator<Item = (i64, &StoredRecord)> {
+        let stable = self.last_stable();
+        self.entries
+            .iter()
+            .enumerate()
+            .skip(from.max(self.log_start).max(0) as usize)
+            .take_while(move |(i, _)| (*i as i64) < stable)
+            .filter_map(|(i, e)| match e {
+                Entry::Record {
+                    record,
+                    committed: true,
+                } => Some((i as i64, record)),
+                _ => None,
+            })
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -335,22 +354,8 @@ impl SimBroker {
         let Some(p) = self.partition(c) else {
             return (Vec::new(), 0);
         };
-        let stable = p.last_stable();
-        let records = p
-            .entries
-            .iter()
-            .enumerate()
-            .skip(p.log_start.max(0) as usize)
-            .take_while(|(i, _)| (*i as i64) < stable)
-            .filter_map(|(i, e)| match e {
-                Entry::Record {
-                    record,
-                    committed: true,
-                } => Some((i as i64, record)),
-                _ => None,
-            })
-            .collect();
-        (records, stable.max(p.log_start))
+        let records = p.readable(p.log_start).collect();
+        (records, p.last_stable().max(p.log_start))
     }
 
     /// Appends a transaction marker; returns its offset.
@@ -379,21 +384,7 @@ impl SimBroker {
     /// after the log start) and below the last stable offset, as a
     /// `read_committed` consumer would fetch it.
     pub fn fetch(&self, c: Channel, from: i64) -> Option<(i64, &StoredRecord)> {
-        let p = self.partition(c)?;
-        let start = from.max(p.log_start).max(0) as usize;
-        let stable = p.last_stable();
-        p.entries
-            .iter()
-            .enumerate()
-            .skip(start)
-            .take_while(|(i, _)| (*i as i64) < stable)
-            .find_map(|(i, e)| match e {
-                Entry::Record {
-                    record,
-                    committed: true,
-                } => Some((i as i64, record)),
-                _ => None,
-            })
+        self.partition(c)?.readable(from).next()
     }
 
     /// Where a consumer at `from` can move its position without fetching
