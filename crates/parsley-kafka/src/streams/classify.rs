@@ -152,6 +152,37 @@ pub(super) fn step_fault(e: &KafkaError) -> Fault {
     }
 }
 
+/// What a producer that reports a fatal error (`rd_kafka_fatal_error`) has
+/// lost. Its idempotence state (sequence numbers out of step with a
+/// broker after requests timed out on a leader that failed, a producer id
+/// the broker no longer knows) or its epoch is gone for good in this
+/// producer, but not in a new one with the same transactional id: its
+/// initialisation bumps the epoch and aborts whatever was open, so the
+/// records in doubt are aborted, never written twice. Those are answered
+/// as a fenced producer is (the producer replaced, the membership kept).
+/// Anything else fatal (authorization, an unsupported request) stays
+/// fatal: a new producer would meet it again.
+pub(super) fn fatal_producer_fault(
+    code: RDKafkaErrorCode,
+    reason: &str,
+    otherwise: Fault,
+) -> Fault {
+    use RDKafkaErrorCode as C;
+    match code {
+        C::OutOfOrderSequenceNumber
+        | C::DuplicateSequenceNumber
+        | C::UnknownProducerId
+        | C::InvalidProducerIdMapping
+        | C::GaplessGuarantee
+        | C::InvalidProducerEpoch
+        | C::ProducerFenced
+        | C::Fenced => Fault::ProducerFenced(format!(
+            "the producer's state is lost ({code:?}: {reason}); a new producer starts afresh"
+        )),
+        _ => otherwise,
+    }
+}
+
 /// The fault a failed abort is: retriable when librdkafka says the call
 /// may succeed if made again (its coordinator unreachable or moving, a
 /// timeout), fenced when the coordinator already moved past this
@@ -311,6 +342,45 @@ mod tests {
             record_fault(RecordClass::Refused, 9, None, "too large".into()),
             Fault::Fatal(_)
         ));
+    }
+
+    /// A producer whose sequence state or id is lost (what a broker that
+    /// died with requests in flight leaves behind) is replaced; one that
+    /// is not allowed to write stays fatal.
+    #[test]
+    fn a_producer_that_lost_its_state_is_replaced_and_a_refused_one_fails() {
+        let fatal = || Fault::Fatal("fatal".into());
+        for code in [
+            C::OutOfOrderSequenceNumber,
+            C::DuplicateSequenceNumber,
+            C::UnknownProducerId,
+            C::InvalidProducerIdMapping,
+            C::GaplessGuarantee,
+            C::InvalidProducerEpoch,
+            C::ProducerFenced,
+            C::Fenced,
+        ] {
+            assert!(
+                matches!(
+                    fatal_producer_fault(code, "x", fatal()),
+                    Fault::ProducerFenced(_)
+                ),
+                "{code:?}"
+            );
+        }
+        for code in [
+            C::TransactionalIdAuthorizationFailed,
+            C::ClusterAuthorizationFailed,
+            C::TopicAuthorizationFailed,
+            C::UnsupportedVersion,
+            C::InvalidTransactionTimeout,
+            C::Fatal,
+        ] {
+            assert!(
+                matches!(fatal_producer_fault(code, "x", fatal()), Fault::Fatal(_)),
+                "{code:?}"
+            );
+        }
     }
 
     #[test]

@@ -227,10 +227,26 @@ impl Shared {
     /// failure its delivery reports carried, by that record's class (a
     /// step fails *because* a record did); else the step's own error.
     fn fault_of(&self, txn: &Transaction, e: &KafkaError) -> Fault {
-        if let Some(f) = self.producer.context().take() {
-            return classify::record_fault(f.class, f.record, txn.records.get(f.record), f.error);
+        let fault = match self.producer.context().take() {
+            Some(f) => {
+                classify::record_fault(f.class, f.record, txn.records.get(f.record), f.error)
+            }
+            None => classify::step_fault(e),
+        };
+        self.unless_state_lost(fault)
+    }
+
+    /// A fatal fault, unless the producer's own fatal error says it only
+    /// lost its state (then a new producer goes on: see
+    /// [`classify::fatal_producer_fault`]).
+    fn unless_state_lost(&self, fault: Fault) -> Fault {
+        if !matches!(fault, Fault::Fatal(_)) {
+            return fault;
         }
-        classify::step_fault(e)
+        match self.producer.client().fatal_error() {
+            Some((code, reason)) => classify::fatal_producer_fault(code, &reason, fault),
+            None => fault,
+        }
     }
 
     /// Runs one step of a commit, retrying it as long as the worker says.
@@ -310,6 +326,7 @@ impl Shared {
                             .rdkafka_error_code()
                             .map_or(RecordClass::Fatal, classify::record_class);
                         let fault = classify::record_fault(class, i, Some(r), e.to_string());
+                        let fault = self.unless_state_lost(fault);
                         return Err(self.worker.on_fault(fault));
                     }
                 }

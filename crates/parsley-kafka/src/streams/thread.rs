@@ -672,7 +672,21 @@ impl StreamThread {
             match r {
                 Ok(Some(session)) => return Ok(session),
                 Ok(None) => {}
-                Err(e) => lock(&consumer.context().shared).recover(&consumer, e)?,
+                Err(e) => {
+                    let mut shared = lock(&consumer.context().shared);
+                    if let Some(why) = shared.rejoin.take() {
+                        // The membership was already ending, its tasks
+                        // dropped, and its producer goes with it: an error
+                        // of theirs (a dying producer's fatal state, seen
+                        // on the way out) does not outlive them. A cause
+                        // that is not theirs meets the next membership.
+                        warn!(thread = self.index, error = %e, rejoin = %why, "an error while leaving the group to join again; joining again");
+                        drop(shared);
+                        leave(&mut publisher);
+                        return Ok(Session::Rejoin);
+                    }
+                    shared.recover(&consumer, e)?
+                }
             }
             // A task that failed stopped alone; the handler decides what
             // follows.
