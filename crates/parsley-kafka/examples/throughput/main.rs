@@ -6,8 +6,9 @@
 //! **per-key running sum** written on every record (Parsley, Kafka Streams
 //! with its in-memory store, Kafka Streams with RocksDB).
 //!
-//! * **Throughput**: RECORDS records (default 300,000; 10,000 keys, 64-byte
-//!   values) written up front; each loop works through them while a
+//! * **Throughput**: RECORDS records (default 300,000; 10,000 keys, or
+//!   `BENCH_KEYS` of them, `BENCH_KEYS=distinct` for a key per record;
+//!   64-byte values) written up front; each loop works through them while a
 //!   `read_committed` reader times the outputs, from the first tenth to
 //!   the last (steady state: start-up, a group join and the first
 //!   transaction, is not part of it). CPU per record is the loop process's
@@ -67,8 +68,23 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// Keys of the throughput backlog (the sum keeps one running sum each).
+/// Keys of the throughput backlog by default (the sum keeps one running
+/// sum each).
 const KEYS: usize = 10_000;
+
+/// How many distinct keys the backlog cycles through: `BENCH_KEYS` (0, or
+/// `distinct`, for a key of its own on every record, as when each record
+/// creates an entity), else [`KEYS`].
+fn keys(n: usize) -> Result<usize> {
+    match std::env::var("BENCH_KEYS").as_deref() {
+        Err(_) => Ok(KEYS),
+        Ok("distinct" | "0") => Ok(n.max(1)),
+        Ok(k) => match k.parse::<usize>() {
+            Ok(k) => Ok(k),
+            Err(e) => Err(format!("BENCH_KEYS={k}: {e}").into()),
+        },
+    }
+}
 
 /// Records each latency run writes and waits for before measuring (the
 /// loop has its partition and its first transactions behind it).
@@ -196,8 +212,9 @@ fn main() -> Result<()> {
 
     let input = unique("in");
     create_topics(&bench.cluster, &[&input])?;
-    write_backlog(&bench.base, &input, n)?;
-    println!("throughput: {n} records, {KEYS} keys, {rounds} rounds, commits every {commit:?}");
+    let keys = keys(n)?;
+    write_backlog(&bench.base, &input, n, keys)?;
+    println!("throughput: {n} records, {keys} keys, {rounds} rounds, commits every {commit:?}");
     let mut figures: Vec<Vec<Throughput>> = vec![Vec::new(); contestants.len()];
     for round in 0..rounds {
         for k in 0..contestants.len() {
@@ -294,7 +311,7 @@ fn stamped_input() -> bool {
     std::env::var_os("STAMPED_INPUT").is_some_and(|v| v == "1")
 }
 
-fn write_backlog(base: &ClientConfig, input: &str, n: usize) -> Result<()> {
+fn write_backlog(base: &ClientConfig, input: &str, n: usize, keys: usize) -> Result<()> {
     use parsley_protocol::{CausalHeaders, Channel, SenderId, SenderTag, TopicId, VectorClock};
     use rdkafka::message::{Header, OwnedHeaders};
     let producer: BaseProducer = base.create()?;
@@ -302,7 +319,7 @@ fn write_backlog(base: &ClientConfig, input: &str, n: usize) -> Result<()> {
     let upstream = Channel::new(TopicId::from_u128(0x0b5e_55ed), 0);
     let sender = SenderId::from_u128(0x5eed);
     for i in 0..n {
-        let key = format!("k{}", i % KEYS);
+        let key = format!("k{}", i % keys);
         let value = value(0, i);
         let mut record = BaseRecord::to(input).partition(0).key(&key).payload(&value);
         if stamped {
