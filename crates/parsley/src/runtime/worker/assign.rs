@@ -89,12 +89,19 @@ impl Worker {
         if self.partial.insert(id.clone()) {
             self.stats.partial_tasks += 1;
         }
+        let here = self.pause_held(id);
+        debug!(task = %id, here, "some of the task's partitions are here; it forms when the rest arrive");
+    }
+
+    /// Pauses every partition of the task this worker holds (nothing is
+    /// fetched for a task that cannot run); returns how many.
+    pub(super) fn pause_held(&mut self, id: &TaskId) -> usize {
         let here: Vec<(String, i32)> = self
             .needed(id)
             .into_iter()
             .filter(|k| self.assigned.contains_key(k))
             .collect();
-        debug!(task = %id, here = here.len(), "some of the task's partitions are here; it forms when the rest arrive");
+        let n = here.len();
         for (topic, partition) in here {
             self.flow.push(FlowChange {
                 topic,
@@ -102,6 +109,7 @@ impl Worker {
                 paused: true,
             });
         }
+        n
     }
 
     /// Tasks waiting for the rest of their partitions
@@ -174,15 +182,7 @@ impl Worker {
         // Nothing is fetched for it meanwhile: its records would be
         // dropped, and a fetch from the log start that retention overtakes
         // would stop the consumer on an offset out of range.
-        for (topic, partition) in self.needed(&id) {
-            if self.assigned.contains_key(&(topic.clone(), partition)) {
-                self.flow.push(FlowChange {
-                    topic,
-                    partition,
-                    paused: true,
-                });
-            }
-        }
+        self.pause_held(&id);
         self.waiting.insert(
             id,
             Retrying {

@@ -82,16 +82,8 @@ impl Worker {
         self.waiting.remove(&id);
         self.unstable_since.remove(&id);
         self.close_local(&id);
-        for (topic, partition) in self.needed(&id) {
-            if self.assigned.contains_key(&(topic.clone(), partition)) {
-                // Nothing reads them until the task restarts.
-                self.flow.push(FlowChange {
-                    topic,
-                    partition,
-                    paused: true,
-                });
-            }
-        }
+        // Nothing reads them until the task restarts.
+        self.pause_held(&id);
         self.stopped_for(id, e.to_string(), None, true);
         Ok(())
     }
