@@ -141,9 +141,10 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                 .join()
                 .map_err(|_| "the plain loop panicked")??
         }
-        "parsley-copy" | "parsley-sum" => {
+        "parsley-copy" | "parsley-sum" | "parsley-sum-nofile" => {
             let counter = Arc::new(AtomicU64::new(0));
-            let sum = kind == "parsley-sum";
+            let sum = kind != "parsley-copy";
+            let defaults = StreamsOptions::default();
             let app = stage_app(sum, app_id, input, output, &counter, &marks)?;
             let mut streams = CausalStreams::new(&app, base)?.with_options(StreamsOptions {
                 instance_id: Some("bench".to_owned()),
@@ -152,9 +153,15 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                 // memory (the cache off), for comparison.
                 fold_cache: match std::env::var("BENCH_FOLD_CACHE").as_deref() {
                     Ok("none") => None,
-                    _ => StreamsOptions::default().fold_cache,
+                    _ => defaults.fold_cache,
                 },
-                ..StreamsOptions::default()
+                // The no-file loop keeps its fold state in memory only.
+                state_dir: if kind == "parsley-sum-nofile" {
+                    None
+                } else {
+                    defaults.state_dir.clone()
+                },
+                ..defaults
             });
             streams.start()?;
             ready();

@@ -31,7 +31,14 @@
 //! (`scripts/bench/throughput` builds it and sets it). Set
 //! `PLAIN_STAMP_SIZED_HEADERS=1` for a control run whose plain loop writes
 //! headers of the stamp's sizes, and `STAMPED_INPUT=1` for input records
-//! that carry an upstream stage's causal headers.
+//! that carry an upstream stage's causal headers. `BENCH_ONLY=sum,copy: k`
+//! runs only the loops whose names contain one of the comma-separated
+//! words; SECONDS 0 skips the latency runs; `BENCH_PERF_DIR=DIR` records a
+//! `perf` profile of each Parsley loop's steady window (see [`Profile`]).
+//! After the medians come the ratios the stateful path is judged by: the
+//! sum against Kafka Streams' faster store, the copy against Kafka
+//! Streams, the sum against the copy, and the state file's cost per
+//! record (the sum with and without `state_dir`).
 //!
 //! ```text
 //! scripts/bench/throughput [RECORDS [RATE SECONDS COMMIT_MS [ROUNDS]]]
@@ -124,6 +131,9 @@ struct Contestant {
     name: &'static str,
     sum: bool,
     runner: Runner,
+    /// A Parsley stage without a state directory (`state_dir: None`): the
+    /// fold state in memory only, for the local file's cost.
+    no_file: bool,
 }
 
 impl Contestant {
@@ -142,31 +152,43 @@ const CONTESTANTS: &[Contestant] = &[
         name: "copy: plain rdkafka loop",
         sum: false,
         runner: Runner::Plain,
+        no_file: false,
     },
     Contestant {
         name: "copy: parsley stage",
         sum: false,
         runner: Runner::Parsley,
+        no_file: false,
     },
     Contestant {
         name: "copy: kafka streams",
         sum: false,
         runner: Runner::Peer("memory"),
+        no_file: false,
     },
     Contestant {
         name: "sum: parsley stage",
         sum: true,
         runner: Runner::Parsley,
+        no_file: false,
+    },
+    Contestant {
+        name: "sum: parsley, no state file",
+        sum: true,
+        runner: Runner::Parsley,
+        no_file: true,
     },
     Contestant {
         name: "sum: kafka streams, in-memory",
         sum: true,
         runner: Runner::Peer("memory"),
+        no_file: false,
     },
     Contestant {
         name: "sum: kafka streams, rocksdb",
         sum: true,
         runner: Runner::Peer("rocksdb"),
+        no_file: false,
     },
 ];
 
@@ -201,10 +223,12 @@ fn main() -> Result<()> {
             .filter(|p| !p.is_empty()),
         commit,
     };
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let contestants: Vec<Contestant> = CONTESTANTS
         .iter()
         .copied()
         .filter(|c| bench.peer.is_some() || !matches!(c.runner, Runner::Peer(_)))
+        .filter(|c| only.is_empty() || only.split(',').any(|o| c.name.contains(o.trim())))
         .collect();
     if bench.peer.is_none() {
         println!("KSTREAMS_PEER is not set: the Kafka Streams peer does not run");
@@ -229,8 +253,13 @@ fn main() -> Result<()> {
         "{:<31} {:>12} {:>12} {:>12} {:>9} {:>12}",
         "median over rounds", "records/s", "µs CPU/rec", "thread µs", "allocs", "peak RSS"
     );
-    for (c, f) in contestants.iter().zip(&figures) {
-        println!("{:<31} {}", c.name, Throughput::median(f));
+    let medians: Vec<Throughput> = figures.iter().map(|f| Throughput::median(f)).collect();
+    for (c, f) in contestants.iter().zip(&medians) {
+        println!("{:<31} {}", c.name, f);
+    }
+    print_ratios(&contestants, &medians);
+    if seconds == 0 {
+        return Ok(());
     }
 
     println!();
@@ -286,6 +315,49 @@ fn main() -> Result<()> {
 the commit's offsets, produce and acknowledgements, its EndTxn, and from the commit's end to the reader)"
     );
     Ok(())
+}
+
+/// The ratios the stateful path's goals are stated in (issue 43), from
+/// the medians of whichever loops ran.
+fn print_ratios(contestants: &[Contestant], medians: &[Throughput]) {
+    let find = |name: &str| {
+        contestants
+            .iter()
+            .position(|c| c.name == name)
+            .map(|i| medians[i])
+    };
+    let copy = find("copy: parsley stage");
+    let sum = find("sum: parsley stage");
+    let nofile = find("sum: parsley, no state file");
+    let ks_copy = find("copy: kafka streams");
+    // Kafka Streams' faster store in this run.
+    let ks_sum = [
+        find("sum: kafka streams, in-memory"),
+        find("sum: kafka streams, rocksdb"),
+    ]
+    .into_iter()
+    .flatten()
+    .max_by(|a, b| a.rate.total_cmp(&b.rate));
+    println!();
+    let pair = |what: &str, a: Option<Throughput>, b: Option<Throughput>| {
+        if let (Some(a), Some(b)) = (a, b) {
+            println!(
+                "{what:<44} rate {:>5.2}x   CPU per record {:>5.2}x",
+                a.rate / b.rate,
+                a.cpu_us / b.cpu_us
+            );
+        }
+    };
+    pair("sum vs Kafka Streams' faster store", sum, ks_sum);
+    pair("copy vs Kafka Streams", copy, ks_copy);
+    pair("sum vs copy (Parsley)", sum, copy);
+    if let (Some(s), Some(n)) = (sum, nofile) {
+        println!(
+            "{:<44} {:>+.2} µs CPU per record",
+            "the state file's cost (sum - no file)",
+            s.cpu_us - n.cpu_us
+        );
+    }
 }
 
 /// Creates one-partition topics and gives the broker a moment to serve
@@ -376,10 +448,11 @@ impl Running {
         let mut state_dir = None;
         let mut cmd = match c.runner {
             Runner::Plain | Runner::Parsley => {
-                let kind = match (c.runner, c.sum) {
-                    (Runner::Plain, _) => "plain-copy",
-                    (_, false) => "parsley-copy",
-                    (_, true) => "parsley-sum",
+                let kind = match (c.runner, c.sum, c.no_file) {
+                    (Runner::Plain, _, _) => "plain-copy",
+                    (_, false, _) => "parsley-copy",
+                    (_, true, false) => "parsley-sum",
+                    (_, true, true) => "parsley-sum-nofile",
                 };
                 let mut cmd = Command::new(std::env::current_exe()?);
                 cmd.args(["--child", kind, &bootstrap, input, output])
@@ -535,6 +608,7 @@ fn throughput(bench: &Bench, c: &Contestant, input: &str, n: usize) -> Result<Th
     };
     let tenth = n / 10;
     let mut from = None;
+    let mut profile = None;
     let mut seen = 0;
     let deadline = Instant::now() + Duration::from_secs(600);
     while seen < n {
@@ -546,10 +620,16 @@ fn throughput(bench: &Bench, c: &Contestant, input: &str, n: usize) -> Result<Th
             seen += 1;
             if seen == tenth {
                 from = Some(sample());
+                if matches!(c.runner, Runner::Parsley) {
+                    profile = Profile::start(c, pid)?;
+                }
             }
         }
     }
     let to = sample();
+    if let Some(p) = profile.take() {
+        p.stop()?;
+    }
     let peak_rss = procfs::peak_rss(pid);
     let lines = run.stop()?;
     let (t0, cpu0, th0) = from.ok_or("too few records to time")?;
@@ -572,6 +652,46 @@ fn throughput(bench: &Bench, c: &Contestant, input: &str, n: usize) -> Result<Th
         allocations,
         peak_rss,
     })
+}
+
+/// A `perf record` of a Parsley loop over the steady window of a
+/// throughput run, when `BENCH_PERF_DIR` names a directory for the
+/// profiles (one file per loop and run; `BENCH_PERF_ARGS` adds options,
+/// e.g. `--call-graph dwarf`). Read one thread by thread with
+/// `perf report -i FILE --sort comm,dso,sym`.
+struct Profile(Child);
+
+impl Profile {
+    fn start(c: &Contestant, pid: u32) -> Result<Option<Profile>> {
+        let Some(dir) = std::env::var_os("BENCH_PERF_DIR") else {
+            return Ok(None);
+        };
+        std::fs::create_dir_all(&dir)?;
+        let slug: String = c
+            .name
+            .chars()
+            .map(|ch| if ch.is_ascii_alphanumeric() { ch } else { '-' })
+            .collect();
+        let file = std::path::Path::new(&dir).join(format!("{}.data", unique(&slug)));
+        let extra = std::env::var("BENCH_PERF_ARGS").unwrap_or_default();
+        let child = Command::new("perf")
+            .args(["record", "-q", "-F", "499", "-p", &pid.to_string(), "-o"])
+            .arg(&file)
+            .args(extra.split_whitespace())
+            .stdout(Stdio::null())
+            .spawn()?;
+        println!("  profiling {} into {}", c.name, file.display());
+        Ok(Some(Profile(child)))
+    }
+
+    /// Ends the recording (perf writes its file on SIGINT).
+    fn stop(mut self) -> Result<()> {
+        Command::new("kill")
+            .args(["-INT", &self.0.id().to_string()])
+            .status()?;
+        self.0.wait()?;
+        Ok(())
+    }
 }
 
 /// One record's trip, in milliseconds.

@@ -15,8 +15,9 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -116,10 +117,24 @@ impl FoldKey {
     }
 }
 
-/// Changes to a fold store: puts and deletes by store key, in key order.
+/// The hasher of the fold state's in-memory indexes: fast, with a fixed
+/// seed. Nothing iterates a hash index in its own order where the order
+/// could reach an output: [`FoldWrites`] iterates in insertion order, and
+/// [`FoldStore::iter`] sorts.
+type Fixed = foldhash::fast::FixedState;
+
+/// Changes to a fold store: puts and deletes by store key, one per key
+/// (a key written twice keeps its last write, in its first write's place),
+/// in the order the keys were first written.
+///
+/// That order is the records' order, so it is the same on every run of
+/// the same input; the changelog records of a transaction come out in it.
+/// Only the last write of each key is kept because nothing can observe the
+/// ones before: the changelog and the local store are written once per
+/// transaction, and a restore reads them only at transaction boundaries.
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct FoldWrites {
-    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    writes: indexmap::IndexMap<Vec<u8>, Option<Vec<u8>>, Fixed>,
 }
 
 impl fmt::Debug for FoldWrites {
@@ -176,15 +191,16 @@ impl FoldWrites {
         self.writes.len()
     }
 
-    /// The changes in key order: `Some` is a put, `None` a delete.
+    /// The changes, one per key, in the order the keys were first written:
+    /// `Some` is a put, `None` a delete.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
         self.writes
             .iter()
             .map(|(k, v)| (k.as_slice(), v.as_deref()))
     }
 
-    /// The changes in key order, by value (for a host's local store, once
-    /// the committed store has read them).
+    /// The changes in [`iter`](Self::iter)'s order, by value (for a host's
+    /// local store, once the committed store has read them).
     pub(crate) fn into_entries(self) -> impl Iterator<Item = (Vec<u8>, Option<Vec<u8>>)> {
         self.writes.into_iter()
     }
@@ -200,10 +216,15 @@ impl FoldWrites {
 /// its latest write (writes reach the local store after their commit, and
 /// may lag behind it), so a read from the local store never sees an older
 /// value than the one committed. Entries leave oldest write first.
+///
+/// A bounded store also keeps a filter of the keys its local store may
+/// hold (see [`KeyFilter`]): a read of a key that is neither in memory nor
+/// possibly on disk (a new key, the common case when each record creates
+/// an entity) is answered without reading the local store.
 #[derive(Clone, Default)]
 pub struct FoldStore {
     /// Keys are shared with the eviction order (one allocation each).
-    entries: BTreeMap<Arc<[u8]>, Resident>,
+    entries: HashMap<Arc<[u8]>, Resident, Fixed>,
     cold: Option<Box<Cold>>,
 }
 
@@ -249,11 +270,16 @@ struct Cold {
     /// The commits applied to this store so far.
     seq: u64,
     next_stamp: u64,
-    /// Entries in memory by stamp, oldest write first.
-    order: BTreeMap<u64, Arc<[u8]>>,
+    /// Entries in memory by stamp, oldest write first. An entry rewritten
+    /// since is listed again at the newest end; its older listing is
+    /// stale (the stamp no longer matches the entry's) and skipped.
+    order: VecDeque<(u64, Arc<[u8]>)>,
     /// Deletes the local store may not hold yet, with their commit's
     /// sequence number: the key reads as absent until it does.
-    tombstones: BTreeMap<Vec<u8>, u64>,
+    tombstones: HashMap<Vec<u8>, u64, Fixed>,
+    /// The keys the local store may hold; `None` when they could not be
+    /// listed (every miss then reads the store).
+    filter: Option<KeyFilter>,
     /// The first read from the local store that failed, for the task to
     /// fail on.
     failure: Arc<Mutex<Option<LocalStoreError>>>,
@@ -264,8 +290,102 @@ struct Cold {
 #[derive(Default, Debug)]
 struct ColdCounts {
     reads: AtomicU64,
+    filtered: AtomicU64,
     evicted: AtomicU64,
     withheld: AtomicU64,
+}
+
+/// Which keys a bounded fold store's local store may hold: a Bloom filter
+/// of every key that was in the local store when the fold store was
+/// attached, and of every key put since (deletes are not taken out; a
+/// deleted key only costs a read that finds nothing).
+///
+/// A key the filter has never seen is certainly not on disk, so a read of
+/// it is answered as absent without touching the store; a key it may have
+/// seen is read, and about one read in a hundred of a key that is not
+/// there still goes to the store. The filter grows in stages: when one
+/// holds as many keys as it was sized for, a new one twice as large (and
+/// twice as selective) takes the keys after it, so the chance of a wasted
+/// read stays under 1% however large the state grows, and growing never
+/// rereads the store.
+#[derive(Clone)]
+pub(crate) struct KeyFilter {
+    hasher: Fixed,
+    /// Oldest first; keys go into the last.
+    stages: Vec<FilterStage>,
+}
+
+#[derive(Clone)]
+struct FilterStage {
+    bloom: fastbloom::BloomFilter<Fixed>,
+    capacity: usize,
+    keys: usize,
+}
+
+/// The smallest stage, in keys (about 20 KiB of filter).
+const FILTER_MIN_KEYS: usize = 16 * 1024;
+/// The first stage's chance of a wasted read; each later stage halves it,
+/// so all stages together stay under twice this.
+const FILTER_FALSE_POSITIVE: f64 = 0.005;
+
+impl KeyFilter {
+    /// A filter sized for `keys` keys (and room to grow) holding none yet.
+    pub(crate) fn with_room_for(keys: usize) -> Self {
+        let mut f = KeyFilter {
+            hasher: Fixed::default(),
+            stages: Vec::new(),
+        };
+        f.grow(keys.saturating_mul(2).max(FILTER_MIN_KEYS));
+        f
+    }
+
+    fn grow(&mut self, capacity: usize) {
+        let n = self.stages.len();
+        let fp = FILTER_FALSE_POSITIVE / f64::from(1u32 << n.min(20));
+        let bloom = fastbloom::BloomFilter::with_false_pos(fp)
+            .hasher(Fixed::default())
+            .expected_items(capacity);
+        self.stages.push(FilterStage {
+            bloom,
+            capacity,
+            keys: 0,
+        });
+    }
+
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// False only for a key never [`insert`](Self::insert)ed.
+    pub(crate) fn may_hold(&self, key: &[u8]) -> bool {
+        let h = self.hash(key);
+        self.stages.iter().any(|s| s.bloom.contains_hash(h))
+    }
+
+    /// Adds `key`.
+    pub(crate) fn insert(&mut self, key: &[u8]) {
+        let h = self.hash(key);
+        if self.stages.iter().any(|s| s.bloom.contains_hash(h)) {
+            return;
+        }
+        let full = self.stages.last().is_none_or(|s| s.keys >= s.capacity);
+        if full {
+            let next = self
+                .stages
+                .last()
+                .map_or(FILTER_MIN_KEYS, |s| s.capacity.saturating_mul(2));
+            self.grow(next);
+        }
+        if let Some(s) = self.stages.last_mut() {
+            s.bloom.insert_hash(h);
+            s.keys += 1;
+        }
+    }
+
+    /// The filter's size in bytes.
+    fn bytes(&self) -> usize {
+        self.stages.iter().map(|s| s.bloom.num_bits() / 8).sum()
+    }
 }
 
 /// A bounded fold store's figures (see [`FoldStore::cache_stats`]).
@@ -279,6 +399,11 @@ pub struct FoldCacheStats {
     pub budget: usize,
     /// Reads answered by the local store.
     pub disk_reads: u64,
+    /// Reads of keys in neither memory nor the local store that the key
+    /// filter answered without reading the local store.
+    pub filtered_reads: u64,
+    /// The key filter's size in bytes (0 when the store has none).
+    pub filter_bytes: usize,
     /// Entries that left memory.
     pub evicted: u64,
     /// Times an entry over the budget stayed because the local store did
@@ -305,28 +430,64 @@ impl FoldStore {
     /// `budget` bytes of entries in memory. Every entry in memory now must
     /// already be in the reader's store (a store attached right after the
     /// host wrote it whole, or after the reader waited for that write).
-    /// Evicts down to the budget at once.
+    /// Lists the store's keys once, for the key filter, and evicts down to
+    /// the budget at once.
     pub fn attach(&mut self, reader: Arc<dyn LocalReader>, budget: usize) {
-        let mut order = BTreeMap::new();
+        // The entries in memory enter the eviction order by key, so that
+        // it is the same on every run.
+        let mut resident: Vec<Arc<[u8]>> = self.entries.keys().cloned().collect();
+        resident.sort_unstable();
+        let mut order = VecDeque::with_capacity(resident.len());
         let mut bytes = 0;
-        for (stamp, (key, r)) in self.entries.iter_mut().enumerate() {
+        for (stamp, key) in resident.into_iter().enumerate() {
             let stamp = stamp as u64;
-            r.seq = 0;
-            r.stamp = stamp;
-            bytes += cost(key, &r.value);
-            order.insert(stamp, key.clone());
+            if let Some(r) = self.entries.get_mut(&key) {
+                r.seq = 0;
+                r.stamp = stamp;
+                bytes += cost(&key, &r.value);
+            }
+            order.push_back((stamp, key));
         }
-        self.cold = Some(Box::new(Cold {
+        let mut failure = None;
+        let filter = {
+            let mut hashes = Vec::new();
+            let hasher = Fixed::default();
+            match reader.fold_keys(&mut |k| hashes.push(hasher.hash_one(k))) {
+                Ok(()) => {
+                    let mut f = KeyFilter::with_room_for(hashes.len() + self.entries.len());
+                    for h in hashes {
+                        if let Some(s) = f.stages.last_mut() {
+                            s.bloom.insert_hash(h);
+                            s.keys += 1;
+                        }
+                    }
+                    for k in self.entries.keys() {
+                        f.insert(k);
+                    }
+                    Some(f)
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    None
+                }
+            }
+        };
+        let cold = Cold {
             reader,
             budget,
             bytes,
             seq: 0,
             next_stamp: order.len() as u64,
             order,
-            tombstones: BTreeMap::new(),
+            tombstones: HashMap::default(),
+            filter,
             failure: Arc::default(),
             counts: Arc::default(),
-        }));
+        };
+        if let Some(e) = failure {
+            cold.fail(e);
+        }
+        self.cold = Some(Box::new(cold));
         self.evict();
     }
 
@@ -363,6 +524,8 @@ impl FoldStore {
             resident_bytes: c.bytes,
             budget: c.budget,
             disk_reads: c.counts.reads.load(Ordering::Relaxed),
+            filtered_reads: c.counts.filtered.load(Ordering::Relaxed),
+            filter_bytes: c.filter.as_ref().map_or(0, KeyFilter::bytes),
             evicted: c.counts.evicted.load(Ordering::Relaxed),
             withheld: c.counts.withheld.load(Ordering::Relaxed),
         })
@@ -408,36 +571,40 @@ impl FoldStore {
             // A put over an entry in memory rewrites it where it is: its key
             // stays shared with the eviction order, and a value of the same
             // length (a counter, a sum) is overwritten without allocating.
-            // It moves to the newest end of the eviction order.
-            if let (Some(v), Some(old)) = (v, self.entries.get_mut(k)) {
-                cold.bytes = cold.bytes.saturating_sub(cost(k, &old.value)) + cost(k, v);
-                old.set_value(v);
-                old.seq = seq;
-                // Every entry in memory has its place in the order, which
-                // holds the shared key.
-                let key = cold
-                    .order
-                    .remove(&old.stamp)
-                    .unwrap_or_else(|| Arc::from(k));
-                old.stamp = cold.next_stamp;
-                cold.order.insert(cold.next_stamp, key);
+            // It moves to the newest end of the eviction order (its older
+            // listing goes stale).
+            if let (Some(v), Some((key, _))) = (v, self.entries.get_key_value(k)) {
+                let key = key.clone();
+                if let Some(old) = self.entries.get_mut(k) {
+                    cold.bytes = cold.bytes.saturating_sub(cost(k, &old.value)) + cost(k, v);
+                    old.set_value(v);
+                    old.seq = seq;
+                    old.stamp = cold.next_stamp;
+                }
+                cold.order.push_back((cold.next_stamp, key));
                 cold.next_stamp += 1;
                 continue;
             }
             if let Some(old) = self.entries.remove(k) {
+                // A delete: the entry's listing in the order goes stale.
                 cold.bytes = cold.bytes.saturating_sub(cost(k, &old.value));
-                cold.order.remove(&old.stamp);
             }
             match v {
                 Some(v) => {
                     if cold.tombstones.remove(k).is_some() {
                         cold.bytes = cold.bytes.saturating_sub(cost(k, &[]));
                     }
+                    // The local store will hold this key once the write
+                    // lands: the filter learns it now, before the entry
+                    // can leave memory.
+                    if let Some(f) = cold.filter.as_mut() {
+                        f.insert(k);
+                    }
                     let stamp = cold.next_stamp;
                     cold.next_stamp += 1;
                     cold.bytes += cost(k, v);
                     let key: Arc<[u8]> = Arc::from(k);
-                    cold.order.insert(stamp, key.clone());
+                    cold.order.push_back((stamp, key.clone()));
                     self.entries.insert(
                         key,
                         Resident {
@@ -454,7 +621,23 @@ impl FoldStore {
                 }
             }
         }
+        self.compact_order();
         self.evict();
+    }
+
+    /// Drops the stale listings of the eviction order once they outnumber
+    /// the live ones (a few hot keys rewritten on every commit would
+    /// otherwise grow it without bound).
+    fn compact_order(&mut self) {
+        let Some(cold) = self.cold.as_mut() else {
+            return;
+        };
+        if cold.order.len() <= 2 * self.entries.len() + 1024 {
+            return;
+        }
+        let entries = &self.entries;
+        cold.order
+            .retain(|(stamp, key)| entries.get(key).is_some_and(|r| r.stamp == *stamp));
     }
 
     /// Lets entries the local store holds leave memory while the store is
@@ -477,11 +660,12 @@ impl FoldStore {
         });
         cold.bytes = cold.bytes.saturating_sub(freed);
         while cold.bytes > cold.budget {
-            let Some((&stamp, key)) = cold.order.first_key_value() else {
+            let Some((stamp, key)) = cold.order.front() else {
                 break;
             };
-            let Some(r) = self.entries.get(key) else {
-                cold.order.remove(&stamp);
+            let Some(r) = self.entries.get(key).filter(|r| r.stamp == *stamp) else {
+                // A stale listing: the entry was rewritten or deleted since.
+                cold.order.pop_front();
                 continue;
             };
             if r.seq > applied {
@@ -492,7 +676,7 @@ impl FoldStore {
                 cold.bytes = cold.bytes.saturating_sub(cost(&key, &r.value));
                 cold.counts.evicted.fetch_add(1, Ordering::Relaxed);
             }
-            cold.order.remove(&stamp);
+            cold.order.pop_front();
         }
     }
 
@@ -504,7 +688,13 @@ impl FoldStore {
     /// The entries in memory, in store-key order: every entry, unless the
     /// store is [bounded](Self::is_bounded) (then see [`all`](Self::all)).
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.entries.iter().map(|(k, v)| (&**k, &*v.value))
+        let mut sorted: Vec<(&[u8], &[u8])> = self
+            .entries
+            .iter()
+            .map(|(k, v)| (&**k, &*v.value))
+            .collect();
+        sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        sorted.into_iter()
     }
 
     /// Every entry, in store-key order, those in memory over those the
@@ -543,8 +733,8 @@ impl FoldStore {
 
     /// Hands `f` every key with state, in memory or in the local store,
     /// without reading any state (keys on disk come in key order first,
-    /// then the keys in memory). A failed read of the local store is
-    /// recorded, as for [`all`](Self::all).
+    /// then the keys in memory, in key order). A failed read of the local
+    /// store is recorded, as for [`all`](Self::all).
     pub fn for_each_key(&self, f: &mut dyn FnMut(&[u8])) {
         if let Some(cold) = self.cold.as_ref() {
             let r = cold.reader.fold_keys(&mut |k| {
@@ -556,7 +746,7 @@ impl FoldStore {
                 cold.fail(e);
             }
         }
-        for k in self.entries.keys() {
+        for (k, _) in self.iter() {
             f(k);
         }
     }
@@ -577,6 +767,10 @@ impl FoldStore {
         if cold.tombstones.contains_key(key) {
             return None;
         }
+        if cold.filter.as_ref().is_some_and(|f| !f.may_hold(key)) {
+            cold.counts.filtered.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
         cold.counts.reads.fetch_add(1, Ordering::Relaxed);
         match cold.reader.fold_get(key) {
             Ok(v) => v.map(Cow::Owned),
@@ -589,11 +783,15 @@ impl FoldStore {
 
     /// Takes every entry out (a restore writing what it replayed so far to
     /// the local store; only before the store is attached).
+    /// In key order, so that what reaches the store does not depend on the
+    /// hash index's layout.
     pub(crate) fn drain_bytes(&mut self) -> Vec<(Vec<u8>, Vec<u8>)> {
-        std::mem::take(&mut self.entries)
+        let mut out: Vec<(Vec<u8>, Vec<u8>)> = std::mem::take(&mut self.entries)
             .into_iter()
             .map(|(k, r)| (k.to_vec(), r.value.into_vec()))
-            .collect()
+            .collect();
+        out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 
     /// Puts raw bytes under a raw store key (changelog restore, before the
@@ -802,7 +1000,8 @@ mod tests {
 
     /// A later write to a key pending in the same batch replaces the
     /// earlier one, put or delete; the batch keeps one entry per key, in
-    /// key order, and hands them over by value in that order.
+    /// the order the keys were first written, and hands them over by value
+    /// in that order.
     #[test]
     fn a_later_write_to_a_pending_key_replaces_it() {
         let mut w = FoldWrites::new();
@@ -817,8 +1016,39 @@ mod tests {
         assert_eq!(w.len(), 2);
         assert_eq!(
             w.into_entries().collect::<Vec<_>>(),
-            vec![(vec![0x00], Some(vec![9])), (key, Some(vec![3]))]
+            vec![(key, Some(vec![3])), (vec![0x00], Some(vec![9]))]
         );
+    }
+
+    /// The coalesced batch ends in each key's last write whatever the mix
+    /// of puts and deletes before it: a delete after a put leaves a delete
+    /// (not the put, which would resurrect the key on disk and in the
+    /// changelog), a put after a delete leaves the put.
+    #[test]
+    fn a_coalesced_key_keeps_its_last_write_across_deletes() {
+        let (a, b) = (
+            FoldKey::key_bytes(Some(b"a")),
+            FoldKey::key_bytes(Some(b"b")),
+        );
+        let mut w = FoldWrites::new();
+        w.put(&a, vec![1]);
+        w.put(&b, vec![1]);
+        w.delete(&a);
+        w.delete(&b);
+        w.put(&b, vec![2]);
+        assert_eq!(
+            w.iter().collect::<Vec<_>>(),
+            vec![(&a[..], None), (&b[..], Some(&[2u8][..]))]
+        );
+        // Applied to a store that held both, `a` is gone and `b` is new.
+        let mut s = FoldStore::new();
+        let mut before = FoldWrites::new();
+        before.put(&a, vec![0]);
+        before.put(&b, vec![0]);
+        s.apply(&before);
+        s.apply(&w);
+        assert_eq!(s.get_bytes(&a), None);
+        assert_eq!(s.get_bytes(&b).as_deref(), Some(&[2u8][..]));
     }
 
     /// A local store the test applies by hand: `writes` are what the store
@@ -961,6 +1191,175 @@ mod tests {
         assert_eq!(keys, 99, "the delete not yet on disk counts");
         assert_eq!(disk.scans.load(Ordering::SeqCst), 0, "no state read");
         assert_eq!(s.all().len(), keys);
+    }
+
+    /// A local store kept as one map, applied at once (for tests with many
+    /// keys, where [`FakeDisk`] replays every write on each read).
+    #[derive(Default)]
+    struct MapDisk {
+        map: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+        applied: AtomicU64,
+        reads: AtomicU64,
+    }
+
+    impl MapDisk {
+        fn land(&self, w: &FoldWrites) {
+            let mut m = self.map.lock().unwrap();
+            for (k, v) in w.iter() {
+                match v {
+                    Some(v) => m.insert(k.to_vec(), v.to_vec()),
+                    None => m.remove(k),
+                };
+            }
+            self.applied.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl LocalReader for MapDisk {
+        fn applied(&self) -> u64 {
+            self.applied.load(Ordering::SeqCst)
+        }
+        fn fold_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, LocalStoreError> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            Ok(self.map.lock().unwrap().get(key).cloned())
+        }
+        fn fold_scan(&self) -> Result<Vec<crate::runtime::local::KeyValue>, LocalStoreError> {
+            Ok(self
+                .map
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect())
+        }
+        fn protocol_range(
+            &self,
+            _from: &[u8],
+            _to: &[u8],
+            _f: &mut dyn FnMut(&[u8], &[u8]),
+        ) -> Result<(), LocalStoreError> {
+            Ok(())
+        }
+    }
+
+    /// The key filter never answers "absent" for a key the local store
+    /// holds: not for the keys that were on disk when the store was
+    /// attached (a restart that found its file), and not for keys put
+    /// since, through every stage the filter grows. And it earns its
+    /// keep: reads of keys that were never written almost never reach the
+    /// disk.
+    #[test]
+    fn the_key_filter_never_hides_a_key_the_local_store_holds() {
+        let value = [7u8; 8];
+        let on_disk = 20_000u32;
+        let disk = Arc::new(MapDisk::default());
+        let mut first = FoldWrites::new();
+        for k in 0..on_disk {
+            first.put(&k.to_be_bytes(), value.to_vec());
+        }
+        disk.land(&first);
+        disk.applied.store(0, Ordering::SeqCst);
+        let mut s = FoldStore::new();
+        s.attach(disk.clone(), 10 * cost(&0u32.to_be_bytes(), &value));
+        // More keys than the first stage was sized for (twice the keys
+        // found): the filter grows twice over.
+        let added = 3 * on_disk;
+        for batch in 0..60u32 {
+            let mut w = FoldWrites::new();
+            for k in 0..added / 60 {
+                w.put(
+                    &(on_disk + batch * (added / 60) + k).to_be_bytes(),
+                    value.to_vec(),
+                );
+            }
+            s.apply(&w);
+            disk.land(&w);
+            s.evict();
+        }
+        let stages = s
+            .cold
+            .as_ref()
+            .unwrap()
+            .filter
+            .as_ref()
+            .unwrap()
+            .stages
+            .len();
+        assert!(stages >= 2, "the filter grew ({stages} stages)");
+        let total = on_disk + added;
+        assert!(s.len() <= 10, "nearly every key left memory");
+        for k in 0..total {
+            assert_eq!(
+                s.get_bytes(&k.to_be_bytes()).as_deref(),
+                Some(&value[..]),
+                "key {k} is on disk and must read back"
+            );
+        }
+        let before = disk.reads.load(Ordering::SeqCst);
+        let absent = 50_000u32;
+        for k in total..total + absent {
+            assert_eq!(s.get_bytes(&k.to_be_bytes()), None);
+        }
+        let wasted = disk.reads.load(Ordering::SeqCst) - before;
+        assert!(
+            wasted * 100 <= u64::from(absent),
+            "{wasted} of {absent} reads of absent keys reached the disk (at most 1% may)"
+        );
+        let stats = s.cache_stats().unwrap();
+        assert_eq!(stats.filtered_reads + wasted, u64::from(absent));
+        assert!(stats.filter_bytes > 0);
+    }
+
+    /// A store whose keys cannot be listed at attach has no filter: every
+    /// miss reads the local store (never an absent answer made up), and
+    /// the listing's failure is the task's.
+    #[test]
+    fn a_store_whose_keys_cannot_be_listed_reads_every_miss() {
+        let disk = Arc::new(FakeDisk::default());
+        disk.broken.store(true, Ordering::SeqCst);
+        let mut s = FoldStore::new();
+        s.attach(disk.clone(), 1 << 20);
+        assert!(s.take_failure().is_some());
+        disk.broken.store(false, Ordering::SeqCst);
+        assert_eq!(s.get_bytes(b"nothing"), None);
+        let stats = s.cache_stats().unwrap();
+        assert_eq!((stats.disk_reads, stats.filtered_reads), (1, 0));
+    }
+
+    /// Keys rewritten on every commit leave stale listings in the eviction
+    /// order; they are dropped, so the order stays about the size of what
+    /// is in memory, and eviction still takes the oldest write first.
+    #[test]
+    fn hot_keys_do_not_grow_the_eviction_order() {
+        let value = [7u8; 16];
+        let one = cost(&0u32.to_be_bytes(), &value);
+        let (mut s, disk) = bounded(3 * one);
+        for round in 0..5_000u32 {
+            let mut w = FoldWrites::new();
+            for k in 0..3u32 {
+                w.put(&k.to_be_bytes(), round.to_be_bytes().repeat(4));
+            }
+            s.apply(&w);
+            disk.applied.fetch_add(1, Ordering::SeqCst);
+        }
+        let order = s.cold.as_ref().unwrap().order.len();
+        assert!(
+            order <= 2 * 3 + 1024 + 3,
+            "the order holds {order} listings"
+        );
+        // The three were last written in key order, so a new key pushes
+        // out key 0, the oldest write.
+        commit(&mut s, &disk, put(9, &value), true);
+        let mut resident: Vec<_> = s.iter().map(|(k, _)| k.to_vec()).collect();
+        resident.sort();
+        assert_eq!(
+            resident,
+            vec![
+                1u32.to_be_bytes().to_vec(),
+                2u32.to_be_bytes().to_vec(),
+                9u32.to_be_bytes().to_vec()
+            ]
+        );
     }
 
     #[test]
