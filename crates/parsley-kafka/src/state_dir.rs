@@ -38,7 +38,9 @@ use parsley::runtime::local::{
     StoreIdentity, StoreKind, is_held_entry,
 };
 use parsley::task::TaskId;
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+};
 
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const PROTOCOL: TableDefinition<&[u8], &[u8]> = TableDefinition::new("protocol");
@@ -232,6 +234,39 @@ impl LocalReader for FileReader {
             f(k.value());
         }
         Ok(())
+    }
+
+    fn fold_keys_after(
+        &self,
+        after: Option<&[u8]>,
+        limit: usize,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<Option<Vec<u8>>, LocalStoreError> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let task = &self.task;
+        let read = self.db.begin_read().map_err(|e| io(task, e))?;
+        let table = match read.open_table(FOLD) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(corrupt(task, e)),
+        };
+        let range = match after {
+            Some(a) => table.range::<&[u8]>((Excluded(a), Unbounded)),
+            None => table.range::<&[u8]>(..),
+        };
+        let mut last = None;
+        for entry in range.map_err(|e| corrupt(task, e))?.take(limit) {
+            let (k, _) = entry.map_err(|e| corrupt(task, e))?;
+            f(k.value());
+            last = Some(k);
+        }
+        Ok(last.map(|k| k.value().to_vec()))
+    }
+
+    fn fold_len_hint(&self) -> Option<u64> {
+        let read = self.db.begin_read().ok()?;
+        let table = read.open_table(FOLD).ok()?;
+        table.len().ok()
     }
 
     fn fold_scan(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LocalStoreError> {
@@ -1000,6 +1035,19 @@ mod tests {
             ]
         );
         assert_eq!(files.open(&task()).unwrap().unwrap().fold.len(), 2);
+        // The key walk a fold store's filter is filled by: in steps, each
+        // from the key after the last, in key order, none read twice.
+        assert_eq!(reader.fold_len_hint(), Some(2));
+        let step = |after: Option<&[u8]>| {
+            let mut seen = Vec::new();
+            let last = reader
+                .fold_keys_after(after, 1, &mut |k| seen.push(k.to_vec()))
+                .unwrap();
+            (seen, last)
+        };
+        assert_eq!(step(None), (vec![b"b".to_vec()], Some(b"b".to_vec())));
+        assert_eq!(step(Some(b"b")), (vec![b"c".to_vec()], Some(b"c".to_vec())));
+        assert_eq!(step(Some(b"c")), (vec![], None));
         drop(reader);
         drop(files);
         drop(dir);

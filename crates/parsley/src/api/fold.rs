@@ -15,7 +15,7 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -123,6 +123,10 @@ impl FoldKey {
 /// [`FoldStore::iter`] sorts.
 type Fixed = foldhash::fast::FixedState;
 
+/// The fold state's hash maps (hashbrown's, which std's wraps: it can
+/// rewrite an entry and clone its shared key in one lookup).
+type HashMap<K, V> = hashbrown::HashMap<K, V, Fixed>;
+
 /// Changes to a fold store: puts and deletes by store key, one per key
 /// (a key written twice keeps its last write, in its first write's place),
 /// in the order the keys were first written.
@@ -218,13 +222,13 @@ impl FoldWrites {
 /// value than the one committed. Entries leave oldest write first.
 ///
 /// A bounded store also keeps a filter of the keys its local store may
-/// hold (see [`KeyFilter`]): a read of a key that is neither in memory nor
-/// possibly on disk (a new key, the common case when each record creates
-/// an entity) is answered without reading the local store.
+/// hold: a read of a key that is neither in memory nor possibly on disk (a
+/// new key, the common case when each record creates an entity) is
+/// answered without reading the local store.
 #[derive(Clone, Default)]
 pub struct FoldStore {
     /// Keys are shared with the eviction order (one allocation each).
-    entries: HashMap<Arc<[u8]>, Resident, Fixed>,
+    entries: HashMap<Arc<[u8]>, Resident>,
     cold: Option<Box<Cold>>,
 }
 
@@ -276,10 +280,15 @@ struct Cold {
     order: VecDeque<(u64, Arc<[u8]>)>,
     /// Deletes the local store may not hold yet, with their commit's
     /// sequence number: the key reads as absent until it does.
-    tombstones: HashMap<Vec<u8>, u64, Fixed>,
-    /// The keys the local store may hold; `None` when they could not be
-    /// listed (every miss then reads the store).
+    tombstones: HashMap<Vec<u8>, u64>,
+    /// The keys the local store may hold: every key put since the store
+    /// was attached, and the keys the walk has found so far; `None` when
+    /// the walk failed (every miss then reads the store).
     filter: Option<KeyFilter>,
+    /// How far the walk of the local store's keys has come.
+    walk: Walk,
+    /// Keys the walk takes per step (one step at attach, one per commit).
+    walk_step: usize,
     /// The first read from the local store that failed, for the task to
     /// fail on.
     failure: Arc<Mutex<Option<LocalStoreError>>>,
@@ -324,6 +333,11 @@ struct FilterStage {
 
 /// The smallest stage, in keys (about 20 KiB of filter).
 const FILTER_MIN_KEYS: usize = 16 * 1024;
+/// A bounded store's first stage has room for at least a key per this
+/// many bytes of its cache budget (twice what the budget holds of short
+/// entries): the filter then costs about 2% of the budget on top of it
+/// (64 MiB of cache, about 1.4 MiB of filter).
+const FILTER_BUDGET_BYTES_PER_KEY: usize = 100;
 /// The first stage's chance of a wasted read; each later stage halves it,
 /// so all stages together stay under twice this.
 const FILTER_FALSE_POSITIVE: f64 = 0.005;
@@ -388,6 +402,24 @@ impl KeyFilter {
     }
 }
 
+/// The walk of the local store's keys into the key filter, which a
+/// bounded store makes in steps (one when it is attached, one after each
+/// commit) so that a task with millions of keys on disk starts at once.
+/// Until the walk is done, the filter speaks only for the keys up to where
+/// it has come: a key beyond that is read from the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Walk {
+    /// Every key up to and including this one is in the filter (`None`:
+    /// the walk has not taken a step yet).
+    Until(Option<Vec<u8>>),
+    /// Every key the store held when it was attached is in the filter.
+    Done,
+}
+
+/// Keys a bounded store's key walk takes per step: a few milliseconds of a
+/// commit's time on a large state.
+const WALK_STEP: usize = 64 * 1024;
+
 /// A bounded fold store's figures (see [`FoldStore::cache_stats`]).
 #[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
 pub struct FoldCacheStats {
@@ -430,9 +462,15 @@ impl FoldStore {
     /// `budget` bytes of entries in memory. Every entry in memory now must
     /// already be in the reader's store (a store attached right after the
     /// host wrote it whole, or after the reader waited for that write).
-    /// Lists the store's keys once, for the key filter, and evicts down to
-    /// the budget at once.
+    /// Evicts down to the budget at once, and starts walking the store's
+    /// keys into the key filter (the rest of the walk comes in steps, one
+    /// per commit).
     pub fn attach(&mut self, reader: Arc<dyn LocalReader>, budget: usize) {
+        self.attach_walking(reader, budget, WALK_STEP);
+    }
+
+    /// [`attach`](Self::attach), walking `walk_step` keys per step.
+    fn attach_walking(&mut self, reader: Arc<dyn LocalReader>, budget: usize, walk_step: usize) {
         // The entries in memory enter the eviction order by key, so that
         // it is the same on every run.
         let mut resident: Vec<Arc<[u8]>> = self.entries.keys().cloned().collect();
@@ -448,31 +486,24 @@ impl FoldStore {
             }
             order.push_back((stamp, key));
         }
-        let mut failure = None;
-        let filter = {
-            let mut hashes = Vec::new();
-            let hasher = Fixed::default();
-            match reader.fold_keys(&mut |k| hashes.push(hasher.hash_one(k))) {
-                Ok(()) => {
-                    let mut f = KeyFilter::with_room_for(hashes.len() + self.entries.len());
-                    for h in hashes {
-                        if let Some(s) = f.stages.last_mut() {
-                            s.bloom.insert_hash(h);
-                            s.keys += 1;
-                        }
-                    }
-                    for k in self.entries.keys() {
-                        f.insert(k);
-                    }
-                    Some(f)
-                }
-                Err(e) => {
-                    failure = Some(e);
-                    None
-                }
-            }
-        };
-        let cold = Cold {
+        // The filter is sized for the keys the store says it holds (it
+        // grows past that if the hint was short or missing).
+        // A store that starts empty and grows through its cache is sized
+        // for about what its budget holds (a key per
+        // [`FILTER_BUDGET_BYTES_PER_KEY`] bytes), so that a state of many
+        // times the cache still needs only a few stages.
+        let on_disk = reader
+            .fold_len_hint()
+            .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        let mut filter = KeyFilter::with_room_for(
+            on_disk
+                .saturating_add(self.entries.len())
+                .max(budget / FILTER_BUDGET_BYTES_PER_KEY),
+        );
+        for k in self.entries.keys() {
+            filter.insert(k);
+        }
+        self.cold = Some(Box::new(Cold {
             reader,
             budget,
             bytes,
@@ -480,15 +511,43 @@ impl FoldStore {
             next_stamp: order.len() as u64,
             order,
             tombstones: HashMap::default(),
-            filter,
+            filter: Some(filter),
+            walk: Walk::Until(None),
+            walk_step: walk_step.max(1),
             failure: Arc::default(),
             counts: Arc::default(),
-        };
-        if let Some(e) = failure {
-            cold.fail(e);
-        }
-        self.cold = Some(Box::new(cold));
+        }));
+        self.walk_keys();
         self.evict();
+    }
+
+    /// Takes one step of the walk of the local store's keys into the key
+    /// filter. A key put or deleted while the walk goes on is accounted
+    /// for either way: a put goes into the filter as it is applied, and a
+    /// delete only leaves a key in the filter that is no longer on disk.
+    /// A walk that fails is the task's failure, and the filter is dropped.
+    fn walk_keys(&mut self) {
+        let Some(cold) = self.cold.as_mut() else {
+            return;
+        };
+        let Walk::Until(after) = &cold.walk else {
+            return;
+        };
+        let Some(filter) = cold.filter.as_mut() else {
+            return;
+        };
+        match cold
+            .reader
+            .fold_keys_after(after.as_deref(), cold.walk_step, &mut |k| filter.insert(k))
+        {
+            Ok(Some(last)) => cold.walk = Walk::Until(Some(last)),
+            Ok(None) => cold.walk = Walk::Done,
+            Err(e) => {
+                cold.filter = None;
+                cold.walk = Walk::Done;
+                cold.fail(e);
+            }
+        }
     }
 
     /// Sets the budget of a bounded store (its share of a worker's cache,
@@ -568,60 +627,56 @@ impl FoldStore {
         cold.seq += 1;
         let seq = cold.seq;
         for (k, v) in writes.iter() {
+            let Some(v) = v else {
+                // A delete: the entry's listing in the order goes stale, and
+                // the key reads as absent until the local store holds the
+                // delete.
+                if let Some(old) = self.entries.remove(k) {
+                    cold.bytes = cold.bytes.saturating_sub(cost(k, &old.value));
+                }
+                if cold.tombstones.insert(k.to_vec(), seq).is_none() {
+                    cold.bytes += cost(k, &[]);
+                }
+                continue;
+            };
             // A put over an entry in memory rewrites it where it is: its key
             // stays shared with the eviction order, and a value of the same
             // length (a counter, a sum) is overwritten without allocating.
             // It moves to the newest end of the eviction order (its older
             // listing goes stale).
-            if let (Some(v), Some((key, _))) = (v, self.entries.get_key_value(k)) {
-                let key = key.clone();
-                if let Some(old) = self.entries.get_mut(k) {
-                    cold.bytes = cold.bytes.saturating_sub(cost(k, &old.value)) + cost(k, v);
-                    old.set_value(v);
-                    old.seq = seq;
-                    old.stamp = cold.next_stamp;
-                }
-                cold.order.push_back((cold.next_stamp, key));
+            if let Some((key, old)) = self.entries.get_key_value_mut(k) {
+                cold.bytes = cold.bytes.saturating_sub(cost(k, &old.value)) + cost(k, v);
+                old.set_value(v);
+                old.seq = seq;
+                old.stamp = cold.next_stamp;
+                cold.order.push_back((cold.next_stamp, key.clone()));
                 cold.next_stamp += 1;
                 continue;
             }
-            if let Some(old) = self.entries.remove(k) {
-                // A delete: the entry's listing in the order goes stale.
-                cold.bytes = cold.bytes.saturating_sub(cost(k, &old.value));
+            if !cold.tombstones.is_empty() && cold.tombstones.remove(k).is_some() {
+                cold.bytes = cold.bytes.saturating_sub(cost(k, &[]));
             }
-            match v {
-                Some(v) => {
-                    if cold.tombstones.remove(k).is_some() {
-                        cold.bytes = cold.bytes.saturating_sub(cost(k, &[]));
-                    }
-                    // The local store will hold this key once the write
-                    // lands: the filter learns it now, before the entry
-                    // can leave memory.
-                    if let Some(f) = cold.filter.as_mut() {
-                        f.insert(k);
-                    }
-                    let stamp = cold.next_stamp;
-                    cold.next_stamp += 1;
-                    cold.bytes += cost(k, v);
-                    let key: Arc<[u8]> = Arc::from(k);
-                    cold.order.push_back((stamp, key.clone()));
-                    self.entries.insert(
-                        key,
-                        Resident {
-                            value: Box::from(v),
-                            seq,
-                            stamp,
-                        },
-                    );
-                }
-                None => {
-                    if cold.tombstones.insert(k.to_vec(), seq).is_none() {
-                        cold.bytes += cost(k, &[]);
-                    }
-                }
+            // The local store will hold this key once the write lands: the
+            // filter learns it now, before the entry can leave memory.
+            if let Some(f) = cold.filter.as_mut() {
+                f.insert(k);
             }
+            let stamp = cold.next_stamp;
+            cold.next_stamp += 1;
+            cold.bytes += cost(k, v);
+            let key: Arc<[u8]> = Arc::from(k);
+            cold.order.push_back((stamp, key.clone()));
+            self.entries.insert(
+                key,
+                Resident {
+                    value: Box::from(v),
+                    seq,
+                    stamp,
+                },
+            );
         }
         self.compact_order();
+        self.walk_keys();
         self.evict();
     }
 
@@ -663,18 +718,18 @@ impl FoldStore {
             let Some((stamp, key)) = cold.order.front() else {
                 break;
             };
-            let Some(r) = self.entries.get(key).filter(|r| r.stamp == *stamp) else {
+            match self.entries.entry_ref(&**key) {
+                hashbrown::hash_map::EntryRef::Occupied(e) if e.get().stamp == *stamp => {
+                    if e.get().seq > applied {
+                        cold.counts.withheld.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    let (key, r) = e.remove_entry();
+                    cold.bytes = cold.bytes.saturating_sub(cost(&key, &r.value));
+                    cold.counts.evicted.fetch_add(1, Ordering::Relaxed);
+                }
                 // A stale listing: the entry was rewritten or deleted since.
-                cold.order.pop_front();
-                continue;
-            };
-            if r.seq > applied {
-                cold.counts.withheld.fetch_add(1, Ordering::Relaxed);
-                break;
-            }
-            if let Some((key, r)) = self.entries.remove_entry(&**key) {
-                cold.bytes = cold.bytes.saturating_sub(cost(&key, &r.value));
-                cold.counts.evicted.fetch_add(1, Ordering::Relaxed);
+                _ => {}
             }
             cold.order.pop_front();
         }
@@ -767,7 +822,7 @@ impl FoldStore {
         if cold.tombstones.contains_key(key) {
             return None;
         }
-        if cold.filter.as_ref().is_some_and(|f| !f.may_hold(key)) {
+        if cold.filtered_out(key) {
             cold.counts.filtered.fetch_add(1, Ordering::Relaxed);
             return None;
         }
@@ -815,6 +870,20 @@ impl FoldStore {
 }
 
 impl Cold {
+    /// Whether `key` is certainly not in the local store: the filter has
+    /// never seen it, and the walk has come past it (or is done).
+    fn filtered_out(&self, key: &[u8]) -> bool {
+        let Some(filter) = self.filter.as_ref() else {
+            return false;
+        };
+        let walked = match &self.walk {
+            Walk::Done => true,
+            Walk::Until(Some(last)) => key <= last.as_slice(),
+            Walk::Until(None) => false,
+        };
+        walked && !filter.may_hold(key)
+    }
+
     fn fail(&self, e: LocalStoreError) {
         let mut slot = self.failure.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
@@ -1223,6 +1292,28 @@ mod tests {
             self.reads.fetch_add(1, Ordering::SeqCst);
             Ok(self.map.lock().unwrap().get(key).cloned())
         }
+        fn fold_keys_after(
+            &self,
+            after: Option<&[u8]>,
+            limit: usize,
+            f: &mut dyn FnMut(&[u8]),
+        ) -> Result<Option<Vec<u8>>, LocalStoreError> {
+            use std::ops::Bound::{Excluded, Unbounded};
+            let m = self.map.lock().unwrap();
+            let mut last = None;
+            let range = match after {
+                Some(a) => m.range::<[u8], _>((Excluded(a), Unbounded)),
+                None => m.range::<[u8], _>(..),
+            };
+            for (k, _) in range.take(limit) {
+                f(k);
+                last = Some(k.clone());
+            }
+            Ok(last)
+        }
+        fn fold_len_hint(&self) -> Option<u64> {
+            Some(self.map.lock().unwrap().len() as u64)
+        }
         fn fold_scan(&self) -> Result<Vec<crate::runtime::local::KeyValue>, LocalStoreError> {
             Ok(self
                 .map
@@ -1308,6 +1399,58 @@ mod tests {
         let stats = s.cache_stats().unwrap();
         assert_eq!(stats.filtered_reads + wasted, u64::from(absent));
         assert!(stats.filter_bytes > 0);
+    }
+
+    /// While the walk of the keys on disk goes on (one step per commit), a
+    /// key the walk has not reached is read from the store, found or not;
+    /// one it has passed is answered by the filter. Once it is done, every
+    /// key on disk reads back and absent keys are filtered.
+    #[test]
+    fn a_key_the_walk_has_not_reached_is_read_from_the_store() {
+        let value = [7u8; 8];
+        let disk = Arc::new(MapDisk::default());
+        let mut first = FoldWrites::new();
+        for k in 0..10_000u32 {
+            // Even keys only: the odd ones between are absent.
+            first.put(&(2 * k).to_be_bytes(), value.to_vec());
+        }
+        disk.land(&first);
+        disk.applied.store(0, Ordering::SeqCst);
+        let mut s = FoldStore::new();
+        s.attach_walking(disk.clone(), 1 << 20, 1000);
+        // The first step covered keys 0..=1998.
+        let reads = |d: &MapDisk| d.reads.load(Ordering::SeqCst);
+        assert_eq!(s.get_bytes(&1001u32.to_be_bytes()), None);
+        assert_eq!(reads(&disk), 0, "an absent key the walk passed is filtered");
+        assert_eq!(
+            s.get_bytes(&5000u32.to_be_bytes()).as_deref(),
+            Some(&value[..]),
+            "a key beyond the walk is read from the store"
+        );
+        assert_eq!(s.get_bytes(&5001u32.to_be_bytes()), None);
+        assert_eq!(reads(&disk), 2, "so is an absent one");
+        // A key put ahead of the walk, then evicted, still reads back.
+        let mut w = FoldWrites::new();
+        w.put(&19_999u32.to_be_bytes(), value.to_vec());
+        s.apply(&w);
+        disk.land(&w);
+        for _ in 0..20 {
+            s.apply(&FoldWrites::new());
+        }
+        assert_eq!(s.cold.as_ref().unwrap().walk, Walk::Done);
+        let resident: std::collections::BTreeSet<Vec<u8>> =
+            s.iter().map(|(k, _)| k.to_vec()).collect();
+        let before = reads(&disk);
+        let mut on_disk = 0;
+        for k in 0..20_000u32 {
+            let want = (k % 2 == 0 || k == 19_999).then_some(&value[..]);
+            assert_eq!(s.get_bytes(&k.to_be_bytes()).as_deref(), want, "key {k}");
+            if want.is_some() && !resident.contains(&k.to_be_bytes()[..]) {
+                on_disk += 1;
+            }
+        }
+        let wasted = reads(&disk) - before - on_disk;
+        assert!(wasted <= 100, "{wasted} reads of 9,999 absent keys");
     }
 
     /// A store whose keys cannot be listed at attach has no filter: every

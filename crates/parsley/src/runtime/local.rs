@@ -178,6 +178,36 @@ pub trait LocalReader: Send + Sync {
         }
         Ok(())
     }
+    /// Hands `f` at most `limit` fold store keys, in key order, from the
+    /// first key after `after` (from the first key when `None`), as of the
+    /// applied writes; returns the last key handed over, or `None` when
+    /// there was none (the walk is done). A bounded fold store walks its
+    /// keys in such steps, one per commit, to fill its key filter without
+    /// holding up a task's start. The default walks every key each time; a
+    /// store that can seek overrides it.
+    fn fold_keys_after(
+        &self,
+        after: Option<&[u8]>,
+        limit: usize,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<Option<Vec<u8>>, LocalStoreError> {
+        let mut last: Option<Vec<u8>> = None;
+        let mut n = 0;
+        self.fold_keys(&mut |k| {
+            if n < limit && after.is_none_or(|a| k > a) {
+                f(k);
+                n += 1;
+                last = Some(k.to_vec());
+            }
+        })?;
+        Ok(last)
+    }
+    /// About how many fold store entries there are, when the store can
+    /// tell without reading them (it sizes the key filter; `None` lets the
+    /// filter grow as it goes).
+    fn fold_len_hint(&self) -> Option<u64> {
+        None
+    }
     /// Hands `f` each protocol store entry whose key lies in `from..to`
     /// (byte order), in key order, as of the applied writes.
     fn protocol_range(
