@@ -226,7 +226,7 @@ pub mod runtime;
 // The broker-less test host and contract probes.
 mod testing;
 
-use api::{app, logic, message, stage, topic};
+use api::{app, key_filter, logic, message, stage, topic};
 pub use api::{codec, fold};
 pub use runtime::{holds, identity, partition, task};
 use testing::driver;

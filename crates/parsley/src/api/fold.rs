@@ -17,11 +17,11 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::codec::{Codec, CodecError};
+use crate::key_filter::KeyFilter;
 use crate::runtime::local::{LocalReader, LocalStoreError};
 
 /// One key and its value as the fold store hands them out: borrowed where
@@ -304,104 +304,6 @@ struct ColdCounts {
     withheld: AtomicU64,
 }
 
-/// Which keys a bounded fold store's local store may hold: a Bloom filter
-/// of every key that was in the local store when the fold store was
-/// attached, and of every key put since (deletes are not taken out; a
-/// deleted key only costs a read that finds nothing).
-///
-/// A key the filter has never seen is certainly not on disk, so a read of
-/// it is answered as absent without touching the store; a key it may have
-/// seen is read, and about one read in a hundred of a key that is not
-/// there still goes to the store. The filter grows in stages: when one
-/// holds as many keys as it was sized for, a new one twice as large (and
-/// twice as selective) takes the keys after it, so the chance of a wasted
-/// read stays under 1% however large the state grows, and growing never
-/// rereads the store.
-#[derive(Clone)]
-pub(crate) struct KeyFilter {
-    hasher: Fixed,
-    /// Oldest first; keys go into the last.
-    stages: Vec<FilterStage>,
-}
-
-#[derive(Clone)]
-struct FilterStage {
-    bloom: fastbloom::BloomFilter<Fixed>,
-    capacity: usize,
-    keys: usize,
-}
-
-/// The smallest stage, in keys (about 20 KiB of filter).
-const FILTER_MIN_KEYS: usize = 16 * 1024;
-/// A bounded store's first stage has room for at least a key per this
-/// many bytes of its cache budget (twice what the budget holds of short
-/// entries): the filter then costs about 2% of the budget on top of it
-/// (64 MiB of cache, about 1.4 MiB of filter).
-const FILTER_BUDGET_BYTES_PER_KEY: usize = 100;
-/// The first stage's chance of a wasted read; each later stage halves it,
-/// so all stages together stay under twice this.
-const FILTER_FALSE_POSITIVE: f64 = 0.005;
-
-impl KeyFilter {
-    /// A filter sized for `keys` keys (and room to grow) holding none yet.
-    pub(crate) fn with_room_for(keys: usize) -> Self {
-        let mut f = KeyFilter {
-            hasher: Fixed::default(),
-            stages: Vec::new(),
-        };
-        f.grow(keys.saturating_mul(2).max(FILTER_MIN_KEYS));
-        f
-    }
-
-    fn grow(&mut self, capacity: usize) {
-        let n = self.stages.len();
-        let fp = FILTER_FALSE_POSITIVE / f64::from(1u32 << n.min(20));
-        let bloom = fastbloom::BloomFilter::with_false_pos(fp)
-            .hasher(Fixed::default())
-            .expected_items(capacity);
-        self.stages.push(FilterStage {
-            bloom,
-            capacity,
-            keys: 0,
-        });
-    }
-
-    fn hash(&self, key: &[u8]) -> u64 {
-        self.hasher.hash_one(key)
-    }
-
-    /// False only for a key never [`insert`](Self::insert)ed.
-    pub(crate) fn may_hold(&self, key: &[u8]) -> bool {
-        let h = self.hash(key);
-        self.stages.iter().any(|s| s.bloom.contains_hash(h))
-    }
-
-    /// Adds `key`.
-    pub(crate) fn insert(&mut self, key: &[u8]) {
-        let h = self.hash(key);
-        if self.stages.iter().any(|s| s.bloom.contains_hash(h)) {
-            return;
-        }
-        let full = self.stages.last().is_none_or(|s| s.keys >= s.capacity);
-        if full {
-            let next = self
-                .stages
-                .last()
-                .map_or(FILTER_MIN_KEYS, |s| s.capacity.saturating_mul(2));
-            self.grow(next);
-        }
-        if let Some(s) = self.stages.last_mut() {
-            s.bloom.insert_hash(h);
-            s.keys += 1;
-        }
-    }
-
-    /// The filter's size in bytes.
-    fn bytes(&self) -> usize {
-        self.stages.iter().map(|s| s.bloom.num_bits() / 8).sum()
-    }
-}
-
 /// The walk of the local store's keys into the key filter, which a
 /// bounded store makes in steps (one when it is attached, one after each
 /// commit) so that a task with millions of keys on disk starts at once.
@@ -415,6 +317,12 @@ enum Walk {
     /// Every key the store held when it was attached is in the filter.
     Done,
 }
+
+/// A bounded store's key filter has room for at least a key per this many
+/// bytes of its cache budget before it grows (twice what the budget holds
+/// of short entries): the filter then costs about 3% of the budget on top
+/// of it (64 MiB of cache, about 2 MiB of filter).
+const FILTER_BUDGET_BYTES_PER_KEY: usize = 100;
 
 /// Keys a bounded store's key walk takes per step: a few milliseconds of a
 /// commit's time on a large state.
@@ -436,6 +344,8 @@ pub struct FoldCacheStats {
     pub filtered_reads: u64,
     /// The key filter's size in bytes (0 when the store has none).
     pub filter_bytes: usize,
+    /// The stages the key filter has grown to (0 when there is none).
+    pub filter_stages: usize,
     /// Entries that left memory.
     pub evicted: u64,
     /// Times an entry over the budget stayed because the local store did
@@ -585,6 +495,7 @@ impl FoldStore {
             disk_reads: c.counts.reads.load(Ordering::Relaxed),
             filtered_reads: c.counts.filtered.load(Ordering::Relaxed),
             filter_bytes: c.filter.as_ref().map_or(0, KeyFilter::bytes),
+            filter_stages: c.filter.as_ref().map_or(0, KeyFilter::stages),
             evicted: c.counts.evicted.load(Ordering::Relaxed),
             withheld: c.counts.withheld.load(Ordering::Relaxed),
         })
@@ -1367,15 +1278,7 @@ mod tests {
             disk.land(&w);
             s.evict();
         }
-        let stages = s
-            .cold
-            .as_ref()
-            .unwrap()
-            .filter
-            .as_ref()
-            .unwrap()
-            .stages
-            .len();
+        let stages = s.cache_stats().unwrap().filter_stages;
         assert!(stages >= 2, "the filter grew ({stages} stages)");
         let total = on_disk + added;
         assert!(s.len() <= 10, "nearly every key left memory");

@@ -5,6 +5,7 @@
 pub(crate) mod app;
 pub mod codec;
 pub mod fold;
+pub(crate) mod key_filter;
 pub(crate) mod logic;
 pub(crate) mod message;
 pub(crate) mod stage;
