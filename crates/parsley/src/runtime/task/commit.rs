@@ -108,6 +108,9 @@ impl Task {
         use crate::runtime::local::StoreKind;
         if let Some(done) = self.in_flight.take() {
             if let Some(out) = out.as_deref_mut() {
+                // Sized once: a transaction's worth of entries (thousands)
+                // would otherwise be copied at every doubling.
+                out.reserve(done.protocol.len() + done.fold.len());
                 for (key, value) in done.protocol.iter() {
                     out.push((
                         StoreKind::Protocol,
