@@ -76,6 +76,15 @@ rootLogger.appenderRef.f.ref = F
 logger.state.name = state.change.logger
 logger.state.level = WARN
 PROPS
+    # Kafka before 4.0 logs through log4j 1 (reload4j) and reads this one.
+    cat > "$(dirname "$file")/log4j.properties" <<PROPS
+log4j.rootLogger=INFO, f
+log4j.appender.f=org.apache.log4j.FileAppender
+log4j.appender.f.File=$out
+log4j.appender.f.layout=org.apache.log4j.PatternLayout
+log4j.appender.f.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.state.change.logger=WARN
+PROPS
 }
 
 # Formats a node's log directory with a cluster id: kafka_format DIR ID.
@@ -96,6 +105,7 @@ kafka_launch() {
     local dir="$1" heap="$2"
     nohup java "-Xms$heap" "-Xmx$heap" -XX:+UseSerialGC \
         -Dlog4j2.configurationFile="$dir/log4j2.properties" \
+        -Dlog4j.configuration="file:$dir/log4j.properties" \
         -cp "$(kafka_classpath)" kafka.Kafka "$dir/server.properties" \
         >>"$dir/stdout.log" 2>&1 &
     echo $! > "$dir/pid"

@@ -41,6 +41,16 @@ pub enum StreamsError {
         /// Why the runtime refuses it.
         reason: String,
     },
+    /// [`GroupProtocol::Consumer`](crate::GroupProtocol::Consumer) was
+    /// asked for, and the cluster's brokers say they do not serve it: its
+    /// members would wait for an assignment that never comes.
+    #[error(
+        "StreamsOptions::group_protocol asks for the consumer group protocol (KIP-848), which the cluster does not serve: {offered}. Kafka 4.0 and later serve it (3.7 to 3.9 only when their group.coordinator.rebalance.protocols lists \"consumer\"); set GroupProtocol::Classic, or leave group_protocol unset to choose by what the cluster serves"
+    )]
+    GroupProtocolUnsupported {
+        /// What the brokers said (their `group.coordinator.rebalance.protocols`).
+        offered: String,
+    },
     /// A topic the application declares does not exist.
     #[error("topic {topic:?} does not exist; create it before starting the application")]
     MissingTopic {

@@ -10,6 +10,7 @@
 
 mod classify;
 mod produce;
+mod protocol;
 mod rebalance;
 mod thread;
 mod topics;
@@ -96,6 +97,16 @@ fn set_prefetch_defaults(consumer_config: &mut ClientConfig) {
 /// Which consumer group protocol the stream threads use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GroupProtocol {
+    /// Chosen at [`start`](CausalStreams::start) by what the cluster's
+    /// brokers serve (their `group.coordinator.rebalance.protocols`): the
+    /// consumer protocol where every broker serves it (Kafka 4.0 and
+    /// later), else the classic one (Kafka 3.7 to 3.9, or brokers that
+    /// could not be asked). The choice and its reason are logged once at
+    /// INFO, and [`CausalStreams::group_protocol`] says which it was. A
+    /// `group.protocol` in the client configuration counts as an explicit
+    /// choice. The default.
+    #[default]
+    Auto,
     /// The consumer group protocol of KIP-848 (Kafka 4.0 and later), with
     /// the broker's range assignor: sticky, and partition `p` of
     /// co-partitioned topics goes to one member. Partitions move one by one
@@ -104,8 +115,9 @@ pub enum GroupProtocol {
     /// queues. Session and heartbeat timeouts are the broker's
     /// (`group.consumer.session.timeout.ms`); a client configuration's
     /// `session.timeout.ms` and `heartbeat.interval.ms` are ignored, with a
-    /// warning. The default.
-    #[default]
+    /// warning. Asked for explicitly on a cluster whose brokers say they do
+    /// not serve it, [`start`](CausalStreams::start) fails with
+    /// [`StreamsError::GroupProtocolUnsupported`].
     Consumer,
     /// The classic protocol with the eager range assignor, for brokers
     /// older than 4.0: every rebalance revokes every partition of every
@@ -114,10 +126,22 @@ pub enum GroupProtocol {
 }
 
 impl GroupProtocol {
-    fn name(self) -> &'static str {
+    /// The `group.protocol` client setting's value, for a protocol that is
+    /// chosen.
+    fn name(self) -> Option<&'static str> {
         match self {
-            GroupProtocol::Consumer => "consumer",
-            GroupProtocol::Classic => "classic",
+            GroupProtocol::Consumer => Some("consumer"),
+            GroupProtocol::Classic => Some("classic"),
+            GroupProtocol::Auto => None,
+        }
+    }
+
+    /// The protocol a `group.protocol` client setting names.
+    fn from_setting(value: &str) -> Option<GroupProtocol> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "consumer" => Some(GroupProtocol::Consumer),
+            "classic" => Some(GroupProtocol::Classic),
+            _ => None,
         }
     }
 }
@@ -158,7 +182,8 @@ pub struct StreamsOptions {
     /// `MetadataError::Stalled` (naming the partition and offsets). A
     /// replay that makes progress never times out.
     pub restore_stall_timeout: Duration,
-    /// The consumer group protocol.
+    /// The consumer group protocol; by default chosen at start by what the
+    /// cluster serves ([`GroupProtocol::Auto`]).
     pub group_protocol: GroupProtocol,
     /// How long a stream thread waits before it joins the group again,
     /// after a failure the error handler answered with
@@ -253,7 +278,7 @@ impl Default for StreamsOptions {
             on_retention_loss: OnRetentionLoss::Fail,
             request_timeout: Duration::from_secs(30),
             restore_stall_timeout: Duration::from_secs(90),
-            group_protocol: GroupProtocol::Consumer,
+            group_protocol: GroupProtocol::Auto,
             rejoin_backoff: Backoff::default(),
             task_backoff: Backoff::default(),
             instance_id: None,
@@ -392,6 +417,8 @@ pub struct CausalStreams {
     state_dir: Option<Arc<StateDir>>,
     restores: Arc<Totals>,
     restore_listener: Option<Arc<dyn RestoreListener>>,
+    /// The group protocol the stream threads use, once started.
+    chosen_protocol: Option<GroupProtocol>,
 }
 
 /// What the instance's threads counted: their task starts' restores, and
@@ -529,6 +556,7 @@ impl CausalStreams {
             state_dir: None,
             restores: Arc::default(),
             restore_listener: None,
+            chosen_protocol: None,
         })
     }
 
@@ -654,6 +682,14 @@ impl CausalStreams {
         *lock(&self.state.listener) = Some(Box::new(listener));
     }
 
+    /// The consumer group protocol the stream threads use: the one
+    /// [`StreamsOptions::group_protocol`] names, or, left to the cluster
+    /// ([`GroupProtocol::Auto`]), the one [`start`](Self::start) chose.
+    /// `None` before the start.
+    pub fn group_protocol(&self) -> Option<GroupProtocol> {
+        self.chosen_protocol
+    }
+
     /// Where the application is.
     pub fn state(&self) -> StreamsState {
         lock(&self.state.state).clone()
@@ -666,18 +702,34 @@ impl CausalStreams {
         if self.state() != StreamsState::Created {
             return Err(StreamsError::State(self.state()));
         }
-        let protocol = self.options.group_protocol.name();
-        if let Some(v) = self.config.get("group.protocol")
-            && v != protocol
-        {
-            return Err(StreamsError::Config {
-                setting: "group.protocol".to_owned(),
-                value: v.to_owned(),
-                reason: format!(
-                    "the stream threads use {protocol:?} (StreamsOptions::group_protocol chooses it)"
-                ),
-            });
+        let mut asked = self.options.group_protocol;
+        if let Some(v) = self.config.get("group.protocol") {
+            match (GroupProtocol::from_setting(v), asked.name()) {
+                (Some(named), None) => asked = named,
+                (Some(named), Some(_)) if named == asked => {}
+                (_, protocol) => {
+                    return Err(StreamsError::Config {
+                        setting: "group.protocol".to_owned(),
+                        value: v.to_owned(),
+                        reason: match protocol {
+                            Some(protocol) => format!(
+                                "the stream threads use {protocol:?} (StreamsOptions::group_protocol chooses it)"
+                            ),
+                            None => "it must be \"consumer\" or \"classic\" (or unset, to choose by what the cluster serves)".to_owned(),
+                        },
+                    });
+                }
+            }
         }
+        let cluster = KafkaCluster::new(&self.config, self.options.request_timeout)?;
+        let offered = protocol::offered(&cluster, self.options.request_timeout);
+        let (chosen, why) = protocol::choose(asked, &offered)?;
+        info!(
+            group_protocol = chosen.name().unwrap_or("classic"),
+            reason = %why,
+            "consumer group protocol"
+        );
+        self.chosen_protocol = Some(chosen);
         if let Some(root) = &self.options.state_dir {
             self.state_dir = Some(StateDir::with_cache(
                 root,
@@ -686,7 +738,6 @@ impl CausalStreams {
                 self.options.state_file_cache,
             )?);
         }
-        let cluster = KafkaCluster::new(&self.config, self.options.request_timeout)?;
         self.prepare_topics(&cluster)?;
         self.start_watcher()?;
         self.state.set(StreamsState::Rebalancing);
@@ -697,7 +748,10 @@ impl CausalStreams {
                 app: self.app.clone(),
                 index,
                 config: self.config.clone(),
-                options: self.options.clone(),
+                options: StreamsOptions {
+                    group_protocol: chosen,
+                    ..self.options.clone()
+                },
                 transactional_id: format!(
                     "{}-{}-{index}",
                     self.app.application_id(),
@@ -977,6 +1031,51 @@ mod tests {
         set_prefetch_defaults(&mut own);
         assert_eq!(own.get("queued.max.messages.kbytes"), Some("65536"));
         assert_eq!(own.get("fetch.queue.backoff.ms"), Some("20"));
+    }
+
+    #[test]
+    fn a_group_protocol_client_setting_is_a_choice_that_must_agree_with_the_options() {
+        // Refused before any connection: the bootstrap address is never
+        // dialled.
+        for (asked, setting) in [
+            (GroupProtocol::Classic, "consumer"),
+            (GroupProtocol::Consumer, "classic"),
+            (GroupProtocol::Auto, "cooperative"),
+        ] {
+            let mut c = ClientConfig::new();
+            c.set("bootstrap.servers", "127.0.0.1:1")
+                .set("group.protocol", setting);
+            let mut s = CausalStreams::new(&app(), c)
+                .unwrap()
+                .with_options(StreamsOptions {
+                    group_protocol: asked,
+                    ..StreamsOptions::default()
+                });
+            match s.start() {
+                Err(StreamsError::Config {
+                    setting: name,
+                    value,
+                    ..
+                }) => {
+                    assert_eq!((name.as_str(), value.as_str()), ("group.protocol", setting));
+                }
+                other => panic!("{asked:?} with group.protocol={setting}: {other:?}"),
+            }
+            assert_eq!(s.state(), StreamsState::Created);
+            assert_eq!(s.group_protocol(), None);
+        }
+        assert_eq!(
+            GroupProtocol::from_setting(" Consumer "),
+            Some(GroupProtocol::Consumer)
+        );
+        assert_eq!(
+            GroupProtocol::from_setting("classic"),
+            Some(GroupProtocol::Classic)
+        );
+        assert_eq!(
+            StreamsOptions::default().group_protocol,
+            GroupProtocol::Auto
+        );
     }
 
     #[test]

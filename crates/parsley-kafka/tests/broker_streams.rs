@@ -868,3 +868,99 @@ fn a_plain_producer_stamped_with_causal_clock_is_delivered_in_order() {
     assert!(twice.is_err());
     streams.close(Duration::from_secs(30)).unwrap();
 }
+
+/// Whether every broker of the cluster lists the consumer group protocol
+/// in its `group.coordinator.rebalance.protocols`, asked here with the
+/// admin client (not through the runtime's own check).
+fn cluster_serves_the_consumer_protocol() -> bool {
+    let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
+    let md = cluster
+        .admin()
+        .inner()
+        .fetch_metadata(None, Duration::from_secs(20))
+        .unwrap();
+    let brokers: Vec<ResourceSpecifier<'_>> = md
+        .brokers()
+        .iter()
+        .map(|b| ResourceSpecifier::Broker(b.id()))
+        .collect();
+    assert!(!brokers.is_empty());
+    block_on(
+        cluster
+            .admin()
+            .describe_configs(brokers.iter(), &AdminOptions::new()),
+    )
+    .unwrap()
+    .into_iter()
+    .all(|r| {
+        r.unwrap()
+            .get("group.coordinator.rebalance.protocols")
+            .and_then(|e| e.value.clone())
+            .is_some_and(|v| v.split(',').any(|p| p.trim() == "consumer"))
+    })
+}
+
+/// Left unset, the group protocol is the consumer one on a cluster that
+/// serves it (Kafka 4.0 and later) and the classic one elsewhere, and the
+/// instance processes records under it; asked for explicitly on a cluster
+/// that does not serve it, the consumer protocol fails the start at once
+/// with an error that says so, instead of an instance that never gets an
+/// assignment. The test command runs this on Kafka 4.4 and on the oldest
+/// supported broker, so both answers are exercised.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn the_group_protocol_is_chosen_by_what_the_cluster_serves() {
+    use parsley_kafka::{GroupProtocol, StreamsError, StreamsState};
+    let serves = cluster_serves_the_consumer_protocol();
+    eprintln!("the cluster serves the consumer group protocol: {serves}");
+    let (o, p, s) = (unique("orders"), unique("payments"), unique("settled"));
+    create_topics(&[(&o, 1), (&p, 1), (&s, 1)]);
+    let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
+    let app = ledger(&unique("app"), &orders, &payments, &settled);
+
+    let mut auto = start_with(
+        &app,
+        StreamsOptions {
+            group_protocol: GroupProtocol::Auto,
+            ..options("auto")
+        },
+    );
+    let expected = if serves {
+        GroupProtocol::Consumer
+    } else {
+        GroupProtocol::Classic
+    };
+    assert_eq!(auto.group_protocol(), Some(expected));
+    produce(&o, 0, "o-1", "12", None);
+    let out = read(&s, 1, 1, Duration::from_secs(30));
+    assert_eq!(out[0].1, "order 12");
+    auto.close(Duration::from_secs(30)).unwrap();
+
+    let mut explicit = CausalStreams::new(&app, config())
+        .unwrap()
+        .with_options(StreamsOptions {
+            group_protocol: GroupProtocol::Consumer,
+            ..options("explicit")
+        });
+    let started = Instant::now();
+    let r = explicit.start();
+    if serves {
+        r.unwrap();
+        explicit
+            .wait_until_running(Duration::from_secs(30))
+            .unwrap();
+        assert_eq!(explicit.group_protocol(), Some(GroupProtocol::Consumer));
+        explicit.close(Duration::from_secs(30)).unwrap();
+    } else {
+        match r {
+            Err(e @ StreamsError::GroupProtocolUnsupported { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains("classic"), "{text}");
+                assert!(text.contains("4.0"), "{text}");
+            }
+            other => panic!("expected the consumer protocol refused, got {other:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(20));
+        assert_eq!(explicit.state(), StreamsState::Created);
+    }
+}

@@ -433,7 +433,10 @@ impl StreamThread {
                 changelog_stable_wait: txn_timeout + Duration::from_secs(5),
                 assignment: match self.options.group_protocol {
                     GroupProtocol::Consumer => parsley::runtime::worker::Assignment::Incremental,
-                    GroupProtocol::Classic => parsley::runtime::worker::Assignment::Complete,
+                    // Resolved at start; the classic protocol works everywhere.
+                    GroupProtocol::Classic | GroupProtocol::Auto => {
+                        parsley::runtime::worker::Assignment::Complete
+                    }
                 },
                 thread_id: format!("{}-{}", self.instance, self.index),
                 // Nothing here reads what the tasks did record by record.
@@ -487,7 +490,7 @@ impl StreamThread {
         }
         set_prefetch_defaults(&mut consumer_config);
         match self.options.group_protocol {
-            GroupProtocol::Classic => {
+            GroupProtocol::Classic | GroupProtocol::Auto => {
                 consumer_config.set("partition.assignment.strategy", "range");
             }
             GroupProtocol::Consumer => {

@@ -28,13 +28,18 @@ pub fn config() -> ClientConfig {
 }
 
 /// The runtime options the broker suites start from: the defaults, with
-/// the group protocol `PARSLEY_TEST_GROUP_PROTOCOL` names (`classic` or
-/// `consumer`, the default), so the suite runs under either protocol.
+/// the group protocol `PARSLEY_TEST_GROUP_PROTOCOL` names (`classic`,
+/// `consumer`, or `auto`, the default: chosen by what the cluster serves,
+/// which is the consumer protocol on Kafka 4.0 and later), so the suite
+/// runs under either protocol and on older brokers.
 pub fn options() -> parsley_kafka::StreamsOptions {
     let group_protocol = match std::env::var("PARSLEY_TEST_GROUP_PROTOCOL").as_deref() {
         Ok("classic") => parsley_kafka::GroupProtocol::Classic,
-        Ok("consumer") | Err(_) => parsley_kafka::GroupProtocol::Consumer,
-        Ok(other) => panic!("PARSLEY_TEST_GROUP_PROTOCOL={other:?}: use classic or consumer"),
+        Ok("consumer") => parsley_kafka::GroupProtocol::Consumer,
+        Ok("auto") | Err(_) => parsley_kafka::GroupProtocol::Auto,
+        Ok(other) => {
+            panic!("PARSLEY_TEST_GROUP_PROTOCOL={other:?}: use classic, consumer or auto")
+        }
     };
     parsley_kafka::StreamsOptions {
         group_protocol,
