@@ -88,10 +88,16 @@ PROPS
 }
 
 # Formats a node's log directory with a cluster id: kafka_format DIR ID.
+# PARSLEY_KAFKA_FEATURES (space-separated name=level) sets feature levels
+# at format time, for a cluster shaped like an upgraded one
+# (group.version=0: no consumer group protocol, whatever the settings say).
 kafka_format() {
-    local dir="$1" cluster_id="$2"
+    local dir="$1" cluster_id="$2" features=() f
+    for f in ${PARSLEY_KAFKA_FEATURES:-}; do
+        features+=(--feature "$f")
+    done
     java -cp "$(kafka_classpath)" kafka.tools.StorageTool format -t "$cluster_id" \
-        -c "$dir/server.properties" >"$dir/format.log" 2>&1 \
+        -c "$dir/server.properties" ${features[@]+"${features[@]}"} >"$dir/format.log" 2>&1 \
         || { log "formatting $dir failed:"; cat "$dir/format.log" >&2; exit 1; }
 }
 

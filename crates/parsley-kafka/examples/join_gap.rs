@@ -12,7 +12,9 @@
 //! notes when each partition's output advances. A second instance joins;
 //! once the group settles, the largest gap between two outputs of each
 //! partition during the join is reported, split by whether its task stayed
-//! on the first instance.
+//! on the first instance, with the transactions the two instances aborted
+//! meanwhile. A protocol the cluster does not serve is skipped with a line
+//! that says so (the consumer protocol before Kafka 4.0).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -23,7 +25,9 @@ use tracing_subscriber::Layer as _;
 
 use parsley::runtime::host::TopicMetadata;
 use parsley::*;
-use parsley_kafka::{CausalStreams, GroupProtocol, KafkaCluster, StreamsOptions, StreamsState};
+use parsley_kafka::{
+    CausalStreams, GroupProtocol, KafkaCluster, StreamsError, StreamsOptions, StreamsState,
+};
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message as _;
@@ -68,7 +72,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         {
             continue;
         }
-        run(&config, keys, protocol)?;
+        match run(&config, keys, protocol) {
+            Err(e)
+                if matches!(
+                    e.downcast_ref::<StreamsError>(),
+                    Some(StreamsError::GroupProtocolUnsupported { .. })
+                ) =>
+            {
+                println!("{protocol:?}: not served by this cluster ({e})");
+            }
+            r => r?,
+        }
     }
     Ok(())
 }
@@ -199,6 +213,7 @@ fn run(
         }
     };
     read(Instant::now() + Duration::from_secs(2), false);
+    let aborted_before = a.aborted_transactions();
     let b = start("b")?;
     let began = Instant::now();
     let settled = |a: &CausalStreams, b: &CausalStreams| {
@@ -220,8 +235,9 @@ fn run(
             .max()
             .unwrap_or_default()
     };
+    let aborted = (a.aborted_transactions() - aborted_before) + b.aborted_transactions();
     println!(
-        "{protocol:?}, {keys} keys: largest gap of a task that stayed {:.0} ms, of one that moved {:.0} ms ({} stayed, {} moved; settled after {:.2} s)",
+        "{protocol:?}, {keys} keys: largest gap of a task that stayed {:.0} ms, of one that moved {:.0} ms ({} stayed, {} moved; settled after {:.2} s; {aborted} transaction(s) aborted during the join)",
         worst(&mut stayed.iter().copied()).as_secs_f64() * 1e3,
         worst(&mut (0..PARTITIONS).filter(|p| !stayed.contains(p))).as_secs_f64() * 1e3,
         stayed.len(),

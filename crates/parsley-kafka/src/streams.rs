@@ -103,8 +103,11 @@ pub enum GroupProtocol {
     /// later), else the classic one (Kafka 3.7 to 3.9, or brokers that
     /// could not be asked). The choice and its reason are logged once at
     /// INFO, and [`CausalStreams::group_protocol`] says which it was. A
-    /// `group.protocol` in the client configuration counts as an explicit
-    /// choice. The default.
+    /// cluster that lists the consumer protocol but refuses it at the join
+    /// (`UnsupportedVersion`: a 4.x cluster upgraded from 3.x whose
+    /// `group.version` feature is still 0) has its stream threads join
+    /// again with the classic protocol, with a WARN. A `group.protocol` in
+    /// the client configuration counts as an explicit choice. The default.
     #[default]
     Auto,
     /// The consumer group protocol of KIP-848 (Kafka 4.0 and later), with
@@ -417,8 +420,10 @@ pub struct CausalStreams {
     state_dir: Option<Arc<StateDir>>,
     restores: Arc<Totals>,
     restore_listener: Option<Arc<dyn RestoreListener>>,
-    /// The group protocol the stream threads use, once started.
-    chosen_protocol: Option<GroupProtocol>,
+    /// The group protocol the stream threads use, once started (a thread
+    /// whose consumer protocol the coordinator refused sets the classic
+    /// one).
+    chosen_protocol: Arc<Mutex<Option<GroupProtocol>>>,
 }
 
 /// What the instance's threads counted: their task starts' restores, and
@@ -429,6 +434,7 @@ struct Totals {
     from_local: AtomicU64,
     rebuilt: AtomicU64,
     producers_replaced: AtomicU64,
+    aborts: AtomicU64,
 }
 
 /// What this instance's task starts restored so far
@@ -556,7 +562,7 @@ impl CausalStreams {
             state_dir: None,
             restores: Arc::default(),
             restore_listener: None,
-            chosen_protocol: None,
+            chosen_protocol: Arc::default(),
         })
     }
 
@@ -672,6 +678,16 @@ impl CausalStreams {
         self.restores.producers_replaced.load(Ordering::Relaxed)
     }
 
+    /// How many transactions this instance's stream threads aborted: for a
+    /// fault (a broker down or moving, an offset commit refused during a
+    /// rebalance), a failed task, or an assignment lost with work open.
+    /// Each one's work is redone from the committed state; none of it is
+    /// lost or written twice. A steady count while the group is stable and
+    /// the brokers are up is worth a look.
+    pub fn aborted_transactions(&self) -> u64 {
+        self.restores.aborts.load(Ordering::Relaxed)
+    }
+
     /// Calls `listener(old, new)` on every change of state from now on, on
     /// the thread that makes the change (a stream thread, for a failure):
     /// keep it short and do not call back into this instance from it.
@@ -687,7 +703,7 @@ impl CausalStreams {
     /// ([`GroupProtocol::Auto`]), the one [`start`](Self::start) chose.
     /// `None` before the start.
     pub fn group_protocol(&self) -> Option<GroupProtocol> {
-        self.chosen_protocol
+        *lock(&self.chosen_protocol)
     }
 
     /// Where the application is.
@@ -729,7 +745,7 @@ impl CausalStreams {
             reason = %why,
             "consumer group protocol"
         );
-        self.chosen_protocol = Some(chosen);
+        *lock(&self.chosen_protocol) = Some(chosen);
         if let Some(root) = &self.options.state_dir {
             self.state_dir = Some(StateDir::with_cache(
                 root,
@@ -772,6 +788,8 @@ impl CausalStreams {
                 state_dir: self.state_dir.clone(),
                 restores: self.restores.clone(),
                 restore_listener: self.restore_listener.clone(),
+                protocol: self.chosen_protocol.clone(),
+                protocol_chosen_by_cluster: asked == GroupProtocol::Auto,
             };
             self.phases.push(thread.phase.clone());
             let state = self.state.clone();
@@ -969,6 +987,8 @@ impl Shared {
             now.producer_replacements - self.seen.producer_replacements,
             Ordering::Relaxed,
         );
+        r.aborts
+            .fetch_add(now.aborts - self.seen.aborts, Ordering::Relaxed);
         self.seen = now;
     }
 

@@ -546,6 +546,7 @@ fn a_fenced_stream_thread_replaces_its_producer_and_goes_on_exactly_once() {
     }
     assert_eq!(read(&s, 1, N / 2, Duration::from_secs(30)).len(), N / 2);
     assert_eq!(streams.producer_replacements(), 0);
+    assert_eq!(streams.aborted_transactions(), 0);
 
     // Another producer initialises the thread's transactional id: the
     // thread's producer is fenced at its next transaction.
@@ -562,10 +563,16 @@ fn a_fenced_stream_thread_replaces_its_producer_and_goes_on_exactly_once() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let (replaced, rejoins) = (streams.producer_replacements(), streams.rejoins());
+    let aborted = streams.aborted_transactions();
     streams.close(Duration::from_secs(30)).unwrap();
     assert!(
         replaced >= 1,
         "the fenced thread replaced its producer ({replaced})"
+    );
+    // The fenced transaction ended with its producer, as an abort.
+    assert!(
+        aborted >= replaced,
+        "{aborted} aborted, {replaced} replaced"
     );
     assert_eq!(rejoins, 0, "and kept its membership");
     let values: Vec<String> = out.iter().map(|(_, v, _)| v.clone()).collect();
@@ -905,14 +912,23 @@ fn cluster_serves_the_consumer_protocol() -> bool {
 /// instance processes records under it; asked for explicitly on a cluster
 /// that does not serve it, the consumer protocol fails the start at once
 /// with an error that says so, instead of an instance that never gets an
-/// assignment. The test command runs this on Kafka 4.4 and on the oldest
-/// supported broker, so both answers are exercised.
+/// assignment. A cluster whose settings list the consumer protocol while
+/// its `group.version` feature is 0 (one upgraded from 3.x) refuses the
+/// protocol only at the join: there the choice falls back to the classic
+/// protocol, and an explicit consumer protocol fails the instance with the
+/// broker's refusal. `PARSLEY_TEST_GROUP_VERSION=0` says the cluster is of
+/// that kind. The test command runs this on Kafka 4.4, on the oldest
+/// supported broker, and on a 4.4 broker formatted with group.version=0,
+/// so every answer is exercised.
 #[test]
 #[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
 fn the_group_protocol_is_chosen_by_what_the_cluster_serves() {
     use parsley_kafka::{GroupProtocol, StreamsError, StreamsState};
-    let serves = cluster_serves_the_consumer_protocol();
-    eprintln!("the cluster serves the consumer group protocol: {serves}");
+    let listed = cluster_serves_the_consumer_protocol();
+    let refused_at_join = std::env::var("PARSLEY_TEST_GROUP_VERSION").as_deref() == Ok("0");
+    eprintln!(
+        "the cluster lists the consumer group protocol: {listed}; refuses it at the join: {refused_at_join}"
+    );
     let (o, p, s) = (unique("orders"), unique("payments"), unique("settled"));
     create_topics(&[(&o, 1), (&p, 1), (&s, 1)]);
     let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
@@ -925,7 +941,7 @@ fn the_group_protocol_is_chosen_by_what_the_cluster_serves() {
             ..options("auto")
         },
     );
-    let expected = if serves {
+    let expected = if listed && !refused_at_join {
         GroupProtocol::Consumer
     } else {
         GroupProtocol::Classic
@@ -944,23 +960,38 @@ fn the_group_protocol_is_chosen_by_what_the_cluster_serves() {
         });
     let started = Instant::now();
     let r = explicit.start();
-    if serves {
-        r.unwrap();
-        explicit
-            .wait_until_running(Duration::from_secs(30))
-            .unwrap();
-        assert_eq!(explicit.group_protocol(), Some(GroupProtocol::Consumer));
-        explicit.close(Duration::from_secs(30)).unwrap();
-    } else {
-        match r {
-            Err(e @ StreamsError::GroupProtocolUnsupported { .. }) => {
-                let text = e.to_string();
-                assert!(text.contains("classic"), "{text}");
-                assert!(text.contains("4.0"), "{text}");
-            }
-            other => panic!("expected the consumer protocol refused, got {other:?}"),
+    match (listed, refused_at_join) {
+        (true, false) => {
+            r.unwrap();
+            explicit
+                .wait_until_running(Duration::from_secs(30))
+                .unwrap();
+            assert_eq!(explicit.group_protocol(), Some(GroupProtocol::Consumer));
+            explicit.close(Duration::from_secs(30)).unwrap();
         }
-        assert!(started.elapsed() < Duration::from_secs(20));
-        assert_eq!(explicit.state(), StreamsState::Created);
+        (true, true) => {
+            // Nothing in the settings says no: the start goes ahead, and
+            // the join's refusal fails the instance (no fallback for a
+            // protocol the user named).
+            r.unwrap();
+            let e = explicit
+                .wait_until_running(Duration::from_secs(30))
+                .expect_err("the coordinator refuses the consumer protocol");
+            assert!(format!("{e}").contains("UnsupportedVersion"), "{e}");
+            assert!(started.elapsed() < Duration::from_secs(25));
+            let _ = explicit.close(Duration::from_secs(30));
+        }
+        (false, _) => {
+            match r {
+                Err(e @ StreamsError::GroupProtocolUnsupported { .. }) => {
+                    let text = e.to_string();
+                    assert!(text.contains("classic"), "{text}");
+                    assert!(text.contains("4.0"), "{text}");
+                }
+                other => panic!("expected the consumer protocol refused, got {other:?}"),
+            }
+            assert!(started.elapsed() < Duration::from_secs(20));
+            assert_eq!(explicit.state(), StreamsState::Created);
+        }
     }
 }

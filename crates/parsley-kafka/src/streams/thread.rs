@@ -47,6 +47,13 @@ pub(super) struct StreamThread {
     pub(super) state_dir: Option<Arc<StateDir>>,
     pub(super) restores: Arc<Totals>,
     pub(super) restore_listener: Option<Arc<dyn RestoreListener>>,
+    /// The group protocol this thread uses, shared with the instance
+    /// ([`CausalStreams::group_protocol`](super::CausalStreams::group_protocol)),
+    /// and whether the cluster chose it ([`GroupProtocol::Auto`]): such a
+    /// choice falls back to the classic protocol if the coordinator
+    /// refuses the consumer one at the join.
+    pub(super) protocol: Arc<Mutex<Option<GroupProtocol>>>,
+    pub(super) protocol_chosen_by_cluster: bool,
 }
 
 /// How one membership of a stream thread ended.
@@ -57,6 +64,9 @@ enum Session {
     Rejoin,
     /// A failure the error handler already answered (a task's).
     Failed(StreamsError, ErrorResponse),
+    /// The group coordinator refused the consumer group protocol that
+    /// [`GroupProtocol::Auto`] chose: join again with the classic one.
+    Classic,
 }
 
 /// librdkafka's message as the worker and its task read it. Its header list is looked up
@@ -194,7 +204,7 @@ impl StreamThread {
     /// (a zombie that woke after the group moved on, or a commit whose fate
     /// is unknown) has already dropped its tasks, and joins again with a new
     /// producer and consumer. Any other failure stops the thread.
-    pub(super) fn run(self) -> Result<(), StreamsError> {
+    pub(super) fn run(mut self) -> Result<(), StreamsError> {
         let backoff = self.options.rejoin_backoff;
         // Failures and rejoins in a row, for the backoff.
         let mut in_a_row = 0;
@@ -223,6 +233,12 @@ impl StreamThread {
                     if !self.pause(wait) {
                         return Ok(());
                     }
+                    continue;
+                }
+                Ok(Session::Classic) => {
+                    self.readiness.set(self.index, false);
+                    self.options.group_protocol = GroupProtocol::Classic;
+                    *lock(&self.protocol) = Some(GroupProtocol::Classic);
                     continue;
                 }
                 Ok(Session::Failed(e, response)) => (e, Some(response)),
@@ -623,6 +639,23 @@ impl StreamThread {
                             worker.offset_out_of_range(cluster)?;
                             shared.settle(&consumer)?;
                             break true;
+                        }
+                        Some(Err(e))
+                            if self.protocol_chosen_by_cluster
+                                && self.options.group_protocol == GroupProtocol::Consumer
+                                && e.rdkafka_error_code()
+                                    == Some(
+                                        rdkafka::types::RDKafkaErrorCode::UnsupportedVersion,
+                                    ) =>
+                        {
+                            // The brokers list the consumer protocol, yet the
+                            // coordinator refuses its heartbeat: a cluster
+                            // whose group.version feature is not finalized
+                            // (one upgraded from 3.x, say).
+                            warn!(thread = self.index, error = %e, "the group coordinator refused the consumer group protocol the cluster's configuration lists (is its group.version feature finalized?); joining with the classic protocol");
+                            drop(shared);
+                            leave(&mut publisher);
+                            return Ok(Some(Session::Classic));
                         }
                         Some(Err(e)) => {
                             // The client says whether it gives up on the
