@@ -740,11 +740,14 @@ impl CausalStreams {
         let cluster = KafkaCluster::new(&self.config, self.options.request_timeout)?;
         let offered = protocol::offered(&cluster, self.options.request_timeout);
         let (chosen, why) = protocol::choose(asked, &offered)?;
-        info!(
-            group_protocol = chosen.name().unwrap_or("classic"),
-            reason = %why,
-            "consumer group protocol"
-        );
+        let group_protocol = chosen.name().unwrap_or("classic");
+        if asked == GroupProtocol::Auto && matches!(offered, protocol::Offered::Unknown(_)) {
+            // A 4.x cluster would have served the consumer protocol: say
+            // how to choose it.
+            warn!(group_protocol, reason = %why, "consumer group protocol chosen without the brokers' answer; StreamsOptions::group_protocol names one explicitly");
+        } else {
+            info!(group_protocol, reason = %why, "consumer group protocol");
+        }
         *lock(&self.chosen_protocol) = Some(chosen);
         if let Some(root) = &self.options.state_dir {
             self.state_dir = Some(StateDir::with_cache(
