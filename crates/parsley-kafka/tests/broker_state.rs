@@ -248,9 +248,12 @@ fn a_fold_state_larger_than_the_cache_counts_right_from_its_files() {
     std::thread::sleep(Duration::from_millis(700));
     let m = first.metrics();
     let reads: u64 = m.iter().map(|t| t.fold_store_reads_total).sum();
+    let skipped: u64 = m.iter().map(|t| t.fold_store_reads_skipped_total).sum();
     let evictions = evicted(&first);
     let resident: u64 = m.iter().map(|t| t.fold_cache_bytes).sum();
-    eprintln!("fold cache: {reads} reads, {evictions} evictions, {resident} bytes resident");
+    eprintln!(
+        "fold cache: {reads} reads, {skipped} skipped by the key filter, {evictions} evictions, {resident} bytes resident"
+    );
     first.close(Duration::from_secs(60)).unwrap();
     // The first pass's keys were new: the key filter answered nearly all
     // of them without the files (a wrong "may hold" costs a read about
@@ -263,6 +266,11 @@ fn a_fold_state_larger_than_the_cache_counts_right_from_its_files() {
     assert!(
         reads <= KEYS as u64 + KEYS as u64 / 20,
         "the first pass's new keys were answered by the filter: {reads} reads"
+    );
+    // And the metric says so: all of them but the filter's few mistakes.
+    assert!(
+        skipped >= KEYS as u64 - KEYS as u64 / 20 && skipped <= KEYS as u64,
+        "{skipped} reads skipped"
     );
     // Each pass left all but what fits in the cache (some 600 counts).
     assert!(evictions >= 3 * KEYS as u64 / 2, "{evictions} evictions");

@@ -81,6 +81,9 @@ pub const FOLD_STORE_READS_TOTAL: &str = "fold-store-reads-total";
 /// Fold state entries that left memory for the task's local store
 /// (counter).
 pub const FOLD_CACHE_EVICTIONS_TOTAL: &str = "fold-cache-evictions-total";
+/// Fold state reads of keys in neither memory nor, by the key filter's
+/// answer, the task's local store: answered without reading it (counter).
+pub const FOLD_STORE_READS_SKIPPED_TOTAL: &str = "fold-store-reads-skipped-total";
 /// The task's partitions whose fetching is paused because its holds passed
 /// the budget (gauge).
 pub const PARTITIONS_PAUSED: &str = "partitions-paused";
@@ -142,6 +145,9 @@ pub struct TaskMetrics {
     /// [`FOLD_CACHE_EVICTIONS_TOTAL`], since the task started on this
     /// thread.
     pub fold_cache_evictions_total: u64,
+    /// [`FOLD_STORE_READS_SKIPPED_TOTAL`], since the task started on this
+    /// thread.
+    pub fold_store_reads_skipped_total: u64,
     /// [`PARTITIONS_PAUSED`].
     pub partitions_paused: u64,
     /// [`HOLD_PAUSES_TOTAL`], since the task came to this thread.
@@ -253,6 +259,11 @@ fn describe() {
         Unit::Count,
         "Fold state entries that left memory for the task's local store."
     );
+    describe_counter!(
+        FOLD_STORE_READS_SKIPPED_TOTAL,
+        Unit::Count,
+        "Fold state reads of keys the task's local store cannot hold, answered by its key filter without reading the store."
+    );
     describe_gauge!(
         HOLD_BUDGET_BYTES,
         Unit::Bytes,
@@ -299,6 +310,8 @@ pub(crate) struct FoldCounts {
     pub(crate) evicted: u64,
     /// Evictions put off because the local store lagged.
     pub(crate) withheld: u64,
+    /// Reads the key filter answered without the local store.
+    pub(crate) skipped: u64,
 }
 
 /// What [`TaskMeters::count`] counted since its last call.
@@ -345,6 +358,7 @@ pub(crate) struct TaskMeters {
     fold_bytes: Gauge,
     fold_reads: Counter,
     fold_evictions: Counter,
+    fold_skipped: Counter,
     /// The fold store's own counts at the last export (they live as long
     /// as the task's store, across aborts).
     fold_exported: FoldCounts,
@@ -421,6 +435,7 @@ impl TaskMeters {
             fold_bytes: gauge(FOLD_CACHE_BYTES),
             fold_reads: counter(FOLD_STORE_READS_TOTAL),
             fold_evictions: counter(FOLD_CACHE_EVICTIONS_TOTAL),
+            fold_skipped: counter(FOLD_STORE_READS_SKIPPED_TOTAL),
             fold_exported: FoldCounts::default(),
             held_exported: (0, 0),
             paused: gauge(PARTITIONS_PAUSED),
@@ -470,13 +485,16 @@ impl TaskMeters {
             reads: c.disk_reads.saturating_sub(self.fold_exported.reads),
             evicted: c.evicted.saturating_sub(self.fold_exported.evicted),
             withheld: c.withheld.saturating_sub(self.fold_exported.withheld),
+            skipped: c.filtered_reads.saturating_sub(self.fold_exported.skipped),
         };
         self.fold_reads.increment(d.reads);
         self.fold_evictions.increment(d.evicted);
+        self.fold_skipped.increment(d.skipped);
         self.fold_exported = FoldCounts {
             reads: c.disk_reads,
             evicted: c.evicted,
             withheld: c.withheld,
+            skipped: c.filtered_reads,
         };
         d
     }
@@ -601,6 +619,7 @@ impl TaskMeters {
             fold_cache_bytes: fold_bytes as u64,
             fold_store_reads_total: self.fold_exported.reads,
             fold_cache_evictions_total: self.fold_exported.evicted,
+            fold_store_reads_skipped_total: self.fold_exported.skipped,
             partitions_paused: paused as u64,
             hold_pauses_total: self.pauses_total,
             topics,
