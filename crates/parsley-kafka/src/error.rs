@@ -45,7 +45,7 @@ pub enum StreamsError {
     /// asked for, and the cluster's brokers say they do not serve it: its
     /// members would wait for an assignment that never comes.
     #[error(
-        "StreamsOptions::group_protocol asks for the consumer group protocol (KIP-848), which the cluster does not serve: {offered}. Kafka 4.0 and later serve it (3.7 to 3.9 only when their group.coordinator.rebalance.protocols lists \"consumer\"); set GroupProtocol::Classic, or leave group_protocol unset to choose by what the cluster serves"
+        "StreamsOptions::group_protocol asks for the consumer group protocol (KIP-848), which the cluster does not serve: {offered}. Kafka 4.0 and later serve it; set GroupProtocol::Classic, or leave group_protocol unset to choose by what the cluster serves"
     )]
     GroupProtocolUnsupported {
         /// What the brokers said (their `group.coordinator.rebalance.protocols`).
