@@ -738,17 +738,11 @@ impl CausalStreams {
             }
         }
         let cluster = KafkaCluster::new(&self.config, self.options.request_timeout)?;
-        let offered = protocol::offered(&cluster, self.options.request_timeout);
-        let (chosen, why) = protocol::choose(asked, &offered)?;
-        let group_protocol = chosen.name().unwrap_or("classic");
-        if asked == GroupProtocol::Auto && matches!(offered, protocol::Offered::Unknown(_)) {
-            // A 4.x cluster would have served the consumer protocol: say
-            // how to choose it.
-            warn!(group_protocol, reason = %why, "consumer group protocol chosen without the brokers' answer; StreamsOptions::group_protocol names one explicitly");
-        } else {
-            info!(group_protocol, reason = %why, "consumer group protocol");
-        }
-        *lock(&self.chosen_protocol) = Some(chosen);
+        let choice = protocol::choose(asked, || {
+            protocol::offered(&cluster, self.options.request_timeout)
+        })?;
+        choice.log();
+        *lock(&self.chosen_protocol) = Some(choice.protocol);
         if let Some(root) = &self.options.state_dir {
             self.state_dir = Some(StateDir::with_cache(
                 root,
@@ -767,8 +761,10 @@ impl CausalStreams {
                 app: self.app.clone(),
                 index,
                 config: self.config.clone(),
+                // What was asked (a client setting included): the thread
+                // reads the chosen protocol from `protocol`.
                 options: StreamsOptions {
-                    group_protocol: chosen,
+                    group_protocol: asked,
                     ..self.options.clone()
                 },
                 transactional_id: format!(
@@ -792,7 +788,6 @@ impl CausalStreams {
                 restores: self.restores.clone(),
                 restore_listener: self.restore_listener.clone(),
                 protocol: self.chosen_protocol.clone(),
-                protocol_chosen_by_cluster: asked == GroupProtocol::Auto,
             };
             self.phases.push(thread.phase.clone());
             let state = self.state.clone();

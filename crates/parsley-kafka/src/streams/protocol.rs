@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use futures_executor::block_on;
 use rdkafka::admin::{AdminOptions, ResourceSpecifier};
+use tracing::{info, warn};
 
 use super::GroupProtocol;
 use crate::KafkaCluster;
@@ -80,22 +81,32 @@ pub(crate) fn offered(cluster: &KafkaCluster, timeout: Duration) -> Offered {
         Ok(answers) => answers,
         Err(e) => return Offered::Unknown(e.to_string()),
     };
+    combine(answers.into_iter().map(|answer| {
+        answer
+            .map(|resource| {
+                resource
+                    .get(PROTOCOLS_SETTING)
+                    .and_then(|entry| entry.value.clone())
+            })
+            .map_err(|code| format!("DescribeConfigs: {code}"))
+    }))
+}
+
+/// What the brokers serve together, from each broker's answer: its
+/// setting's value (`None`: the broker does not report it), or why it
+/// could not answer. A protocol counts only if every broker lists it,
+/// since any of them may coordinate the group.
+fn combine(answers: impl IntoIterator<Item = Result<Option<String>, String>>) -> Offered {
     let mut common: Option<BTreeSet<String>> = None;
     for answer in answers {
-        let resource = match answer {
-            Ok(resource) => resource,
-            Err(code) => return Offered::Unknown(format!("DescribeConfigs: {code}")),
+        let listed = match answer {
+            Ok(Some(listed)) => parse_list(&listed),
+            Ok(None) => return Offered::NotReported,
+            Err(why) => return Offered::Unknown(why),
         };
-        let Some(listed) = resource
-            .get(PROTOCOLS_SETTING)
-            .and_then(|entry| entry.value.clone())
-        else {
-            return Offered::NotReported;
-        };
-        let set = parse_list(&listed);
         common = Some(match common {
-            None => set,
-            Some(before) => before.intersection(&set).cloned().collect(),
+            None => listed,
+            Some(before) => before.intersection(&listed).cloned().collect(),
         });
     }
     common.map_or_else(
@@ -112,50 +123,87 @@ fn parse_list(value: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The protocol the stream threads use, and why, from what the user asked
-/// for and what the cluster offers. An explicit choice is kept, except a
+/// The protocol the stream threads use, and why.
+#[derive(Debug)]
+pub(crate) struct Choice {
+    /// Never [`GroupProtocol::Auto`].
+    pub(crate) protocol: GroupProtocol,
+    reason: String,
+    /// Left to the cluster, which could not be asked.
+    blind: bool,
+}
+
+impl Choice {
+    /// Says which protocol was taken and why, once: at INFO, or at WARN
+    /// when the cluster could not be asked (a 4.x cluster would have served
+    /// the consumer protocol).
+    pub(crate) fn log(&self) {
+        let group_protocol = self.protocol.name().unwrap_or("classic");
+        let reason = &self.reason;
+        if self.blind {
+            warn!(group_protocol, %reason, "consumer group protocol chosen without the brokers' answer; StreamsOptions::group_protocol names one explicitly");
+        } else {
+            info!(group_protocol, %reason, "consumer group protocol");
+        }
+    }
+}
+
+/// The protocol the stream threads use, from what the user asked for and
+/// what the cluster offers (asked only when that matters: not for an
+/// explicit classic protocol). An explicit choice is kept, except a
 /// consumer protocol the brokers say they do not serve, which is refused
 /// with [`StreamsError::GroupProtocolUnsupported`]. Left to the cluster,
 /// the consumer protocol is taken where every broker serves it, and the
 /// classic one otherwise (it works on every broker).
 pub(crate) fn choose(
     asked: GroupProtocol,
-    offered: &Offered,
-) -> Result<(GroupProtocol, String), StreamsError> {
-    match (asked, offered.consumer()) {
-        (GroupProtocol::Classic, _) => Ok((
+    offered: impl FnOnce() -> Offered,
+) -> Result<Choice, StreamsError> {
+    let choice = |protocol, reason| Choice {
+        protocol,
+        reason,
+        blind: false,
+    };
+    if asked == GroupProtocol::Classic {
+        return Ok(choice(
             GroupProtocol::Classic,
             "StreamsOptions::group_protocol asks for it".to_owned(),
-        )),
-        (GroupProtocol::Consumer, Some(false)) => Err(StreamsError::GroupProtocolUnsupported {
-            offered: offered.describe(),
-        }),
-        (GroupProtocol::Consumer, _) => Ok((
+        ));
+    }
+    let offered = offered();
+    Ok(match (asked, offered.consumer()) {
+        (GroupProtocol::Consumer, Some(false)) => {
+            return Err(StreamsError::GroupProtocolUnsupported {
+                offered: offered.describe(),
+            });
+        }
+        (GroupProtocol::Consumer, _) => choice(
             GroupProtocol::Consumer,
             format!(
                 "StreamsOptions::group_protocol asks for it; {}",
                 offered.describe()
             ),
-        )),
-        (GroupProtocol::Auto, Some(true)) => Ok((
+        ),
+        (_, Some(true)) => choice(
             GroupProtocol::Consumer,
             format!("chosen by the cluster: {}", offered.describe()),
-        )),
-        (GroupProtocol::Auto, Some(false)) => Ok((
+        ),
+        (_, Some(false)) => choice(
             GroupProtocol::Classic,
             format!(
                 "chosen by the cluster: {}, without the consumer protocol (Kafka 4.0 and later serve it)",
                 offered.describe()
             ),
-        )),
-        (GroupProtocol::Auto, None) => Ok((
-            GroupProtocol::Classic,
-            format!(
+        ),
+        (_, None) => Choice {
+            protocol: GroupProtocol::Classic,
+            reason: format!(
                 "{}: the classic protocol, which every broker serves",
                 offered.describe()
             ),
-        )),
-    }
+            blind: true,
+        },
+    })
 }
 
 #[cfg(test)]
@@ -168,7 +216,7 @@ mod tests {
 
     #[test]
     fn left_to_the_cluster_the_consumer_protocol_is_taken_where_every_broker_serves_it() {
-        let chosen = |o: &Offered| choose(GroupProtocol::Auto, o).unwrap().0;
+        let chosen = |o: &Offered| choose(GroupProtocol::Auto, || o.clone()).unwrap().protocol;
         assert_eq!(
             chosen(&listed("classic,consumer,streams")),
             GroupProtocol::Consumer
@@ -190,7 +238,7 @@ mod tests {
     #[test]
     fn an_explicit_consumer_protocol_the_cluster_does_not_serve_is_refused_with_its_reason() {
         for offered in [listed("classic"), Offered::NotReported] {
-            match choose(GroupProtocol::Consumer, &offered) {
+            match choose(GroupProtocol::Consumer, || offered.clone()) {
                 Err(e @ StreamsError::GroupProtocolUnsupported { .. }) => {
                     let text = e.to_string();
                     assert!(text.contains("4.0"), "{text}");
@@ -206,24 +254,59 @@ mod tests {
             Offered::Unknown("timed out".to_owned()),
         ] {
             assert_eq!(
-                choose(GroupProtocol::Consumer, &offered).unwrap().0,
+                choose(GroupProtocol::Consumer, || offered)
+                    .unwrap()
+                    .protocol,
                 GroupProtocol::Consumer
             );
         }
     }
 
     #[test]
-    fn an_explicit_classic_protocol_is_kept_whatever_the_cluster_serves() {
-        for offered in [
-            listed("classic,consumer"),
-            listed("classic"),
-            Offered::NotReported,
-            Offered::Unknown("x".to_owned()),
-        ] {
-            assert_eq!(
-                choose(GroupProtocol::Classic, &offered).unwrap().0,
-                GroupProtocol::Classic
-            );
-        }
+    fn a_protocol_counts_only_when_every_broker_lists_it() {
+        let some = |v: &str| Ok(Some(v.to_owned()));
+        // Mid-upgrade: one broker without the consumer protocol.
+        assert_eq!(
+            combine([some("classic,consumer"), some("classic")]),
+            listed("classic")
+        );
+        assert_eq!(
+            combine([some("classic,consumer,streams"), some("consumer,classic")]),
+            listed("classic,consumer")
+        );
+        assert_eq!(
+            combine([some("classic,consumer"), Ok(None)]),
+            Offered::NotReported
+        );
+        assert!(matches!(
+            combine([some("classic,consumer"), Err("denied".to_owned())]),
+            Offered::Unknown(_)
+        ));
+        assert!(matches!(combine([]), Offered::Unknown(_)));
+    }
+
+    #[test]
+    fn an_explicit_classic_protocol_is_kept_without_asking_the_cluster() {
+        let c = choose(GroupProtocol::Classic, || {
+            panic!("the brokers are not asked for an explicit classic protocol")
+        })
+        .unwrap();
+        assert_eq!(c.protocol, GroupProtocol::Classic);
+        assert!(!c.blind);
+    }
+
+    #[test]
+    fn only_a_choice_left_to_a_cluster_that_could_not_be_asked_is_blind() {
+        let blind = |asked, o: Offered| choose(asked, || o).unwrap().blind;
+        assert!(blind(
+            GroupProtocol::Auto,
+            Offered::Unknown("denied".to_owned())
+        ));
+        assert!(!blind(GroupProtocol::Auto, listed("classic")));
+        assert!(!blind(GroupProtocol::Auto, Offered::NotReported));
+        assert!(!blind(
+            GroupProtocol::Consumer,
+            Offered::Unknown("denied".to_owned())
+        ));
     }
 }

@@ -47,13 +47,13 @@ pub(super) struct StreamThread {
     pub(super) state_dir: Option<Arc<StateDir>>,
     pub(super) restores: Arc<Totals>,
     pub(super) restore_listener: Option<Arc<dyn RestoreListener>>,
-    /// The group protocol this thread uses, shared with the instance
-    /// ([`CausalStreams::group_protocol`](super::CausalStreams::group_protocol)),
-    /// and whether the cluster chose it ([`GroupProtocol::Auto`]): such a
-    /// choice falls back to the classic protocol if the coordinator
-    /// refuses the consumer one at the join.
+    /// The group protocol the threads use, chosen at start and shared with
+    /// the instance
+    /// ([`CausalStreams::group_protocol`](super::CausalStreams::group_protocol)).
+    /// One left to the cluster (`options.group_protocol` is
+    /// [`GroupProtocol::Auto`]) falls back to the classic protocol if the
+    /// coordinator refuses the consumer one at the join.
     pub(super) protocol: Arc<Mutex<Option<GroupProtocol>>>,
-    pub(super) protocol_chosen_by_cluster: bool,
 }
 
 /// How one membership of a stream thread ended.
@@ -204,7 +204,7 @@ impl StreamThread {
     /// (a zombie that woke after the group moved on, or a commit whose fate
     /// is unknown) has already dropped its tasks, and joins again with a new
     /// producer and consumer. Any other failure stops the thread.
-    pub(super) fn run(mut self) -> Result<(), StreamsError> {
+    pub(super) fn run(self) -> Result<(), StreamsError> {
         let backoff = self.options.rejoin_backoff;
         // Failures and rejoins in a row, for the backoff.
         let mut in_a_row = 0;
@@ -237,7 +237,6 @@ impl StreamThread {
                 }
                 Ok(Session::Classic) => {
                     self.readiness.set(self.index, false);
-                    self.options.group_protocol = GroupProtocol::Classic;
                     *lock(&self.protocol) = Some(GroupProtocol::Classic);
                     continue;
                 }
@@ -397,6 +396,9 @@ impl StreamThread {
     }
 
     fn session(&self) -> Result<Session, StreamsError> {
+        // Set at start, before any thread runs; classic is what every
+        // broker serves.
+        let protocol = lock(&self.protocol).unwrap_or(GroupProtocol::Classic);
         set_phase(
             &self.phase,
             "joining the group (producer and consumer set-up)",
@@ -447,7 +449,7 @@ impl StreamThread {
                 // A transaction left unresolved on a changelog resolves
                 // within its timeout (its coordinator aborts it then).
                 changelog_stable_wait: txn_timeout + Duration::from_secs(5),
-                assignment: match self.options.group_protocol {
+                assignment: match protocol {
                     GroupProtocol::Consumer => parsley::runtime::worker::Assignment::Incremental,
                     // Resolved at start; the classic protocol works everywhere.
                     GroupProtocol::Classic | GroupProtocol::Auto => {
@@ -491,7 +493,7 @@ impl StreamThread {
                 rejoin: None,
                 assigned: false,
                 ending: false,
-                incremental: self.options.group_protocol == GroupProtocol::Consumer,
+                incremental: protocol == GroupProtocol::Consumer,
                 index: self.index,
                 reports: self.reports.clone(),
                 readiness: self.readiness.clone(),
@@ -505,7 +507,7 @@ impl StreamThread {
             consumer_config.set(*k, *v);
         }
         set_prefetch_defaults(&mut consumer_config);
-        match self.options.group_protocol {
+        match protocol {
             GroupProtocol::Classic | GroupProtocol::Auto => {
                 consumer_config.set("partition.assignment.strategy", "range");
             }
@@ -641,8 +643,8 @@ impl StreamThread {
                             break true;
                         }
                         Some(Err(e))
-                            if self.protocol_chosen_by_cluster
-                                && self.options.group_protocol == GroupProtocol::Consumer
+                            if self.options.group_protocol == GroupProtocol::Auto
+                                && protocol == GroupProtocol::Consumer
                                 && e.rdkafka_error_code()
                                     == Some(
                                         rdkafka::types::RDKafkaErrorCode::UnsupportedVersion,
