@@ -99,6 +99,11 @@ pub enum StreamsError {
         error: String,
         /// Its failures in a row before this one.
         earlier_in_a_row: u32,
+        /// Whether the failure passes with time: a codec could not reach
+        /// its schema registry ([`parsley::CodecError::transient`]). The
+        /// record is not at fault; without a handler, the task restarts
+        /// in place after its backoff and retries it.
+        transient: bool,
     },
     /// The state directory cannot be used (another instance holds it, or
     /// it cannot be created).
@@ -112,6 +117,22 @@ pub enum StreamsError {
         /// Why.
         message: String,
     },
+}
+
+impl StreamsError {
+    /// Whether the failure passes with time: a task whose codec could not
+    /// reach its schema registry. The default response to it (no handler
+    /// set) restarts the task in place after its backoff; a handler of
+    /// your own can ask the same.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            StreamsError::Task {
+                transient: true,
+                ..
+            }
+        )
+    }
 }
 
 impl From<WorkerError> for StreamsError {

@@ -82,13 +82,23 @@ pub(crate) fn decide_production(
 /// [`ErrorResponse::ShutdownClient`], with both the failure and the
 /// handler's panic logged, so a bug in the handler stops the instance
 /// loudly instead of losing the thread in silence.
+///
+/// Without a handler: a task's [transient](StreamsError::is_transient)
+/// failure (its codec could not reach a schema registry) restarts the task
+/// in place after its backoff, as often as it recurs, since the record is
+/// not at fault and stopping the instance would only move the wait
+/// elsewhere; anything else shuts the client down.
 pub(crate) fn decide(
     handler: Option<&ErrorHandler>,
     thread: usize,
     e: &StreamsError,
 ) -> ErrorResponse {
     let Some(handler) = handler else {
-        return ErrorResponse::ShutdownClient;
+        return if e.is_transient() {
+            ErrorResponse::ReplaceThread
+        } else {
+            ErrorResponse::ShutdownClient
+        };
     };
     match catch_unwind(AssertUnwindSafe(|| handler(e))) {
         Ok(response) => response,
@@ -168,4 +178,46 @@ pub(crate) fn watch(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task_failure(transient: bool) -> StreamsError {
+        StreamsError::Task {
+            task: parsley::TaskId {
+                stage: "s".into(),
+                partition: 0,
+            },
+            error: "the registry did not answer".into(),
+            earlier_in_a_row: 0,
+            transient,
+        }
+    }
+
+    #[test]
+    fn without_a_handler_only_a_transient_task_failure_restarts() {
+        assert!(task_failure(true).is_transient());
+        assert_eq!(
+            decide(None, 0, &task_failure(true)),
+            ErrorResponse::ReplaceThread
+        );
+        assert_eq!(
+            decide(None, 0, &task_failure(false)),
+            ErrorResponse::ShutdownClient
+        );
+        let thread = StreamsError::Thread {
+            thread: 0,
+            message: "fatal".into(),
+        };
+        assert!(!thread.is_transient());
+        assert_eq!(decide(None, 0, &thread), ErrorResponse::ShutdownClient);
+        // A handler of the user's decides, transient or not.
+        let stop: ErrorHandler = Arc::new(|_| ErrorResponse::ShutdownApplication);
+        assert_eq!(
+            decide(Some(&stop), 0, &task_failure(true)),
+            ErrorResponse::ShutdownApplication
+        );
+    }
 }

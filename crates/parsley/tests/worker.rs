@@ -862,6 +862,49 @@ fn a_failed_task_stops_alone_and_restarts_after_its_backoff() {
     assert_eq!(delivered(&txn), vec!["s[1]:a:1@0", "s[1]:a:1@1"]);
 }
 
+/// A codec's transient failure (a schema registry that is down) reaches the
+/// host's handler marked as such, so the host can retry without stopping;
+/// a codec's other failures do not.
+#[test]
+fn a_transient_codec_failure_is_reported_as_transient() {
+    let value: Codec<String> = Codec::try_new(
+        |v: &String| Ok::<_, CodecError>(v.as_bytes().to_vec()),
+        |b: &[u8]| match b {
+            b"down" => Err(CodecError::transient("schema 7: the registry is down")),
+            b"junk" => Err(CodecError::new("not a record")),
+            _ => Ok(String::from_utf8_lossy(b).into_owned()),
+        },
+    );
+    let (a, out) = (Topic::new("a", Codec::utf8(), value), topic("out"));
+    let o = out.clone();
+    let stage = Stage::named("s")
+        .on(&a, move |m: &Message<String, String>| {
+            vec![o.send(m.key().cloned(), m.value().cloned())]
+        })
+        .sink(&out)
+        .build()
+        .unwrap();
+    let app = Parsley::named("app", [stage]).unwrap();
+    let cluster = failing_cluster();
+    let mut w = backoff_worker(&app, &cluster);
+    let with_value = |offset: i64, value: &[u8]| PolledRecord {
+        value: Some(value.to_vec()),
+        ..rec("a", 1, offset, "k")
+    };
+    let mut now = 0;
+    for (value, transient) in [(&b"down"[..], true), (&b"junk"[..], false)] {
+        seek(&mut w);
+        let e = w.on_record(with_value(0, value)).unwrap_err();
+        w.abort(&cluster).unwrap();
+        let f = w.take_task_failures();
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].transient, transient, "{e}");
+        let wait = w.restart_task(&f[0].task, &cluster).unwrap().unwrap();
+        now += i64::try_from(wait.as_millis()).unwrap();
+        w.punctuate(now, &cluster).unwrap();
+    }
+}
+
 /// A failure that recurs at once waits one step longer each time; a task
 /// that then runs longer than the cap starts the count again.
 #[test]

@@ -331,6 +331,7 @@ impl StreamThread {
             task: failure.task.clone(),
             error: failure.error,
             earlier_in_a_row: failure.earlier_in_a_row,
+            transient: failure.transient,
         };
         let response = policy::decide(self.handler.as_ref(), self.index, &e);
         if response != ErrorResponse::ReplaceThread {

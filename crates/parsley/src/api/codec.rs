@@ -35,10 +35,18 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Its message is the underlying cause's own message (when it has one), so
 /// [`source`](std::error::Error::source) skips that cause and goes on with
 /// the cause's source: a report that walks the chain says each thing once.
+///
+/// A codec whose failure passes with time (a schema registry that cannot
+/// be reached) says so with [`CodecError::transient`]: the task failure it
+/// causes reports [`is_transient`](crate::runtime::task::TaskError::is_transient),
+/// and a host that is left to decide restarts the task after its backoff
+/// instead of stopping. The record is fetched and decoded again; nothing is
+/// skipped.
 #[derive(Debug)]
 pub struct CodecError {
     message: String,
     cause: Option<BoxError>,
+    transient: bool,
 }
 
 impl fmt::Display for CodecError {
@@ -59,16 +67,46 @@ impl CodecError {
         CodecError {
             message: message.into(),
             cause: None,
+            transient: false,
         }
     }
 
     /// An error wrapping an underlying cause; its message is the cause's.
+    /// A cause that is itself a `CodecError` is returned as it is, so a
+    /// codec built with [`Codec::try_new`] can return `CodecError`s of its
+    /// own (transient ones among them) and keep what they say.
     pub fn from_source(source: impl Into<BoxError>) -> Self {
         let source = source.into();
-        CodecError {
-            message: source.to_string(),
-            cause: Some(source),
+        match source.downcast::<CodecError>() {
+            Ok(own) => *own,
+            Err(source) => CodecError {
+                message: source.to_string(),
+                cause: Some(source),
+                transient: false,
+            },
         }
+    }
+
+    /// An error that passes with time, wrapping its cause: a schema
+    /// registry that is down or timed out. The record is not at fault; the
+    /// task retries it after its backoff.
+    ///
+    /// ```
+    /// use parsley::CodecError;
+    /// let e = CodecError::transient("schema 7: the registry did not answer within 5 s");
+    /// assert!(e.is_transient());
+    /// assert!(!CodecError::new("not a number").is_transient());
+    /// ```
+    pub fn transient(source: impl Into<BoxError>) -> Self {
+        CodecError {
+            transient: true,
+            ..CodecError::from_source(source)
+        }
+    }
+
+    /// Whether the failure passes with time ([`transient`](Self::transient)).
+    pub fn is_transient(&self) -> bool {
+        self.transient
     }
 
     /// The error message.
@@ -121,6 +159,9 @@ pub struct Codec<T> {
     /// its buffer (`utf8`, `bytes`): a delivered record's key and value are
     /// decoded with it. It must agree with `decode`.
     from_bytes: Option<Arc<FromBytesFn<T>>>,
+    /// Whether the bytes carry a schema registry's framing (a schema id
+    /// before the payload): such bytes are not a canonical key.
+    registry_framed: bool,
 }
 
 impl<T> Clone for Codec<T> {
@@ -131,6 +172,7 @@ impl<T> Clone for Codec<T> {
             decode: self.decode.clone(),
             into_bytes: self.into_bytes.clone(),
             from_bytes: self.from_bytes.clone(),
+            registry_framed: self.registry_framed,
         }
     }
 }
@@ -157,6 +199,7 @@ impl<T: 'static> Codec<T> {
             decode: Arc::new(move |b| decode(b).map_err(CodecError::from_source)),
             into_bytes: None,
             from_bytes: None,
+            registry_framed: false,
         }
     }
 
@@ -175,6 +218,7 @@ impl<T: 'static> Codec<T> {
             decode: Arc::new(move |b| decode(b).map_err(CodecError::from_source)),
             into_bytes: None,
             from_bytes: None,
+            registry_framed: false,
         }
     }
 
@@ -182,6 +226,24 @@ impl<T: 'static> Codec<T> {
     pub fn named(mut self, name: impl Into<String>) -> Self {
         self.name = Arc::from(name.into());
         self
+    }
+
+    /// The same codec, marked as writing a schema registry's framing: a
+    /// schema id before the payload. Such bytes change when the schema is
+    /// registered again, so a stage refuses a marked codec on a key unless
+    /// the topic opts in with
+    /// [`Topic::allow_registry_framed_key`](crate::Topic::allow_registry_framed_key).
+    /// The codecs of `parsley-schema` mark themselves; mark your own
+    /// registry codecs too.
+    pub fn registry_framed(mut self) -> Self {
+        self.registry_framed = true;
+        self
+    }
+
+    /// Whether the codec writes a schema registry's framing
+    /// ([`registry_framed`](Self::registry_framed)).
+    pub fn is_registry_framed(&self) -> bool {
+        self.registry_framed
     }
 
     /// The codec's name (`utf8`, `int64`, `bytes`, `json`, or the one given
@@ -368,6 +430,11 @@ impl<T: 'static> Codec<Decoded<T>> {
     /// [`Decoded::Malformed`] instead of failing the task. Encoding a
     /// `Malformed` value writes its raw bytes back unchanged.
     ///
+    /// A [transient](CodecError::is_transient) failure (a schema registry
+    /// that is down) says nothing about the bytes, so it stays an error:
+    /// the task retries the record instead of routing good bytes away as
+    /// malformed.
+    ///
     /// ```
     /// use parsley::{Codec, Decoded};
     /// let c = Codec::attempting(Codec::int64());
@@ -383,6 +450,7 @@ impl<T: 'static> Codec<Decoded<T>> {
         let owned = inner.clone();
         Codec {
             name: Arc::from(name),
+            registry_framed: inner.registry_framed,
             encode: Arc::new(move |d: &Decoded<T>| match d {
                 Decoded::Ok(v) => enc.encode(v),
                 Decoded::Malformed { raw, .. } => Ok(raw.clone()),
@@ -398,6 +466,7 @@ impl<T: 'static> Codec<Decoded<T>> {
                 move |b: Vec<u8>| {
                     Ok(match inner.decode(&b) {
                         Ok(v) => Decoded::Ok(v),
+                        Err(e) if e.is_transient() => return Err(e),
                         Err(e) => Decoded::Malformed {
                             raw: b,
                             reason: e.to_string(),
@@ -408,6 +477,7 @@ impl<T: 'static> Codec<Decoded<T>> {
             decode: Arc::new(move |b: &[u8]| {
                 Ok(match inner.decode(b) {
                     Ok(v) => Decoded::Ok(v),
+                    Err(e) if e.is_transient() => return Err(e),
                     Err(e) => Decoded::Malformed {
                         raw: b.to_vec(),
                         reason: e.to_string(),
@@ -488,6 +558,39 @@ mod tests {
             vec![1, 2, 3, 4, 5, 6, 7, 8]
         );
         assert!(Codec::int64().decode(&[0; 9]).is_err());
+    }
+
+    #[test]
+    fn a_transient_failure_is_not_taken_for_malformed_bytes() {
+        let flaky: Codec<i64> = Codec::try_new(
+            |v: &i64| Ok::<_, CodecError>(v.to_be_bytes().to_vec()),
+            |b: &[u8]| {
+                if b.first() == Some(&0xfe) {
+                    Err(CodecError::transient("the registry is down"))
+                } else {
+                    Codec::int64().decode(b)
+                }
+            },
+        );
+        // try_new keeps a CodecError the decoder returned, flag included.
+        let e = flaky.decode(&[0xfe]).unwrap_err();
+        assert!(e.is_transient());
+        assert_eq!(e.message(), "the registry is down");
+        let a = Codec::attempting(flaky);
+        assert!(a.decode(&[0xfe]).unwrap_err().is_transient());
+        assert!(a.decode_owned(vec![0xfe]).unwrap_err().is_transient());
+        assert!(a.decode(&[1]).unwrap().is_malformed());
+        assert!(a.decode_owned(vec![1]).unwrap().is_malformed());
+    }
+
+    #[test]
+    fn the_registry_framing_mark_survives_clones_and_attempting() {
+        let plain = Codec::bytes();
+        assert!(!plain.is_registry_framed());
+        let framed = Codec::bytes().registry_framed();
+        assert!(framed.is_registry_framed());
+        assert!(framed.clone().named("x").is_registry_framed());
+        assert!(Codec::attempting(framed).is_registry_framed());
     }
 
     #[test]

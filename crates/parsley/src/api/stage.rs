@@ -290,6 +290,19 @@ pub enum StageError {
         /// The stage.
         stage: String,
     },
+    /// A source or sink whose key codec writes a schema registry's
+    /// framing, which is not a canonical key encoding.
+    #[error(
+        "stage {stage:?}: the key codec {codec:?} of topic {topic:?} writes a schema registry's framing (a schema id before the payload); key bytes pick the partition and key the fold state, and registering the key schema again would change every key's bytes, re-partitioning the topic and orphaning its state. Give keys a canonical codec (Codec::utf8, Codec::int64, Codec::bytes, or plain Avro without a registry), or accept the risk with Topic::allow_registry_framed_key"
+    )]
+    RegistryFramedKey {
+        /// The stage.
+        stage: String,
+        /// The topic.
+        topic: String,
+        /// The key codec's name.
+        codec: String,
+    },
     /// A tick interval of zero.
     #[error("stage {stage:?} declares a tick interval of zero; use a positive interval")]
     ZeroTickInterval {
@@ -702,6 +715,19 @@ impl<M: StateMode> StageBuilder<M> {
         }
         if let Some(e) = self.errors.into_iter().next() {
             return Err(e);
+        }
+        if let Some((topic, codec)) = self
+            .sources
+            .iter()
+            .map(|s| &s.topic)
+            .chain(&self.sinks)
+            .find_map(|t| t.refused_key_codec().map(|c| (t.name(), c)))
+        {
+            return Err(StageError::RegistryFramedKey {
+                stage: self.name.clone(),
+                topic: topic.to_owned(),
+                codec: codec.to_owned(),
+            });
         }
         let mut seen = BTreeSet::new();
         for s in &self.sources {
@@ -1181,6 +1207,43 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(s.sink_topics(), vec!["b"]);
+    }
+
+    #[test]
+    fn a_registry_framed_key_is_refused_on_sources_and_sinks_unless_accepted() {
+        let a = topic("a");
+        let framed = || Codec::bytes().registry_framed().named("avro-key");
+        let sink: Topic<Vec<u8>, String> = Topic::new("out", framed(), Codec::utf8());
+        let e = Stage::named("s")
+            .on(&a, |_m: &Message<String, String>| vec![])
+            .sink(&sink)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            e,
+            StageError::RegistryFramedKey {
+                stage: "s".into(),
+                topic: "out".into(),
+                codec: "avro-key".into(),
+            }
+        );
+        assert!(e.to_string().contains("Topic::allow_registry_framed_key"));
+        // The value side may be framed; so may an accepted key.
+        let framed_value: Topic<String, Vec<u8>> =
+            Topic::new("v", Codec::utf8(), Codec::bytes().registry_framed());
+        Stage::named("s")
+            .on(&framed_value, |_m: &Message<String, Vec<u8>>| vec![])
+            .sink(&sink.clone().allow_registry_framed_key())
+            .build()
+            .unwrap();
+        // Accepting on one Topic value does not accept on the others.
+        assert!(
+            Stage::named("s")
+                .on(&a, |_m: &Message<String, String>| vec![])
+                .sink(&sink)
+                .build()
+                .is_err()
+        );
     }
 
     #[test]

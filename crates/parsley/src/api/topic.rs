@@ -58,6 +58,9 @@ struct TopicInner<K, V> {
     name: Arc<str>,
     key: Codec<K>,
     value: Codec<V>,
+    /// The user accepted a registry-framed key codec
+    /// ([`Topic::allow_registry_framed_key`]).
+    framed_key_allowed: bool,
 }
 
 /// A typed topic: its name and its key and value codecs, declared once.
@@ -106,6 +109,41 @@ impl<K: Payload, V: Payload> Topic<K, V> {
                 name: Arc::from(name.into()),
                 key,
                 value,
+                framed_key_allowed: false,
+            }),
+        }
+    }
+
+    /// Accepts a key codec that writes a schema registry's framing
+    /// ([`Codec::registry_framed`]), which a stage otherwise refuses.
+    ///
+    /// Framed key bytes begin with the schema's id, so registering the key
+    /// schema again (a new version, a registry rebuilt from scratch)
+    /// changes every key's bytes: keys move to other partitions and no
+    /// longer find their fold state. Opt in only when the topic's
+    /// producers already frame their keys and you cannot change them, and
+    /// never register a new key schema while the application runs.
+    ///
+    /// ```
+    /// use parsley::{Codec, Message, Stage, StageError, Topic};
+    /// let framed = || Codec::bytes().registry_framed();
+    /// let refused: Topic<Vec<u8>, String> = Topic::new("t", framed(), Codec::utf8());
+    /// let e = Stage::named("s")
+    ///     .on(&refused, |_m: &Message<Vec<u8>, String>| vec![])
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(matches!(e, StageError::RegistryFramedKey { .. }));
+    /// let accepted = Topic::new("t", framed(), Codec::utf8()).allow_registry_framed_key();
+    /// let stage = Stage::named("s").on(&accepted, |_m: &Message<Vec<u8>, String>| vec![]);
+    /// assert!(stage.build().is_ok());
+    /// ```
+    pub fn allow_registry_framed_key(self) -> Self {
+        Topic {
+            inner: Arc::new(TopicInner {
+                name: self.inner.name.clone(),
+                key: self.inner.key.clone(),
+                value: self.inner.value.clone(),
+                framed_key_allowed: true,
             }),
         }
     }
@@ -655,6 +693,9 @@ pub(crate) trait ErasedTopic: Send + Sync {
         key: Option<&[u8]>,
         value: Option<&[u8]>,
     ) -> Result<(), (Part, CodecError)>;
+    /// The key codec's name when it writes a registry's framing and the
+    /// topic did not accept that.
+    fn refused_key_codec(&self) -> Option<&str>;
     /// Decodes a key and encodes it again.
     fn reencode_key(&self, key: &[u8]) -> Result<Vec<u8>, CodecError>;
     /// Encodes an emission's key and value with this topic's codecs (the
@@ -692,6 +733,11 @@ impl<K: Payload, V: Payload> ErasedTopic for Topic<K, V> {
             self.value_codec().decode(b).map_err(|e| (Part::Value, e))?;
         }
         Ok(())
+    }
+
+    fn refused_key_codec(&self) -> Option<&str> {
+        let key = self.key_codec();
+        (key.is_registry_framed() && !self.inner.framed_key_allowed).then(|| key.name())
     }
 
     fn reencode_key(&self, key: &[u8]) -> Result<Vec<u8>, CodecError> {

@@ -203,6 +203,11 @@ pub struct TaskFailure {
     pub earlier_in_a_row: u32,
     /// The refused record, when that was the failure.
     pub refused: Option<RefusedRecord>,
+    /// Whether the failure passes with time: a codec reported a
+    /// [transient](crate::CodecError::is_transient) error (a schema
+    /// registry that could not be reached). The record is not at fault,
+    /// and a restart after the backoff retries it.
+    pub transient: bool,
 }
 
 /// A stopped task, kept until it restarts or its partitions leave.

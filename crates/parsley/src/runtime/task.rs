@@ -481,6 +481,19 @@ pub enum TaskError {
 }
 
 impl TaskError {
+    /// Whether the failure passes with time: a codec of a source, a sink
+    /// or the fold state reported a [transient](crate::CodecError::is_transient)
+    /// error (a schema registry that could not be reached). Restarting the
+    /// task after a pause retries the same record; nothing is skipped.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            TaskError::Decode { cause, .. }
+            | TaskError::Encode { cause, .. }
+            | TaskError::StateCodec { cause, .. } => cause.is_transient(),
+            _ => false,
+        }
+    }
+
     /// The failed task.
     pub fn task(&self) -> &TaskId {
         match self {

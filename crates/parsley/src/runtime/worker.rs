@@ -518,6 +518,8 @@ struct Failing {
     task: TaskId,
     reason: String,
     refused: Option<RefusedRecord>,
+    /// Whether the failure passes with time ([`TaskError::is_transient`]).
+    transient: bool,
 }
 
 #[derive(Debug)]

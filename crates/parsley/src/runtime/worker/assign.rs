@@ -283,6 +283,7 @@ impl Worker {
                             task: id.clone(),
                             reason: e.to_string(),
                             refused: None,
+                            transient: false,
                         });
                         self.state = State::MustAbort(e.to_string());
                         return Err(e);

@@ -34,10 +34,12 @@ impl Worker {
         {
             slot.local = Local::Stale;
         }
+        let transient = matches!(&e, WorkerError::Task(t) if t.is_transient());
         self.failing = Some(Failing {
             task: id,
             reason: e.to_string(),
             refused: None,
+            transient,
         });
         self.poison(e)
     }
@@ -181,6 +183,7 @@ impl Worker {
                         reason,
                         origin,
                     }),
+                    transient: false,
                 });
                 Directive::Abort
             }

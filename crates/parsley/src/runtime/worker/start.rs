@@ -14,6 +14,7 @@ impl Worker {
             task: id,
             reason,
             refused,
+            transient,
         } = failing;
         // Opened again when it restarts; until then, free for whichever
         // thread of this instance takes the task if its partitions move.
@@ -27,7 +28,7 @@ impl Worker {
                 paused: true,
             });
         }
-        self.stopped_for(id, reason, refused, false);
+        self.stopped_for(id, reason, refused, transient, false);
     }
 
     /// Counts a stopped task's failure, keeps it stopped until its backoff
@@ -37,6 +38,7 @@ impl Worker {
         id: TaskId,
         reason: String,
         refused: Option<RefusedRecord>,
+        transient: bool,
         starting: bool,
     ) {
         let earlier = self
@@ -59,6 +61,7 @@ impl Worker {
             error: reason,
             earlier_in_a_row: earlier,
             refused,
+            transient,
         });
     }
 
@@ -84,7 +87,7 @@ impl Worker {
         self.close_local(&id);
         // Nothing reads them until the task restarts.
         self.pause_held(&id);
-        self.stopped_for(id, e.to_string(), None, true);
+        self.stopped_for(id, e.to_string(), None, false, true);
         Ok(())
     }
 

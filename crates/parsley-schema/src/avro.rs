@@ -1,0 +1,542 @@
+//! Avro codecs: in a schema registry's framing ([`AvroCodec`]), or plain,
+//! with the schema known to both sides ([`PlainAvro`]).
+//!
+//! Both come in two shapes: typed, for any `T: Serialize +
+//! DeserializeOwned` whose serde layout matches the schema (a struct for a
+//! record, `Option` for a union with `null`), and generic, for the Avro
+//! crate's own [`Value`]. A schema can be written by hand and parsed with
+//! [`Schema::parse_str`], or derived from the type with
+//! `#[derive(AvroSchema)]` ([`AvroCodec::value_of`]).
+//!
+//! Decoding resolves the writer's schema into the reader's (the one the
+//! codec was built with), so a record written under an older compatible
+//! schema decodes into the current type: a field added with a default is
+//! filled in, a removed one skipped. Bytes left over after the datum, a
+//! payload the writer schema cannot read, or a value the reader schema
+//! cannot hold fail the decoding, as the codec contract asks.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::types::Value;
+use apache_avro::writer::datum::GenericDatumWriter;
+use apache_avro::{AvroSchema, Schema};
+use parsley::{Codec, CodecError, Part};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::framing::{self, unframe};
+use crate::registry::{SchemaRegistry, SchemaType};
+use crate::{SchemaError, SubjectNameStrategy, codec_error};
+
+/// Builds Avro codecs in Confluent's framing: registers (or looks up) the
+/// codec's schema under its subject on the first encoding, resolves a
+/// record's writer schema by the id in its frame on decoding, and caches
+/// both, so the registry is asked once per schema.
+///
+/// ```no_run
+/// use parsley::{Codec, Topic};
+/// use parsley_schema::{AvroCodec, SchemaRegistry};
+/// use parsley_schema::apache_avro::AvroSchema;
+///
+/// #[derive(AvroSchema, serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+/// #[avro(namespace = "shop")]
+/// struct Order { id: String, total: i64 }
+///
+/// let registry = SchemaRegistry::at("http://registry:8081")?;
+/// let orders: Topic<String, Order> = Topic::new(
+///     "orders",
+///     Codec::utf8(),
+///     AvroCodec::value_of::<Order>(&registry, "orders").typed()?,
+/// );
+/// # Ok::<(), parsley_schema::SchemaError>(())
+/// ```
+#[derive(Clone)]
+pub struct AvroCodec {
+    registry: SchemaRegistry,
+    topic: String,
+    part: Part,
+    schema: Schema,
+    strategy: SubjectNameStrategy,
+    auto_register: bool,
+}
+
+impl fmt::Debug for AvroCodec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AvroCodec")
+            .field("topic", &self.topic)
+            .field("part", &self.part)
+            .field("strategy", &self.strategy)
+            .field("auto_register", &self.auto_register)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AvroCodec {
+    /// A codec for the values of `topic`, reading and writing `schema`.
+    pub fn value(registry: &SchemaRegistry, topic: &str, schema: Schema) -> Self {
+        AvroCodec::new(registry, topic, Part::Value, schema)
+    }
+
+    /// A codec for the values of `topic`, with the schema `T` derives.
+    pub fn value_of<T: AvroSchema>(registry: &SchemaRegistry, topic: &str) -> Self {
+        AvroCodec::value(registry, topic, T::get_schema())
+    }
+
+    /// A codec for the keys of `topic`. A stage refuses it unless the topic
+    /// accepts framed keys
+    /// ([`Topic::allow_registry_framed_key`](parsley::Topic::allow_registry_framed_key)):
+    /// framed key bytes change when the key schema is registered again.
+    pub fn key(registry: &SchemaRegistry, topic: &str, schema: Schema) -> Self {
+        AvroCodec::new(registry, topic, Part::Key, schema)
+    }
+
+    fn new(registry: &SchemaRegistry, topic: &str, part: Part, schema: Schema) -> Self {
+        AvroCodec {
+            registry: registry.clone(),
+            topic: topic.to_owned(),
+            part,
+            schema,
+            strategy: SubjectNameStrategy::TopicName,
+            auto_register: true,
+        }
+    }
+
+    /// The subject naming strategy; [`SubjectNameStrategy::TopicName`]
+    /// unless set.
+    pub fn subject_names(mut self, strategy: SubjectNameStrategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// Whether the first encoding registers the schema (the default, as
+    /// Confluent's `auto.register.schemas`), or only looks up the id a
+    /// schema already registered has, failing with
+    /// [`SchemaError::NotRegistered`] otherwise: for registries whose
+    /// schemas are registered by a deploy pipeline.
+    pub fn auto_register(mut self, register: bool) -> Self {
+        self.auto_register = register;
+        self
+    }
+
+    /// The subject the codec registers its schema under.
+    pub fn subject(&self) -> Result<String, SchemaError> {
+        let record = self.schema.name().map(|n| n.fullname(None));
+        self.strategy
+            .subject(&self.topic, self.part, record.as_deref())
+            .ok_or(SchemaError::NoRecordName {
+                strategy: self.strategy,
+            })
+    }
+
+    /// The codec for a serde type whose layout matches the schema.
+    pub fn typed<T>(self) -> Result<Codec<T>, SchemaError>
+    where
+        T: Serialize + DeserializeOwned + 'static,
+    {
+        let core = Arc::new(self.core()?);
+        let name = core.name();
+        let enc = core.clone();
+        Ok(Codec::try_new(
+            move |v: &T| enc.encode(to_value(v)?).map_err(codec_error),
+            move |b: &[u8]| from_value(core.decode(b).map_err(codec_error)?),
+        )
+        .named(name)
+        .registry_framed())
+    }
+
+    /// The codec for generic Avro values.
+    pub fn generic(self) -> Result<Codec<Value>, SchemaError> {
+        let core = Arc::new(self.core()?);
+        let name = core.name();
+        let enc = core.clone();
+        Ok(Codec::try_new(
+            move |v: &Value| enc.encode(v.clone()).map_err(codec_error),
+            move |b: &[u8]| core.decode(b).map_err(codec_error),
+        )
+        .named(name)
+        .registry_framed())
+    }
+
+    fn core(self) -> Result<Framed, SchemaError> {
+        let subject = self.subject()?;
+        // The schema as JSON with everything in it (defaults included, which
+        // the registry's compatibility checks read), not its canonical form.
+        let text = serde_json::to_string(&self.schema)
+            .map_err(|e| SchemaError::Schema(format!("the schema does not serialize: {e}")))?;
+        Ok(Framed {
+            registry: self.registry,
+            subject,
+            reader: self.schema,
+            text,
+            auto_register: self.auto_register,
+            id: RwLock::new(None),
+            writers: RwLock::default(),
+        })
+    }
+}
+
+/// One codec's state: its schema, its id once known, and the writer
+/// schemas it has met, parsed.
+struct Framed {
+    registry: SchemaRegistry,
+    subject: String,
+    reader: Schema,
+    text: String,
+    auto_register: bool,
+    id: RwLock<Option<u32>>,
+    writers: RwLock<HashMap<u32, Arc<Schema>>>,
+}
+
+impl Framed {
+    fn name(&self) -> String {
+        format!("avro({})", self.subject)
+    }
+
+    fn id(&self) -> Result<u32, SchemaError> {
+        if let Some(id) = *self.id.read().unwrap_or_else(PoisonError::into_inner) {
+            return Ok(id);
+        }
+        let id = if self.auto_register {
+            self.registry
+                .register(&self.subject, SchemaType::Avro, &self.text)?
+        } else {
+            self.registry
+                .lookup(&self.subject, SchemaType::Avro, &self.text)?
+        };
+        *self.id.write().unwrap_or_else(PoisonError::into_inner) = Some(id);
+        Ok(id)
+    }
+
+    fn encode(&self, value: Value) -> Result<Vec<u8>, SchemaError> {
+        let id = self.id()?;
+        let mut out = framing::header(id, 64);
+        write_datum(&self.reader, value, &mut out).map_err(|message| SchemaError::Avro {
+            id: Some(id),
+            message,
+        })?;
+        Ok(out)
+    }
+
+    fn writer(&self, id: u32) -> Result<Arc<Schema>, SchemaError> {
+        if let Some(s) = self
+            .writers
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&id)
+        {
+            return Ok(s.clone());
+        }
+        let registered = self.registry.schema(id)?;
+        if registered.schema_type != SchemaType::Avro {
+            return Err(SchemaError::WrongSchemaType {
+                id,
+                found: registered.schema_type,
+                expected: SchemaType::Avro,
+            });
+        }
+        if registered.has_references {
+            return Err(SchemaError::References { id });
+        }
+        let schema = Arc::new(Schema::parse_str(&registered.text).map_err(|e| {
+            SchemaError::Schema(format!("schema id {id} is not a valid Avro schema: {e}"))
+        })?);
+        self.writers
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, schema.clone());
+        Ok(schema)
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<Value, SchemaError> {
+        let frame = unframe(bytes)?;
+        let writer = self.writer(frame.id)?;
+        read_datum(&writer, Some(&self.reader), frame.payload).map_err(|message| {
+            SchemaError::Avro {
+                id: Some(frame.id),
+                message,
+            }
+        })
+    }
+}
+
+/// Avro without a registry: the datum alone, no framing, with the schema
+/// known to both sides. For teams that run no registry and fix the schema
+/// in code.
+///
+/// ```
+/// use parsley_schema::PlainAvro;
+/// use parsley_schema::apache_avro::Schema;
+///
+/// #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+/// struct Reading { sensor: i64, value: f64 }
+///
+/// let schema = Schema::parse_str(r#"{"type": "record", "name": "Reading",
+///     "fields": [{"name": "sensor", "type": "long"}, {"name": "value", "type": "double"}]}"#)?;
+/// let codec = PlainAvro::new(schema).typed::<Reading>();
+/// let r = Reading { sensor: 7, value: 1.5 };
+/// let bytes = codec.encode(&r)?;
+/// assert_eq!(bytes[0], 14); // 7, zigzag-encoded
+/// assert_eq!(codec.decode(&bytes)?, r);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct PlainAvro {
+    writer: Arc<Schema>,
+    reader: Option<Arc<Schema>>,
+}
+
+impl PlainAvro {
+    /// Reads and writes `schema`.
+    pub fn new(schema: Schema) -> Self {
+        PlainAvro {
+            writer: Arc::new(schema),
+            reader: None,
+        }
+    }
+
+    /// Reads bytes written with `writer` into `reader` (an evolved schema
+    /// compatible with it), and writes `reader`.
+    pub fn evolving(writer: Schema, reader: Schema) -> Self {
+        PlainAvro {
+            writer: Arc::new(writer),
+            reader: Some(Arc::new(reader)),
+        }
+    }
+
+    fn write_schema(&self) -> &Arc<Schema> {
+        self.reader.as_ref().unwrap_or(&self.writer)
+    }
+
+    /// The codec for a serde type whose layout matches the schema.
+    pub fn typed<T>(self) -> Codec<T>
+    where
+        T: Serialize + DeserializeOwned + 'static,
+    {
+        let enc = self.clone();
+        Codec::try_new(
+            move |v: &T| {
+                let mut out = Vec::with_capacity(64);
+                write_datum(enc.write_schema(), to_value(v)?, &mut out)
+                    .map_err(|message| codec_error(SchemaError::Avro { id: None, message }))?;
+                Ok::<_, CodecError>(out)
+            },
+            move |b: &[u8]| {
+                from_value(
+                    read_datum(&self.writer, self.reader.as_deref(), b)
+                        .map_err(|message| codec_error(SchemaError::Avro { id: None, message }))?,
+                )
+            },
+        )
+        .named("avro")
+    }
+
+    /// The codec for generic Avro values.
+    pub fn generic(self) -> Codec<Value> {
+        let enc = self.clone();
+        Codec::try_new(
+            move |v: &Value| {
+                let mut out = Vec::with_capacity(64);
+                write_datum(enc.write_schema(), v.clone(), &mut out)
+                    .map_err(|message| codec_error(SchemaError::Avro { id: None, message }))?;
+                Ok::<_, CodecError>(out)
+            },
+            move |b: &[u8]| {
+                read_datum(&self.writer, self.reader.as_deref(), b)
+                    .map_err(|message| codec_error(SchemaError::Avro { id: None, message }))
+            },
+        )
+        .named("avro")
+    }
+}
+
+fn to_value<T: Serialize>(v: &T) -> Result<Value, CodecError> {
+    apache_avro::to_value(v).map_err(|e| {
+        codec_error(SchemaError::Avro {
+            id: None,
+            message: format!("the value does not map to Avro: {e}"),
+        })
+    })
+}
+
+fn from_value<T: DeserializeOwned>(v: Value) -> Result<T, CodecError> {
+    apache_avro::from_value(&v).map_err(|e| {
+        codec_error(SchemaError::Avro {
+            id: None,
+            message: format!("the decoded record does not fit the type: {e}"),
+        })
+    })
+}
+
+/// Writes `value` as a datum of `schema` after `out`'s bytes.
+fn write_datum(schema: &Schema, value: Value, out: &mut Vec<u8>) -> Result<(), String> {
+    // Resolving first turns serde's shapes into the schema's: a `None` into
+    // its union branch, a string into an enum symbol.
+    let value = value
+        .resolve(schema)
+        .map_err(|e| format!("the value does not fit the schema: {e}"))?;
+    GenericDatumWriter::builder(schema)
+        .build()
+        .and_then(|w| w.write_value_ref(out, &value))
+        .map_err(|e| format!("the value does not encode: {e}"))?;
+    Ok(())
+}
+
+/// Reads one datum written with `writer` from the whole of `payload`,
+/// resolved into `reader` when given.
+fn read_datum(writer: &Schema, reader: Option<&Schema>, payload: &[u8]) -> Result<Value, String> {
+    let mut rest = payload;
+    let value = GenericDatumReader::builder(writer)
+        .maybe_reader_schema(reader.filter(|r| *r != writer))
+        .build()
+        .and_then(|r| r.read_value(&mut rest))
+        .map_err(|e| format!("the payload does not decode with the writer's schema: {e}"))?;
+    if !rest.is_empty() {
+        return Err(format!(
+            "{} byte(s) left after the datum: the payload was not written with this schema",
+            rest.len()
+        ));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema(fields: &str) -> Schema {
+        Schema::parse_str(&format!(
+            r#"{{"type": "record", "name": "Order", "namespace": "shop", "fields": [{fields}]}}"#
+        ))
+        .unwrap()
+    }
+
+    fn v1() -> Schema {
+        schema(r#"{"name": "id", "type": "string"}, {"name": "total", "type": "long"}"#)
+    }
+
+    #[derive(Serialize, serde::Deserialize, Debug, PartialEq, Clone)]
+    struct Order {
+        id: String,
+        total: i64,
+    }
+
+    #[test]
+    fn a_frame_written_by_confluents_serializer_decodes() {
+        // confluent-kafka 2.16.2's AvroSerializer wrote these bytes for
+        // {"id": "o-1", "total": 12} under schema id 3 (the schema above):
+        // the zero byte, the id, then the datum.
+        let fixture = [0x00, 0x00, 0x00, 0x00, 0x03, 0x06, b'o', b'-', b'1', 0x18];
+        let f = framing::unframe(&fixture).unwrap();
+        assert_eq!(f.id, 3);
+        let codec = PlainAvro::new(v1()).typed::<Order>();
+        let order = Order {
+            id: "o-1".into(),
+            total: 12,
+        };
+        assert_eq!(codec.decode(f.payload).unwrap(), order);
+        assert_eq!(framing::frame(3, &codec.encode(&order).unwrap()), fixture);
+    }
+
+    #[test]
+    fn the_datum_follows_the_avro_specification_byte_for_byte() {
+        // Written by hand from the specification's binary encoding: longs
+        // as zigzag varints, strings as a length then UTF-8, a union as
+        // the branch's index then the value, fields in schema order.
+        let s = schema(
+            r#"{"name": "id", "type": "string"}, {"name": "total", "type": "long"},
+               {"name": "note", "type": ["null", "string"]}"#,
+        );
+        #[derive(Serialize, serde::Deserialize, Debug, PartialEq)]
+        struct Noted {
+            id: String,
+            total: i64,
+            note: Option<String>,
+        }
+        let codec = PlainAvro::new(s).typed::<Noted>();
+        let cases = [
+            (
+                Noted {
+                    id: "".into(),
+                    total: -1,
+                    note: None,
+                },
+                vec![0x00, 0x01, 0x00],
+            ),
+            (
+                Noted {
+                    id: "é".into(),
+                    total: 150,
+                    note: Some("x".into()),
+                },
+                vec![0x04, 0xc3, 0xa9, 0xac, 0x02, 0x02, 0x02, b'x'],
+            ),
+        ];
+        for (value, bytes) in cases {
+            assert_eq!(codec.encode(&value).unwrap(), bytes, "{value:?}");
+            assert_eq!(codec.decode(&bytes).unwrap(), value);
+        }
+    }
+
+    #[test]
+    fn plain_avro_resolves_an_old_writer_into_a_new_reader() {
+        let v2 = schema(
+            r#"{"name": "id", "type": "string"}, {"name": "total", "type": "long"},
+               {"name": "currency", "type": "string", "default": "EUR"}"#,
+        );
+        #[derive(Serialize, serde::Deserialize, Debug, PartialEq)]
+        struct OrderV2 {
+            id: String,
+            total: i64,
+            currency: String,
+        }
+        let old = PlainAvro::new(v1())
+            .typed::<Order>()
+            .encode(&Order {
+                id: "a".into(),
+                total: 2,
+            })
+            .unwrap();
+        let codec = PlainAvro::evolving(v1(), v2).typed::<OrderV2>();
+        assert_eq!(
+            codec.decode(&old).unwrap(),
+            OrderV2 {
+                id: "a".into(),
+                total: 2,
+                currency: "EUR".into()
+            }
+        );
+    }
+
+    #[test]
+    fn payloads_that_do_not_match_the_schema_fail_loudly() {
+        let codec = PlainAvro::new(v1()).typed::<Order>();
+        let good = codec
+            .encode(&Order {
+                id: "a".into(),
+                total: 1,
+            })
+            .unwrap();
+        // Cut short, with a byte too many, or a string longer than the rest.
+        for bad in [
+            &good[..good.len() - 1],
+            &[&good[..], &[0]].concat(),
+            &[0x40, b'a'],
+        ] {
+            let e = codec.decode(bad).unwrap_err();
+            assert!(!e.is_transient(), "{e}");
+        }
+        assert!(
+            codec
+                .decode(&[&good[..], &[0]].concat())
+                .unwrap_err()
+                .to_string()
+                .contains("1 byte(s) left")
+        );
+        let generic = PlainAvro::new(v1()).generic();
+        assert!(generic.encode(&Value::Long(1)).is_err());
+        assert!(!generic.is_registry_framed());
+    }
+}

@@ -1,0 +1,185 @@
+//! JSON Schema in Confluent's framing: the value as JSON through serde,
+//! after the frame of the schema registered for it.
+//!
+//! Like Confluent's own JSON Schema serializer with its defaults, the codec
+//! does not validate values against the schema: the schema is registered
+//! (so the registry's compatibility rules apply to it) and its id written
+//! in the frame, and decoding checks that the id names a JSON schema the
+//! registry knows. Validation would need a JSON Schema validator, a large
+//! dependency for a check the producer's type already makes.
+
+use std::fmt;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use parsley::{Codec, CodecError, Part};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::framing::{self, unframe};
+use crate::registry::{SchemaRegistry, SchemaType};
+use crate::{SchemaError, SubjectNameStrategy, codec_error};
+
+/// Builds JSON Schema codecs in Confluent's framing.
+///
+/// ```no_run
+/// use parsley::{Codec, Topic};
+/// use parsley_schema::{JsonSchemaCodec, SchemaRegistry};
+///
+/// #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+/// struct Order { id: String, total: i64 }
+///
+/// let schema = serde_json::json!({
+///     "$schema": "http://json-schema.org/draft-07/schema#",
+///     "title": "Order",
+///     "type": "object",
+///     "properties": {"id": {"type": "string"}, "total": {"type": "integer"}}
+/// });
+/// let registry = SchemaRegistry::at("http://registry:8081")?;
+/// let orders: Topic<String, Order> = Topic::new(
+///     "orders",
+///     Codec::utf8(),
+///     JsonSchemaCodec::value(&registry, "orders", schema).typed()?,
+/// );
+/// # Ok::<(), parsley_schema::SchemaError>(())
+/// ```
+#[derive(Clone)]
+pub struct JsonSchemaCodec {
+    registry: SchemaRegistry,
+    topic: String,
+    part: Part,
+    schema: serde_json::Value,
+    strategy: SubjectNameStrategy,
+    auto_register: bool,
+}
+
+impl fmt::Debug for JsonSchemaCodec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JsonSchemaCodec")
+            .field("topic", &self.topic)
+            .field("part", &self.part)
+            .field("strategy", &self.strategy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JsonSchemaCodec {
+    /// A codec for the values of `topic` under `schema`.
+    pub fn value(registry: &SchemaRegistry, topic: &str, schema: serde_json::Value) -> Self {
+        JsonSchemaCodec::new(registry, topic, Part::Value, schema)
+    }
+
+    /// A codec for the keys of `topic`; refused by a stage unless the
+    /// topic accepts framed keys, as [`AvroCodec::key`](crate::AvroCodec::key).
+    pub fn key(registry: &SchemaRegistry, topic: &str, schema: serde_json::Value) -> Self {
+        JsonSchemaCodec::new(registry, topic, Part::Key, schema)
+    }
+
+    fn new(registry: &SchemaRegistry, topic: &str, part: Part, schema: serde_json::Value) -> Self {
+        JsonSchemaCodec {
+            registry: registry.clone(),
+            topic: topic.to_owned(),
+            part,
+            schema,
+            strategy: SubjectNameStrategy::TopicName,
+            auto_register: true,
+        }
+    }
+
+    /// The subject naming strategy; the record name is the schema's
+    /// `title`, as in Confluent's JSON Schema serializer.
+    pub fn subject_names(mut self, strategy: SubjectNameStrategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// Whether the first encoding registers the schema (the default) or
+    /// only looks it up, as [`AvroCodec::auto_register`](crate::AvroCodec::auto_register).
+    pub fn auto_register(mut self, register: bool) -> Self {
+        self.auto_register = register;
+        self
+    }
+
+    /// The subject the codec registers its schema under.
+    pub fn subject(&self) -> Result<String, SchemaError> {
+        let title = self.schema.get("title").and_then(|t| t.as_str());
+        self.strategy
+            .subject(&self.topic, self.part, title)
+            .ok_or(SchemaError::NoRecordName {
+                strategy: self.strategy,
+            })
+    }
+
+    /// The codec for a serde type.
+    pub fn typed<T>(self) -> Result<Codec<T>, SchemaError>
+    where
+        T: Serialize + DeserializeOwned + 'static,
+    {
+        let subject = self.subject()?;
+        let core = Arc::new(JsonCore {
+            text: self.schema.to_string(),
+            registry: self.registry,
+            subject,
+            auto_register: self.auto_register,
+            id: RwLock::new(None),
+        });
+        let name = format!("json-schema({})", core.subject);
+        let enc = core.clone();
+        Ok(Codec::try_new(
+            move |v: &T| {
+                let id = enc.id().map_err(codec_error)?;
+                let mut out = framing::header(id, 64);
+                serde_json::to_writer(&mut out, v).map_err(|e| {
+                    codec_error(SchemaError::Json {
+                        id: Some(id),
+                        message: e.to_string(),
+                    })
+                })?;
+                Ok::<_, CodecError>(out)
+            },
+            move |b: &[u8]| {
+                let frame = unframe(b).map_err(|e| codec_error(e.into()))?;
+                let registered = core.registry.schema(frame.id).map_err(codec_error)?;
+                if registered.schema_type != SchemaType::Json {
+                    return Err(codec_error(SchemaError::WrongSchemaType {
+                        id: frame.id,
+                        found: registered.schema_type,
+                        expected: SchemaType::Json,
+                    }));
+                }
+                serde_json::from_slice(frame.payload).map_err(|e| {
+                    codec_error(SchemaError::Json {
+                        id: Some(frame.id),
+                        message: e.to_string(),
+                    })
+                })
+            },
+        )
+        .named(name)
+        .registry_framed())
+    }
+}
+
+struct JsonCore {
+    registry: SchemaRegistry,
+    subject: String,
+    text: String,
+    auto_register: bool,
+    id: RwLock<Option<u32>>,
+}
+
+impl JsonCore {
+    fn id(&self) -> Result<u32, SchemaError> {
+        if let Some(id) = *self.id.read().unwrap_or_else(PoisonError::into_inner) {
+            return Ok(id);
+        }
+        let id = if self.auto_register {
+            self.registry
+                .register(&self.subject, SchemaType::Json, &self.text)?
+        } else {
+            self.registry
+                .lookup(&self.subject, SchemaType::Json, &self.text)?
+        };
+        *self.id.write().unwrap_or_else(PoisonError::into_inner) = Some(id);
+        Ok(id)
+    }
+}

@@ -1,0 +1,639 @@
+//! A client of a Confluent-compatible schema registry: the few calls a
+//! codec needs, each answer cached so that a schema seen once is never
+//! asked for again.
+//!
+//! The client is blocking (codecs run on the stream thread, which has no
+//! async runtime) and every request has a timeout. What it caches never
+//! changes on the registry's side: a schema id always names the same
+//! schema, and a schema registered under a subject keeps its id. So the
+//! caches need no expiry, and after the first record of each schema the
+//! hot path makes no call at all.
+//!
+//! Errors say whether they pass with time ([`SchemaError::is_transient`]):
+//! a registry that cannot be reached, times out or answers 5xx is
+//! transient, and the task that met it retries the record after its
+//! backoff; an id the registry does not know, a schema it refuses, or
+//! credentials it does not accept are not, and fail the task for good.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::Read;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use base64::Engine;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use serde::{Deserialize, Serialize};
+use tracing::{debug, warn};
+
+use crate::SchemaError;
+
+/// The kind of a registered schema (the registry's `schemaType`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum SchemaType {
+    /// Apache Avro (the registry's default, named by no `schemaType`).
+    Avro,
+    /// JSON Schema.
+    Json,
+    /// Protocol Buffers.
+    Protobuf,
+}
+
+impl SchemaType {
+    fn wire(self) -> Option<&'static str> {
+        match self {
+            SchemaType::Avro => None,
+            SchemaType::Json => Some("JSON"),
+            SchemaType::Protobuf => Some("PROTOBUF"),
+        }
+    }
+
+    fn from_wire(s: Option<&str>) -> Option<SchemaType> {
+        match s {
+            None | Some("AVRO") => Some(SchemaType::Avro),
+            Some("JSON") => Some(SchemaType::Json),
+            Some("PROTOBUF") => Some(SchemaType::Protobuf),
+            Some(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for SchemaType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SchemaType::Avro => "Avro",
+            SchemaType::Json => "JSON Schema",
+            SchemaType::Protobuf => "Protobuf",
+        })
+    }
+}
+
+/// A schema as the registry holds it under an id.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct RegisteredSchema {
+    /// Its id, as written in every record's frame.
+    pub id: u32,
+    /// Its kind.
+    pub schema_type: SchemaType,
+    /// Its text, as registered.
+    pub text: String,
+    /// Whether it refers to other registered schemas (Confluent's schema
+    /// references), which this client does not resolve.
+    pub has_references: bool,
+}
+
+/// How to reach a registry. Built with [`RegistryConfig::new`] and the
+/// setters below; each maps to the setting of the same purpose in
+/// Confluent's clients.
+#[derive(Clone)]
+pub struct RegistryConfig {
+    urls: Vec<String>,
+    auth: Option<String>,
+    timeout: Duration,
+    ca_pem: Option<Vec<u8>>,
+    client_pem: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl fmt::Debug for RegistryConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistryConfig")
+            .field("urls", &self.urls)
+            .field("auth", &self.auth.as_ref().map(|_| "(set)"))
+            .field("timeout", &self.timeout)
+            .field("ca_pem", &self.ca_pem.as_ref().map(|_| "(set)"))
+            .field("client_pem", &self.client_pem.as_ref().map(|_| "(set)"))
+            .finish()
+    }
+}
+
+impl RegistryConfig {
+    /// The registry's base URL (`http://registry:8081`; for Apicurio, its
+    /// `/apis/ccompat/v7` path). Several URLs separated by commas are
+    /// tried in turn, as Confluent's `schema.registry.url` allows.
+    pub fn new(url: impl AsRef<str>) -> Self {
+        RegistryConfig {
+            urls: url
+                .as_ref()
+                .split(',')
+                .map(|u| u.trim().trim_end_matches('/').to_owned())
+                .filter(|u| !u.is_empty())
+                .collect(),
+            auth: None,
+            timeout: Duration::from_secs(5),
+            ca_pem: None,
+            client_pem: None,
+        }
+    }
+
+    /// HTTP basic authentication (Confluent's `basic.auth.user.info`).
+    pub fn basic_auth(mut self, user: impl AsRef<str>, password: impl AsRef<str>) -> Self {
+        let pair = format!("{}:{}", user.as_ref(), password.as_ref());
+        self.auth = Some(format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(pair)
+        ));
+        self
+    }
+
+    /// A bearer token (Confluent's `bearer.auth.token`).
+    pub fn bearer_token(mut self, token: impl AsRef<str>) -> Self {
+        self.auth = Some(format!("Bearer {}", token.as_ref()));
+        self
+    }
+
+    /// How long one request may take, connection included; 5 s unless
+    /// set. A request that runs out fails with a transient error, and the
+    /// record is retried.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The certificate authorities (PEM) that sign the registry's
+    /// certificate, in place of the built-in web roots.
+    pub fn ca_certificates_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// A client certificate chain and its private key (both PEM), for a
+    /// registry that asks for mutual TLS.
+    pub fn client_certificate_pem(
+        mut self,
+        chain: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.client_pem = Some((chain.into(), key.into()));
+        self
+    }
+
+    /// The URLs, in the order they are tried.
+    pub fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
+    fn agent(&self) -> Result<ureq::Agent, SchemaError> {
+        use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig};
+        let bad = |what: &str, e: ureq::Error| SchemaError::Config(format!("{what}: {e}"));
+        let mut tls = TlsConfig::builder();
+        if let Some(pem) = &self.ca_pem {
+            let certs = parse_certs(pem).map_err(|e| bad("the CA certificates", e))?;
+            if certs.is_empty() {
+                return Err(SchemaError::Config(
+                    "the CA certificates hold no PEM certificate".into(),
+                ));
+            }
+            tls = tls.root_certs(RootCerts::new_with_certs(&certs));
+        }
+        if let Some((chain, key)) = &self.client_pem {
+            let certs: Vec<Certificate<'static>> =
+                parse_certs(chain).map_err(|e| bad("the client certificate", e))?;
+            let key = PrivateKey::from_pem(key).map_err(|e| bad("the client key", e))?;
+            tls = tls.client_cert(Some(ClientCert::new_with_certs(&certs, key)));
+        }
+        let config = ureq::Agent::config_builder()
+            .timeout_global(Some(self.timeout))
+            .http_status_as_error(false)
+            .tls_config(tls.build())
+            .build();
+        Ok(config.into())
+    }
+}
+
+fn parse_certs(pem: &[u8]) -> Result<Vec<ureq::tls::Certificate<'static>>, ureq::Error> {
+    let mut out = Vec::new();
+    for item in ureq::tls::parse_pem(pem) {
+        if let ureq::tls::PemItem::Certificate(c) = item? {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+/// What may stand in a subject's path segment as it is.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_');
+
+const CONTENT_TYPE: &str = "application/vnd.schemaregistry.v1+json";
+
+/// A schema registry client with its caches. Cheap to clone: clones share
+/// the connection pool and the caches, so build one per registry and hand
+/// it to every codec.
+#[derive(Clone)]
+pub struct SchemaRegistry {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: RegistryConfig,
+    agent: ureq::Agent,
+    by_id: RwLock<HashMap<u32, Arc<RegisteredSchema>>>,
+    /// (subject, kind, text) to the id registered (or found) under it.
+    ids: RwLock<HashMap<(String, SchemaType, String), u32>>,
+}
+
+impl fmt::Debug for SchemaRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SchemaRegistry")
+            .field("urls", &self.inner.config.urls)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Serialize)]
+struct SchemaBody<'a> {
+    schema: &'a str,
+    #[serde(rename = "schemaType", skip_serializing_if = "Option::is_none")]
+    schema_type: Option<&'static str>,
+}
+
+#[derive(Deserialize)]
+struct SchemaAnswer {
+    schema: String,
+    #[serde(rename = "schemaType")]
+    schema_type: Option<String>,
+    #[serde(default)]
+    references: Vec<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct IdAnswer {
+    id: u32,
+}
+
+#[derive(Deserialize)]
+struct ErrorAnswer {
+    error_code: Option<i64>,
+    message: Option<String>,
+}
+
+/// An answer that is not a success.
+struct Refusal {
+    status: u16,
+    code: Option<i64>,
+    message: String,
+}
+
+impl SchemaRegistry {
+    /// A client for the registry `config` names. Makes no request.
+    pub fn new(config: RegistryConfig) -> Result<Self, SchemaError> {
+        if config.urls.is_empty() {
+            return Err(SchemaError::Config("no registry URL given".into()));
+        }
+        let agent = config.agent()?;
+        Ok(SchemaRegistry {
+            inner: Arc::new(Inner {
+                config,
+                agent,
+                by_id: RwLock::default(),
+                ids: RwLock::default(),
+            }),
+        })
+    }
+
+    /// A client for the registry at `url`, with the defaults.
+    pub fn at(url: impl AsRef<str>) -> Result<Self, SchemaError> {
+        SchemaRegistry::new(RegistryConfig::new(url))
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RegistryConfig {
+        &self.inner.config
+    }
+
+    /// The schema registered under `id`: from the cache, or asked once.
+    pub fn schema(&self, id: u32) -> Result<Arc<RegisteredSchema>, SchemaError> {
+        if let Some(s) = read(&self.inner.by_id).get(&id) {
+            return Ok(s.clone());
+        }
+        let what = || format!("fetching schema id {id}");
+        let body = match self.call("GET", &format!("/schemas/ids/{id}"), None, &what)? {
+            Ok(body) => body,
+            Err(r) if r.status == 404 => return Err(SchemaError::UnknownSchemaId { id }),
+            Err(r) => return Err(refused(what(), r)),
+        };
+        let answer: SchemaAnswer = parse(&body, &what)?;
+        let schema_type =
+            SchemaType::from_wire(answer.schema_type.as_deref()).ok_or_else(|| {
+                SchemaError::Protocol(format!(
+                    "{}: unknown schemaType {:?}",
+                    what(),
+                    answer.schema_type
+                ))
+            })?;
+        let schema = Arc::new(RegisteredSchema {
+            id,
+            schema_type,
+            text: answer.schema,
+            has_references: !answer.references.is_empty(),
+        });
+        debug!(id, %schema_type, "schema fetched from the registry");
+        write(&self.inner.by_id).insert(id, schema.clone());
+        Ok(schema)
+    }
+
+    /// Registers `text` under `subject` (a schema the subject already
+    /// holds keeps its id) and returns the id; cached, so each schema is
+    /// registered once per client. The registry refuses a schema that
+    /// breaks the subject's compatibility rule
+    /// ([`SchemaError::Incompatible`]).
+    pub fn register(
+        &self,
+        subject: &str,
+        schema_type: SchemaType,
+        text: &str,
+    ) -> Result<u32, SchemaError> {
+        self.id_for(subject, schema_type, text, true)
+    }
+
+    /// The id under which `subject` already holds `text`, without
+    /// registering anything (Confluent's serializers with
+    /// `auto.register.schemas=false`); cached like
+    /// [`register`](Self::register).
+    pub fn lookup(
+        &self,
+        subject: &str,
+        schema_type: SchemaType,
+        text: &str,
+    ) -> Result<u32, SchemaError> {
+        self.id_for(subject, schema_type, text, false)
+    }
+
+    fn id_for(
+        &self,
+        subject: &str,
+        schema_type: SchemaType,
+        text: &str,
+        register: bool,
+    ) -> Result<u32, SchemaError> {
+        let key = (subject.to_owned(), schema_type, text.to_owned());
+        if let Some(id) = read(&self.inner.ids).get(&key) {
+            return Ok(*id);
+        }
+        let segment = utf8_percent_encode(subject, SEGMENT).to_string();
+        let (path, what) = if register {
+            (
+                format!("/subjects/{segment}/versions"),
+                format!("registering a {schema_type} schema under subject {subject:?}"),
+            )
+        } else {
+            (
+                format!("/subjects/{segment}"),
+                format!("looking up a {schema_type} schema under subject {subject:?}"),
+            )
+        };
+        let body = serde_json::to_vec(&SchemaBody {
+            schema: text,
+            schema_type: schema_type.wire(),
+        })
+        .map_err(|e| SchemaError::Protocol(e.to_string()))?;
+        let answer = match self.call("POST", &path, Some(&body), &|| what.clone())? {
+            Ok(answer) => answer,
+            Err(r) if r.status == 409 => {
+                return Err(SchemaError::Incompatible {
+                    subject: subject.to_owned(),
+                    message: r.message,
+                });
+            }
+            Err(r) if !register && r.status == 404 => {
+                return Err(SchemaError::NotRegistered {
+                    subject: subject.to_owned(),
+                    message: r.message,
+                });
+            }
+            Err(r) => return Err(refused(what, r)),
+        };
+        let IdAnswer { id } = parse(&answer, &|| what.clone())?;
+        debug!(subject, id, register, "schema id from the registry");
+        write(&self.inner.ids).insert(key, id);
+        Ok(id)
+    }
+
+    /// Sets the compatibility rule of `subject` (or the registry's
+    /// default, for `None`): `BACKWARD`, `FORWARD`, `FULL`, `NONE` and
+    /// their `_TRANSITIVE` forms. For tests and tooling; codecs never call
+    /// it.
+    pub fn set_compatibility(&self, subject: Option<&str>, level: &str) -> Result<(), SchemaError> {
+        let path = match subject {
+            Some(s) => format!("/config/{}", utf8_percent_encode(s, SEGMENT)),
+            None => "/config".to_owned(),
+        };
+        let what = || format!("setting compatibility {level} on {subject:?}");
+        let body = serde_json::to_vec(&serde_json::json!({ "compatibility": level }))
+            .map_err(|e| SchemaError::Protocol(e.to_string()))?;
+        match self.call("PUT", &path, Some(&body), &what)? {
+            Ok(_) => Ok(()),
+            Err(r) => Err(refused(what(), r)),
+        }
+    }
+
+    /// Makes one request, trying each URL in turn while the registry
+    /// cannot be reached. `Ok(Err(..))` is an answer that is not a
+    /// success; `Err` is a transport failure on every URL, or a 5xx.
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        what: &dyn Fn() -> String,
+    ) -> Result<Result<Vec<u8>, Refusal>, SchemaError> {
+        let mut last = None;
+        for base in &self.inner.config.urls {
+            let url = format!("{base}{path}");
+            match self.once(method, &url, body) {
+                Ok((status, bytes)) if (200..300).contains(&status) => return Ok(Ok(bytes)),
+                Ok((status, bytes)) => {
+                    let refusal = refusal(status, &bytes);
+                    if status >= 500 || status == 429 || status == 408 {
+                        warn!(%url, status, message = %refusal.message, "the schema registry is not serving; trying the next URL, if any");
+                        last = Some(SchemaError::Unavailable {
+                            what: what(),
+                            reason: format!("{url} answered {status}: {}", refusal.message),
+                        });
+                        continue;
+                    }
+                    return Ok(Err(refusal));
+                }
+                Err(e) if transport_is_transient(&e) => {
+                    warn!(%url, error = %e, "the schema registry cannot be reached; trying the next URL, if any");
+                    last = Some(SchemaError::Unavailable {
+                        what: what(),
+                        reason: format!("{url}: {e}"),
+                    });
+                }
+                Err(e) => {
+                    return Err(SchemaError::Config(format!("{}: {url}: {e}", what())));
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| SchemaError::Config("no registry URL given".into())))
+    }
+
+    fn once(
+        &self,
+        method: &str,
+        url: &str,
+        body: Option<&[u8]>,
+    ) -> Result<(u16, Vec<u8>), ureq::Error> {
+        let agent = &self.inner.agent;
+        let auth = self.inner.config.auth.as_deref();
+        let response = match (method, body) {
+            ("GET", _) => with_auth(agent.get(url), auth)
+                .header("Accept", CONTENT_TYPE)
+                .call()?,
+            ("PUT", Some(b)) => with_auth(agent.put(url), auth)
+                .header("Accept", CONTENT_TYPE)
+                .header("Content-Type", CONTENT_TYPE)
+                .send(b)?,
+            (_, b) => with_auth(agent.post(url), auth)
+                .header("Accept", CONTENT_TYPE)
+                .header("Content-Type", CONTENT_TYPE)
+                .send(b.unwrap_or_default())?,
+        };
+        let status = response.status().as_u16();
+        let mut bytes = Vec::new();
+        response
+            .into_body()
+            .into_reader()
+            .take(16 << 20)
+            .read_to_end(&mut bytes)?;
+        Ok((status, bytes))
+    }
+}
+
+fn with_auth<B>(r: ureq::RequestBuilder<B>, auth: Option<&str>) -> ureq::RequestBuilder<B> {
+    match auth {
+        Some(a) => r.header("Authorization", a),
+        None => r,
+    }
+}
+
+/// Transport failures that pass with time: the registry is down, slow or
+/// unreachable. A malformed URL or a TLS configuration the registry
+/// refuses does not pass.
+fn transport_is_transient(e: &ureq::Error) -> bool {
+    matches!(
+        e,
+        ureq::Error::Io(_)
+            | ureq::Error::Timeout(_)
+            | ureq::Error::HostNotFound
+            | ureq::Error::ConnectionFailed
+            | ureq::Error::Protocol(_)
+    )
+}
+
+fn refusal(status: u16, body: &[u8]) -> Refusal {
+    match serde_json::from_slice::<ErrorAnswer>(body) {
+        Ok(e) => Refusal {
+            status,
+            code: e.error_code,
+            message: e
+                .message
+                .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned()),
+        },
+        Err(_) => Refusal {
+            status,
+            code: None,
+            message: String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned(),
+        },
+    }
+}
+
+fn refused(what: String, r: Refusal) -> SchemaError {
+    match r.status {
+        401 | 403 => SchemaError::Unauthorized {
+            what,
+            status: r.status,
+            message: r.message,
+        },
+        _ => SchemaError::Refused {
+            what,
+            status: r.status,
+            code: r.code,
+            message: r.message,
+        },
+    }
+}
+
+fn parse<'a, T: Deserialize<'a>>(
+    body: &'a [u8],
+    what: &dyn Fn() -> String,
+) -> Result<T, SchemaError> {
+    serde_json::from_slice(body).map_err(|e| {
+        SchemaError::Protocol(format!(
+            "{}: the registry's answer is not what the Confluent API returns: {e}",
+            what()
+        ))
+    })
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn a_registry_that_is_not_there_is_transient_and_names_the_id() {
+        // A port that was free a moment ago: nothing listens on it.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let r = SchemaRegistry::new(
+            RegistryConfig::new(format!("http://127.0.0.1:{port}")).timeout(Duration::from_secs(2)),
+        )
+        .unwrap();
+        let e = r.schema(42).unwrap_err();
+        assert!(e.is_transient(), "{e}");
+        assert!(e.to_string().contains("schema id 42"), "{e}");
+        let e = r
+            .register("orders-value", SchemaType::Avro, "\"long\"")
+            .unwrap_err();
+        assert!(e.is_transient(), "{e}");
+        assert!(e.to_string().contains("orders-value"), "{e}");
+    }
+
+    #[test]
+    fn a_malformed_url_is_not_transient() {
+        let r = SchemaRegistry::at("not a url").unwrap();
+        let e = r.schema(1).unwrap_err();
+        assert!(!e.is_transient(), "{e}");
+        assert!(matches!(
+            SchemaRegistry::new(RegistryConfig::new(" , ")),
+            Err(SchemaError::Config(_))
+        ));
+    }
+
+    #[test]
+    fn urls_split_on_commas_and_credentials_stay_out_of_debug() {
+        let c = RegistryConfig::new("http://a:8081/, http://b:8081").basic_auth("user", "secret");
+        assert_eq!(c.urls(), ["http://a:8081", "http://b:8081"]);
+        assert_eq!(c.auth.as_deref(), Some("Basic dXNlcjpzZWNyZXQ="));
+        assert!(!format!("{c:?}").contains("dXNlcjpzZWNyZXQ"));
+        let bad_ca = RegistryConfig::new("https://a").ca_certificates_pem("nothing here");
+        assert!(matches!(
+            SchemaRegistry::new(bad_ca),
+            Err(SchemaError::Config(_))
+        ));
+    }
+
+    #[test]
+    fn subjects_are_escaped_as_path_segments() {
+        assert_eq!(
+            utf8_percent_encode("shop.Order-value", SEGMENT).to_string(),
+            "shop.Order-value"
+        );
+        assert_eq!(
+            utf8_percent_encode("a/b c", SEGMENT).to_string(),
+            "a%2Fb%20c"
+        );
+    }
+}
