@@ -15,7 +15,7 @@
 //! payload the writer schema cannot read, or a value the reader schema
 //! cannot hold fail the decoding, as the codec contract asks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 
@@ -28,7 +28,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::framing::{self, unframe};
-use crate::registry::{SchemaRegistry, SchemaType};
+use crate::registry::{SchemaReference, SchemaRegistry, SchemaType};
 use crate::{SchemaError, SubjectNameStrategy, codec_error};
 
 /// Builds Avro codecs in Confluent's framing: registers (or looks up) the
@@ -187,7 +187,20 @@ struct Framed {
     text: String,
     auto_register: bool,
     id: RwLock<Option<u32>>,
-    writers: RwLock<HashMap<u32, Arc<Schema>>>,
+    writers: RwLock<HashMap<u32, Arc<Writer>>>,
+}
+
+/// How deep the client follows schema references (a registry whose
+/// references form a cycle would otherwise be followed forever).
+const REFERENCE_DEPTH: usize = 32;
+
+/// A writer's schema as decoding needs it: parsed, with the named types it
+/// refers to, and whether it is the reader's own (then nothing is
+/// resolved per record).
+struct Writer {
+    schema: Schema,
+    named: Vec<Schema>,
+    is_reader: bool,
 }
 
 impl Framed {
@@ -220,7 +233,7 @@ impl Framed {
         Ok(out)
     }
 
-    fn writer(&self, id: u32) -> Result<Arc<Schema>, SchemaError> {
+    fn writer(&self, id: u32) -> Result<Arc<Writer>, SchemaError> {
         if let Some(s) = self
             .writers
             .read()
@@ -237,23 +250,61 @@ impl Framed {
                 expected: SchemaType::Avro,
             });
         }
-        if registered.has_references {
-            return Err(SchemaError::References { id });
-        }
-        let schema = Arc::new(Schema::parse_str(&registered.text).map_err(|e| {
-            SchemaError::Schema(format!("schema id {id} is not a valid Avro schema: {e}"))
-        })?);
+        let mut referenced = Vec::new();
+        let mut seen = HashSet::new();
+        self.referenced(id, &registered.references, 0, &mut seen, &mut referenced)?;
+        let (schema, named) =
+            Schema::parse_str_with_list(&registered.text, &referenced).map_err(|e| {
+                SchemaError::Schema(format!("schema id {id} is not a valid Avro schema: {e}"))
+            })?;
+        let is_reader = named.is_empty() && schema == self.reader;
+        let writer = Arc::new(Writer {
+            schema,
+            named,
+            is_reader,
+        });
         self.writers
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, schema.clone());
-        Ok(schema)
+            .insert(id, writer.clone());
+        Ok(writer)
+    }
+
+    /// The texts of the schemas `references` name, each after the ones it
+    /// refers to in turn, each once.
+    fn referenced(
+        &self,
+        id: u32,
+        references: &[SchemaReference],
+        depth: usize,
+        seen: &mut HashSet<(String, i32)>,
+        out: &mut Vec<String>,
+    ) -> Result<(), SchemaError> {
+        if references.is_empty() {
+            return Ok(());
+        }
+        if depth >= REFERENCE_DEPTH {
+            return Err(SchemaError::References {
+                id,
+                limit: REFERENCE_DEPTH,
+            });
+        }
+        for r in references {
+            if !seen.insert((r.subject.clone(), r.version)) {
+                continue;
+            }
+            let s = self.registry.schema_version(&r.subject, r.version)?;
+            self.referenced(id, &s.references, depth + 1, seen, out)?;
+            out.push(s.text.clone());
+        }
+        Ok(())
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<Value, SchemaError> {
         let frame = unframe(bytes)?;
         let writer = self.writer(frame.id)?;
-        read_datum(&writer, Some(&self.reader), frame.payload).map_err(|message| {
+        let reader = (!writer.is_reader).then_some(&self.reader);
+        read_datum(&writer.schema, &writer.named, reader, frame.payload).map_err(|message| {
             SchemaError::Avro {
                 id: Some(frame.id),
                 message,
@@ -285,6 +336,7 @@ impl Framed {
 #[derive(Clone, Debug)]
 pub struct PlainAvro {
     writer: Arc<Schema>,
+    /// The reader's schema, when it differs from the writer's.
     reader: Option<Arc<Schema>>,
 }
 
@@ -300,9 +352,10 @@ impl PlainAvro {
     /// Reads bytes written with `writer` into `reader` (an evolved schema
     /// compatible with it), and writes `reader`.
     pub fn evolving(writer: Schema, reader: Schema) -> Self {
+        let reader = (reader != writer).then(|| Arc::new(reader));
         PlainAvro {
             writer: Arc::new(writer),
-            reader: Some(Arc::new(reader)),
+            reader,
         }
     }
 
@@ -325,7 +378,7 @@ impl PlainAvro {
             },
             move |b: &[u8]| {
                 from_value(
-                    read_datum(&self.writer, self.reader.as_deref(), b)
+                    read_datum(&self.writer, &[], self.reader.as_deref(), b)
                         .map_err(|message| codec_error(SchemaError::Avro { id: None, message }))?,
                 )
             },
@@ -344,7 +397,7 @@ impl PlainAvro {
                 Ok::<_, CodecError>(out)
             },
             move |b: &[u8]| {
-                read_datum(&self.writer, self.reader.as_deref(), b)
+                read_datum(&self.writer, &[], self.reader.as_deref(), b)
                     .map_err(|message| codec_error(SchemaError::Avro { id: None, message }))
             },
         )
@@ -384,13 +437,26 @@ fn write_datum(schema: &Schema, value: Value, out: &mut Vec<u8>) -> Result<(), S
     Ok(())
 }
 
-/// Reads one datum written with `writer` from the whole of `payload`,
-/// resolved into `reader` when given.
-fn read_datum(writer: &Schema, reader: Option<&Schema>, payload: &[u8]) -> Result<Value, String> {
+/// Reads one datum written with `writer` (whose references are among
+/// `named`) from the whole of `payload`, resolved into `reader` when given.
+fn read_datum(
+    writer: &Schema,
+    named: &[Schema],
+    reader: Option<&Schema>,
+    payload: &[u8],
+) -> Result<Value, String> {
     let mut rest = payload;
-    let value = GenericDatumReader::builder(writer)
-        .maybe_reader_schema(reader.filter(|r| *r != writer))
-        .build()
+    let reading = if named.is_empty() {
+        GenericDatumReader::builder(writer)
+            .maybe_reader_schema(reader)
+            .build()
+    } else {
+        // The names the writer uses: the referenced types and its own.
+        GenericDatumReader::builder(writer)
+            .writer_schemata(named.iter().chain([writer]).collect())
+            .and_then(|b| b.maybe_reader_schema(reader).build())
+    };
+    let value = reading
         .and_then(|r| r.read_value(&mut rest))
         .map_err(|e| format!("the payload does not decode with the writer's schema: {e}"))?;
     if !rest.is_empty() {

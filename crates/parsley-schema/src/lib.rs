@@ -58,7 +58,7 @@ pub use apache_avro;
 pub use avro::{AvroCodec, PlainAvro};
 pub use framing::FramingError;
 pub use json_schema::JsonSchemaCodec;
-pub use registry::{RegisteredSchema, RegistryConfig, SchemaRegistry, SchemaType};
+pub use registry::{RegisteredSchema, RegistryConfig, SchemaReference, SchemaRegistry, SchemaType};
 pub use subject::SubjectNameStrategy;
 
 use parsley::CodecError;
@@ -151,14 +151,25 @@ pub enum SchemaError {
         /// What the codec reads.
         expected: SchemaType,
     },
-    /// The schema refers to other registered schemas, which this client
-    /// does not resolve.
+    /// A schema reference names a subject version the registry does not
+    /// hold.
+    #[error("version {version} of subject {subject:?} is not known to the registry")]
+    UnknownVersion {
+        /// The subject.
+        subject: String,
+        /// The version.
+        version: i32,
+    },
+    /// Schema references that go deeper than the client follows (a cycle
+    /// among registered schemas, most likely).
     #[error(
-        "schema id {id} refers to other schemas (schema references), which parsley-schema does not resolve yet"
+        "schema id {id}: its references nest deeper than {limit} levels; check them for a cycle"
     )]
     References {
         /// The id.
         id: u32,
+        /// How deep the client follows them.
+        limit: usize,
     },
     /// A schema is not valid.
     #[error("{0}")]

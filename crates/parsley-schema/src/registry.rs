@@ -77,9 +77,21 @@ pub struct RegisteredSchema {
     pub schema_type: SchemaType,
     /// Its text, as registered.
     pub text: String,
-    /// Whether it refers to other registered schemas (Confluent's schema
-    /// references), which this client does not resolve.
-    pub has_references: bool,
+    /// The registered schemas it refers to by name (Confluent's schema
+    /// references), in the order the registry lists them.
+    pub references: Vec<SchemaReference>,
+}
+
+/// A schema's reference to a type registered under another subject.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub struct SchemaReference {
+    /// The referenced type's name as the referring schema uses it (for
+    /// Avro, the full name of a record, enum or fixed).
+    pub name: String,
+    /// The subject it is registered under.
+    pub subject: String,
+    /// The version of that subject.
+    pub version: i32,
 }
 
 /// How to reach a registry. Built with [`RegistryConfig::new`] and the
@@ -227,6 +239,8 @@ struct Inner {
     config: RegistryConfig,
     agent: ureq::Agent,
     by_id: RwLock<HashMap<u32, Arc<RegisteredSchema>>>,
+    /// (subject, version) to the schema registered as that version.
+    by_version: RwLock<HashMap<(String, i32), Arc<RegisteredSchema>>>,
     /// (subject, kind, text) to the id registered (or found) under it.
     ids: RwLock<HashMap<(String, SchemaType, String), u32>>,
 }
@@ -248,11 +262,13 @@ struct SchemaBody<'a> {
 
 #[derive(Deserialize)]
 struct SchemaAnswer {
+    /// Present in answers by subject and version.
+    id: Option<u32>,
     schema: String,
     #[serde(rename = "schemaType")]
     schema_type: Option<String>,
     #[serde(default)]
-    references: Vec<serde_json::Value>,
+    references: Vec<SchemaReference>,
 }
 
 #[derive(Deserialize)]
@@ -285,6 +301,7 @@ impl SchemaRegistry {
                 config,
                 agent,
                 by_id: RwLock::default(),
+                by_version: RwLock::default(),
                 ids: RwLock::default(),
             }),
         })
@@ -311,23 +328,44 @@ impl SchemaRegistry {
             Err(r) if r.status == 404 => return Err(SchemaError::UnknownSchemaId { id }),
             Err(r) => return Err(refused(what(), r)),
         };
-        let answer: SchemaAnswer = parse(&body, &what)?;
-        let schema_type =
-            SchemaType::from_wire(answer.schema_type.as_deref()).ok_or_else(|| {
-                SchemaError::Protocol(format!(
-                    "{}: unknown schemaType {:?}",
-                    what(),
-                    answer.schema_type
-                ))
-            })?;
-        let schema = Arc::new(RegisteredSchema {
-            id,
-            schema_type,
-            text: answer.schema,
-            has_references: !answer.references.is_empty(),
-        });
-        debug!(id, %schema_type, "schema fetched from the registry");
+        let schema = Arc::new(registered(id, parse(&body, &what)?, &what)?);
+        debug!(id, schema_type = %schema.schema_type, "schema fetched from the registry");
         write(&self.inner.by_id).insert(id, schema.clone());
+        Ok(schema)
+    }
+
+    /// The schema registered as `version` of `subject` (what a schema
+    /// reference names): from the cache, or asked once.
+    pub fn schema_version(
+        &self,
+        subject: &str,
+        version: i32,
+    ) -> Result<Arc<RegisteredSchema>, SchemaError> {
+        let key = (subject.to_owned(), version);
+        if let Some(s) = read(&self.inner.by_version).get(&key) {
+            return Ok(s.clone());
+        }
+        let what = || format!("fetching version {version} of subject {subject:?}");
+        let path = format!(
+            "/subjects/{}/versions/{version}",
+            utf8_percent_encode(subject, SEGMENT)
+        );
+        let body = match self.call("GET", &path, None, &what)? {
+            Ok(body) => body,
+            Err(r) if r.status == 404 => {
+                return Err(SchemaError::UnknownVersion {
+                    subject: subject.to_owned(),
+                    version,
+                });
+            }
+            Err(r) => return Err(refused(what(), r)),
+        };
+        let answer: SchemaAnswer = parse(&body, &what)?;
+        let id = answer
+            .id
+            .ok_or_else(|| SchemaError::Protocol(format!("{}: the answer has no id", what())))?;
+        let schema = Arc::new(registered(id, answer, &what)?);
+        write(&self.inner.by_version).insert(key, schema.clone());
         Ok(schema)
     }
 
@@ -519,6 +557,26 @@ fn transport_is_transient(e: &ureq::Error) -> bool {
             | ureq::Error::ConnectionFailed
             | ureq::Error::Protocol(_)
     )
+}
+
+fn registered(
+    id: u32,
+    answer: SchemaAnswer,
+    what: &dyn Fn() -> String,
+) -> Result<RegisteredSchema, SchemaError> {
+    let schema_type = SchemaType::from_wire(answer.schema_type.as_deref()).ok_or_else(|| {
+        SchemaError::Protocol(format!(
+            "{}: unknown schemaType {:?}",
+            what(),
+            answer.schema_type
+        ))
+    })?;
+    Ok(RegisteredSchema {
+        id,
+        schema_type,
+        text: answer.schema,
+        references: answer.references,
+    })
 }
 
 fn refusal(status: u16, body: &[u8]) -> Refusal {

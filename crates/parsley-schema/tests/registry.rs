@@ -242,6 +242,78 @@ fn an_old_writer_schema_decodes_into_the_new_reader_and_an_incompatible_one_is_r
 
 #[test]
 #[ignore = "needs a schema registry (PARSLEY_SCHEMA_REGISTRY); the test command starts one"]
+fn a_writer_schema_with_references_and_nested_records_decodes() {
+    let r = registry();
+    let ns = unique("refs");
+    // Money is registered on its own; the writer's Order refers to it by
+    // name (Confluent's schema references), as Java producers often do.
+    let money = format!(
+        r#"{{"type": "record", "name": "Money", "namespace": "{ns}", "fields": [{{"name": "cents", "type": "long"}}]}}"#
+    );
+    let money_subject = unique("money");
+    r.register(&money_subject, SchemaType::Avro, &money)
+        .unwrap();
+    let topic = unique("priced");
+    let referring = format!(
+        r#"{{"type": "record", "name": "Order", "namespace": "{ns}", "fields": [{{"name": "id", "type": "string"}}, {{"name": "price", "type": "{ns}.Money"}}]}}"#
+    );
+    let body = serde_json::json!({
+        "schema": referring,
+        "references": [{"name": format!("{ns}.Money"), "subject": money_subject, "version": 1}],
+    });
+    let answer: serde_json::Value = ureq::post(format!(
+        "{}/subjects/{topic}-value/versions",
+        registry_url()
+    ))
+    .header("Content-Type", "application/vnd.schemaregistry.v1+json")
+    .send(body.to_string())
+    .unwrap()
+    .into_body()
+    .read_json()
+    .unwrap();
+    let id = u32::try_from(answer["id"].as_u64().unwrap()).unwrap();
+    assert_eq!(r.schema(id).unwrap().references.len(), 1);
+    // The reader's schema is self-contained (as a derived one is): Money
+    // defined inline, inside Order.
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct Money {
+        cents: i64,
+    }
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct Priced {
+        id: String,
+        price: Money,
+    }
+    let inline = Schema::parse_str(&format!(
+        r#"{{"type": "record", "name": "Order", "namespace": "{ns}", "fields": [{{"name": "id", "type": "string"}}, {{"name": "price", "type": {money}}}]}}"#
+    ))
+    .unwrap();
+    let codec: Codec<Priced> = AvroCodec::value(&r, &topic, inline).typed().unwrap();
+    // "o" then 250 cents, under the referring schema's id.
+    let bytes = frame(id, &[2, b'o', 0xf4, 0x03]);
+    let expected = Priced {
+        id: "o".into(),
+        price: Money { cents: 250 },
+    };
+    assert_eq!(codec.decode(&bytes).unwrap(), expected);
+    // Its own records (the inline schema, registered as a new version)
+    // decode too, nested record and all.
+    assert_eq!(
+        codec.decode(&codec.encode(&expected).unwrap()).unwrap(),
+        expected
+    );
+    // A reference to a version the registry does not hold is a typed
+    // error, not a transient one.
+    let e = r.schema_version(&money_subject, 99).unwrap_err();
+    assert!(
+        matches!(&e, SchemaError::UnknownVersion { subject, version: 99 } if *subject == money_subject),
+        "{e}"
+    );
+    assert!(!e.is_transient());
+}
+
+#[test]
+#[ignore = "needs a schema registry (PARSLEY_SCHEMA_REGISTRY); the test command starts one"]
 fn unknown_ids_and_corrupt_frames_fail_for_good_and_say_why() {
     let r = registry();
     let codec: Codec<Order> = AvroCodec::value(&r, &unique("corrupt"), order_schema("shop"))
