@@ -20,10 +20,12 @@ use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::schema::ResolvedSchema;
 use apache_avro::types::Value;
-use apache_avro::writer::datum::GenericDatumWriter;
+use apache_avro::writer::datum::{GenericDatumWriter, write_avro_datum_ref};
 use apache_avro::{AvroSchema, Schema};
 use parsley::{Codec, CodecError, Part};
+use self_cell::self_cell;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -140,7 +142,7 @@ impl AvroCodec {
         let name = core.name();
         let enc = core.clone();
         Ok(Codec::try_new(
-            move |v: &T| enc.encode(to_value(v)?).map_err(codec_error),
+            move |v: &T| enc.encode_typed(v).map_err(codec_error),
             move |b: &[u8]| from_value(core.decode(b).map_err(codec_error)?),
         )
         .named(name)
@@ -169,6 +171,7 @@ impl AvroCodec {
         Ok(Framed {
             registry: self.registry,
             subject,
+            writes: Writes::of(&self.schema).map_err(SchemaError::Schema)?,
             reader: self.schema,
             text,
             auto_register: self.auto_register,
@@ -183,25 +186,17 @@ impl AvroCodec {
 struct Framed {
     registry: SchemaRegistry,
     subject: String,
+    writes: Writes,
     reader: Schema,
     text: String,
     auto_register: bool,
     id: RwLock<Option<u32>>,
-    writers: RwLock<HashMap<u32, Arc<Writer>>>,
+    writers: RwLock<HashMap<u32, Arc<Reads>>>,
 }
 
 /// How deep the client follows schema references (a registry whose
 /// references form a cycle would otherwise be followed forever).
 const REFERENCE_DEPTH: usize = 32;
-
-/// A writer's schema as decoding needs it: parsed, with the named types it
-/// refers to, and whether it is the reader's own (then nothing is
-/// resolved per record).
-struct Writer {
-    schema: Schema,
-    named: Vec<Schema>,
-    is_reader: bool,
-}
 
 impl Framed {
     fn name(&self) -> String {
@@ -226,14 +221,28 @@ impl Framed {
     fn encode(&self, value: Value) -> Result<Vec<u8>, SchemaError> {
         let id = self.id()?;
         let mut out = framing::header(id, 64);
-        write_datum(&self.reader, value, &mut out).map_err(|message| SchemaError::Avro {
-            id: Some(id),
-            message,
-        })?;
+        self.writes
+            .value(value, &mut out)
+            .map_err(|message| SchemaError::Avro {
+                id: Some(id),
+                message,
+            })?;
         Ok(out)
     }
 
-    fn writer(&self, id: u32) -> Result<Arc<Writer>, SchemaError> {
+    fn encode_typed<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, SchemaError> {
+        let id = self.id()?;
+        let mut out = framing::header(id, 64);
+        self.writes
+            .typed(value, &mut out)
+            .map_err(|message| SchemaError::Avro {
+                id: Some(id),
+                message,
+            })?;
+        Ok(out)
+    }
+
+    fn writer(&self, id: u32) -> Result<Arc<Reads>, SchemaError> {
         if let Some(s) = self
             .writers
             .read()
@@ -257,12 +266,12 @@ impl Framed {
             Schema::parse_str_with_list(&registered.text, &referenced).map_err(|e| {
                 SchemaError::Schema(format!("schema id {id} is not a valid Avro schema: {e}"))
             })?;
-        let is_reader = named.is_empty() && schema == self.reader;
-        let writer = Arc::new(Writer {
-            schema,
-            named,
-            is_reader,
-        });
+        // A writer that is the reader's own schema needs no resolution.
+        let reader = (!named.is_empty() || schema != self.reader).then(|| self.reader.clone());
+        let writer = Arc::new(
+            Reads::of(schema, named, reader)
+                .map_err(|e| SchemaError::Schema(format!("schema id {id}: {e}")))?,
+        );
         self.writers
             .write()
             .unwrap_or_else(PoisonError::into_inner)
@@ -302,14 +311,12 @@ impl Framed {
 
     fn decode(&self, bytes: &[u8]) -> Result<Value, SchemaError> {
         let frame = unframe(bytes)?;
-        let writer = self.writer(frame.id)?;
-        let reader = (!writer.is_reader).then_some(&self.reader);
-        read_datum(&writer.schema, &writer.named, reader, frame.payload).map_err(|message| {
-            SchemaError::Avro {
+        self.writer(frame.id)?
+            .read(frame.payload)
+            .map_err(|message| SchemaError::Avro {
                 id: Some(frame.id),
                 message,
-            }
-        })
+            })
     }
 }
 
@@ -333,11 +340,19 @@ impl Framed {
 /// assert_eq!(codec.decode(&bytes)?, r);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct PlainAvro {
     writer: Arc<Schema>,
     /// The reader's schema, when it differs from the writer's.
     reader: Option<Arc<Schema>>,
+}
+
+impl fmt::Debug for PlainAvro {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PlainAvro")
+            .field("evolving", &self.reader.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl PlainAvro {
@@ -359,8 +374,16 @@ impl PlainAvro {
         }
     }
 
-    fn write_schema(&self) -> &Arc<Schema> {
-        self.reader.as_ref().unwrap_or(&self.writer)
+    fn writes(&self) -> Result<Writes, String> {
+        Writes::of(self.reader.as_deref().unwrap_or(&self.writer))
+    }
+
+    fn reads(&self) -> Result<Reads, String> {
+        Reads::of(
+            Schema::clone(&self.writer),
+            Vec::new(),
+            self.reader.as_deref().cloned(),
+        )
     }
 
     /// The codec for a serde type whose layout matches the schema.
@@ -368,18 +391,24 @@ impl PlainAvro {
     where
         T: Serialize + DeserializeOwned + 'static,
     {
-        let enc = self.clone();
+        let (writes, reads) = (self.writes(), self.reads());
         Codec::try_new(
             move |v: &T| {
                 let mut out = Vec::with_capacity(64);
-                write_datum(enc.write_schema(), to_value(v)?, &mut out)
-                    .map_err(|message| codec_error(SchemaError::Avro { id: None, message }))?;
+                writes
+                    .as_ref()
+                    .map_err(Clone::clone)
+                    .and_then(|w| w.typed(v, &mut out))
+                    .map_err(plain_error)?;
                 Ok::<_, CodecError>(out)
             },
             move |b: &[u8]| {
                 from_value(
-                    read_datum(&self.writer, &[], self.reader.as_deref(), b)
-                        .map_err(|message| codec_error(SchemaError::Avro { id: None, message }))?,
+                    reads
+                        .as_ref()
+                        .map_err(Clone::clone)
+                        .and_then(|r| r.read(b))
+                        .map_err(plain_error)?,
                 )
             },
         )
@@ -388,30 +417,128 @@ impl PlainAvro {
 
     /// The codec for generic Avro values.
     pub fn generic(self) -> Codec<Value> {
-        let enc = self.clone();
+        let (writes, reads) = (self.writes(), self.reads());
         Codec::try_new(
             move |v: &Value| {
                 let mut out = Vec::with_capacity(64);
-                write_datum(enc.write_schema(), v.clone(), &mut out)
-                    .map_err(|message| codec_error(SchemaError::Avro { id: None, message }))?;
+                writes
+                    .as_ref()
+                    .map_err(Clone::clone)
+                    .and_then(|w| w.value(v.clone(), &mut out))
+                    .map_err(plain_error)?;
                 Ok::<_, CodecError>(out)
             },
             move |b: &[u8]| {
-                read_datum(&self.writer, &[], self.reader.as_deref(), b)
-                    .map_err(|message| codec_error(SchemaError::Avro { id: None, message }))
+                reads
+                    .as_ref()
+                    .map_err(Clone::clone)
+                    .and_then(|r| r.read(b))
+                    .map_err(plain_error)
             },
         )
         .named("avro")
     }
 }
 
-fn to_value<T: Serialize>(v: &T) -> Result<Value, CodecError> {
-    apache_avro::to_value(v).map_err(|e| {
-        codec_error(SchemaError::Avro {
-            id: None,
-            message: format!("the value does not map to Avro: {e}"),
+fn plain_error(message: String) -> CodecError {
+    codec_error(SchemaError::Avro { id: None, message })
+}
+
+self_cell!(
+    /// The schema values are written with, its named types indexed once
+    /// instead of per record.
+    struct Writes {
+        owner: Schema,
+        #[covariant]
+        dependent: ResolvedSchema,
+    }
+);
+
+impl Writes {
+    fn of(schema: &Schema) -> Result<Self, String> {
+        Writes::try_new(schema.clone(), |s| ResolvedSchema::new(s))
+            .map_err(|e| format!("the schema's named types do not resolve: {e}"))
+    }
+
+    /// Writes a serde value as a datum after `out`'s bytes, serialized
+    /// straight into the schema's layout.
+    fn typed<T: Serialize>(&self, value: &T, out: &mut Vec<u8>) -> Result<(), String> {
+        let start = out.len();
+        write_avro_datum_ref(
+            self.borrow_owner(),
+            self.borrow_dependent().get_names(),
+            value,
+            out,
+        )
+        .map_err(|e| {
+            out.truncate(start);
+            format!("the value does not fit the schema: {e}")
+        })?;
+        Ok(())
+    }
+
+    /// Writes a generic value as a datum after `out`'s bytes.
+    fn value(&self, value: Value, out: &mut Vec<u8>) -> Result<(), String> {
+        write_datum(self.borrow_owner(), value, out)
+    }
+}
+
+/// The schemas a datum is read with: the writer's, the named types it
+/// refers to, and the reader's when it differs.
+struct ReadSchemas {
+    writer: Schema,
+    named: Vec<Schema>,
+    reader: Option<Schema>,
+}
+
+self_cell!(
+    /// A reader of one writer schema's datums, built once per writer
+    /// schema: its named types are indexed then, not per record.
+    struct Reads {
+        owner: ReadSchemas,
+        #[covariant]
+        dependent: GenericDatumReader,
+    }
+);
+
+impl Reads {
+    fn of(writer: Schema, named: Vec<Schema>, reader: Option<Schema>) -> Result<Self, String> {
+        let schemas = ReadSchemas {
+            writer,
+            named,
+            reader,
+        };
+        Reads::try_new(schemas, |s| {
+            if s.named.is_empty() {
+                GenericDatumReader::builder(&s.writer)
+                    .maybe_reader_schema(s.reader.as_ref())
+                    .build()
+            } else {
+                // The names the writer uses: the referenced types and its own.
+                GenericDatumReader::builder(&s.writer)
+                    .writer_schemata(s.named.iter().chain([&s.writer]).collect())?
+                    .maybe_reader_schema(s.reader.as_ref())
+                    .build()
+            }
         })
-    })
+        .map_err(|e| format!("the schemas do not resolve: {e}"))
+    }
+
+    /// Reads one datum from the whole of `payload`.
+    fn read(&self, payload: &[u8]) -> Result<Value, String> {
+        let mut rest = payload;
+        let value = self
+            .borrow_dependent()
+            .read_value(&mut rest)
+            .map_err(|e| format!("the payload does not decode with the writer's schema: {e}"))?;
+        if !rest.is_empty() {
+            return Err(format!(
+                "{} byte(s) left after the datum: the payload was not written with this schema",
+                rest.len()
+            ));
+        }
+        Ok(value)
+    }
 }
 
 fn from_value<T: DeserializeOwned>(v: Value) -> Result<T, CodecError> {
@@ -435,37 +562,6 @@ fn write_datum(schema: &Schema, value: Value, out: &mut Vec<u8>) -> Result<(), S
         .and_then(|w| w.write_value_ref(out, &value))
         .map_err(|e| format!("the value does not encode: {e}"))?;
     Ok(())
-}
-
-/// Reads one datum written with `writer` (whose references are among
-/// `named`) from the whole of `payload`, resolved into `reader` when given.
-fn read_datum(
-    writer: &Schema,
-    named: &[Schema],
-    reader: Option<&Schema>,
-    payload: &[u8],
-) -> Result<Value, String> {
-    let mut rest = payload;
-    let reading = if named.is_empty() {
-        GenericDatumReader::builder(writer)
-            .maybe_reader_schema(reader)
-            .build()
-    } else {
-        // The names the writer uses: the referenced types and its own.
-        GenericDatumReader::builder(writer)
-            .writer_schemata(named.iter().chain([writer]).collect())
-            .and_then(|b| b.maybe_reader_schema(reader).build())
-    };
-    let value = reading
-        .and_then(|r| r.read_value(&mut rest))
-        .map_err(|e| format!("the payload does not decode with the writer's schema: {e}"))?;
-    if !rest.is_empty() {
-        return Err(format!(
-            "{} byte(s) left after the datum: the payload was not written with this schema",
-            rest.len()
-        ));
-    }
-    Ok(value)
 }
 
 #[cfg(test)]

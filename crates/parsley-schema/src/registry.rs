@@ -659,6 +659,99 @@ mod tests {
         assert!(e.to_string().contains("orders-value"), "{e}");
     }
 
+    /// Serves one connection: reads the request head, hands it to
+    /// `answer`, and writes what it returns (or nothing, for `None`, and
+    /// keeps the connection open for `hold`).
+    fn serve_once(
+        answer: impl FnOnce(&str) -> Option<String> + Send + 'static,
+        hold: Duration,
+    ) -> (String, std::thread::JoinHandle<String>) {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let handle = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut head = String::new();
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+                    break;
+                }
+                head.push_str(&line);
+            }
+            match answer(&head) {
+                Some(body) => {
+                    let mut stream = stream;
+                    write!(
+                        stream,
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .unwrap();
+                }
+                None => std::thread::sleep(hold),
+            }
+            head
+        });
+        (url, handle)
+    }
+
+    #[test]
+    fn credentials_and_the_media_type_go_with_every_request() {
+        let (url, server) = serve_once(
+            |_| Some(r#"{"schema": "\"long\""}"#.to_owned()),
+            Duration::ZERO,
+        );
+        let r = SchemaRegistry::new(RegistryConfig::new(url).basic_auth("ada", "s3cret")).unwrap();
+        let s = r.schema(5).unwrap();
+        assert_eq!(
+            (s.id, s.schema_type, s.text.as_str()),
+            (5, SchemaType::Avro, "\"long\"")
+        );
+        let head = server.join().unwrap().to_ascii_lowercase();
+        assert!(head.starts_with("get /schemas/ids/5 "), "{head}");
+        assert!(
+            head.contains("authorization: basic ywrhonmzy3jlda=="),
+            "{head}"
+        );
+        assert!(
+            head.contains("accept: application/vnd.schemaregistry.v1+json"),
+            "{head}"
+        );
+        // Cached: a second ask makes no request (the server is gone).
+        assert_eq!(r.schema(5).unwrap().text, "\"long\"");
+
+        let (url, server) = serve_once(|_| Some(r#"{"id": 9}"#.to_owned()), Duration::ZERO);
+        let r = SchemaRegistry::new(RegistryConfig::new(url).bearer_token("tok")).unwrap();
+        assert_eq!(r.register("a b/c", SchemaType::Json, "{}").unwrap(), 9);
+        let head = server.join().unwrap().to_ascii_lowercase();
+        assert!(
+            head.starts_with("post /subjects/a%20b%2fc/versions "),
+            "{head}"
+        );
+        assert!(head.contains("authorization: bearer tok"), "{head}");
+        assert_eq!(r.register("a b/c", SchemaType::Json, "{}").unwrap(), 9);
+    }
+
+    #[test]
+    fn a_registry_that_does_not_answer_times_out_as_transient() {
+        let (url, _server) = serve_once(|_| None, Duration::from_secs(20));
+        let r = SchemaRegistry::new(RegistryConfig::new(url).timeout(Duration::from_millis(300)))
+            .unwrap();
+        let started = std::time::Instant::now();
+        let e = r.schema(11).unwrap_err();
+        assert!(e.is_transient(), "{e}");
+        assert!(e.to_string().contains("schema id 11"), "{e}");
+        // The server holds the connection for 20 s; the timeout ended the
+        // wait long before (a closed connection would say so instead).
+        assert!(e.to_string().contains("timeout"), "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the timeout bounded the wait"
+        );
+    }
+
     #[test]
     fn a_malformed_url_is_not_transient() {
         let r = SchemaRegistry::at("not a url").unwrap();
