@@ -586,6 +586,35 @@ mod tests {
     }
 
     #[test]
+    fn subjects_follow_the_strategy_and_the_record_name() {
+        let r = SchemaRegistry::at("http://127.0.0.1:9").unwrap();
+        use SubjectNameStrategy::*;
+        let subject = |part_key: bool, schema: Schema, s| {
+            let b = if part_key {
+                AvroCodec::key(&r, "orders", schema)
+            } else {
+                AvroCodec::value(&r, "orders", schema)
+            };
+            b.subject_names(s).subject()
+        };
+        assert_eq!(subject(true, v1(), TopicName).unwrap(), "orders-key");
+        assert_eq!(subject(false, v1(), TopicName).unwrap(), "orders-value");
+        assert_eq!(subject(true, v1(), RecordName).unwrap(), "shop.Order");
+        assert_eq!(
+            subject(false, v1(), TopicRecordName).unwrap(),
+            "orders-shop.Order"
+        );
+        // A primitive schema has no name to go by.
+        assert!(matches!(
+            subject(false, Schema::Long, RecordName),
+            Err(SchemaError::NoRecordName { .. })
+        ));
+        let key: Codec<i64> = AvroCodec::key(&r, "orders", Schema::Long).typed().unwrap();
+        assert!(key.is_registry_framed());
+        assert_eq!(key.name(), "avro(orders-key)");
+    }
+
+    #[test]
     fn a_frame_written_by_confluents_serializer_decodes() {
         // confluent-kafka 2.16.2's AvroSerializer wrote these bytes for
         // {"id": "o-1", "total": 12} under schema id 3 (the schema above):

@@ -183,3 +183,41 @@ impl JsonCore {
         Ok(id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_follow_the_strategy_and_the_schemas_title() {
+        let r = SchemaRegistry::at("http://127.0.0.1:9").unwrap();
+        let titled = serde_json::json!({"title": "shop.Order", "type": "object"});
+        let untitled = serde_json::json!({"type": "object"});
+        let subject = |schema: &serde_json::Value, s| {
+            JsonSchemaCodec::value(&r, "orders", schema.clone())
+                .subject_names(s)
+                .subject()
+        };
+        use SubjectNameStrategy::*;
+        assert_eq!(subject(&titled, TopicName).unwrap(), "orders-value");
+        assert_eq!(subject(&titled, RecordName).unwrap(), "shop.Order");
+        assert_eq!(
+            subject(&titled, TopicRecordName).unwrap(),
+            "orders-shop.Order"
+        );
+        assert!(matches!(
+            subject(&untitled, RecordName),
+            Err(SchemaError::NoRecordName { .. })
+        ));
+        assert_eq!(
+            JsonSchemaCodec::key(&r, "orders", untitled)
+                .subject()
+                .unwrap(),
+            "orders-key"
+        );
+        // Framed, so refused on keys unless accepted.
+        let codec: Codec<i64> = JsonSchemaCodec::value(&r, "t", titled).typed().unwrap();
+        assert!(codec.is_registry_framed());
+        assert_eq!(codec.name(), "json-schema(t-value)");
+    }
+}
