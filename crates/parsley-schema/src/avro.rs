@@ -29,8 +29,9 @@ use self_cell::self_cell;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::framing::{self, unframe};
+use crate::framing::unframe;
 use crate::registry::{SchemaReference, SchemaRegistry, SchemaType};
+use crate::subject::{Registration, SchemaId};
 use crate::{SchemaError, SubjectNameStrategy, codec_error};
 
 /// Builds Avro codecs in Confluent's framing: registers (or looks up) the
@@ -57,21 +58,14 @@ use crate::{SchemaError, SubjectNameStrategy, codec_error};
 /// ```
 #[derive(Clone)]
 pub struct AvroCodec {
-    registry: SchemaRegistry,
-    topic: String,
-    part: Part,
+    registration: Registration,
     schema: Schema,
-    strategy: SubjectNameStrategy,
-    auto_register: bool,
 }
 
 impl fmt::Debug for AvroCodec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AvroCodec")
-            .field("topic", &self.topic)
-            .field("part", &self.part)
-            .field("strategy", &self.strategy)
-            .field("auto_register", &self.auto_register)
+            .field("registration", &self.registration)
             .finish_non_exhaustive()
     }
 }
@@ -79,7 +73,10 @@ impl fmt::Debug for AvroCodec {
 impl AvroCodec {
     /// A codec for the values of `topic`, reading and writing `schema`.
     pub fn value(registry: &SchemaRegistry, topic: &str, schema: Schema) -> Self {
-        AvroCodec::new(registry, topic, Part::Value, schema)
+        AvroCodec {
+            registration: Registration::new(registry, topic, Part::Value),
+            schema,
+        }
     }
 
     /// A codec for the values of `topic`, with the schema `T` derives.
@@ -92,24 +89,16 @@ impl AvroCodec {
     /// ([`Topic::allow_registry_framed_key`](parsley::Topic::allow_registry_framed_key)):
     /// framed key bytes change when the key schema is registered again.
     pub fn key(registry: &SchemaRegistry, topic: &str, schema: Schema) -> Self {
-        AvroCodec::new(registry, topic, Part::Key, schema)
-    }
-
-    fn new(registry: &SchemaRegistry, topic: &str, part: Part, schema: Schema) -> Self {
         AvroCodec {
-            registry: registry.clone(),
-            topic: topic.to_owned(),
-            part,
+            registration: Registration::new(registry, topic, Part::Key),
             schema,
-            strategy: SubjectNameStrategy::TopicName,
-            auto_register: true,
         }
     }
 
     /// The subject naming strategy; [`SubjectNameStrategy::TopicName`]
     /// unless set.
     pub fn subject_names(mut self, strategy: SubjectNameStrategy) -> Self {
-        self.strategy = strategy;
+        self.registration.strategy = strategy;
         self
     }
 
@@ -119,18 +108,17 @@ impl AvroCodec {
     /// [`SchemaError::NotRegistered`] otherwise: for registries whose
     /// schemas are registered by a deploy pipeline.
     pub fn auto_register(mut self, register: bool) -> Self {
-        self.auto_register = register;
+        self.registration.auto_register = register;
         self
     }
 
     /// The subject the codec registers its schema under.
     pub fn subject(&self) -> Result<String, SchemaError> {
-        let record = self.schema.name().map(|n| n.fullname(None));
-        self.strategy
-            .subject(&self.topic, self.part, record.as_deref())
-            .ok_or(SchemaError::NoRecordName {
-                strategy: self.strategy,
-            })
+        self.registration.subject(self.record_name().as_deref())
+    }
+
+    fn record_name(&self) -> Option<String> {
+        self.schema.name().map(|n| n.fullname(None))
     }
 
     /// The codec for a serde type whose layout matches the schema.
@@ -163,34 +151,28 @@ impl AvroCodec {
     }
 
     fn core(self) -> Result<Framed, SchemaError> {
-        let subject = self.subject()?;
         // The schema as JSON with everything in it (defaults included, which
         // the registry's compatibility checks read), not its canonical form.
         let text = serde_json::to_string(&self.schema)
             .map_err(|e| SchemaError::Schema(format!("the schema does not serialize: {e}")))?;
+        let record = self.record_name();
         Ok(Framed {
-            registry: self.registry,
-            subject,
+            own: self
+                .registration
+                .id_of(record.as_deref(), SchemaType::Avro, text)?,
             writes: Writes::of(&self.schema).map_err(SchemaError::Schema)?,
             reader: self.schema,
-            text,
-            auto_register: self.auto_register,
-            id: RwLock::new(None),
             writers: RwLock::default(),
         })
     }
 }
 
-/// One codec's state: its schema, its id once known, and the writer
-/// schemas it has met, parsed.
+/// One codec's state: its schema and its id once known, and the writer
+/// schemas it has met, each with its reader.
 struct Framed {
-    registry: SchemaRegistry,
-    subject: String,
+    own: SchemaId,
     writes: Writes,
     reader: Schema,
-    text: String,
-    auto_register: bool,
-    id: RwLock<Option<u32>>,
     writers: RwLock<HashMap<u32, Arc<Reads>>>,
 }
 
@@ -200,46 +182,29 @@ const REFERENCE_DEPTH: usize = 32;
 
 impl Framed {
     fn name(&self) -> String {
-        format!("avro({})", self.subject)
-    }
-
-    fn id(&self) -> Result<u32, SchemaError> {
-        if let Some(id) = *self.id.read().unwrap_or_else(PoisonError::into_inner) {
-            return Ok(id);
-        }
-        let id = if self.auto_register {
-            self.registry
-                .register(&self.subject, SchemaType::Avro, &self.text)?
-        } else {
-            self.registry
-                .lookup(&self.subject, SchemaType::Avro, &self.text)?
-        };
-        *self.id.write().unwrap_or_else(PoisonError::into_inner) = Some(id);
-        Ok(id)
+        format!("avro({})", self.own.subject())
     }
 
     fn encode(&self, value: Value) -> Result<Vec<u8>, SchemaError> {
-        let id = self.id()?;
-        let mut out = framing::header(id, 64);
-        self.writes
-            .value(value, &mut out)
-            .map_err(|message| SchemaError::Avro {
-                id: Some(id),
-                message,
-            })?;
-        Ok(out)
+        self.own.frame(|id, out| {
+            self.writes
+                .value(value, out)
+                .map_err(|message| SchemaError::Avro {
+                    id: Some(id),
+                    message,
+                })
+        })
     }
 
     fn encode_typed<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, SchemaError> {
-        let id = self.id()?;
-        let mut out = framing::header(id, 64);
-        self.writes
-            .typed(value, &mut out)
-            .map_err(|message| SchemaError::Avro {
-                id: Some(id),
-                message,
-            })?;
-        Ok(out)
+        self.own.frame(|id, out| {
+            self.writes
+                .typed(value, out)
+                .map_err(|message| SchemaError::Avro {
+                    id: Some(id),
+                    message,
+                })
+        })
     }
 
     fn writer(&self, id: u32) -> Result<Arc<Reads>, SchemaError> {
@@ -251,7 +216,7 @@ impl Framed {
         {
             return Ok(s.clone());
         }
-        let registered = self.registry.schema(id)?;
+        let registered = self.own.registry().schema(id)?;
         if registered.schema_type != SchemaType::Avro {
             return Err(SchemaError::WrongSchemaType {
                 id,
@@ -302,7 +267,7 @@ impl Framed {
             if !seen.insert((r.subject.clone(), r.version)) {
                 continue;
             }
-            let s = self.registry.schema_version(&r.subject, r.version)?;
+            let s = self.own.registry().schema_version(&r.subject, r.version)?;
             self.referenced(id, &s.references, depth + 1, seen, out)?;
             out.push(s.text.clone());
         }
@@ -620,7 +585,7 @@ mod tests {
         // {"id": "o-1", "total": 12} under schema id 3 (the schema above):
         // the zero byte, the id, then the datum.
         let fixture = [0x00, 0x00, 0x00, 0x00, 0x03, 0x06, b'o', b'-', b'1', 0x18];
-        let f = framing::unframe(&fixture).unwrap();
+        let f = crate::framing::unframe(&fixture).unwrap();
         assert_eq!(f.id, 3);
         let codec = PlainAvro::new(v1()).typed::<Order>();
         let order = Order {
@@ -628,7 +593,10 @@ mod tests {
             total: 12,
         };
         assert_eq!(codec.decode(f.payload).unwrap(), order);
-        assert_eq!(framing::frame(3, &codec.encode(&order).unwrap()), fixture);
+        assert_eq!(
+            crate::framing::frame(3, &codec.encode(&order).unwrap()),
+            fixture
+        );
     }
 
     #[test]

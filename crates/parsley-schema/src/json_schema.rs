@@ -9,14 +9,15 @@
 //! dependency for a check the producer's type already makes.
 
 use std::fmt;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 
-use parsley::{Codec, CodecError, Part};
+use parsley::{Codec, Part};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::framing::{self, unframe};
+use crate::framing::unframe;
 use crate::registry::{SchemaRegistry, SchemaType};
+use crate::subject::Registration;
 use crate::{SchemaError, SubjectNameStrategy, codec_error};
 
 /// Builds JSON Schema codecs in Confluent's framing.
@@ -44,20 +45,14 @@ use crate::{SchemaError, SubjectNameStrategy, codec_error};
 /// ```
 #[derive(Clone)]
 pub struct JsonSchemaCodec {
-    registry: SchemaRegistry,
-    topic: String,
-    part: Part,
+    registration: Registration,
     schema: serde_json::Value,
-    strategy: SubjectNameStrategy,
-    auto_register: bool,
 }
 
 impl fmt::Debug for JsonSchemaCodec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JsonSchemaCodec")
-            .field("topic", &self.topic)
-            .field("part", &self.part)
-            .field("strategy", &self.strategy)
+            .field("registration", &self.registration)
             .finish_non_exhaustive()
     }
 }
@@ -65,48 +60,42 @@ impl fmt::Debug for JsonSchemaCodec {
 impl JsonSchemaCodec {
     /// A codec for the values of `topic` under `schema`.
     pub fn value(registry: &SchemaRegistry, topic: &str, schema: serde_json::Value) -> Self {
-        JsonSchemaCodec::new(registry, topic, Part::Value, schema)
+        JsonSchemaCodec {
+            registration: Registration::new(registry, topic, Part::Value),
+            schema,
+        }
     }
 
     /// A codec for the keys of `topic`; refused by a stage unless the
     /// topic accepts framed keys, as [`AvroCodec::key`](crate::AvroCodec::key).
     pub fn key(registry: &SchemaRegistry, topic: &str, schema: serde_json::Value) -> Self {
-        JsonSchemaCodec::new(registry, topic, Part::Key, schema)
-    }
-
-    fn new(registry: &SchemaRegistry, topic: &str, part: Part, schema: serde_json::Value) -> Self {
         JsonSchemaCodec {
-            registry: registry.clone(),
-            topic: topic.to_owned(),
-            part,
+            registration: Registration::new(registry, topic, Part::Key),
             schema,
-            strategy: SubjectNameStrategy::TopicName,
-            auto_register: true,
         }
     }
 
     /// The subject naming strategy; the record name is the schema's
     /// `title`, as in Confluent's JSON Schema serializer.
     pub fn subject_names(mut self, strategy: SubjectNameStrategy) -> Self {
-        self.strategy = strategy;
+        self.registration.strategy = strategy;
         self
     }
 
     /// Whether the first encoding registers the schema (the default) or
     /// only looks it up, as [`AvroCodec::auto_register`](crate::AvroCodec::auto_register).
     pub fn auto_register(mut self, register: bool) -> Self {
-        self.auto_register = register;
+        self.registration.auto_register = register;
         self
     }
 
     /// The subject the codec registers its schema under.
     pub fn subject(&self) -> Result<String, SchemaError> {
-        let title = self.schema.get("title").and_then(|t| t.as_str());
-        self.strategy
-            .subject(&self.topic, self.part, title)
-            .ok_or(SchemaError::NoRecordName {
-                strategy: self.strategy,
-            })
+        self.registration.subject(self.title())
+    }
+
+    fn title(&self) -> Option<&str> {
+        self.schema.get("title").and_then(|t| t.as_str())
     }
 
     /// The codec for a serde type.
@@ -114,31 +103,27 @@ impl JsonSchemaCodec {
     where
         T: Serialize + DeserializeOwned + 'static,
     {
-        let subject = self.subject()?;
-        let core = Arc::new(JsonCore {
-            text: self.schema.to_string(),
-            registry: self.registry,
-            subject,
-            auto_register: self.auto_register,
-            id: RwLock::new(None),
-        });
-        let name = format!("json-schema({})", core.subject);
-        let enc = core.clone();
+        let title = self.title().map(str::to_owned);
+        let own = Arc::new(self.registration.id_of(
+            title.as_deref(),
+            SchemaType::Json,
+            self.schema.to_string(),
+        )?);
+        let name = format!("json-schema({})", own.subject());
+        let enc = own.clone();
         Ok(Codec::try_new(
             move |v: &T| {
-                let id = enc.id().map_err(codec_error)?;
-                let mut out = framing::header(id, 64);
-                serde_json::to_writer(&mut out, v).map_err(|e| {
-                    codec_error(SchemaError::Json {
+                enc.frame(|id, out| {
+                    serde_json::to_writer(out, v).map_err(|e| SchemaError::Json {
                         id: Some(id),
                         message: e.to_string(),
                     })
-                })?;
-                Ok::<_, CodecError>(out)
+                })
+                .map_err(codec_error)
             },
             move |b: &[u8]| {
                 let frame = unframe(b).map_err(|e| codec_error(e.into()))?;
-                let registered = core.registry.schema(frame.id).map_err(codec_error)?;
+                let registered = own.registry().schema(frame.id).map_err(codec_error)?;
                 if registered.schema_type != SchemaType::Json {
                     return Err(codec_error(SchemaError::WrongSchemaType {
                         id: frame.id,
@@ -156,31 +141,6 @@ impl JsonSchemaCodec {
         )
         .named(name)
         .registry_framed())
-    }
-}
-
-struct JsonCore {
-    registry: SchemaRegistry,
-    subject: String,
-    text: String,
-    auto_register: bool,
-    id: RwLock<Option<u32>>,
-}
-
-impl JsonCore {
-    fn id(&self) -> Result<u32, SchemaError> {
-        if let Some(id) = *self.id.read().unwrap_or_else(PoisonError::into_inner) {
-            return Ok(id);
-        }
-        let id = if self.auto_register {
-            self.registry
-                .register(&self.subject, SchemaType::Json, &self.text)?
-        } else {
-            self.registry
-                .lookup(&self.subject, SchemaType::Json, &self.text)?
-        };
-        *self.id.write().unwrap_or_else(PoisonError::into_inner) = Some(id);
-        Ok(id)
     }
 }
 

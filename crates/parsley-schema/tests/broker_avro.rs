@@ -4,52 +4,21 @@
 //! away while the stage runs.
 
 mod common;
+/// The broker suites' helpers (the broker's address, topics, a
+/// read_committed reader), shared with parsley-kafka's.
+#[path = "../../parsley-kafka/tests/common/mod.rs"]
+mod kafka;
 
 use std::time::{Duration, Instant};
 
 use apache_avro::Schema;
 use common::{Gate, confluent, from_hex, registry_url, to_hex, unique};
-use futures_executor::block_on;
-use parsley::runtime::host::TopicMetadata;
+use kafka::config;
 use parsley::{Codec, Message, Parsley, Stage, Topic};
-use parsley_kafka::{Backoff, CausalStreams, KafkaCluster, StreamsOptions, StreamsState};
+use parsley_kafka::{Backoff, CausalStreams, StreamsOptions, StreamsState};
 use parsley_schema::{AvroCodec, RegistryConfig, SchemaRegistry};
-use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message as _;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
-
-fn config() -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set(
-        "bootstrap.servers",
-        std::env::var("PARSLEY_BOOTSTRAP")
-            .expect("set PARSLEY_BOOTSTRAP to a broker address (the test command does)"),
-    );
-    c
-}
-
-fn create_topics(names: &[&str]) {
-    let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
-    let topics: Vec<NewTopic<'_>> = names
-        .iter()
-        .map(|n| NewTopic::new(n, 1, TopicReplication::Fixed(1)))
-        .collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
-    for r in block_on(cluster.admin().create_topics(&topics, &opts)).unwrap() {
-        r.unwrap();
-    }
-    for n in names {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while cluster.describe(n).is_err() {
-            assert!(Instant::now() < deadline, "topic {n} did not appear");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
 
 fn produce(topic: &str, key: &str, value: &[u8]) {
     let producer: BaseProducer = config().create().unwrap();
@@ -63,23 +32,15 @@ fn produce(topic: &str, key: &str, value: &[u8]) {
 /// The committed values of `topic`, read until `n` arrived or `within`
 /// passed.
 fn read_committed(topic: &str, n: usize, within: Duration) -> Vec<Vec<u8>> {
-    let mut c = config();
-    c.set("isolation.level", "read_committed")
-        .set("group.id", unique("reader"))
-        .set("enable.auto.commit", "false");
-    let consumer: BaseConsumer = c.create().unwrap();
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, Offset::Beginning)
-        .unwrap();
-    consumer.assign(&tpl).unwrap();
-    let deadline = Instant::now() + within;
-    let mut out = Vec::new();
-    while out.len() < n && Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            out.push(m.payload().unwrap_or_default().to_vec());
-        }
-    }
-    out
+    kafka::read_committed(topic, 1, n, within)
+        .into_iter()
+        .map(|r| r.raw_value)
+        .collect()
+}
+
+fn create_topics(names: &[&str]) {
+    let names: Vec<(&str, i32)> = names.iter().map(|n| (*n, 1)).collect();
+    kafka::create_topics(&names);
 }
 
 #[derive(Serialize, Deserialize, Debug, PartialEq, Clone)]

@@ -346,11 +346,32 @@ fn unknown_ids_and_corrupt_frames_fail_for_good_and_say_why() {
             "1 byte(s) left after the datum",
         ),
     ];
+    // Under Codec::attempting (a topic whose producers are not ours), the
+    // same bytes arrive as Decoded::Malformed, raw bytes and reason kept,
+    // for the handler to route to a dead-letter topic.
+    let attempting = Codec::attempting(codec.clone());
     for (what, bytes, says) in cases {
         let e = codec.decode(&bytes).unwrap_err();
         assert!(!e.is_transient(), "{what}: {e}");
         assert!(e.to_string().contains(says), "{what}: {e}");
+        match attempting.decode(&bytes).unwrap() {
+            parsley::Decoded::Malformed { raw, reason } => {
+                assert_eq!(raw, bytes, "{what}");
+                assert!(reason.contains(says), "{what}: {reason}");
+            }
+            ok => panic!("{what}: decoded as {ok:?}"),
+        }
     }
+    // A registry that is down is not the record's fault: not Malformed.
+    let gate = Gate::new(&registry_url(), false);
+    let behind =
+        SchemaRegistry::new(RegistryConfig::new(gate.url()).timeout(Duration::from_secs(2)))
+            .unwrap();
+    let unseen: Codec<Order> = AvroCodec::value(&behind, &unique("corrupt"), order_schema("shop"))
+        .typed()
+        .unwrap();
+    let e = Codec::attempting(unseen).decode(&good).unwrap_err();
+    assert!(e.is_transient(), "{e}");
     // The unknown id is a typed error when asked directly.
     assert!(matches!(
         r.schema(2_000_000_007),

@@ -79,6 +79,8 @@ pub fn create_topics(names: &[(&str, i32)]) {
 pub struct Read {
     pub key: String,
     pub value: String,
+    /// The value's bytes as they were (binary payloads: Avro, framed).
+    pub raw_value: Vec<u8>,
     pub headers: Vec<(String, Option<Vec<u8>>)>,
 }
 
@@ -103,6 +105,7 @@ pub fn read_committed(topic: &str, partitions: i32, n: usize, within: Duration) 
             out.push(Read {
                 key: String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
                 value: String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+                raw_value: m.payload().unwrap_or_default().to_vec(),
                 headers: m
                     .headers()
                     .map(|hs| {
