@@ -30,6 +30,15 @@ struct Cli {
     command: Command,
 }
 
+/// The demo's applications, for `parsley describe`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Example {
+    /// The ledger: settles payments against the orders they pay.
+    Ledger,
+    /// The checkout: charges each order.
+    Checkout,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run a causal pipeline twice, through Parsley's gate and in plain
@@ -125,6 +134,20 @@ enum Command {
         #[arg(long, default_value = "stepped past by an operator (parsley skip)")]
         reason: String,
     },
+    /// Describe an application's topology: each stage's sources, sinks,
+    /// ticks and state under the names the runtime uses, the internal
+    /// topics, and which topics must be co-partitioned. Describes the
+    /// demo's applications; in your own program, print
+    /// `parsley_kafka::topology(&app)` (or its `to_json()`).
+    #[command(after_help = DESCRIBE_HELP)]
+    Describe {
+        /// Which application.
+        #[arg(value_enum, default_value_t = Example::Ledger)]
+        example: Example,
+        /// JSON for tools instead of text (`parsley probe --app` reads it).
+        #[arg(long)]
+        json: bool,
+    },
     /// Show what a running application's tasks hold and why, from any
     /// machine that reaches the cluster.
     #[command(after_help = HOLDS_HELP)]
@@ -168,6 +191,19 @@ not in the log, or when the task's recorded state does not consume it.
 Example:
   parsley skip --bootstrap localhost:9092 --app payments-app --stage ledger \\
     --topic payments --partition 3 --offset 8810 --dead-letter payments-dead";
+
+const DESCRIBE_HELP: &str = "\
+The description is what the application declares, with the names the
+Kafka runtime derives from the application id: changelogs, tick topics,
+and the control and diagnostics topics. A stage's sources and its tick
+topic must have the same number of partitions (one task per partition
+number); `parsley probe --app FILE` checks that, and that every topic
+exists, against a cluster, and reads the JSON this command writes.
+
+Examples:
+  parsley describe
+  parsley describe checkout --json > checkout.json
+  parsley probe --bootstrap localhost:9092 --app checkout.json";
 
 const HOLDS_HELP: &str = "\
 Each stream thread of a running application publishes what its tasks hold
@@ -259,6 +295,7 @@ fn main() -> ExitCode {
             dead_letter,
             reason,
         }),
+        Command::Describe { example, json } => return describe(example, json),
         Command::Holds { bootstrap, app } => {
             parsley_cli::holds::run(&bootstrap, &app).map(|lines| lines.join("\n"))
         }
@@ -387,6 +424,29 @@ fn cluster_demo(records: u32, seed: Option<u64>, bootstrap: String, keep_topics:
         cluster::run(&demo, &watch, &|phase| eprintln!("... {phase}")),
         &format!("the demo could not run on {}", demo.bootstrap),
     )
+}
+
+fn describe(example: Example, json: bool) -> ExitCode {
+    use parsley_cli::demo::pipeline;
+    let app = match example {
+        Example::Ledger => pipeline::ledger(),
+        Example::Checkout => pipeline::checkout(),
+    };
+    match app {
+        Ok(app) => {
+            let topology = parsley_kafka::topology(&app);
+            if json {
+                println!("{}", topology.to_json());
+            } else {
+                print!("{topology}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn probe(bootstrap: &str, app: &str) -> ExitCode {

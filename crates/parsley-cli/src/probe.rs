@@ -11,13 +11,16 @@
 //! }
 //! ```
 //!
+//! A full topology description, as `parsley describe --json` or
+//! `Topology::to_json` writes it, is read as well.
+//!
 //! Only names matter to the probes (which topics exist, how many
 //! partitions each has), so the stages are built with byte topics and
 //! logic that does nothing.
 
 use std::time::Duration;
 
-use parsley::{Codec, Emission, Parsley, ProbeReport, Stage, Step, Topic, probe_cluster};
+use parsley::{Codec, Emission, Parsley, ProbeReport, Stage, Step, Topic, Topology, probe_cluster};
 use parsley_kafka::KafkaCluster;
 use rdkafka::ClientConfig;
 use serde::Deserialize;
@@ -88,10 +91,37 @@ fn stage(s: &StageFile) -> Result<Stage, String> {
     built.map_err(|e| e.to_string())
 }
 
-/// Builds the described application.
+impl From<&Topology> for AppFile {
+    /// The names the probes need from a full description (what
+    /// `parsley describe --json` and `Topology::to_json` write).
+    fn from(t: &Topology) -> Self {
+        AppFile {
+            application_id: t.application_id.clone(),
+            stages: t
+                .stages
+                .iter()
+                .map(|s| StageFile {
+                    name: s.name.clone(),
+                    sources: s.sources.iter().map(|t| t.topic.clone()).collect(),
+                    sinks: s.sinks.iter().map(|t| t.topic.topic.clone()).collect(),
+                    stateful: s.state.is_some(),
+                    ticks_ms: s.ticks.as_ref().map(|t| t.interval_ms),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Builds the described application, from the small file above or from a
+/// full topology description.
 pub fn application(text: &str) -> Result<Parsley, String> {
-    let file: AppFile = serde_json::from_str(text)
-        .map_err(|e| format!("the application file is not valid: {e}"))?;
+    let file: AppFile = match serde_json::from_str(text) {
+        Ok(file) => file,
+        Err(small) => match serde_json::from_str::<Topology>(text) {
+            Ok(topology) => AppFile::from(&topology),
+            Err(_) => return Err(format!("the application file is not valid: {small}")),
+        },
+    };
     let stages = file
         .stages
         .iter()
@@ -136,5 +166,29 @@ mod tests {
                 .contains("no source")
         );
         assert!(application(r#"{"application_id": "x"}"#).is_err());
+    }
+
+    #[test]
+    fn a_topology_description_is_read_as_its_application() {
+        let app = crate::demo::pipeline::ledger().unwrap();
+        let json = parsley_kafka::topology(&app).to_json();
+        let read = application(&json).unwrap();
+        assert_eq!(read.application_id(), app.application_id());
+        assert_eq!(read.topics(), app.topics());
+        let shape = |a: &Parsley| {
+            a.stage("settlement").map(|s| {
+                (
+                    s.source_topics().join(","),
+                    s.sink_topics().join(","),
+                    s.is_stateful(),
+                    s.tick_interval(),
+                )
+            })
+        };
+        assert_eq!(shape(&read), shape(&app));
+        assert!(shape(&read).is_some());
+        // Something that is neither says what the small format wants.
+        let e = application(r#"{"application_id": "x", "stages": 3}"#).unwrap_err();
+        assert!(e.contains("not valid"), "{e}");
     }
 }

@@ -59,6 +59,8 @@ pub mod state_dir;
 #[cfg(feature = "streams")]
 mod streams;
 pub mod topic_ids;
+#[cfg(feature = "streams")]
+mod topology;
 
 pub use clients::{CausalClock, ClockError};
 #[cfg(feature = "streams")]
@@ -77,3 +79,5 @@ pub use streams::{
     Backoff, CausalStreams, GroupProtocol, RestoreListener, Restores, StreamsError, StreamsOptions,
     StreamsState,
 };
+#[cfg(feature = "streams")]
+pub use topology::topology;

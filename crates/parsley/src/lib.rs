@@ -227,13 +227,14 @@ pub mod runtime;
 mod testing;
 
 use api::{app, key_filter, logic, message, stage, topic};
-pub use api::{codec, fold};
+pub use api::{codec, describe, fold};
 pub use runtime::{holds, identity, partition, task};
 use testing::driver;
 pub use testing::probes;
 
 pub use app::{CompositionError, OwnedNames, Parsley};
 pub use codec::{BoxError, Codec, CodecError, Decoded};
+pub use describe::Topology;
 pub use driver::{
     DEFAULT_STEP_BUDGET, DriverError, Input, KeyValue, OutputRecord, RawRecord, StageDelivery,
     TestDriver, TestDriverBuilder,

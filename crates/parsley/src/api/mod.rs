@@ -4,6 +4,7 @@
 
 pub(crate) mod app;
 pub mod codec;
+pub mod describe;
 pub mod fold;
 pub(crate) mod key_filter;
 pub(crate) mod logic;

@@ -696,6 +696,8 @@ pub(crate) trait ErasedTopic: Send + Sync {
     /// The key codec's name when it writes a registry's framing and the
     /// topic did not accept that.
     fn refused_key_codec(&self) -> Option<&str>;
+    /// The key and value codecs' names.
+    fn codec_names(&self) -> (&str, &str);
     /// Decodes a key and encodes it again.
     fn reencode_key(&self, key: &[u8]) -> Result<Vec<u8>, CodecError>;
     /// Encodes an emission's key and value with this topic's codecs (the
@@ -733,6 +735,10 @@ impl<K: Payload, V: Payload> ErasedTopic for Topic<K, V> {
             self.value_codec().decode(b).map_err(|e| (Part::Value, e))?;
         }
         Ok(())
+    }
+
+    fn codec_names(&self) -> (&str, &str) {
+        (self.key_codec().name(), self.value_codec().name())
     }
 
     fn refused_key_codec(&self) -> Option<&str> {
