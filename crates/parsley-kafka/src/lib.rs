@@ -76,8 +76,8 @@ pub use policy::{
 pub use state_dir::StateDirError;
 #[cfg(feature = "streams")]
 pub use streams::{
-    Backoff, CausalStreams, GroupProtocol, RestoreListener, Restores, StreamsError, StreamsOptions,
-    StreamsState,
+    Backoff, CausalStreams, GroupProtocol, QueryError, RestoreListener, Restores, StreamsError,
+    StreamsOptions, StreamsState,
 };
 #[cfg(feature = "streams")]
 pub use topology::topology;

@@ -11,6 +11,7 @@
 mod classify;
 mod produce;
 mod protocol;
+mod queries;
 mod rebalance;
 mod thread;
 mod topics;
@@ -52,6 +53,7 @@ use crate::policy::{
 use crate::settings;
 use crate::state_dir::StateDir;
 pub use parsley::runtime::changelog::RestoreListener;
+pub use queries::QueryError;
 
 /// Records a stream thread takes from its consumer's buffer before it
 /// turns to position reports, the clock and its transaction.
@@ -424,6 +426,11 @@ pub struct CausalStreams {
     /// whose consumer protocol the coordinator refused sets the classic
     /// one).
     chosen_protocol: Arc<Mutex<Option<GroupProtocol>>>,
+    /// State queries on their way to the stream threads.
+    inboxes: queries::Inboxes,
+    next_query: AtomicU64,
+    /// Partition counts and ids of the topics queries named.
+    query_topics: Mutex<queries::QueryTopics>,
 }
 
 /// What the instance's threads counted: their task starts' restores, and
@@ -563,6 +570,9 @@ impl CausalStreams {
             restores: Arc::default(),
             restore_listener: None,
             chosen_protocol: Arc::default(),
+            inboxes: queries::Inboxes::default(),
+            next_query: AtomicU64::new(0),
+            query_topics: Mutex::new(queries::QueryTopics::default()),
         })
     }
 
@@ -788,6 +798,7 @@ impl CausalStreams {
                 restores: self.restores.clone(),
                 restore_listener: self.restore_listener.clone(),
                 protocol: self.chosen_protocol.clone(),
+                inboxes: self.inboxes.clone(),
             };
             self.phases.push(thread.phase.clone());
             let state = self.state.clone();
@@ -961,6 +972,11 @@ struct Shared {
     /// handler, restore jobs for the restore thread, and a fresh sample to
     /// publish. Pauses, resumes, seeks and transactions never wait here.
     kept: Ready,
+    /// Where the answers to the state queries the worker holds go.
+    replies: BTreeMap<
+        parsley::runtime::query::QueryId,
+        std::sync::mpsc::Sender<parsley::runtime::query::QueryAnswer>,
+    >,
 }
 
 impl Shared {

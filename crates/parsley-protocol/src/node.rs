@@ -584,6 +584,18 @@ impl CausalNode {
         &self.resume
     }
 
+    /// What `clock` claims on the channels this node consumes that it has
+    /// not delivered yet: the causes a read of this node's state must wait
+    /// for to include them. Claims on channels it does not consume are not
+    /// its to wait for.
+    pub fn unmet(&self, clock: &VectorClock) -> Vec<UnmetClaim> {
+        // No channel is the clock's own: every consumed channel counts.
+        self.unmet_claims(usize::MAX, clock)
+            .into_iter()
+            .map(|c| self.describe(c))
+            .collect()
+    }
+
     /// Every gating queue head with its unmet claims, in channel order.
     pub fn held_heads(&self) -> Vec<HeldHead> {
         let mut out = Vec::new();

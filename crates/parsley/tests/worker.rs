@@ -4002,3 +4002,86 @@ impl ChangelogReader for Unreadable {
         panic!("a cancelled restore read {topic}:{partition}")
     }
 }
+
+/// A state query reads committed state only, whatever the task has
+/// delivered since; a causal query waits until its cause is delivered and
+/// committed, and at its deadline says what it still waits for; a task not
+/// here is named as such.
+#[test]
+fn state_queries_read_committed_state_and_wait_for_their_causes() {
+    use parsley::protocol::{Channel, VectorClock};
+    use parsley::runtime::query::{QueryAnswer, StateQuery};
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    let a = Channel::new(cluster.topics["a"].0, 0);
+    let b = Channel::new(cluster.topics["b"].0, 0);
+    let query = |partition: i32, after: Option<VectorClock>, deadline: i64| StateQuery {
+        task: TaskId {
+            stage: "count".into(),
+            partition,
+        },
+        key: FoldKey::Key(b"x".to_vec()),
+        after,
+        deadline,
+    };
+    let claim = |c: Channel, offset: i64| {
+        let mut clock = VectorClock::new();
+        clock.claim_offset(c, offset);
+        clock
+    };
+    let count = |n: i64| QueryAnswer::Value(Some(n.to_be_bytes().to_vec()));
+    w.query(1, query(0, None, 0));
+    assert_eq!(w.take_query_answers(), vec![(1, QueryAnswer::Value(None))]);
+
+    // Delivered, not committed: the plain query sees the committed state;
+    // the causal one waits for the commit.
+    seek(&mut w);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    w.query(2, query(0, None, 0));
+    w.query(3, query(0, Some(claim(a, 0)), 10_000));
+    assert_eq!(w.take_query_answers(), vec![(2, QueryAnswer::Value(None))]);
+    assert!(w.queries_waiting());
+    commit(&mut w, &cluster);
+    assert_eq!(w.take_query_answers(), vec![(3, count(1))]);
+    assert!(!w.queries_waiting());
+
+    // A cause not delivered yet: answered once it is, and committed.
+    w.query(4, query(0, Some(claim(b, 0)), 10_000));
+    assert!(w.take_query_answers().is_empty());
+    w.on_record(rec("b", 0, 0, "x")).unwrap();
+    assert!(
+        w.take_query_answers().is_empty(),
+        "delivered, not committed"
+    );
+    commit(&mut w, &cluster);
+    assert_eq!(w.take_query_answers(), vec![(4, count(2))]);
+
+    // A cause that never comes: at the deadline, what it waits for.
+    w.query(5, query(0, Some(claim(a, 7)), 200));
+    w.punctuate(100, &cluster).unwrap();
+    assert!(w.take_query_answers().is_empty());
+    w.punctuate(300, &cluster).unwrap();
+    match w.take_query_answers().as_slice() {
+        [(5, QueryAnswer::TimedOut(waiting))] => {
+            assert_eq!(waiting.len(), 1);
+            assert_eq!(waiting[0].topic(), "a");
+            assert!(
+                waiting[0].to_string().contains("waiting on a:0 offset 7"),
+                "{}",
+                waiting[0]
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // A claim on a channel the stage does not consume is not waited for.
+    let mut elsewhere = VectorClock::new();
+    elsewhere.claim_offset(Channel::new(cluster.topics["out"].0, 0), 40);
+    w.query(6, query(0, Some(elsewhere), 10_000));
+    assert_eq!(w.take_query_answers(), vec![(6, count(2))]);
+
+    // A task this worker does not run.
+    w.query(7, query(3, None, 0));
+    assert_eq!(w.take_query_answers(), vec![(7, QueryAnswer::NotHosted)]);
+}

@@ -54,6 +54,9 @@ pub(super) struct StreamThread {
     /// [`GroupProtocol::Auto`]) falls back to the classic protocol if the
     /// coordinator refuses the consumer one at the join.
     pub(super) protocol: Arc<Mutex<Option<GroupProtocol>>>,
+    /// State queries for this thread's worker
+    /// ([`CausalStreams::query`](super::CausalStreams::query)).
+    pub(super) inboxes: super::queries::Inboxes,
 }
 
 /// How one membership of a stream thread ended.
@@ -498,6 +501,7 @@ impl StreamThread {
                 index: self.index,
                 reports: self.reports.clone(),
                 readiness: self.readiness.clone(),
+                replies: std::collections::BTreeMap::new(),
                 restores: self.restores.clone(),
                 seen: parsley::runtime::worker::WorkerStats::default(),
                 kept: Ready::default(),
@@ -696,6 +700,13 @@ impl StreamThread {
                 // transaction if it is due.
                 let ready = shared.worker.ready(Some(now))?;
                 shared.act(&consumer, ready)?;
+                // State queries: new ones to the worker, answers back.
+                {
+                    let Shared {
+                        worker, replies, ..
+                    } = &mut *shared;
+                    super::queries::serve(worker, replies, &self.inboxes, self.index);
+                }
                 if let Some(published) = shared.kept.published.take() {
                     if let Some(p) = publisher.as_mut() {
                         p.publish(&self.thread_report(&published));

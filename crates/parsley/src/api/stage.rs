@@ -175,6 +175,11 @@ impl Stage {
         }
     }
 
+    /// The stage's state codec, when it keeps state of type `S`.
+    pub fn state_codec<S: 'static>(&self) -> Option<&Codec<S>> {
+        self.def.state.as_ref()?.codec.downcast_ref::<Codec<S>>()
+    }
+
     /// The stage name.
     pub fn name(&self) -> &str {
         &self.def.name

@@ -13,7 +13,8 @@
 //! * [`host`]: what a host supplies (topic metadata, broker offsets,
 //!   changelog reads) and the values it exchanges with the worker.
 //! * [`partition`]: Kafka's default partitioner; [`identity`]: sender
-//!   identities; [`holds`]: hold diagnostics.
+//!   identities; [`holds`]: hold diagnostics; [`query`]: reads of a
+//!   task's committed fold state, after causes when asked.
 
 pub mod changelog;
 pub mod failure;
@@ -24,6 +25,7 @@ pub mod local;
 pub mod metrics;
 pub mod paging;
 pub mod partition;
+pub mod query;
 pub mod restore;
 pub mod task;
 pub mod worker;

@@ -95,6 +95,7 @@ mod assign;
 mod commit;
 mod door;
 mod faults;
+mod queries;
 mod records;
 mod start;
 
@@ -776,6 +777,8 @@ pub struct Worker {
     /// A transaction a flush or a revocation closed, not yet handed over
     /// in a [`Ready`].
     closed: Option<Transaction>,
+    /// State queries waiting for their causes, and answers not taken.
+    queries: queries::Queries,
 }
 
 impl std::fmt::Debug for Worker {
@@ -871,6 +874,7 @@ impl Worker {
             published: Published::default(),
             fresh_sample: false,
             closed: None,
+            queries: queries::Queries::default(),
         }
     }
 

@@ -24,6 +24,7 @@ use crate::runtime::host::{AssignedPartition, PolledRecord, Seek};
 use crate::runtime::host::{ChangelogReader, ChangelogRecord};
 use crate::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
 use crate::runtime::metrics::TaskMetrics;
+use crate::runtime::query::{QueryAnswer, StateQuery};
 use crate::runtime::worker::{Ack, Ready};
 use crate::runtime::worker::{CommitOutcome, Transaction, Worker, WorkerConfig, WorkerError};
 use crate::stage::StateStore;
@@ -31,6 +32,15 @@ use crate::task::{OutgoingRecord, TaskError, TaskEvent, TaskId, TaskStats, causa
 use crate::topic::{IntoNullable, Part, Payload, Topic};
 
 use log::{Entry, Log, NextEntry, StoredRecord, TopicLog, stored};
+
+fn decode_state<S: 'static>(stage: &str, codec: &Codec<S>, bytes: &[u8]) -> Result<S, DriverError> {
+    codec
+        .decode(bytes)
+        .map_err(|source| DriverError::StateDecode {
+            stage: stage.to_owned(),
+            cause: source,
+        })
+}
 use records::encode_part;
 pub use records::{Input, OutputRecord, RawRecord, StageDelivery};
 
@@ -130,6 +140,26 @@ pub enum DriverError {
     /// partition count).
     #[error(transparent)]
     Worker(WorkerError),
+    /// A state query found the stage's task not running (it failed and
+    /// stopped).
+    #[error("stage {stage:?} could not answer the state query: {answer}")]
+    QueryNotAnswered {
+        /// The stage queried.
+        stage: String,
+        /// What the worker answered.
+        answer: String,
+    },
+    /// A causal state query found causes the stage has not delivered.
+    #[error(
+        "stage {stage:?} has not delivered every cause of the query: {}",
+        waiting_on.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    )]
+    CausesMissing {
+        /// The stage queried.
+        stage: String,
+        /// What its task still waits for, as `explain_holds` says it.
+        waiting_on: Vec<crate::holds::WaitingOn>,
+    },
     /// The application did not settle within the step budget.
     #[error(
         "the application did not settle within {steps} steps; a cycle whose logic never converges keeps emitting (emit only on change, or count rounds in state)"
@@ -739,6 +769,112 @@ impl TestDriver {
         self.slot_state(stage, &FoldKey::for_key(key.as_deref()), None)
     }
 
+    /// The committed state of `key` in the stage `store` belongs to, once
+    /// that stage has delivered every record in `after` that is on one of
+    /// its inputs: the read a service makes after its own write
+    /// (read-your-writes across the pipeline). The driver runs to
+    /// quiescence first; a cause still missing then (held behind its own
+    /// causes, or never piped) fails with [`DriverError::CausesMissing`],
+    /// naming what the task waits for. On Kafka the same query waits, up
+    /// to a timeout.
+    ///
+    /// ```
+    /// use parsley::{Codec, Input, Message, Parsley, Stage, Step, TestDriver, Topic, DriverError};
+    /// let orders: Topic<String, i64> = Topic::new("orders", Codec::utf8(), Codec::int64());
+    /// let notes: Topic<String, String> = Topic::new("notes", Codec::utf8(), Codec::utf8());
+    /// let stage = Stage::named("totals").state(Codec::int64(), || 0);
+    /// let totals = stage.store(Codec::utf8());
+    /// let stage = stage
+    ///     .fold(&orders, |t: i64, m: &Message<String, i64>| Step::to(t + m.value().copied().unwrap_or(0)))
+    ///     .fold(&notes, |t: i64, _m: &Message<String, String>| Step::to(t))
+    ///     .build()?;
+    /// let app = Parsley::named("shop", [stage])?;
+    /// let mut driver = TestDriver::new(&app)?;
+    /// let written = driver.pipe(&orders, "acct-1", 30)?;
+    /// assert_eq!(driver.state_after(&totals, "acct-1", &[written])?, Some(30));
+    /// // An order held behind a note that was never written is not in the
+    /// // state yet, and the query says what it waits for.
+    /// let note = driver.next_coordinate(&notes, "acct-1")?;
+    /// let held = driver.pipe_input(&orders, Input::new("acct-1", 12).after(&note))?;
+    /// match driver.state_after(&totals, "acct-1", &[held]) {
+    ///     Err(DriverError::CausesMissing { waiting_on, .. }) => assert_eq!(waiting_on[0].topic(), "orders"),
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn state_after<K: 'static, S: 'static>(
+        &mut self,
+        store: &StateStore<K, S>,
+        key: impl IntoNullable<K>,
+        after: &[Coordinate],
+    ) -> Result<Option<S>, DriverError> {
+        self.run()?;
+        let stage = store.stage().to_owned();
+        let key = match key.into_nullable() {
+            Some(k) => {
+                Some(
+                    store
+                        .key_codec()
+                        .encode(&k)
+                        .map_err(|source| DriverError::Encode {
+                            topic: format!("<state key of {stage}>"),
+                            part: Part::Key,
+                            cause: source,
+                        })?,
+                )
+            }
+            None => None,
+        };
+        let mut clock = VectorClock::new();
+        for cause in after {
+            let t = self.topic_log(&cause.topic)?;
+            self.check_partition(&cause.topic, t, cause.partition)?;
+            clock.claim_offset(Channel::new(t.id, cause.partition), cause.offset);
+        }
+        let st = self
+            .app
+            .stage(&stage)
+            .ok_or_else(|| DriverError::UnknownStage {
+                stage: stage.clone(),
+            })?;
+        let first_source = st.source_topics().first().map(|t| (*t).to_owned());
+        let partitions = match first_source {
+            Some(t) => self.topic_log(&t)?.partitions.len() as i32,
+            None => 1,
+        };
+        // A null key's state is kept by whichever task saw it: the one its
+        // records were piped to (partition 0 by default).
+        let partition = partition_for(key.as_deref(), 0, partitions);
+        let query = StateQuery {
+            task: TaskId {
+                stage: stage.clone(),
+                partition,
+            },
+            key: FoldKey::for_key(key.as_deref()),
+            after: Some(clock),
+            // The driver has run to quiescence: nothing more will come, so
+            // the query is answered now, value or what it waits for.
+            deadline: i64::MIN,
+        };
+        self.worker.query(0, query);
+        let answer = self.worker.take_query_answers().pop().map(|(_, a)| a);
+        match answer {
+            Some(QueryAnswer::Value(bytes)) => {
+                let codec = self.state_codec::<S>(&stage)?;
+                bytes.map(|b| decode_state(&stage, codec, &b)).transpose()
+            }
+            Some(QueryAnswer::TimedOut(waiting_on)) => {
+                Err(DriverError::CausesMissing { stage, waiting_on })
+            }
+            // Every task runs here, settled after the run: a stage whose
+            // task did not start (it failed) answers so.
+            other => Err(DriverError::QueryNotAnswered {
+                stage,
+                answer: format!("{other:?}"),
+            }),
+        }
+    }
+
     /// The committed tick state of task `partition` of `stage`.
     pub fn tick_state<S: 'static>(
         &self,
@@ -754,31 +890,7 @@ impl TestDriver {
         slot: &FoldKey,
         partition: Option<i32>,
     ) -> Result<Option<S>, DriverError> {
-        let st = self
-            .app
-            .stage(stage)
-            .ok_or_else(|| DriverError::UnknownStage {
-                stage: stage.to_owned(),
-            })?;
-        let codec = match &st.def.state {
-            None => {
-                return Err(DriverError::StateType {
-                    stage: stage.to_owned(),
-                    expected: std::any::type_name::<S>(),
-                    found: "no state".to_owned(),
-                });
-            }
-            Some(decl) => match decl.codec.downcast_ref::<Codec<S>>() {
-                Some(c) => c,
-                None => {
-                    return Err(DriverError::StateType {
-                        stage: stage.to_owned(),
-                        expected: std::any::type_name::<S>(),
-                        found: format!("state of type {}", decl.type_name),
-                    });
-                }
-            },
-        };
+        let codec = self.state_codec::<S>(stage)?;
         for s in self.slots.iter().filter(|s| s.id.stage == stage) {
             if partition.is_some_and(|p| p != s.id.partition) {
                 continue;
@@ -787,16 +899,36 @@ impl TestDriver {
                 continue;
             };
             if let Some(bytes) = task.stores().fold.get(slot) {
-                return codec
-                    .decode(&bytes)
-                    .map(Some)
-                    .map_err(|source| DriverError::StateDecode {
-                        stage: stage.to_owned(),
-                        cause: source,
-                    });
+                return decode_state(stage, codec, &bytes).map(Some);
             }
         }
         Ok(None)
+    }
+
+    /// The state codec of `stage`, typed.
+    fn state_codec<S: 'static>(&self, stage: &str) -> Result<&Codec<S>, DriverError> {
+        let st = self
+            .app
+            .stage(stage)
+            .ok_or_else(|| DriverError::UnknownStage {
+                stage: stage.to_owned(),
+            })?;
+        match &st.def.state {
+            None => Err(DriverError::StateType {
+                stage: stage.to_owned(),
+                expected: std::any::type_name::<S>(),
+                found: "no state".to_owned(),
+            }),
+            Some(decl) => {
+                decl.codec
+                    .downcast_ref::<Codec<S>>()
+                    .ok_or_else(|| DriverError::StateType {
+                        stage: stage.to_owned(),
+                        expected: std::any::type_name::<S>(),
+                        found: format!("state of type {}", decl.type_name),
+                    })
+            }
+        }
     }
 
     fn topic_log(&self, topic: &str) -> Result<&TopicLog, DriverError> {

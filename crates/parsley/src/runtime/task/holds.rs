@@ -239,6 +239,29 @@ impl Task {
         self.stores.detach_held();
     }
 
+    /// What `clock` claims on this task's inputs that it has not delivered
+    /// yet, in the words of the hold diagnostics (nothing for no clock).
+    pub fn unmet_causes(&self, clock: Option<&parsley_protocol::VectorClock>) -> Vec<WaitingOn> {
+        let Some(clock) = clock else {
+            return Vec::new();
+        };
+        let name = |c: Channel| self.topic_name(c.topic);
+        self.node
+            .unmet(clock)
+            .into_iter()
+            .map(|u| WaitingOn::from_unmet(u, name))
+            .collect()
+    }
+
+    /// The committed state in fold slot `key` (a transaction's writes join
+    /// the committed store when its commit is reported).
+    pub fn committed_state(
+        &self,
+        key: &crate::fold::FoldKey,
+    ) -> Option<std::borrow::Cow<'_, [u8]>> {
+        self.stores.fold.get(key)
+    }
+
     /// Every record gating a channel of this task, with what it waits for,
     /// longest-held first.
     pub fn held(&self) -> Vec<HeldRecord> {

@@ -357,6 +357,9 @@ impl Worker {
                 self.spans.clear();
                 self.reached.clear();
                 self.prune_diversions();
+                // The tasks' state is their committed state now: queries
+                // whose causes this commit brought are answered.
+                self.answer_waiting_queries();
                 Ok(())
             }
             CommitOutcome::Aborted => {

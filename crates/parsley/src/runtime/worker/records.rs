@@ -276,6 +276,7 @@ impl Worker {
         }
         self.restart_due(cluster)?;
         self.resume_releases()?;
+        self.answer_waiting_queries();
         let interval = ms(self.config.truncation_interval);
         let mut failed = None;
         for (id, slot) in &mut self.tasks {

@@ -1,0 +1,319 @@
+//! State queries on a running instance: [`CausalStreams::query`] and
+//! [`CausalStreams::query_after`].
+//!
+//! A query travels to every stream thread of the instance through its
+//! inbox. Each thread hands it to its worker between polls (the worker
+//! answers from the task's committed store, or keeps a causal query until a
+//! commit brings its causes or its deadline passes) and sends the answer
+//! back. The thread's cost is the lookup; the querying thread waits.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use parsley::fold::FoldKey;
+use parsley::holds::WaitingOn;
+use parsley::protocol::{Channel, VectorClock};
+use parsley::runtime::host::TopicMetadata;
+use parsley::runtime::query::{QueryAnswer, QueryId, StateQuery};
+use parsley::{CodecError, Coordinate, StateStore, TaskId};
+
+use super::{CausalStreams, StreamsState, lock, now_ms};
+use crate::KafkaCluster;
+
+/// How long a plain (not causal) query waits for a stream thread to take
+/// it: one turn of its poll loop, normally a few milliseconds.
+const PLAIN_QUERY_WAIT: Duration = Duration::from_secs(5);
+
+/// One query, on its way to a stream thread.
+pub(super) struct Request {
+    id: QueryId,
+    query: StateQuery,
+    reply: Sender<QueryAnswer>,
+}
+
+/// Each stream thread's queries not yet taken, by thread index.
+pub(super) type Inboxes = Arc<Mutex<BTreeMap<usize, Vec<Request>>>>;
+
+/// Hands the queries in thread `index`'s inbox to its worker, and sends
+/// the answers its worker has reached. Called between polls.
+pub(super) fn serve(
+    worker: &mut parsley::runtime::worker::Worker,
+    replies: &mut BTreeMap<QueryId, Sender<QueryAnswer>>,
+    inboxes: &Inboxes,
+    index: usize,
+) {
+    let taken = lock(inboxes).get_mut(&index).map(std::mem::take);
+    for r in taken.into_iter().flatten() {
+        replies.insert(r.id, r.reply);
+        worker.query(r.id, r.query);
+    }
+    for (id, answer) in worker.take_query_answers() {
+        if let Some(reply) = replies.remove(&id) {
+            // A querier that gave up has dropped its end: nothing to do.
+            let _ = reply.send(answer);
+        }
+    }
+}
+
+/// Why a state query has no value to give.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    /// The instance is not running (not started, or stopped).
+    #[error("the instance is {0:?}; state queries need it running")]
+    NotRunning(StreamsState),
+    /// The store names no stage of the application, or one without state.
+    #[error("the application has no stage {0:?} with state")]
+    UnknownStage(String),
+    /// The key did not encode with the store's key codec.
+    #[error("the key does not encode: {0}")]
+    Encode(CodecError),
+    /// The committed state did not decode with the stage's state codec.
+    #[error("the state of {task} does not decode: {cause}")]
+    Decode {
+        /// The task.
+        task: TaskId,
+        /// The codec's error.
+        cause: CodecError,
+    },
+    /// A topic could not be described (its partition count, for the key's
+    /// task, or its id, for a cause's channel).
+    #[error("cannot describe topic {topic:?}: {reason}")]
+    Metadata {
+        /// The topic.
+        topic: String,
+        /// Why.
+        reason: String,
+    },
+    /// The key's task does not run on this instance: ask the instance
+    /// that runs it (`parsley holds` and the diagnostics topic name each
+    /// instance's tasks).
+    #[error("task {task}, which holds the key's state, does not run on this instance")]
+    NotHosted {
+        /// The task.
+        task: TaskId,
+    },
+    /// The key's task is assigned here and still restoring (or waiting to
+    /// restart after a failure): its state is not known yet.
+    #[error("task {task}, which holds the key's state, is restoring; ask again shortly")]
+    Restoring {
+        /// The task.
+        task: TaskId,
+    },
+    /// The timeout passed with causes the task has not delivered.
+    #[error(
+        "task {task} has not delivered every cause of the query within {waited:?}: {}",
+        waiting_on.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    )]
+    CausesMissing {
+        /// The task.
+        task: TaskId,
+        /// How long the query waited.
+        waited: Duration,
+        /// What the task still waits for, as `explain_holds` says it.
+        waiting_on: Vec<WaitingOn>,
+    },
+    /// No stream thread answered in time (a rebalance moved the task, or
+    /// the threads are busy restoring).
+    #[error("no stream thread answered the query for {task} within {waited:?}; ask again")]
+    NoAnswer {
+        /// The task.
+        task: TaskId,
+        /// How long the query waited.
+        waited: Duration,
+    },
+}
+
+/// What queries learn about topics once: partition counts and ids.
+#[derive(Default)]
+pub(super) struct QueryTopics {
+    cluster: Option<KafkaCluster>,
+    known: BTreeMap<String, parsley::runtime::host::TopicDescription>,
+}
+
+impl CausalStreams {
+    /// The committed state of `key` in the stage `store` belongs to
+    /// ([`StageBuilder::store`](parsley::StageBuilder::store)), read from
+    /// the task of this instance that holds it. Never an uncommitted value:
+    /// a step's writes join the task's store when its transaction commits.
+    ///
+    /// The stream thread answers between two polls, at the cost of one
+    /// lookup; the calling thread waits for that. A key whose task runs on
+    /// another instance, or is restoring, is a typed error, never an empty
+    /// value.
+    pub fn query<K: 'static, S: 'static>(
+        &self,
+        store: &StateStore<K, S>,
+        key: &K,
+    ) -> Result<Option<S>, QueryError> {
+        self.read_state(store, key, None, PLAIN_QUERY_WAIT)
+    }
+
+    /// As [`query`](Self::query), once the task has delivered, and
+    /// committed, every record `after` claims on a channel its stage
+    /// consumes: read-your-writes across the pipeline. `after` is what a
+    /// [`CausalClock`](crate::CausalClock) holds after recording a send
+    /// (`clock.clock()`), or a received record's clock. Claims on channels
+    /// the stage does not consume are not waited for.
+    ///
+    /// Waits up to `timeout`; then fails with
+    /// [`QueryError::CausesMissing`], naming what the task waits for.
+    pub fn query_after<K: 'static, S: 'static>(
+        &self,
+        store: &StateStore<K, S>,
+        key: &K,
+        after: &VectorClock,
+        timeout: Duration,
+    ) -> Result<Option<S>, QueryError> {
+        self.read_state(store, key, Some(after.clone()), timeout)
+    }
+
+    /// As [`query_after`](Self::query_after), with the causes named by
+    /// their coordinates (what a producer's delivery report gives).
+    pub fn query_after_records<K: 'static, S: 'static>(
+        &self,
+        store: &StateStore<K, S>,
+        key: &K,
+        after: &[Coordinate],
+        timeout: Duration,
+    ) -> Result<Option<S>, QueryError> {
+        let mut clock = VectorClock::new();
+        for c in after {
+            let t = self.describe_for_query(&c.topic)?;
+            clock.claim_offset(Channel::new(t.id, c.partition), c.offset);
+        }
+        self.read_state(store, key, Some(clock), timeout)
+    }
+
+    fn describe_for_query(
+        &self,
+        topic: &str,
+    ) -> Result<parsley::runtime::host::TopicDescription, QueryError> {
+        let mut known = lock(&self.query_topics);
+        if let Some(d) = known.known.get(topic) {
+            return Ok(*d);
+        }
+        let metadata = |reason: String| QueryError::Metadata {
+            topic: topic.to_owned(),
+            reason,
+        };
+        if known.cluster.is_none() {
+            let cluster = KafkaCluster::new(&self.config, self.options.request_timeout)
+                .map_err(|e| metadata(e.to_string()))?;
+            known.cluster = Some(cluster);
+        }
+        let cluster = known
+            .cluster
+            .as_ref()
+            .ok_or_else(|| metadata("no client".into()))?;
+        let d = cluster
+            .describe(topic)
+            .map_err(|e| metadata(e.to_string()))?;
+        known.known.insert(topic.to_owned(), d);
+        Ok(d)
+    }
+
+    fn read_state<K: 'static, S: 'static>(
+        &self,
+        store: &StateStore<K, S>,
+        key: &K,
+        after: Option<VectorClock>,
+        timeout: Duration,
+    ) -> Result<Option<S>, QueryError> {
+        let state = self.state();
+        if !matches!(state, StreamsState::Running | StreamsState::Rebalancing) {
+            return Err(QueryError::NotRunning(state));
+        }
+        let stage = self
+            .app
+            .stage(store.stage())
+            .filter(|s| s.is_stateful())
+            .ok_or_else(|| QueryError::UnknownStage(store.stage().to_owned()))?;
+        let codec = stage
+            .state_codec::<S>()
+            .ok_or_else(|| QueryError::UnknownStage(store.stage().to_owned()))?;
+        let bytes = store.key_codec().encode(key).map_err(QueryError::Encode)?;
+        let source = stage
+            .source_topics()
+            .first()
+            .map(|t| (*t).to_owned())
+            .ok_or_else(|| QueryError::UnknownStage(store.stage().to_owned()))?;
+        let partitions = self.describe_for_query(&source)?.partitions;
+        let task = TaskId {
+            stage: store.stage().to_owned(),
+            partition: parsley::partition::partition_for_key(&bytes, partitions),
+        };
+        let started = Instant::now();
+        let query = StateQuery {
+            task: task.clone(),
+            key: FoldKey::Key(bytes),
+            after,
+            deadline: now_ms()
+                .saturating_add(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX)),
+        };
+        let threads = self.options.threads.max(1);
+        let (tx, rx) = mpsc::channel();
+        {
+            let mut inboxes = lock(&self.inboxes);
+            for index in 0..threads {
+                let id = self
+                    .next_query
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                inboxes.entry(index).or_default().push(Request {
+                    id,
+                    query: query.clone(),
+                    reply: tx.clone(),
+                });
+            }
+        }
+        drop(tx);
+        // The worker answers a timed-out causal query itself at its
+        // deadline; the margin covers the thread's turn.
+        let until = started + timeout + Duration::from_secs(1);
+        let mut not_hosted = 0;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(QueryAnswer::Value(value)) => {
+                    return value
+                        .map(|b| codec.decode(&b))
+                        .transpose()
+                        .map_err(|cause| QueryError::Decode { task, cause });
+                }
+                // Every cause delivered, the commit not reported yet.
+                Ok(QueryAnswer::TimedOut(waiting_on)) if waiting_on.is_empty() => {
+                    return Err(QueryError::NoAnswer {
+                        task,
+                        waited: started.elapsed(),
+                    });
+                }
+                Ok(QueryAnswer::TimedOut(waiting_on)) => {
+                    return Err(QueryError::CausesMissing {
+                        task,
+                        waited: started.elapsed(),
+                        waiting_on,
+                    });
+                }
+                Ok(QueryAnswer::Restoring) => return Err(QueryError::Restoring { task }),
+                Ok(QueryAnswer::NotHosted) => {
+                    not_hosted += 1;
+                    if not_hosted == threads {
+                        return Err(QueryError::NotHosted { task });
+                    }
+                }
+                // Every thread answered or dropped the query (its
+                // membership ended): the task is not here now.
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(QueryError::NotHosted { task });
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(QueryError::NoAnswer {
+                        task,
+                        waited: started.elapsed(),
+                    });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! State queries on a real broker: a key's committed state read from the
+//! instance that runs its task, a key whose task runs elsewhere answered
+//! as such, and a causal query that waits for its cause and includes it.
+//!
+//! These tests need a broker: they run when `PARSLEY_BOOTSTRAP` names one.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{config, create_topics, unique};
+use parsley::protocol::{Channel, VectorClock};
+use parsley::*;
+use parsley_kafka::{CausalClock, CausalStreams, QueryError, StreamsOptions};
+use rdkafka::message::OwnedHeaders;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+type Orders = Topic<String, i64>;
+type Notes = Topic<String, String>;
+
+/// A total per account: orders add to it; a note only has to be
+/// delivered (an order can claim one as its cause).
+fn totals(app_id: &str, orders: &Orders, notes: &Notes) -> (Parsley, StateStore<String, i64>) {
+    let stage = Stage::named("totals").state(Codec::int64(), || 0);
+    let store = stage.store(Codec::utf8());
+    let stage = stage
+        .fold(orders, |t: i64, m: &Message<String, i64>| {
+            Step::to(t + m.value().copied().unwrap_or(0))
+        })
+        .fold(notes, |t: i64, _m: &Message<String, String>| Step::to(t))
+        .build()
+        .unwrap();
+    (Parsley::named(app_id, [stage]).unwrap(), store)
+}
+
+fn start(app: &Parsley, instance: &str) -> CausalStreams {
+    let mut s = CausalStreams::new(app, config())
+        .unwrap()
+        .with_options(StreamsOptions {
+            commit_interval: Duration::from_millis(50),
+            instance_id: Some(instance.to_owned()),
+            state_dir: None,
+            ..common::options()
+        });
+    s.start().unwrap();
+    s.wait_until_running(Duration::from_secs(60)).unwrap();
+    s
+}
+
+/// Produces one record (with `headers`, if any) and returns its offset.
+fn produce(
+    topic: &str,
+    partition: i32,
+    key: &str,
+    value: &[u8],
+    headers: Option<OwnedHeaders>,
+) -> i64 {
+    let producer: BaseProducer<Acks> = config().create_with_context(Acks::default()).unwrap();
+    let mut record = BaseRecord::to(topic)
+        .partition(partition)
+        .key(key)
+        .payload(value);
+    if let Some(h) = headers {
+        record = record.headers(h);
+    }
+    producer.send(record).map_err(|(e, _)| e).unwrap();
+    producer.flush(Duration::from_secs(20)).unwrap();
+    producer.context().0.lock().unwrap()[0].1
+}
+
+/// Records each delivery's partition and offset.
+#[derive(Default)]
+struct Acks(std::sync::Mutex<Vec<(i32, i64)>>);
+
+impl rdkafka::ClientContext for Acks {}
+
+impl rdkafka::producer::ProducerContext for Acks {
+    type DeliveryOpaque = ();
+    fn delivery(&self, r: &rdkafka::message::DeliveryResult<'_>, _: ()) {
+        use rdkafka::message::Message as _;
+        if let Ok(m) = r {
+            self.0.lock().unwrap().push((m.partition(), m.offset()));
+        }
+    }
+}
+
+/// A key whose task is partition `p` of a two-partition topic.
+fn key_on(p: i32) -> String {
+    (0..)
+        .map(|i| format!("acct-{i}"))
+        .find(|k| parsley::partition::partition_for_key(k.as_bytes(), 2) == p)
+        .unwrap()
+}
+
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_query_reads_committed_state_and_says_where_a_key_is_not() {
+    let (o, n) = (unique("orders"), unique("notes"));
+    create_topics(&[(&o, 2), (&n, 2)]);
+    let orders: Orders = Topic::new(o.as_str(), Codec::utf8(), Codec::int64());
+    let notes: Notes = Topic::new(n.as_str(), Codec::utf8(), Codec::utf8());
+    let (app, store) = totals(&unique("app"), &orders, &notes);
+    let mut first = start(&app, "a");
+    let (k0, k1) = (key_on(0), key_on(1));
+    for (k, p, v) in [(&k0, 0, 5i64), (&k0, 0, 7), (&k1, 1, 2)] {
+        produce(&o, p, k, &v.to_be_bytes(), None);
+    }
+    eventually("the totals were committed", || {
+        (first.query(&store, &k0).unwrap() == Some(12)
+            && first.query(&store, &k1).unwrap() == Some(2))
+        .then_some(())
+    });
+    // A key no record touched has no state: None, not an error.
+    assert_eq!(first.query(&store, &"untouched".to_owned()).unwrap(), None);
+
+    // A second instance takes one of the two tasks: each instance answers
+    // for its own and names the other's as not hosted here.
+    let mut second = start(&app, "b");
+    let (mine, theirs) = eventually("the tasks were split between the instances", || {
+        let a = (first.query(&store, &k0), first.query(&store, &k1));
+        match a {
+            (Ok(Some(12)), Err(QueryError::NotHosted { task })) if task.partition == 1 => {
+                Some((k0.clone(), k1.clone()))
+            }
+            (Err(QueryError::NotHosted { task }), Ok(Some(2))) if task.partition == 0 => {
+                Some((k1.clone(), k0.clone()))
+            }
+            _ => None,
+        }
+    });
+    let want = |k: &str| if k == k0 { 12 } else { 2 };
+    eventually("the other instance answers for the other task", || {
+        (second.query(&store, &theirs).ok()? == Some(want(&theirs))).then_some(())
+    });
+    assert!(matches!(
+        second.query(&store, &mine),
+        Err(QueryError::NotHosted { .. })
+    ));
+    second.close(Duration::from_secs(30)).unwrap();
+    first.close(Duration::from_secs(30)).unwrap();
+    // A closed instance answers nothing.
+    assert!(matches!(
+        first.query(&store, &k0),
+        Err(QueryError::NotRunning(_))
+    ));
+}
+
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_causal_query_waits_for_its_cause_and_includes_it() {
+    let (o, n) = (unique("orders"), unique("notes"));
+    create_topics(&[(&o, 1), (&n, 1)]);
+    let orders: Orders = Topic::new(o.as_str(), Codec::utf8(), Codec::int64());
+    let notes: Notes = Topic::new(n.as_str(), Codec::utf8(), Codec::utf8());
+    let (app, store) = totals(&unique("app"), &orders, &notes);
+    let streams = start(&app, "a");
+    produce(&o, 0, "acct", &10i64.to_be_bytes(), None);
+    eventually("the first order was committed", || {
+        (streams.query(&store, &"acct".to_owned()).ok()? == Some(10)).then_some(())
+    });
+
+    // ANCHOR: read_your_writes
+    // A service writes an order, stamped with what it has seen (here, a
+    // note it was told of that the stage has not received yet, so the
+    // stage holds the order), and records its own write in its clock.
+    let mut clock = CausalClock::new(&config()).unwrap();
+    clock.record_produced(&n, 0, 0).unwrap();
+    let headers = clock.stamp(OwnedHeaders::new()).unwrap();
+    let offset = produce(&o, 0, "acct", &5i64.to_be_bytes(), Some(headers));
+    clock.record_produced(&o, 0, offset).unwrap();
+    // ANCHOR_END: read_your_writes
+    let mine = clock.clock().clone();
+
+    // Asked with a short timeout, the query says what it waits for.
+    let e = streams
+        .query_after(
+            &store,
+            &"acct".to_owned(),
+            &mine,
+            Duration::from_millis(500),
+        )
+        .unwrap_err();
+    match &e {
+        QueryError::CausesMissing { waiting_on, .. } => {
+            // The note never arrived; the order arrived and is held.
+            assert_eq!(waiting_on.len(), 2, "{e}");
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("waiting on {n}:0 offset 0")),
+                "{text}"
+            );
+            assert!(
+                text.contains(&format!("waiting on {o}:0 offset {offset}")),
+                "{text}"
+            );
+        }
+        other => panic!("expected CausesMissing, got {other}"),
+    }
+    // The plain query answers at once, without the held order.
+    assert_eq!(streams.query(&store, &"acct".to_owned()).unwrap(), Some(10));
+
+    // Asked with time enough, it waits; the note arrives meanwhile, the
+    // order is delivered and committed, and the answer includes it.
+    let streams = std::sync::Arc::new(streams);
+    let asking = {
+        let streams = streams.clone();
+        let store = store.clone();
+        let mine = mine.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            // ANCHOR: query_after
+            // The balance, once the stage has delivered (and committed)
+            // everything the service's clock claims on its inputs.
+            let balance: Result<Option<i64>, QueryError> =
+                streams.query_after(&store, &"acct".to_owned(), &mine, Duration::from_secs(30));
+            // ANCHOR_END: query_after
+            (balance, started.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(!asking.is_finished(), "the query waited for its cause");
+    produce(&n, 0, "acct", b"hello", None);
+    let (answer, waited) = asking.join().unwrap();
+    assert_eq!(answer.unwrap(), Some(15), "the answer includes the cause");
+    assert!(waited >= Duration::from_millis(700));
+    // A claim on a channel the stage does not consume is not waited for.
+    let mut elsewhere = VectorClock::new();
+    elsewhere.claim_offset(
+        Channel::new(parsley::identity::test_topic_id("x", 0), 0),
+        99,
+    );
+    assert_eq!(
+        streams
+            .query_after(
+                &store,
+                &"acct".to_owned(),
+                &elsewhere,
+                Duration::from_millis(200)
+            )
+            .unwrap(),
+        Some(15)
+    );
+    let mut streams = std::sync::Arc::try_unwrap(streams).ok().unwrap();
+    streams.close(Duration::from_secs(30)).unwrap();
+}
