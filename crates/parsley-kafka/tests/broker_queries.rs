@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{config, create_topics, unique};
+use common::{Acks, config, create_topics, unique};
 use parsley::protocol::{Channel, VectorClock};
 use parsley::*;
 use parsley_kafka::{CausalClock, CausalStreams, QueryError, StreamsOptions};
@@ -66,22 +66,6 @@ fn produce(
     producer.send(record).map_err(|(e, _)| e).unwrap();
     producer.flush(Duration::from_secs(20)).unwrap();
     producer.context().0.lock().unwrap()[0].1
-}
-
-/// Records each delivery's partition and offset.
-#[derive(Default)]
-struct Acks(std::sync::Mutex<Vec<(i32, i64)>>);
-
-impl rdkafka::ClientContext for Acks {}
-
-impl rdkafka::producer::ProducerContext for Acks {
-    type DeliveryOpaque = ();
-    fn delivery(&self, r: &rdkafka::message::DeliveryResult<'_>, _: ()) {
-        use rdkafka::message::Message as _;
-        if let Ok(m) = r {
-            self.0.lock().unwrap().push((m.partition(), m.offset()));
-        }
-    }
 }
 
 /// A key whose task is partition `p` of a two-partition topic.

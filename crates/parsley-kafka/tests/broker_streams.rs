@@ -779,24 +779,6 @@ fn a_held_record_is_restored_from_the_changelog_after_a_restart() {
     second.close(Duration::from_secs(30)).unwrap();
 }
 
-// ANCHOR: acks
-/// Remembers the partition and offset of each acknowledged send.
-#[derive(Default)]
-struct Acks(std::sync::Mutex<Vec<(i32, i64)>>);
-
-impl rdkafka::ClientContext for Acks {}
-
-impl rdkafka::producer::ProducerContext for Acks {
-    type DeliveryOpaque = ();
-    fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, _: ()) {
-        use rdkafka::message::Message as _;
-        if let Ok(m) = result {
-            self.0.lock().unwrap().push((m.partition(), m.offset()));
-        }
-    }
-}
-// ANCHOR_END: acks
-
 /// A plain producer stamps with `CausalClock` across two topics: its cause
 /// (in a transaction it keeps open for a while) and then an effect on
 /// another topic stamped after the cause's acknowledgement. A stage
@@ -826,8 +808,8 @@ fn a_plain_producer_stamped_with_causal_clock_is_delivered_in_order() {
     let mut clock = CausalClock::new(&config()).unwrap();
     let mut c = config();
     c.set("transactional.id", unique("plain"));
-    let causes: rdkafka::producer::BaseProducer<Acks> =
-        c.create_with_context(Acks::default()).unwrap();
+    let causes: rdkafka::producer::BaseProducer<common::Acks> =
+        c.create_with_context(common::Acks::default()).unwrap();
     causes.init_transactions(Duration::from_secs(20)).unwrap();
     causes.begin_transaction().unwrap();
     causes

@@ -119,3 +119,21 @@ pub fn read_committed(topic: &str, partitions: i32, n: usize, within: Duration) 
     }
     out
 }
+
+// ANCHOR: acks
+/// Remembers the partition and offset of each acknowledged send.
+#[derive(Default)]
+pub struct Acks(pub std::sync::Mutex<Vec<(i32, i64)>>);
+
+impl rdkafka::ClientContext for Acks {}
+
+impl rdkafka::producer::ProducerContext for Acks {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, _: ()) {
+        use rdkafka::message::Message as _;
+        if let Ok(m) = result {
+            self.0.lock().unwrap().push((m.partition(), m.offset()));
+        }
+    }
+}
+// ANCHOR_END: acks
