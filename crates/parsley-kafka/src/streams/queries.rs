@@ -271,7 +271,6 @@ impl CausalStreams {
         // The worker answers a timed-out causal query itself at its
         // deadline; the margin covers the thread's turn.
         let until = started + timeout + Duration::from_secs(1);
-        let mut not_hosted = 0;
         loop {
             let left = until.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
@@ -296,13 +295,9 @@ impl CausalStreams {
                     });
                 }
                 Ok(QueryAnswer::Restoring) => return Err(QueryError::Restoring { task }),
-                Ok(QueryAnswer::NotHosted) => {
-                    not_hosted += 1;
-                    if not_hosted == threads {
-                        return Err(QueryError::NotHosted { task });
-                    }
-                }
-                // Every thread answered or dropped the query (its
+                // Another thread may run it: wait for the others.
+                Ok(QueryAnswer::NotHosted) => {}
+                // Every thread answered "not here" or dropped the query (its
                 // membership ended): the task is not here now.
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(QueryError::NotHosted { task });

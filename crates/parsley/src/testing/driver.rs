@@ -33,6 +33,23 @@ use crate::topic::{IntoNullable, Part, Payload, Topic};
 
 use log::{Entry, Log, NextEntry, StoredRecord, TopicLog, stored};
 
+/// A state key's bytes (`None` for the null key), encoded with the key
+/// codec of `stage`'s store.
+fn encode_state_key<K: 'static>(
+    stage: &str,
+    codec: &Codec<K>,
+    key: impl IntoNullable<K>,
+) -> Result<Option<Vec<u8>>, DriverError> {
+    key.into_nullable()
+        .map(|k| codec.encode(&k))
+        .transpose()
+        .map_err(|source| DriverError::Encode {
+            topic: format!("<state key of {stage}>"),
+            part: Part::Key,
+            cause: source,
+        })
+}
+
 fn decode_state<S: 'static>(stage: &str, codec: &Codec<S>, bytes: &[u8]) -> Result<S, DriverError> {
     codec
         .decode(bytes)
@@ -552,11 +569,7 @@ impl TestDriver {
             .partition
             .unwrap_or_else(|| partition_for(key.as_deref(), 0, n));
         let mut clock = input.clock;
-        for cause in &input.after {
-            let t = self.topic_log(&cause.topic)?;
-            self.check_partition(&cause.topic, t, cause.partition)?;
-            clock.claim_offset(Channel::new(t.id, cause.partition), cause.offset);
-        }
+        self.claim_records(&mut clock, &input.after)?;
         let mut headers = input.headers;
         if !clock.is_empty() {
             headers.push(Header::new(CLOCK_HEADER, clock.encode()));
@@ -758,14 +771,7 @@ impl TestDriver {
         key_codec: &Codec<K>,
         key: impl IntoNullable<K>,
     ) -> Result<Option<S>, DriverError> {
-        let key = match key.into_nullable() {
-            Some(k) => Some(key_codec.encode(&k).map_err(|source| DriverError::Encode {
-                topic: format!("<state key of {stage}>"),
-                part: Part::Key,
-                cause: source,
-            })?),
-            None => None,
-        };
+        let key = encode_state_key(stage, key_codec, key)?;
         self.slot_state(stage, &FoldKey::for_key(key.as_deref()), None)
     }
 
@@ -810,27 +816,9 @@ impl TestDriver {
     ) -> Result<Option<S>, DriverError> {
         self.run()?;
         let stage = store.stage().to_owned();
-        let key = match key.into_nullable() {
-            Some(k) => {
-                Some(
-                    store
-                        .key_codec()
-                        .encode(&k)
-                        .map_err(|source| DriverError::Encode {
-                            topic: format!("<state key of {stage}>"),
-                            part: Part::Key,
-                            cause: source,
-                        })?,
-                )
-            }
-            None => None,
-        };
+        let key = encode_state_key(&stage, store.key_codec(), key)?;
         let mut clock = VectorClock::new();
-        for cause in after {
-            let t = self.topic_log(&cause.topic)?;
-            self.check_partition(&cause.topic, t, cause.partition)?;
-            clock.claim_offset(Channel::new(t.id, cause.partition), cause.offset);
-        }
+        self.claim_records(&mut clock, after)?;
         let st = self
             .app
             .stage(&stage)
@@ -929,6 +917,20 @@ impl TestDriver {
                     })
             }
         }
+    }
+
+    /// Claims each record of `records` (by its coordinate) in `clock`.
+    fn claim_records(
+        &self,
+        clock: &mut VectorClock,
+        records: &[Coordinate],
+    ) -> Result<(), DriverError> {
+        for r in records {
+            let t = self.topic_log(&r.topic)?;
+            self.check_partition(&r.topic, t, r.partition)?;
+            clock.claim_offset(Channel::new(t.id, r.partition), r.offset);
+        }
+        Ok(())
     }
 
     fn topic_log(&self, topic: &str) -> Result<&TopicLog, DriverError> {

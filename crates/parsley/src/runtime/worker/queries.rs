@@ -93,9 +93,9 @@ impl Worker {
         // The store is committed state whatever the task is doing; a
         // causal query also needs the frontier it checks to be committed:
         // nothing delivered since the last commit, none in flight.
-        if query.after.is_some() {
+        if let Some(clock) = &query.after {
             let settled = !task.has_work() && !matches!(self.state, State::InFlight);
-            if !settled || !task.unmet_causes(query.after.as_ref()).is_empty() {
+            if !settled || !task.node().unmet(clock).is_empty() {
                 return None;
             }
         }
