@@ -10,9 +10,12 @@
 //! [`Fault`](parsley::runtime::worker::Fault) and does what the worker
 //! answers; what a task's failure leads to is the error handlers' call
 //! ([`CausalStreams::set_uncaught_error_handler`],
-//! [`CausalStreams::set_production_error_handler`]). One decision still
-//! sits here: a closing thread leaves an assignment that arrives meanwhile
-//! untaken (and abandons the lookups of one it was starting).
+//! [`CausalStreams::set_production_error_handler`]). Two decisions still
+//! sit here: a closing thread leaves an assignment that arrives meanwhile
+//! untaken (and abandons the lookups of one it was starting), and without
+//! a handler of the user's a task's *transient* failure (a codec that could
+//! not reach its schema registry, [`StreamsError::is_transient`]) restarts
+//! the task in place after its backoff instead of shutting the client down.
 //!
 //! * [`CausalStreams`]: `new(&app, client_config)`, `start()`,
 //!   `wait_until_running`, `state()`, `close(timeout)`.
@@ -31,6 +34,10 @@
 //! * Operating it: [`CausalStreams::metrics`], [`CausalStreams::explain_holds`],
 //!   [`CausalStreams::set_uncaught_error_handler`] and
 //!   [`CausalStreams::set_production_error_handler`].
+//! * Querying it: [`CausalStreams::query`] reads a key's committed fold
+//!   state from this instance, and [`CausalStreams::query_after`] first
+//!   waits for the causes a clock claims (read-your-writes);
+//!   [`topology()`] describes the application with the runtime's topics.
 //!
 //! ## Tests against a broker
 //!
