@@ -83,6 +83,7 @@ pub mod ids;
 pub mod node;
 mod protocol;
 mod record;
+pub mod reset;
 mod restore;
 pub mod store;
 

@@ -79,8 +79,8 @@ pub use broker::{Entry, SimBroker, StoredRecord};
 pub use eager::EagerProtocol;
 pub use edge::{EdgeProducer, EdgeSpec};
 pub use node::{
-    HostFault, NodeAction, NodeSpec, Rescope, SimNode, StartCrash, StartPolicy, StepReport,
-    TickSpec, check_offset_claims,
+    HostFault, NodeAction, NodeSpec, Rescope, Reset, ResetTo, SimNode, StartCrash, StartPolicy,
+    StepReport, TickSpec, check_offset_claims,
 };
 pub use oracle::{ActorId, Oracle, RecordId, Violation};
 pub use trace::Trace;

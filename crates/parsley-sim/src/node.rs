@@ -38,9 +38,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use parsley_protocol::reset::{ResetPoint, reset_writes};
 use parsley_protocol::{
     CausalHeaders, Channel, Delivery, DeliveryProtocol, InboundRecord, MemStore, NodeConfig,
-    NodeStats, ProtocolError, SenderId, StateKey, TopicId, VectorClock,
+    NodeStats, ProtocolError, SenderId, StateKey, StoreRead, TopicId, VectorClock, WriteBatch,
 };
 
 use crate::behavior::{Behavior, Output, Payload, Route};
@@ -59,6 +60,38 @@ pub enum HostFault {
     /// H2 broken the other way: the position is reported before the records
     /// below it have been handed over (the buffered-batch hazard).
     EarlyPositionReport,
+    /// An operator reset that deletes the node's state outright, as a
+    /// Kafka Streams reset deletes its changelogs: send sequences restart
+    /// at 1 and the delivered past is no longer claimed.
+    ResetDeletesState,
+    /// An operator reset that leaves no skip marks for the records below a
+    /// reset position, so sequence claims on them are never met.
+    ResetWithoutSkipMarks,
+    /// An operator reset that drops the node's delivered past instead of
+    /// carrying it: stamps after the reset no longer claim the causes of
+    /// what the node sent before it.
+    ResetForgetsPast,
+}
+
+/// An operator reset (`parsley reset`) applied while the node is down,
+/// before its n-th restart: its inputs are read again from a position and
+/// its state is rewritten by [`parsley_protocol::reset::reset_writes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reset {
+    /// Applies before this restart (1 = the first restart).
+    pub at_restart: u32,
+    /// Where each input is read again from.
+    pub to: ResetTo,
+}
+
+/// Where a reset positions a node's inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResetTo {
+    /// The log start.
+    Earliest,
+    /// Half way between the log start and the last stable offset: the
+    /// records below are never delivered again.
+    Middle,
 }
 
 /// Where a node's consumer starts on a channel it has no committed
@@ -117,6 +150,8 @@ pub struct NodeSpec {
     pub joins_at_start: bool,
     /// Scope changes at later restarts.
     pub rescopes: Vec<Rescope>,
+    /// Operator resets before later restarts.
+    pub resets: Vec<Reset>,
     /// Whether the host seeks a joining input to the protocol's resume
     /// position (the host contract). A host that does not re-reads the
     /// prefix from its own start position, and the protocol's replay guard
@@ -137,6 +172,7 @@ impl NodeSpec {
             start: StartPolicy::Earliest,
             joins_at_start: true,
             rescopes: Vec::new(),
+            resets: Vec::new(),
             seek_resume: true,
         }
     }
@@ -192,6 +228,10 @@ pub struct StepReport {
     pub past_skipped: usize,
     /// Inputs that joined by a redeploy at this (re)start.
     pub joined_inputs: usize,
+    /// Operator resets applied before this (re)start.
+    pub resets: usize,
+    /// Skip marks those resets wrote for records below a reset position.
+    pub reset_skip_marks: usize,
     /// Of those, inputs the protocol asked to resume past a seed.
     pub seeded_inputs: usize,
     /// Inputs that left the scope at this (re)start.
@@ -285,6 +325,7 @@ pub struct SimNode<P: DeliveryProtocol> {
     fault: Option<HostFault>,
     stats_seen: NodeStats,
     rescopes_applied: usize,
+    resets_applied: usize,
     /// Per input that joined by a redeploy: the node's own send sequence
     /// there when it joined (for the kit's counters only).
     joined_own_seq: BTreeMap<Channel, i64>,
@@ -331,9 +372,15 @@ impl<P: DeliveryProtocol> SimNode<P> {
             fault,
             stats_seen: NodeStats::default(),
             rescopes_applied: 0,
+            resets_applied: 0,
             joined_own_seq: BTreeMap::new(),
             last_fetched: BTreeMap::new(),
         }
+    }
+
+    /// Operator resets declared but not applied yet.
+    pub fn resets_pending(&self) -> usize {
+        self.spec.resets.len().saturating_sub(self.resets_applied)
     }
 
     /// Whether the node has joined the world.
@@ -424,6 +471,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
             self.restarts += 1;
         }
         self.joined = true;
+        let (resets, reset_skip_marks) = self.apply_reset(broker, oracle)?;
         let old_inputs = self.inputs.clone();
         let old_sinks = self.sinks.clone();
         let old_behavior = self.spec.behavior.clone();
@@ -555,6 +603,8 @@ impl<P: DeliveryProtocol> SimNode<P> {
                 topics,
             )?;
             report.joined_inputs = joined_inputs;
+            report.resets = resets;
+            report.reset_skip_marks = reset_skip_marks;
             report.seeded_inputs = seeded_inputs;
             report.left_inputs = left_inputs;
             report.refused_shrinks = refused_shrink;
@@ -583,10 +633,84 @@ impl<P: DeliveryProtocol> SimNode<P> {
         let mut report =
             self.start_transaction(node, deliveries, cut, restored_held, broker, oracle, topics)?;
         report.joined_inputs = joined_inputs;
+        report.resets = resets;
+        report.reset_skip_marks = reset_skip_marks;
         report.seeded_inputs = seeded_inputs;
         report.left_inputs = left_inputs;
         report.refused_shrinks = refused_shrink;
         Ok(report)
+    }
+
+    /// The operator reset due before this restart, if one is: the node's
+    /// store is rewritten as `parsley reset` rewrites a task's state
+    /// changelog, its inputs are positioned where the reset says, and the
+    /// oracle forgets what the node delivered. Like the operator's tool, it
+    /// runs while the node is down and is committed whatever the start
+    /// then does. Returns the resets applied and the skip marks written.
+    fn apply_reset(
+        &mut self,
+        broker: &SimBroker,
+        oracle: &mut Oracle,
+    ) -> Result<(usize, usize), Violation> {
+        let Some(reset) = self
+            .spec
+            .resets
+            .get(self.resets_applied)
+            .filter(|r| r.at_restart <= self.restarts)
+            .copied()
+        else {
+            return Ok((0, 0));
+        };
+        self.resets_applied += 1;
+        let mut points = BTreeMap::new();
+        for &c in &self.inputs {
+            let start = broker.log_start(c);
+            // Never above the last stable offset: a record below the
+            // position must be decided (committed or aborted) when the
+            // scan reads it.
+            let position = match reset.to {
+                ResetTo::Earliest => start,
+                ResetTo::Middle => start + (broker.last_stable(c) - start).max(0) / 2,
+            };
+            let records = broker
+                .committed_from_start(c)
+                .into_iter()
+                .map(|(offset, r)| (offset, r.causal.sender));
+            let mut point = ResetPoint::scan(position, records);
+            if self.fault == Some(HostFault::ResetWithoutSkipMarks) {
+                point.below.clear();
+            }
+            points.insert(c, point);
+        }
+        let batch = if self.fault == Some(HostFault::ResetDeletesState) {
+            let mut batch = WriteBatch::new();
+            self.store.for_each_state(&mut |k, _| {
+                if let Ok(k) = k {
+                    batch.delete(k);
+                }
+            });
+            batch
+        } else {
+            let mut batch = reset_writes(&self.store, &points)
+                .map_err(|e| violation(format!("node {}: reset refused: {e}", self.spec.name)))?;
+            if self.fault == Some(HostFault::ResetForgetsPast) {
+                match self.store.get_state(StateKey::CarriedAncestry) {
+                    Some(before) => batch.put(StateKey::CarriedAncestry, before.to_vec()),
+                    None => batch.delete(StateKey::CarriedAncestry),
+                }
+            }
+            batch
+        };
+        let skip_marks = batch
+            .iter()
+            .filter(|(k, v)| matches!(k, StateKey::SkipMark(..)) && v.is_some())
+            .count();
+        self.store.apply(&batch);
+        oracle.reset(self.actor);
+        for (c, point) in points {
+            self.positions.insert(c, point.position);
+        }
+        Ok((1, skip_marks))
     }
 
     /// The first transaction of an incarnation: init's writes and whatever

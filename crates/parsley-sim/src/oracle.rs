@@ -134,6 +134,10 @@ struct ActorState {
     /// Inputs that joined by a redeploy: records at or below this offset
     /// may be skipped (they were within the claim envelope at the join).
     skippable: BTreeMap<Channel, i64>,
+    /// The actor's past when an operator last reset it: records within it
+    /// may be delivered again (the reset reprocesses them), although they
+    /// stay in the past its sends carry.
+    reset_past: Vec<u32>,
 }
 
 struct Staged {
@@ -220,6 +224,23 @@ impl Oracle {
     /// what it sends from now on is told apart from what it sent before.
     pub fn begin_incarnation(&mut self, actor: ActorId) {
         self.actors[actor].incarnation += 1;
+    }
+
+    /// An operator reset `actor` (`parsley reset`) while it was down: it
+    /// reads its inputs again from new positions, so what it delivered is
+    /// forgotten (its inputs get new baselines through
+    /// [`consume`](Self::consume)) and anything already in its past may be
+    /// delivered once more. Its past itself stays: what it sends after the
+    /// reset comes after everything it sent before, and so after their
+    /// causes, which its stamps must go on claiming.
+    pub fn reset(&mut self, actor: ActorId) {
+        let a = &mut self.actors[actor];
+        assert!(a.staged.is_none(), "oracle: reset inside a step");
+        a.delivered.clear();
+        a.last.clear();
+        a.baselines.clear();
+        a.skippable.clear();
+        a.reset_past = a.past.clone();
     }
 
     /// The actor's name.
@@ -355,7 +376,11 @@ impl Oracle {
         // Re-entry: a record already in this node's causal past (it is a
         // cause of something delivered here while its channel was not
         // consumed) can only come after its effect now.
-        if m.actor != actor && staged.past[m.actor] >= m.send_index {
+        let reprocessed = a
+            .reset_past
+            .get(m.actor)
+            .is_some_and(|&r| m.send_index <= r);
+        if m.actor != actor && staged.past[m.actor] >= m.send_index && !reprocessed {
             return Err(Violation {
                 message: format!(
                     "{}: causal order violated, that record (sent by {}) is already in the node's causal past, so a cause would follow its effect",

@@ -193,6 +193,10 @@ pub struct WorldStats {
     pub past_skipped: u64,
     /// Inputs added by redeploys.
     pub joined_inputs: u64,
+    /// Operator resets applied.
+    pub resets: u64,
+    /// Skip marks those resets wrote for records below a reset position.
+    pub reset_skip_marks: u64,
     /// Of those, inputs the protocol resumed past a seed.
     pub seeded_inputs: u64,
     /// Inputs removed by redeploys.
@@ -252,6 +256,8 @@ impl WorldStats {
         self.replays_skipped += o.replays_skipped;
         self.past_skipped += o.past_skipped;
         self.joined_inputs += o.joined_inputs;
+        self.resets += o.resets;
+        self.reset_skip_marks += o.reset_skip_marks;
         self.seeded_inputs += o.seeded_inputs;
         self.left_inputs += o.left_inputs;
         self.refused_shrinks += o.refused_shrinks;
@@ -828,6 +834,8 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         self.stats.replays_skipped += report.replays_skipped as u64;
         self.stats.past_skipped += report.past_skipped as u64;
         self.stats.joined_inputs += report.joined_inputs as u64;
+        self.stats.resets += report.resets as u64;
+        self.stats.reset_skip_marks += report.reset_skip_marks as u64;
         self.stats.seeded_inputs += report.seeded_inputs as u64;
         self.stats.left_inputs += report.left_inputs as u64;
         self.stats.refused_shrinks += report.refused_shrinks as u64;
