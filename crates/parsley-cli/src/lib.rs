@@ -6,6 +6,8 @@
 //! * [`holds`]: what a running application holds and why.
 //! * [`probe`]: the cluster contract probes for a described application.
 //! * [`skip`]: steps a stopped application's task past one named record.
+//! * [`reset`]: resets a stopped application so that it reprocesses its
+//!   inputs.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(
@@ -17,4 +19,6 @@ pub mod demo;
 pub mod holds;
 pub mod inspect;
 pub mod probe;
+pub mod reset;
 pub mod skip;
+mod stopped;

@@ -8,6 +8,7 @@
 //! parsley inspect --bootstrap B --topic T # a live topic's records and their claims
 //! parsley holds --bootstrap B --app APP    # what a running application holds, and why
 //! parsley probe --bootstrap B --app FILE   # the cluster contract probes, before a start
+//! parsley reset --bootstrap B --app FILE   # reprocess from the start (plan; --execute applies)
 //! parsley skip --bootstrap B --app APP --stage S --topic T --partition P --offset O --dead-letter D
 //!                                          # step a stopped application past one record
 //! ```
@@ -134,6 +135,38 @@ enum Command {
         #[arg(long, default_value = "stepped past by an operator (parsley skip)")]
         reason: String,
     },
+    /// Reset a stopped application so that it reprocesses its sources:
+    /// the group's positions, each task's protocol state (send sequences
+    /// and the delivered past kept) and fold state, and the control topic.
+    /// Prints the plan; changes nothing without --execute.
+    #[command(after_help = RESET_HELP)]
+    Reset {
+        /// Bootstrap servers of the cluster.
+        #[arg(long)]
+        bootstrap: String,
+        /// The application file (JSON): `parsley describe --json` or
+        /// `Topology::to_json` output, or the small file `parsley probe`
+        /// reads.
+        #[arg(long)]
+        app: String,
+        /// Read the sources again from the first record at or after this
+        /// time (RFC 3339, as 2026-12-01T00:00:00Z, or milliseconds since
+        /// the epoch) instead of from their start.
+        #[arg(long, conflicts_with = "to_offset")]
+        to_time: Option<String>,
+        /// Read every source partition again from this offset instead of
+        /// from its start.
+        #[arg(long)]
+        to_offset: Option<i64>,
+        /// Apply the plan.
+        #[arg(long)]
+        execute: bool,
+        /// Also remove the application's local state under this state
+        /// directory (the root given as StreamsOptions::state_dir) on this
+        /// host. Not needed: a local state file replays the reset.
+        #[arg(long)]
+        wipe_state_dir: Option<std::path::PathBuf>,
+    },
     /// Describe an application's topology: each stage's sources, sinks,
     /// ticks and state under the names the runtime uses, the internal
     /// topics, and which topics must be co-partitioned. Describes the
@@ -174,6 +207,24 @@ non-zero when there is one. Read-only: nothing is created or changed.
 
 Example:
   parsley probe --bootstrap localhost:9092 --app payments-app.json";
+
+const RESET_HELP: &str = "\
+After a logic bug, say: stop every instance, run this, deploy the fix and
+start again. Each source partition is read again from its start (or the
+time or offset given); topics the application writes itself and tick
+topics from their end. Each task's fold state is emptied and its protocol
+state reset, keeping its send sequences and the causal past it delivered,
+so stages downstream that keep running stay ordered (deleting the
+changelogs by hand would break that). Everything is written by appending,
+so it can be run again: a second run writes nothing.
+
+Refused, with nothing changed, while any instance of the application runs,
+when a source topic is missing, or when a task's state does not decode.
+
+Example:
+  parsley describe ledger --json > ledger.json
+  parsley reset --bootstrap localhost:9092 --app ledger.json
+  parsley reset --bootstrap localhost:9092 --app ledger.json --execute";
 
 const SKIP_HELP: &str = "\
 For a record that fails its task every time (a logic error, a codec error,
@@ -295,6 +346,14 @@ fn main() -> ExitCode {
             dead_letter,
             reason,
         }),
+        Command::Reset {
+            bootstrap,
+            app,
+            to_time,
+            to_offset,
+            execute,
+            wipe_state_dir,
+        } => reset(bootstrap, &app, to_time, to_offset, execute, wipe_state_dir),
         Command::Describe { example, json } => return describe(example, json),
         Command::Holds { bootstrap, app } => {
             parsley_cli::holds::run(&bootstrap, &app).map(|lines| lines.join("\n"))
@@ -447,6 +506,32 @@ fn describe(example: Example, json: bool) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn reset(
+    bootstrap: String,
+    app_file: &str,
+    to_time: Option<String>,
+    to_offset: Option<i64>,
+    execute: bool,
+    wipe_state_dir: Option<std::path::PathBuf>,
+) -> Result<String, String> {
+    use parsley_cli::reset::{Reset, ResetTo};
+    let text =
+        std::fs::read_to_string(app_file).map_err(|e| format!("cannot read {app_file}: {e}"))?;
+    let app = parsley_cli::probe::application(&text)?;
+    let to = match (to_time, to_offset) {
+        (Some(t), _) => ResetTo::Time(parsley_cli::reset::parse_time(&t)?),
+        (None, Some(o)) => ResetTo::Offset(o),
+        (None, None) => ResetTo::Earliest,
+    };
+    parsley_cli::reset::run(&Reset {
+        bootstrap,
+        topology: parsley_kafka::topology(&app),
+        to,
+        execute,
+        wipe_state_dir,
+    })
 }
 
 fn probe(bootstrap: &str, app: &str) -> ExitCode {

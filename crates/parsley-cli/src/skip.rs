@@ -59,43 +59,12 @@ pub fn run(s: &Skip) -> Result<String, String> {
     let consumer: BaseConsumer = group
         .create()
         .map_err(|e| format!("cannot create a consumer: {e}"))?;
-    let groups = consumer
-        .fetch_group_list(Some(&s.app), TIMEOUT)
-        .map_err(|e| format!("cannot describe consumer group {:?}: {e}", s.app))?;
-    if let Some(g) = groups.groups().iter().find(|g| g.name() == s.app)
-        && !g.members().is_empty()
-    {
-        return Err(format!(
-            "application {:?} is running: its consumer group has {} member(s); stop every instance first (a running task reads the step only when it restores)",
-            s.app,
-            g.members().len()
-        ));
-    }
-    // Under the consumer group protocol the classic group description
-    // above sees no members: the stream threads' own reports say whether
-    // any runs (each republishes at least every five seconds).
-    let fresh =
-        3 * i64::try_from(parsley_kafka::diagnostics::REFRESH.as_millis()).unwrap_or(15_000);
-    match crate::holds::latest_reports(&s.bootstrap, &s.app) {
-        Ok(latest) => {
-            let now = crate::holds::now_ms();
-            let running: Vec<String> = latest
-                .values()
-                .filter(|r| !r.tasks.is_empty() && now - r.at < fresh)
-                .map(|r| format!("{}/{}", r.instance, r.thread))
-                .collect();
-            if !running.is_empty() {
-                return Err(format!(
-                    "application {:?} is running: stream thread(s) {} reported in the last {} s; stop every instance first (a running task reads the step only when it restores)",
-                    s.app,
-                    running.join(", "),
-                    fresh / 1000
-                ));
-            }
-        }
-        Err(e) if e.contains("has no diagnostics topic") => {}
-        Err(e) => return Err(format!("cannot tell whether {:?} is running: {e}", s.app)),
-    }
+    crate::stopped::ensure_stopped(
+        &consumer,
+        &s.bootstrap,
+        &s.app,
+        "a running task reads the step only when it restores",
+    )?;
     let describe = |topic: &str| {
         cluster
             .describe(topic)

@@ -106,7 +106,7 @@ impl StateDir {
         instance: &str,
         cache: usize,
     ) -> Result<Arc<StateDir>, StateDirError> {
-        let path = root.join(sanitize(application)).join(sanitize(instance));
+        let path = application_dir(root, application).join(sanitize(instance));
         let io = |e: std::io::Error| StateDirError::Io {
             path: path.clone(),
             message: e.to_string(),
@@ -153,6 +153,13 @@ impl StateDir {
             fail_writes: Arc::default(),
         })
     }
+}
+
+/// The directory under `root` that holds `application`'s local state, one
+/// sub-directory per instance (what `parsley reset --wipe-state-dir`
+/// removes).
+pub fn application_dir(root: &Path, application: &str) -> PathBuf {
+    root.join(sanitize(application))
 }
 
 /// Keeps a file name to characters every file system takes.

@@ -845,3 +845,63 @@ pub fn step_past_record(
         value: Some(stepped.encode()),
     })
 }
+
+/// A task's state changelog that a reset cannot rewrite.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the state changelog of task {task} cannot be reset: {reason}")]
+pub struct ResetRefused {
+    /// The task.
+    pub task: TaskId,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// The state changelog records that reset a task for reprocessing
+/// (`parsley reset`), to append to its partition of the stage's state
+/// changelog while the application is stopped. `current` is the
+/// partition's committed records; `points` where each of the task's inputs
+/// is read again from, and what lies below. What the reset keeps and why
+/// is [`parsley_protocol::reset`]'s to say; empty when the state is
+/// already reset to these points.
+pub fn reset_records(
+    task: &TaskId,
+    current: Vec<ChangelogRecord>,
+    points: &BTreeMap<parsley_protocol::Channel, parsley_protocol::reset::ResetPoint>,
+) -> Result<Vec<ChangelogRecord>, ResetRefused> {
+    let refused = |reason: String| ResetRefused {
+        task: task.clone(),
+        reason,
+    };
+    let store = protocol_store(task, "", current).map_err(|e| refused(e.to_string()))?;
+    let batch = parsley_protocol::reset::reset_writes(&store, points)
+        .map_err(|e| refused(e.to_string()))?;
+    Ok(batch
+        .into_iter()
+        .map(|(key, value)| ChangelogRecord {
+            // The broker gives each its offset when it is appended.
+            offset: -1,
+            key: Some(key.to_key().into_bytes()),
+            value,
+        })
+        .collect())
+}
+
+/// The fold changelog records that empty a task's fold state: a tombstone
+/// for every key the committed records `current` leave with a value.
+/// Empty when the state is already empty.
+pub fn fold_reset_records(current: Vec<ChangelogRecord>) -> Vec<ChangelogRecord> {
+    let mut last: BTreeMap<Vec<u8>, bool> = BTreeMap::new();
+    for r in current {
+        if let Some(key) = r.key {
+            last.insert(key, r.value.is_some());
+        }
+    }
+    last.into_iter()
+        .filter(|&(_, live)| live)
+        .map(|(key, _)| ChangelogRecord {
+            offset: -1,
+            key: Some(key),
+            value: None,
+        })
+        .collect()
+}

@@ -1,0 +1,57 @@
+//! Whether an application is stopped, for the commands that change its
+//! state behind its back (`parsley skip`, `parsley reset`): a running task
+//! would not read what they write until its next restore, and could race
+//! it.
+
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Refuses unless no stream thread of `app` runs: its consumer group has no
+/// members under the classic protocol, and no thread reported holding
+/// tasks on the diagnostics topic within three refresh periods (under the
+/// consumer group protocol the classic description sees no members, and
+/// the threads' own reports are what says). `why` ends the refusal.
+pub(crate) fn ensure_stopped(
+    consumer: &BaseConsumer,
+    bootstrap: &str,
+    app: &str,
+    why: &str,
+) -> Result<(), String> {
+    let groups = consumer
+        .fetch_group_list(Some(app), TIMEOUT)
+        .map_err(|e| format!("cannot describe consumer group {app:?}: {e}"))?;
+    if let Some(g) = groups.groups().iter().find(|g| g.name() == app)
+        && !g.members().is_empty()
+    {
+        return Err(format!(
+            "application {app:?} is running: its consumer group has {} member(s); stop every instance first ({why})",
+            g.members().len()
+        ));
+    }
+    // Each thread republishes at least every refresh period.
+    let fresh =
+        3 * i64::try_from(parsley_kafka::diagnostics::REFRESH.as_millis()).unwrap_or(15_000);
+    match crate::holds::latest_reports(bootstrap, app) {
+        Ok(latest) => {
+            let now = crate::holds::now_ms();
+            let running: Vec<String> = latest
+                .values()
+                .filter(|r| !r.tasks.is_empty() && now - r.at < fresh)
+                .map(|r| format!("{}/{}", r.instance, r.thread))
+                .collect();
+            if !running.is_empty() {
+                return Err(format!(
+                    "application {app:?} is running: stream thread(s) {} reported in the last {} s; stop every instance first ({why})",
+                    running.join(", "),
+                    fresh / 1000
+                ));
+            }
+            Ok(())
+        }
+        Err(e) if e.contains("has no diagnostics topic") => Ok(()),
+        Err(e) => Err(format!("cannot tell whether {app:?} is running: {e}")),
+    }
+}
