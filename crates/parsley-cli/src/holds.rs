@@ -4,12 +4,10 @@
 //! reaches the cluster.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use parsley_kafka::diagnostics::{ThreadReport, diagnostics_topic};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use parsley_kafka::diagnostics::{ReportsError, ThreadReport};
+use rdkafka::ClientConfig;
 
 /// Reports older than this are from threads that stopped publishing (a
 /// thread holding records republishes every few seconds).
@@ -17,7 +15,7 @@ const STALE_AFTER_MS: i64 = 60_000;
 
 /// Reads the latest report of every stream thread and describes them.
 pub fn run(bootstrap: &str, app: &str) -> Result<Vec<String>, String> {
-    let latest = latest_reports(bootstrap, app)?;
+    let latest = latest_reports(bootstrap, app).map_err(|e| e.to_string())?;
     describe(app, &latest)
 }
 
@@ -26,72 +24,10 @@ pub fn run(bootstrap: &str, app: &str) -> Result<Vec<String>, String> {
 pub fn latest_reports(
     bootstrap: &str,
     app: &str,
-) -> Result<BTreeMap<String, ThreadReport>, String> {
-    let topic = diagnostics_topic(app);
+) -> Result<BTreeMap<String, ThreadReport>, ReportsError> {
     let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.auto.commit", "false")
-        .set("group.id", "parsley-holds");
-    let consumer: BaseConsumer = config
-        .create()
-        .map_err(|e| format!("cannot create a consumer: {e}"))?;
-    let metadata = consumer
-        .fetch_metadata(Some(&topic), Duration::from_secs(20))
-        .map_err(|e| format!("cannot reach {bootstrap}: {e}"))?;
-    if metadata
-        .topics()
-        .first()
-        .is_none_or(|t| t.error().is_some() || t.partitions().is_empty())
-    {
-        return Err(format!(
-            "application {app:?} has no diagnostics topic {topic:?}: it has not run on this cluster (or with a Parsley older than this command)"
-        ));
-    }
-    let (low, high) = consumer
-        .fetch_watermarks(&topic, 0, Duration::from_secs(20))
-        .map_err(|e| format!("cannot read {topic}: {e}"))?;
-    let mut latest: BTreeMap<String, ThreadReport> = BTreeMap::new();
-    if high > low {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&topic, 0, Offset::Offset(low))
-            .map_err(|e| e.to_string())?;
-        consumer.assign(&tpl).map_err(|e| e.to_string())?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if Instant::now() > deadline {
-                return Err(format!("timed out reading {topic}"));
-            }
-            let Some(m) = consumer.poll(Duration::from_millis(100)) else {
-                continue;
-            };
-            let m = m.map_err(|e| format!("read failed: {e}"))?;
-            let key = m
-                .key()
-                .map(|k| String::from_utf8_lossy(k).into_owned())
-                .unwrap_or_default();
-            match m.payload() {
-                Some(p) => match serde_json::from_slice::<ThreadReport>(p) {
-                    Ok(r) => {
-                        latest.insert(key, r);
-                    }
-                    Err(e) => {
-                        return Err(format!(
-                            "record {topic}:0@{} is not a diagnostics report: {e}",
-                            m.offset()
-                        ));
-                    }
-                },
-                None => {
-                    latest.remove(&key);
-                }
-            }
-            if m.offset() + 1 >= high {
-                break;
-            }
-        }
-    }
-    Ok(latest)
+    config.set("bootstrap.servers", bootstrap);
+    parsley_kafka::diagnostics::latest_reports(&config, app, Duration::from_secs(20))
 }
 
 /// The wall clock in milliseconds.

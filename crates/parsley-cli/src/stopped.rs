@@ -10,8 +10,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 const TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Refuses unless no stream thread of `app` runs: its consumer group has no
-/// members under the classic protocol, and no thread reported holding
-/// tasks on the diagnostics topic within three refresh periods (under the
+/// members under the classic protocol, and no thread that has not left
+/// reported on the diagnostics topic within three refresh periods (under the
 /// consumer group protocol the classic description sees no members, and
 /// the threads' own reports are what says). `why` ends the refusal.
 pub(crate) fn ensure_stopped(
@@ -39,7 +39,10 @@ pub(crate) fn ensure_stopped(
             let now = crate::holds::now_ms();
             let running: Vec<String> = latest
                 .values()
-                .filter(|r| !r.tasks.is_empty() && now - r.at < fresh)
+                // A thread with no task for now (a failed task waiting to
+                // restart, a rebalance) is still running; one that left
+                // said so in its last report.
+                .filter(|r| !r.left && now - r.at < fresh)
                 .map(|r| format!("{}/{}", r.instance, r.thread))
                 .collect();
             if !running.is_empty() {
@@ -51,7 +54,7 @@ pub(crate) fn ensure_stopped(
             }
             Ok(())
         }
-        Err(e) if e.contains("has no diagnostics topic") => Ok(()),
+        Err(parsley_kafka::diagnostics::ReportsError::NoTopic(_)) => Ok(()),
         Err(e) => Err(format!("cannot tell whether {app:?} is running: {e}")),
     }
 }

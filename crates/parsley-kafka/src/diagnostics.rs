@@ -9,7 +9,7 @@
 //! at least every [`REFRESH`], so a reader can tell a stale entry (an
 //! instance that died) by its `at`, and a running one by a fresh `at`
 //! (`parsley skip` refuses to write while one is). A thread that leaves
-//! the group publishes an empty report.
+//! the group publishes an empty report marked `left`.
 
 use std::time::Duration;
 
@@ -77,6 +77,116 @@ pub struct ThreadReport {
     pub tasks: Vec<String>,
     /// Every held head, longest-held first.
     pub holds: Vec<HoldReport>,
+    /// Where the instance answers state queries
+    /// (`StreamsOptions::application_server`), if it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// The thread's last report: it left the group (the instance closed or
+    /// the thread ended). A running thread may report no tasks for a while
+    /// (a rebalance, a failed task waiting to restart) without leaving.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub left: bool,
+}
+
+/// The diagnostics topic could not be read.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum ReportsError {
+    /// The application has never run on this cluster (or with a Parsley
+    /// older than the diagnostics topic).
+    #[error(
+        "application {0:?} has no diagnostics topic: it has not run on this cluster (or with a Parsley older than this one)"
+    )]
+    NoTopic(String),
+    /// The cluster did not answer, or the topic holds something else.
+    #[error("cannot read the diagnostics of {application:?}: {reason}")]
+    Failed {
+        /// The application id.
+        application: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The latest report of every stream thread of `application_id`, by
+/// `<instance>/<thread>`, read from its diagnostics topic with `config`'s
+/// bootstrap servers and security settings (each lookup bounded by
+/// `timeout`, the read by twice that). An instance that died leaves its
+/// last report: tell a live thread by a recent `at` (it republishes at
+/// least every [`REFRESH`]).
+pub fn latest_reports(
+    config: &ClientConfig,
+    application_id: &str,
+    timeout: Duration,
+) -> Result<std::collections::BTreeMap<String, ThreadReport>, ReportsError> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    use rdkafka::{Offset, TopicPartitionList};
+    let topic = diagnostics_topic(application_id);
+    let failed = |reason: String| ReportsError::Failed {
+        application: application_id.to_owned(),
+        reason,
+    };
+    let mut config = config.clone();
+    config
+        .set("enable.auto.commit", "false")
+        .set("group.id", "parsley-diagnostics-reader");
+    let consumer: BaseConsumer = config
+        .create()
+        .map_err(|e| failed(format!("cannot create a consumer: {e}")))?;
+    let metadata = consumer
+        .fetch_metadata(Some(&topic), timeout)
+        .map_err(|e| failed(e.to_string()))?;
+    if metadata
+        .topics()
+        .first()
+        .is_none_or(|t| t.error().is_some() || t.partitions().is_empty())
+    {
+        return Err(ReportsError::NoTopic(application_id.to_owned()));
+    }
+    let (low, high) = consumer
+        .fetch_watermarks(&topic, 0, timeout)
+        .map_err(|e| failed(e.to_string()))?;
+    let mut latest = std::collections::BTreeMap::new();
+    if high <= low {
+        return Ok(latest);
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, 0, Offset::Offset(low))
+        .map_err(|e| failed(e.to_string()))?;
+    consumer.assign(&tpl).map_err(|e| failed(e.to_string()))?;
+    let deadline = std::time::Instant::now() + timeout.saturating_mul(2);
+    loop {
+        if std::time::Instant::now() > deadline {
+            return Err(failed(format!("timed out reading {topic}")));
+        }
+        let Some(m) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let m = m.map_err(|e| failed(e.to_string()))?;
+        let key = m
+            .key()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .unwrap_or_default();
+        match m.payload() {
+            Some(p) => match serde_json::from_slice::<ThreadReport>(p) {
+                Ok(r) => {
+                    latest.insert(key, r);
+                }
+                Err(e) => {
+                    return Err(failed(format!(
+                        "record {topic}:0@{} is not a diagnostics report: {e}",
+                        m.offset()
+                    )));
+                }
+            },
+            None => {
+                latest.remove(&key);
+            }
+        }
+        if m.offset() + 1 >= high {
+            return Ok(latest);
+        }
+    }
 }
 
 /// What a held head is, for telling whether what a thread holds changed.
@@ -152,10 +262,13 @@ impl Publisher {
         self.producer.poll(Duration::ZERO);
     }
 
-    /// Publishes an empty report (the thread left) and waits briefly for it.
+    /// Publishes the thread's last report (`left`) and waits briefly for
+    /// it.
     pub(crate) fn leave(&mut self, report: &ThreadReport) {
         self.last = None;
-        self.publish(report);
+        let mut report = report.clone();
+        report.left = true;
+        self.publish(&report);
         let _ = self.producer.flush(Duration::from_secs(5));
     }
 }

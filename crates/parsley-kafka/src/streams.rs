@@ -53,7 +53,7 @@ use crate::policy::{
 use crate::settings;
 use crate::state_dir::StateDir;
 pub use parsley::runtime::changelog::RestoreListener;
-pub use queries::QueryError;
+pub use queries::{KeyHost, QueryError};
 
 /// Records a stream thread takes from its consumer's buffer before it
 /// turns to position reports, the clock and its transaction.
@@ -207,6 +207,13 @@ pub struct StreamsOptions {
     /// instances that run at the same time (they would fence each other).
     /// `None` takes the host name.
     pub instance_id: Option<String>,
+    /// Where this instance answers state queries for the keys of its tasks
+    /// (`host:port`, or a URL), as Kafka Streams' `application.server`:
+    /// published with each stream thread's report, so any instance can
+    /// tell a caller where a key lives ([`CausalStreams::query_host`]).
+    /// Parsley does not serve it; the service that embeds the instance
+    /// does. `None` publishes no endpoint.
+    pub application_server: Option<String>,
     /// Where each task's stores are kept between runs: a task that starts
     /// opens its store there and replays only the changelog written after
     /// the store's checkpoint. The instance locks
@@ -287,6 +294,7 @@ impl Default for StreamsOptions {
             rejoin_backoff: Backoff::default(),
             task_backoff: Backoff::default(),
             instance_id: None,
+            application_server: None,
             state_dir: Some(std::env::temp_dir().join("parsley-streams")),
             state_file_cache: crate::state_dir::DEFAULT_FILE_CACHE,
             static_membership: false,

@@ -1,6 +1,7 @@
 //! State queries on a real broker: a key's committed state read from the
 //! instance that runs its task, a key whose task runs elsewhere answered
-//! as such, and a causal query that waits for its cause and includes it.
+//! as such, each key's host and endpoint named from either instance, and a
+//! causal query that waits for its cause and includes it.
 //!
 //! These tests need a broker: they run when `PARSLEY_BOOTSTRAP` names one.
 
@@ -39,6 +40,7 @@ fn start(app: &Parsley, instance: &str) -> CausalStreams {
         .with_options(StreamsOptions {
             commit_interval: Duration::from_millis(50),
             instance_id: Some(instance.to_owned()),
+            application_server: Some(format!("{instance}.example:8080")),
             state_dir: None,
             ..common::options()
         });
@@ -131,6 +133,28 @@ fn a_query_reads_committed_state_and_says_where_a_key_is_not() {
         second.query(&store, &mine),
         Err(QueryError::NotHosted { .. })
     ));
+    // Either instance names the one that hosts a key, with its endpoint,
+    // from the reports the threads publish.
+    let host_of = |streams: &CausalStreams, k: &String| {
+        eventually("the hosts were reported", || {
+            streams
+                .query_host(&store, k)
+                .unwrap()
+                .filter(|h| h.instance == if k == &mine { "a" } else { "b" })
+        })
+    };
+    for (streams, name) in [(&first, "a"), (&second, "b")] {
+        let h = host_of(streams, &mine);
+        assert_eq!(h.endpoint.as_deref(), Some("a.example:8080"));
+        assert_eq!(h.here, name == "a");
+        let h = host_of(streams, &theirs);
+        assert_eq!(h.endpoint.as_deref(), Some("b.example:8080"));
+        assert_eq!(h.here, name == "b");
+        assert_eq!(
+            h.task.partition,
+            parsley::partition::partition_for_key(theirs.as_bytes(), 2)
+        );
+    }
     second.close(Duration::from_secs(30)).unwrap();
     first.close(Duration::from_secs(30)).unwrap();
     // A closed instance answers nothing.
@@ -138,6 +162,15 @@ fn a_query_reads_committed_state_and_says_where_a_key_is_not() {
         first.query(&store, &k0),
         Err(QueryError::NotRunning(_))
     ));
+    // With every instance gone, nothing hosts the key: once the reports
+    // are stale (the last ones name no task, as each thread leaves).
+    eventually("no instance hosts the key", || {
+        first
+            .query_host(&store, &k0)
+            .unwrap()
+            .is_none()
+            .then_some(())
+    });
 }
 
 #[test]

@@ -87,8 +87,8 @@ pub enum QueryError {
         reason: String,
     },
     /// The key's task does not run on this instance: ask the instance
-    /// that runs it (`parsley holds` and the diagnostics topic name each
-    /// instance's tasks).
+    /// that runs it ([`CausalStreams::query_host`] names it and its
+    /// endpoint).
     #[error("task {task}, which holds the key's state, does not run on this instance")]
     NotHosted {
         /// The task.
@@ -125,11 +125,31 @@ pub enum QueryError {
     },
 }
 
-/// What queries learn about topics once: partition counts and ids.
+/// What queries learn about topics once: partition counts and ids; and
+/// the thread reports [`CausalStreams::query_host`] reads, with when.
 #[derive(Default)]
 pub(super) struct QueryTopics {
     cluster: Option<KafkaCluster>,
     known: BTreeMap<String, parsley::runtime::host::TopicDescription>,
+    hosts: Option<(Instant, HostReports)>,
+}
+
+type HostReports = Arc<BTreeMap<String, crate::diagnostics::ThreadReport>>;
+
+/// How long [`CausalStreams::query_host`] reuses the reports it read.
+const HOSTS_FRESH: Duration = Duration::from_secs(1);
+
+/// Where a key's state lives ([`CausalStreams::query_host`]).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct KeyHost {
+    /// The task that holds the key's state.
+    pub task: TaskId,
+    /// The instance that runs it.
+    pub instance: String,
+    /// The endpoint that instance announced, if it did.
+    pub endpoint: Option<String>,
+    /// Whether that is this instance.
+    pub here: bool,
 }
 
 impl CausalStreams {
@@ -214,6 +234,97 @@ impl CausalStreams {
         Ok(d)
     }
 
+    /// The task whose state holds `key`, and the key's encoded bytes.
+    fn task_of<K: 'static, S: 'static>(
+        &self,
+        store: &StateStore<K, S>,
+        key: &K,
+    ) -> Result<(TaskId, Vec<u8>), QueryError> {
+        let unknown = || QueryError::UnknownStage(store.stage().to_owned());
+        let stage = self
+            .app
+            .stage(store.stage())
+            .filter(|s| s.is_stateful())
+            .ok_or_else(unknown)?;
+        let bytes = store.key_codec().encode(key).map_err(QueryError::Encode)?;
+        let source = stage
+            .source_topics()
+            .first()
+            .map(|t| (*t).to_owned())
+            .ok_or_else(unknown)?;
+        let partitions = self.describe_for_query(&source)?.partitions;
+        let task = TaskId {
+            stage: store.stage().to_owned(),
+            partition: parsley::partition::partition_for_key(&bytes, partitions),
+        };
+        Ok((task, bytes))
+    }
+
+    /// Which instance runs the task that holds `key`'s state, and the
+    /// endpoint it announced (`StreamsOptions::application_server`), as
+    /// Kafka Streams' `queryMetadataForKey`: route a query there when
+    /// [`query`](Self::query) says [`QueryError::NotHosted`]. `None` when
+    /// no running instance reports the task (a rebalance is moving it, or
+    /// the application is down).
+    ///
+    /// The answer comes from the reports every stream thread publishes on
+    /// the application's diagnostics topic (at least every five seconds,
+    /// and at once when its tasks change), read again at most once a
+    /// second: right within a few seconds of a rebalance, and a caller
+    /// whose routed query finds the task gone asks again. This instance
+    /// need not be running.
+    pub fn query_host<K: 'static, S: 'static>(
+        &self,
+        store: &StateStore<K, S>,
+        key: &K,
+    ) -> Result<Option<KeyHost>, QueryError> {
+        let (task, _) = self.task_of(store, key)?;
+        let reports = self.host_reports()?;
+        let name = task.to_string();
+        let fresh =
+            now_ms() - 3 * i64::try_from(crate::diagnostics::REFRESH.as_millis()).unwrap_or(15_000);
+        let host = reports
+            .values()
+            .filter(|r| r.at >= fresh && r.tasks.contains(&name))
+            .max_by_key(|r| r.at)
+            .map(|r| KeyHost {
+                task: task.clone(),
+                here: r.instance == self.instance,
+                instance: r.instance.clone(),
+                endpoint: r.endpoint.clone(),
+            });
+        Ok(host)
+    }
+
+    /// The latest thread reports, read at most once a second.
+    fn host_reports(
+        &self,
+    ) -> Result<Arc<BTreeMap<String, crate::diagnostics::ThreadReport>>, QueryError> {
+        let mut known = lock(&self.query_topics);
+        if let Some((at, reports)) = &known.hosts
+            && at.elapsed() < HOSTS_FRESH
+        {
+            return Ok(Arc::clone(reports));
+        }
+        let topic = crate::diagnostics::diagnostics_topic(self.app.application_id());
+        let reports = match crate::diagnostics::latest_reports(
+            &self.config,
+            self.app.application_id(),
+            self.options.request_timeout,
+        ) {
+            Ok(r) => Arc::new(r),
+            Err(crate::diagnostics::ReportsError::NoTopic(_)) => Arc::new(BTreeMap::new()),
+            Err(e) => {
+                return Err(QueryError::Metadata {
+                    topic,
+                    reason: e.to_string(),
+                });
+            }
+        };
+        known.hosts = Some((Instant::now(), Arc::clone(&reports)));
+        Ok(reports)
+    }
+
     fn read_state<K: 'static, S: 'static>(
         &self,
         store: &StateStore<K, S>,
@@ -233,17 +344,7 @@ impl CausalStreams {
         let codec = stage
             .state_codec::<S>()
             .ok_or_else(|| QueryError::UnknownStage(store.stage().to_owned()))?;
-        let bytes = store.key_codec().encode(key).map_err(QueryError::Encode)?;
-        let source = stage
-            .source_topics()
-            .first()
-            .map(|t| (*t).to_owned())
-            .ok_or_else(|| QueryError::UnknownStage(store.stage().to_owned()))?;
-        let partitions = self.describe_for_query(&source)?.partitions;
-        let task = TaskId {
-            stage: store.stage().to_owned(),
-            partition: parsley::partition::partition_for_key(&bytes, partitions),
-        };
+        let (task, bytes) = self.task_of(store, key)?;
         let started = Instant::now();
         let query = StateQuery {
             task: task.clone(),

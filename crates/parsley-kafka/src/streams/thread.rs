@@ -396,6 +396,8 @@ impl StreamThread {
                 .map(|m| m.task.to_string())
                 .collect(),
             holds: published.holds.iter().map(HoldReport::from).collect(),
+            endpoint: self.options.application_server.clone(),
+            left: false,
         }
     }
 
