@@ -35,17 +35,7 @@ struct Out {
 
 /// Every committed record of `topic`, waiting up to a minute for `n`.
 fn read_all(topic: &str, n: usize) -> Vec<Out> {
-    let mut c = config();
-    c.set("isolation.level", "read_committed")
-        .set("group.id", unique("reader"))
-        .set("enable.auto.commit", "false");
-    let consumer: BaseConsumer = c.create().unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
+    let consumer = common::reader(topic, PARTITIONS);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut out = Vec::new();
     while out.len() < n && Instant::now() < deadline {

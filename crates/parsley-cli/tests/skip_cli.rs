@@ -12,10 +12,8 @@ use std::time::{Duration, Instant};
 use common::{bootstrap, config, create, parsley, unique};
 use parsley::*;
 use parsley_kafka::{CausalStreams, ErrorResponse, KafkaCluster, StreamsOptions, StreamsState};
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message as _};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
 
 fn produce(topic: &str, value: &str) {
     let producer: BaseProducer = config().create().unwrap();
@@ -32,15 +30,7 @@ type Read = (String, Vec<(String, Vec<u8>)>);
 /// Committed values of partition 0 of `topic`, waiting up to `within` for
 /// `n`, with each record's headers.
 fn read(topic: &str, n: usize, within: Duration) -> Vec<Read> {
-    let mut c = config();
-    c.set("isolation.level", "read_committed")
-        .set("group.id", unique("reader"))
-        .set("enable.auto.commit", "false");
-    let consumer: BaseConsumer = c.create().unwrap();
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, Offset::Beginning)
-        .unwrap();
-    consumer.assign(&tpl).unwrap();
+    let consumer = common::reader(topic, 1);
     let deadline = Instant::now() + within;
     let mut out = Vec::new();
     while out.len() < n && Instant::now() < deadline {

@@ -115,13 +115,6 @@ fn a_reset_node_reprocesses_while_its_receivers_keep_running() {
         .floor("a crash besides the resets", |s| s.crashes > 3);
 }
 
-fn failures(results: &[Result<WorldStats, WorldFailure>], needle: &str) -> usize {
-    results
-        .iter()
-        .filter(|r| matches!(r, Err(f) if f.message.contains(needle)))
-        .count()
-}
-
 /// A reset that deletes the state, as Kafka Streams' reset deletes its
 /// changelogs, restarts the send sequences: the node downstream takes a
 /// new record's claim on a sibling as met by the sibling's old namesake
@@ -129,14 +122,10 @@ fn failures(results: &[Result<WorldStats, WorldFailure>], needle: &str) -> usize
 #[test]
 fn kit_flags_a_reset_that_deletes_the_state() {
     let results = outcomes::<CausalNode>(world(Some(HostFault::ResetDeletesState)), phased);
-    let caught = failures(&results, "causal order violated");
-    eprintln!(
-        "reset deleting the state: flagged in {caught}/{} seeds",
-        *SEEDS
-    );
-    assert!(
-        caught >= seed_floor(),
-        "a reset that deletes the state was flagged in only {caught} seeds"
+    assert_flagged(
+        "a reset that deletes the state",
+        &results,
+        "causal order violated",
     );
 }
 
@@ -145,15 +134,7 @@ fn kit_flags_a_reset_that_deletes_the_state() {
 #[test]
 fn kit_flags_a_reset_without_skip_marks() {
     let results = outcomes::<CausalNode>(world(Some(HostFault::ResetWithoutSkipMarks)), phased);
-    let caught = failures(&results, "never delivered");
-    eprintln!(
-        "reset without skip marks: flagged in {caught}/{} seeds",
-        *SEEDS
-    );
-    assert!(
-        caught >= seed_floor(),
-        "a reset without skip marks was flagged in only {caught} seeds"
-    );
+    assert_flagged("a reset without skip marks", &results, "never delivered");
 }
 
 /// A reset that forgets the past the node delivered: what it sends after
@@ -163,13 +144,9 @@ fn kit_flags_a_reset_without_skip_marks() {
 #[test]
 fn kit_flags_a_reset_that_forgets_the_delivered_past() {
     let results = outcomes::<CausalNode>(world(Some(HostFault::ResetForgetsPast)), phased);
-    let caught = failures(&results, "causal order violated");
-    eprintln!(
-        "reset forgetting the delivered past: flagged in {caught}/{} seeds",
-        *SEEDS
-    );
-    assert!(
-        caught >= seed_floor(),
-        "a reset that forgets the delivered past was flagged in only {caught} seeds"
+    assert_flagged(
+        "a reset that forgets the delivered past",
+        &results,
+        "causal order violated",
     );
 }

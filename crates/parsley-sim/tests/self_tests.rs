@@ -61,13 +61,6 @@ fn run_to_drain<P: parsley_protocol::DeliveryProtocol>(
     w.run().map(|_| ())
 }
 
-fn failures(results: &[Result<WorldStats, WorldFailure>], needle: &str) -> usize {
-    results
-        .iter()
-        .filter(|r| matches!(r, Err(f) if f.message.contains(needle)))
-        .count()
-}
-
 /// V8: a protocol that delivers on arrival, ignoring claims, is caught, and
 /// caught as what it is: a causal-order violation.
 #[test]

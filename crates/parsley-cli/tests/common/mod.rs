@@ -31,6 +31,24 @@ pub fn unique(prefix: &str) -> String {
     format!("pt-{prefix}-{n}")
 }
 
+/// A `read_committed` consumer in a group of its own, reading partitions
+/// `0..partitions` of `topic` from the beginning.
+pub fn reader(topic: &str, partitions: i32) -> rdkafka::consumer::BaseConsumer {
+    use rdkafka::consumer::Consumer;
+    let mut c = config();
+    c.set("isolation.level", "read_committed")
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false");
+    let consumer: rdkafka::consumer::BaseConsumer = c.create().unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    consumer
+}
+
 /// Creates topics and waits until the broker describes them.
 pub fn create(cluster: &KafkaCluster, topics: &[(&str, i32)]) {
     let new: Vec<NewTopic<'_>> = topics

@@ -143,6 +143,26 @@ pub fn outcomes<P: DeliveryProtocol>(
         .collect()
 }
 
+/// How many of `results` failed with a message containing `needle`.
+pub fn failures(results: &[Result<WorldStats, WorldFailure>], needle: &str) -> usize {
+    results
+        .iter()
+        .filter(|r| matches!(r, Err(f) if f.message.contains(needle)))
+        .count()
+}
+
+/// For the self-tests: asserts that at least `seed_floor()` of `results`
+/// failed with a message containing `needle` (a broken host or protocol
+/// the oracle must catch, and catch as what it is).
+pub fn assert_flagged(what: &str, results: &[Result<WorldStats, WorldFailure>], needle: &str) {
+    let caught = failures(results, needle);
+    eprintln!("{what}: flagged in {caught}/{} seeds", *SEEDS);
+    assert!(
+        caught >= seed_floor(),
+        "{what} was flagged in only {caught} seeds"
+    );
+}
+
 pub fn held_some(s: &WorldStats) -> bool {
     s.released_from_hold > 0
 }
