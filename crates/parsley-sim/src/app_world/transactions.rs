@@ -1,0 +1,310 @@
+//! Polls, commits, aborts, faults and crashes: what becomes of a thread's
+//! transaction.
+
+use super::*;
+
+impl AppWorld {
+    /// A static member's process dies and a new one takes its place within
+    /// the session timeout: same member, same generation, same partitions,
+    /// and no rebalance of the others. What the dead process had not
+    /// committed is gone (its successor's producer fences it); the new
+    /// thread starts every task of the assignment from the committed state.
+    pub(super) fn bounce(&mut self, i: usize) -> Result<(), AppFailure> {
+        self.stats.bounces += 1;
+        let id = self.members[i].id;
+        // The old process first: its disk is free for the new one.
+        let old = std::mem::replace(&mut self.members[i].thread, Box::new(Gone));
+        drop(old);
+        self.members[i].thread = (self.factory)(id);
+        let m = &mut self.members[i];
+        m.buffer.clear();
+        m.positions.clear();
+        m.paused.clear();
+        let parts = m.assignment.clone();
+        let assigned: Vec<AssignedPartition> =
+            parts.iter().map(|(t, p)| self.assigned(t, *p)).collect();
+        let now = self.now;
+        let broker = &self.broker;
+        self.members[i]
+            .thread
+            .assign(assigned, broker, now)
+            .map_err(|e| {
+                self.fail(format!(
+                    "member {id}: assignment refused after a restart: {e}"
+                ))
+            })?;
+        self.apply_seeks(i)
+    }
+
+    pub(super) fn crash(&mut self, i: usize) -> Result<(), AppFailure> {
+        self.stats.crashes += 1;
+        self.members.remove(i);
+        let live = self.members.iter().filter(|m| !m.zombie).count();
+        if live == 0 {
+            self.add_member();
+        }
+        self.rebalance(None)
+    }
+
+    /// Commits (or aborts, or crashes during) a transaction of member `i`,
+    /// judging it through the oracle when it commits.
+    /// A record of `txn` to refuse: mostly an emission (a record that is
+    /// not a changelog record), sometimes any record.
+    pub(super) fn refusable(&mut self, txn: &HostTransaction) -> usize {
+        let emissions: Vec<usize> = txn
+            .records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.topic.ends_with("-changelog"))
+            .map(|(i, _)| i)
+            .collect();
+        if !emissions.is_empty() && self.rng.random_bool(0.75) {
+            emissions[self.rng.random_range(0..emissions.len())]
+        } else {
+            self.rng.random_range(0..txn.records.len().max(1))
+        }
+    }
+
+    /// Asks member `i`'s thread what to do about `fault`, and checks the
+    /// answer is a safe one for its class.
+    pub(super) fn answer(&mut self, i: usize, fault: SimFault) -> Result<SimDirective, AppFailure> {
+        let broker = &self.broker;
+        let d = self.members[i]
+            .thread
+            .fault(fault, broker)
+            .map_err(|e| self.fail(format!("member {i}: fault {fault:?} refused: {e}")))?;
+        if !fault.allows(d) {
+            return Err(self.fail(format!(
+                "member {i}: {fault:?} answered with {d:?}, which lets an unsafe transaction or client go on"
+            )));
+        }
+        Ok(d)
+    }
+
+    /// Member `i`'s thread is gone (it failed, or left to rejoin): a new
+    /// member takes its place, and the group rebalances.
+    pub(super) fn replace(&mut self, i: usize) -> Result<(), AppFailure> {
+        self.members.remove(i);
+        self.add_member();
+        self.rebalance(None)
+    }
+
+    /// Leaves a transaction's records in the log as aborted records.
+    pub(super) fn abort_records(&mut self, txn: &HostTransaction) -> Result<(), AppFailure> {
+        let touched: BTreeSet<(String, i32)> = txn
+            .records
+            .iter()
+            .map(|r| (r.topic.to_string(), r.partition))
+            .collect();
+        for r in &txn.records {
+            let Some(c) = self.channel(&r.topic, r.partition) else {
+                return Err(self.fail(format!("produce to unknown topic {}", r.topic)));
+            };
+            let record = self.stored(r, usize::MAX)?;
+            self.broker.append(c, record, false);
+            self.stats.aborted_records += 1;
+        }
+        for (t, p) in &touched {
+            if let Some(c) = self.channel(t, *p) {
+                self.broker.append_marker(c, false);
+            }
+        }
+        Ok(())
+    }
+
+    /// A commit of member `i` meets a client fault; the thread's answer is
+    /// carried out as a host would.
+    pub(super) fn faulted(
+        &mut self,
+        i: usize,
+        txn: HostTransaction,
+        fault: SimFault,
+    ) -> Result<(), AppFailure> {
+        let class = match fault {
+            SimFault::Fenced => 0,
+            SimFault::Fatal => 1,
+            SimFault::Abortable => 2,
+            SimFault::Retriable => 3,
+            SimFault::RecordRefused {
+                dead_letter: false, ..
+            } => 4,
+            SimFault::RecordRefused { .. } => 5,
+            SimFault::Poll { fatal: false } => 6,
+            SimFault::Poll { fatal: true } => 7,
+            SimFault::Transient { .. } => 8,
+            SimFault::AbortFailed { retriable: true } => 9,
+            SimFault::AbortFailed { retriable: false } => 10,
+            SimFault::Hung => 11,
+        };
+        let fault = match fault {
+            SimFault::RecordRefused { .. } | SimFault::Transient { .. }
+                if txn.records.is_empty() =>
+            {
+                SimFault::Abortable
+            }
+            other => other,
+        };
+        if let SimFault::RecordRefused {
+            dead_letter: true, ..
+        } = fault
+        {
+            self.dead_letters_allowed += 1;
+        }
+        self.stats.faults[class] += 1;
+        let stale = self.members[i].generation != self.generation || self.members[i].zombie;
+        loop {
+            match self.answer(i, fault)? {
+                SimDirective::Retry => {
+                    if self.rng.random_bool(0.3) {
+                        // The retried step went through.
+                        return self.commit(i, txn, CommitFate::Commit);
+                    }
+                }
+                SimDirective::Abort => {
+                    // The abort itself may fail: its coordinator
+                    // unreachable (it may go through when made again), or
+                    // refusing it.
+                    while self.budget.faults > 0 && self.rng.random_bool(0.25) {
+                        self.budget.faults -= 1;
+                        let retriable = self.rng.random_bool(0.5);
+                        self.stats.faults[if retriable { 9 } else { 10 }] += 1;
+                        match self.answer(i, SimFault::AbortFailed { retriable })? {
+                            // Made again: it fails again, or goes through.
+                            SimDirective::Retry => continue,
+                            // The new producer's initialisation ends the
+                            // transaction.
+                            SimDirective::ReplaceProducer => {
+                                self.stats.producer_replacements += 1;
+                                break;
+                            }
+                            _ => {
+                                self.abort_records(&txn)?;
+                                return self.replace(i);
+                            }
+                        }
+                    }
+                    return self.aborted(i, &txn);
+                }
+                SimDirective::ReplaceProducer => {
+                    self.stats.producer_replacements += 1;
+                    return self.aborted(i, &txn);
+                }
+                SimDirective::Rejoin | SimDirective::Fail => {
+                    if fault == SimFault::Retriable && !stale && self.rng.random_bool(0.5) {
+                        // The commit's fate was unknown to the thread; the
+                        // coordinator had recorded it.
+                        self.stats.unknown_fates[0] += 1;
+                        self.judge(i, &txn)?;
+                    } else {
+                        if fault == SimFault::Retriable {
+                            self.stats.unknown_fates[1] += 1;
+                        }
+                        self.abort_records(&txn)?;
+                    }
+                    return self.replace(i);
+                }
+                SimDirective::Continue => {
+                    return Err(self.fail(format!("member {i}: {fault:?} answered Continue")));
+                }
+            }
+        }
+    }
+
+    /// Member `i`'s transaction ended aborted (its records stay in the log
+    /// as aborted records); the thread hears it and makes its seeks.
+    pub(super) fn aborted(&mut self, i: usize, txn: &HostTransaction) -> Result<(), AppFailure> {
+        self.abort_records(txn)?;
+        self.stats.aborts += 1;
+        let broker = &self.broker;
+        self.members[i]
+            .thread
+            .outcome(Outcome::Aborted, broker)
+            .map_err(|e| self.fail(format!("member {i}: abort refused: {e}")))?;
+        self.apply_seeks(i)
+    }
+
+    pub(super) fn commit(
+        &mut self,
+        i: usize,
+        txn: HostTransaction,
+        fate: CommitFate,
+    ) -> Result<(), AppFailure> {
+        if let CommitFate::Fault(fault) = fate {
+            return self.faulted(i, txn, fault);
+        }
+        let (fate, store) = match fate {
+            CommitFate::Store(f) => (CommitFate::Commit, Some(f)),
+            other => (other, None),
+        };
+        // EOS v2 fences a zombie through the offset commit, which carries
+        // the member's group generation: a transaction without offsets is
+        // not fenced (a host must never send one).
+        let stale = (self.members[i].generation != self.generation || self.members[i].zombie)
+            && !txn.offsets.is_empty();
+        if fate == CommitFate::Crash && !stale && self.rng.random_bool(0.5) {
+            // The coordinator recorded the commit before the crash: it
+            // commits, and the member is gone.
+            self.commit(i, txn, CommitFate::Commit)?;
+            self.stats.crashes += 1;
+            return self.crash(i);
+        }
+        let holding = !self.members[i].thread.held_heads().is_empty();
+        if stale || fate != CommitFate::Commit {
+            self.abort_records(&txn)?;
+            let broker = &self.broker;
+            if stale {
+                self.stats.fenced += 1;
+                self.members[i]
+                    .thread
+                    .outcome(Outcome::Fenced, broker)
+                    .map_err(|e| self.fail(format!("member {i}: fencing refused: {e}")))?;
+                // The zombie learns it was fenced and rejoins as a new
+                // member.
+                self.members.remove(i);
+                self.add_member();
+                return self.rebalance(None);
+            }
+            self.stats.aborts += 1;
+            if holding {
+                self.stats.aborts_while_holding += 1;
+            }
+            if fate == CommitFate::Crash {
+                self.stats.crashes += 1;
+                return self.crash(i);
+            }
+            self.members[i]
+                .thread
+                .outcome(Outcome::Aborted, broker)
+                .map_err(|e| self.fail(format!("member {i}: abort refused: {e}")))?;
+            return self.apply_seeks(i);
+        }
+        self.judge(i, &txn)?;
+        let offsets = std::mem::take(&mut self.last_offsets);
+        self.members[i].thread.delivered(&offsets, &self.broker);
+        let armed = store.filter(|&f| self.members[i].thread.store_fault(f));
+        let broker = &self.broker;
+        self.members[i]
+            .thread
+            .outcome(Outcome::Committed, broker)
+            .map_err(|e| self.fail(format!("member {i}: commit refused: {e}")))?;
+        if let Some(f) = armed {
+            self.budget.store_faults -= 1;
+            self.stats.store_faults[f as usize] += 1;
+            if f != StoreFault::WriteFails {
+                self.stats.crashes += 1;
+                return self.crash(i);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum CommitFate {
+    Commit,
+    /// Commits, with a fault armed for the local store writes that follow.
+    Store(StoreFault),
+    Abort,
+    Crash,
+    Fault(SimFault),
+}
