@@ -9,6 +9,7 @@
 //! sweeps) is the worker's, so the simulator has judged it.
 
 mod classify;
+mod membership;
 mod produce;
 mod protocol;
 mod queries;
@@ -44,7 +45,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tracing::{debug, error, info, warn};
 
 use crate::KafkaCluster;
-use crate::diagnostics::{HoldReport, Publisher, ThreadReport, diagnostics_topic};
+use crate::diagnostics::{HoldReport, ThreadReport, diagnostics_topic};
 use crate::error::consumer_error_is_fatal;
 pub use crate::error::{StreamsError, StreamsState};
 use crate::policy::{
@@ -1035,15 +1036,6 @@ impl Shared {
 
 struct ThreadContext {
     shared: Mutex<Shared>,
-}
-
-/// Marks a membership as ending when dropped (see `Shared::ending`).
-struct Ending<'a>(&'a BaseConsumer<ThreadContext>);
-
-impl Drop for Ending<'_> {
-    fn drop(&mut self) {
-        lock(&self.0.context().shared).ending = true;
-    }
 }
 
 #[cfg(test)]

@@ -3,19 +3,11 @@
 
 use super::*;
 
-/// The longest one cluster lookup made on a stream thread may take (a
-/// task's start or reset): see `StreamThread::session`.
-const STREAM_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How long a poll waits, at most, while a task restores: a finished
-/// restore starts its task within this.
-const RESTORE_POLL: Duration = Duration::from_millis(10);
-
 /// A stream thread's restore thread: it runs the worker's restore jobs
 /// (changelog replays) with its own replay consumer, while the stream
 /// thread goes on processing the tasks that are ready. It ends when the
 /// membership does (after the job it is running).
-struct Restorer {
+pub(super) struct Restorer {
     jobs: std::sync::mpsc::Sender<parsley::runtime::worker::RestoreJob>,
     outcomes: std::sync::mpsc::Receiver<parsley::runtime::worker::RestoreOutcome>,
 }
@@ -60,7 +52,7 @@ pub(super) struct StreamThread {
 }
 
 /// How one membership of a stream thread ended.
-enum Session {
+pub(super) enum Session {
     /// The application is closing; the thread left the group.
     Closed,
     /// Fenced: join again as a new member.
@@ -121,7 +113,7 @@ impl RecordView for Fetched<'_> {
 impl Shared {
     /// Hands one polled record to the worker as a view of librdkafka's
     /// message: the task copies out of it what it keeps.
-    fn on_message(&mut self, m: &BorrowedMessage<'_>) -> Result<(), StreamsError> {
+    pub(super) fn on_message(&mut self, m: &BorrowedMessage<'_>) -> Result<(), StreamsError> {
         self.worker.on_record(Fetched::new(m))?;
         Ok(())
     }
@@ -131,7 +123,7 @@ impl Shared {
     /// position is still on its way: there is nothing polled and not handed
     /// over to name, and the worker's own record of what it was handed is
     /// the whole story.
-    fn report_positions(
+    pub(super) fn report_positions(
         &mut self,
         consumer: &BaseConsumer<ThreadContext>,
     ) -> Result<(), StreamsError> {
@@ -165,7 +157,7 @@ impl Shared {
 impl StreamThread {
     /// Starts this membership's restore thread, its replay consumer
     /// connecting while the stream thread joins its group.
-    fn restorer(&self) -> Result<Restorer, StreamsError> {
+    pub(super) fn restorer(&self) -> Result<Restorer, StreamsError> {
         let cluster = KafkaCluster::new(&self.config, self.options.request_timeout)?
             .with_restore_stall(self.options.restore_stall_timeout);
         let changelogs: Vec<String> = self
@@ -385,7 +377,7 @@ impl StreamThread {
         !self.stop.load(Ordering::SeqCst)
     }
 
-    fn thread_report(&self, published: &Published) -> ThreadReport {
+    pub(super) fn thread_report(&self, published: &Published) -> ThreadReport {
         ThreadReport {
             instance: self.instance.clone(),
             thread: self.index,
@@ -401,189 +393,16 @@ impl StreamThread {
         }
     }
 
+    /// One membership, from its join to its end: turns until the
+    /// application closes, the membership ends (fenced, or a failure the
+    /// error handler answered), or an error stops the thread.
     fn session(&self) -> Result<Session, StreamsError> {
-        // Set at start, before any thread runs; classic is what every
-        // broker serves.
-        let protocol = lock(&self.protocol).unwrap_or(GroupProtocol::Classic);
-        set_phase(
-            &self.phase,
-            "joining the group (producer and consumer set-up)",
-        );
-        let timeout = self.options.request_timeout;
-        // The lookups a task's start or reset makes run on the stream
-        // thread: one sent to a broker that just died waits its whole
-        // timeout (librdkafka does not send it elsewhere), and every task of
-        // the thread waits with it. They give up sooner, and the worker
-        // tries again after a pause, with the leaders looked up afresh.
-        let cluster = KafkaCluster::new(&self.config, timeout.min(STREAM_LOOKUP_TIMEOUT))?
-            .with_restore_stall(self.options.restore_stall_timeout);
-        let restorer = self.restorer()?;
-        let mut producer_config = settings::for_producer(&self.config);
-        producer_config.set("transactional.id", &self.transactional_id);
-        // A transaction left open by a frozen or dead instance holds back
-        // every read_committed reader (a restoring task among them) until
-        // it times out: keep that short unless the user chose otherwise.
-        if producer_config.get("transaction.timeout.ms").is_none() {
-            producer_config.set("transaction.timeout.ms", "10000");
-        }
-        let txn_timeout = producer_config
-            .get("transaction.timeout.ms")
-            .and_then(|ms| ms.parse::<u64>().ok())
-            .map_or(Duration::from_secs(10), Duration::from_millis);
-        if producer_config.get("linger.ms").is_none() {
-            producer_config.set("linger.ms", "0");
-        }
-        // A produce request to a broker that froze (a long pause, a
-        // network partition) is given up after 5 s and sent again to the
-        // partition's leader as the metadata then names it, not after
-        // librdkafka's 30 s, which outlived the transaction it belonged to.
-        if producer_config.get("request.timeout.ms").is_none() {
-            producer_config.set("request.timeout.ms", "5000");
-        }
-        let producer: TxnProducer = producer_config.create_with_context(Deliveries::default())?;
-        // Fences any earlier producer of this thread's id (this thread's own
-        // previous membership among them) and aborts what it left open.
-        producer.init_transactions(timeout)?;
-        let mut worker = Worker::new(
-            &self.app,
-            WorkerConfig {
-                commit_interval: self.options.commit_interval,
-                truncation_interval: self.options.truncation_interval,
-                start_policy: self.options.start_policy,
-                on_retention_loss: self.options.on_retention_loss,
-                task_backoff: self.options.task_backoff,
-                // A transaction left unresolved on a changelog resolves
-                // within its timeout (its coordinator aborts it then).
-                changelog_stable_wait: txn_timeout + Duration::from_secs(5),
-                assignment: match protocol {
-                    GroupProtocol::Consumer => parsley::runtime::worker::Assignment::Incremental,
-                    // Resolved at start; the classic protocol works everywhere.
-                    GroupProtocol::Classic | GroupProtocol::Auto => {
-                        parsley::runtime::worker::Assignment::Complete
-                    }
-                },
-                thread_id: format!("{}-{}", self.instance, self.index),
-                // Nothing here reads what the tasks did record by record.
-                events: false,
-                // Replays run on the thread's restore thread, so the ready
-                // tasks go on processing meanwhile.
-                restores: parsley::runtime::worker::RestoreMode::Deferred,
-                hold_budget: self.options.hold_budget,
-                hold_window: self.options.hold_window,
-                release_per_transaction: self.options.release_per_transaction,
-                fold_cache: self
-                    .options
-                    .fold_cache
-                    .map(|b| b / self.options.threads.max(1)),
-                ..WorkerConfig::default()
-            },
-        );
-        if let Some(dir) = &self.state_dir {
-            worker = worker.with_local_store(Box::new(dir.stores()));
-        }
-        if let Some(listener) = &self.restore_listener {
-            worker = worker.with_restore_listener(listener.clone());
-        }
-        let context = ThreadContext {
-            shared: Mutex::new(Shared {
-                worker,
-                start_policy: self.options.start_policy,
-                producer: Arc::new(producer),
-                producer_config,
-                cluster,
-                timeout,
-                txn_timeout,
-                error: None,
-                stop: self.stop.clone(),
-                phase: self.phase.clone(),
-                rejoin: None,
-                assigned: false,
-                ending: false,
-                incremental: protocol == GroupProtocol::Consumer,
-                index: self.index,
-                reports: self.reports.clone(),
-                readiness: self.readiness.clone(),
-                replies: std::collections::BTreeMap::new(),
-                restores: self.restores.clone(),
-                seen: parsley::runtime::worker::WorkerStats::default(),
-                kept: Ready::default(),
-            }),
-        };
-        let mut consumer_config = settings::for_consumer(&self.config);
-        for (k, v) in OWNED {
-            consumer_config.set(*k, *v);
-        }
-        set_prefetch_defaults(&mut consumer_config);
-        match protocol {
-            GroupProtocol::Classic | GroupProtocol::Auto => {
-                consumer_config.set("partition.assignment.strategy", "range");
-            }
-            GroupProtocol::Consumer => {
-                for setting in [
-                    "session.timeout.ms",
-                    "heartbeat.interval.ms",
-                    "partition.assignment.strategy",
-                    "group.protocol.type",
-                ] {
-                    if consumer_config.get(setting).is_some() {
-                        if self.index == 0 {
-                            warn!(
-                                setting,
-                                "ignored under the consumer group protocol (KIP-848): the broker sets it (group.consumer.session.timeout.ms, group.consumer.heartbeat.interval.ms), and assigns with its range assignor"
-                            );
-                        }
-                        consumer_config.remove(setting);
-                    }
-                }
-                consumer_config
-                    .set("group.protocol", "consumer")
-                    .set("group.remote.assignor", "range");
-            }
-        }
-        if self.options.static_membership {
-            consumer_config.set("group.instance.id", &self.transactional_id);
-        }
-        consumer_config
-            .set("group.id", self.app.application_id())
-            // A fetch offset out of range (retention passed what this
-            // thread had not read) stops the partition and reports an
-            // error, which the worker judges; never a silent reset.
-            .set("auto.offset.reset", "error");
-        let consumer: BaseConsumer<ThreadContext> = consumer_config.create_with_context(context)?;
-        // Dropped before the consumer, however the membership ends: the
-        // revocation the consumer's close makes then changes no state.
-        let _ending = Ending(&consumer);
-        let mut topics: Vec<&str> = Vec::new();
-        for stage in self.app.stages() {
-            topics.extend(stage.source_topics());
-            if let Some(t) = self.app.tick_topic(stage.name()) {
-                topics.push(t);
-            }
-        }
-        consumer.subscribe(&topics)?;
-        info!(thread = self.index, transactional_id = %self.transactional_id, "stream thread started");
-        set_phase(&self.phase, "polling");
-        let mut last_report = Instant::now();
-        let mut publisher = Publisher::new(
-            &self.config,
-            self.app.application_id(),
-            &self.instance,
-            self.index,
-        );
-        // Whatever way this membership ends, say the thread holds nothing.
-        let leave = |publisher: &mut Option<Publisher>| {
-            if let Some(p) = publisher.as_mut() {
-                p.leave(&self.thread_report(&Published {
-                    at: now_ms(),
-                    ..Published::default()
-                }));
-            }
-        };
+        let mut m = self.join()?;
         while !self.stop.load(Ordering::SeqCst) {
             // A transaction aborted for a transient fault (a broker down or
             // moving): the worker asks for a pause before the next attempt,
             // with nothing fetched meanwhile.
-            let backoff = lock(&consumer.context().shared).kept.backoff.take();
+            let backoff = lock(&m.consumer.context().shared).kept.backoff.take();
             if let Some(wait) = backoff {
                 debug!(
                     thread = self.index,
@@ -594,138 +413,11 @@ impl StreamThread {
                 set_phase(&self.phase, "polling");
                 continue;
             }
-            let mut turn = || -> Result<Option<Session>, StreamsError> {
-                // A batch of what the consumer has buffered: the first poll
-                // waits, the rest take only what is already fetched. Each
-                // record is handed over (and any seek it asks for made) before
-                // the next poll, as position reports require; the per-batch
-                // work (positions, the clock, transactions) is paid once per
-                // batch instead of once per record.
-                // The wait for the first record ends no later than the
-                // worker's next commit is due.
-                let wait = {
-                    let mut shared = lock(&consumer.context().shared);
-                    // Restores the rebalance queued go to the restore
-                    // thread; the finished ones start their tasks.
-                    restorer.exchange(&mut shared, &consumer)?;
-                    let now = now_ms();
-                    let restoring = shared.worker.restoring_tasks().next().map(|_| RESTORE_POLL);
-                    [
-                        shared.worker.commit_due_in(now),
-                        shared.worker.restart_due_in(now),
-                        shared.worker.release_due_in(),
-                        restoring,
-                    ]
-                    .into_iter()
-                    .flatten()
-                    .fold(POLL_WAIT, Duration::min)
-                };
-                let mut polled = consumer.poll(wait);
-                let mut batch = 0;
-                let idle = loop {
-                    let mut shared = lock(&consumer.context().shared);
-                    if let Some(e) = shared.error.take() {
-                        return Err(e);
-                    }
-                    if let Some(e) = shared.rejoin.take() {
-                        warn!(thread = self.index, error = %e, "fenced; leaving the group to join again");
-                        drop(shared);
-                        leave(&mut publisher);
-                        return Ok(Some(Session::Rejoin));
-                    }
-                    match polled {
-                        None => break true,
-                        Some(Ok(m)) => {
-                            shared.on_message(&m)?;
-                            shared.settle(&consumer)?;
-                        }
-                        Some(Err(KafkaError::MessageConsumption(
-                            rdkafka::types::RDKafkaErrorCode::AutoOffsetReset,
-                        ))) => {
-                            let Shared {
-                                worker, cluster, ..
-                            } = &mut *shared;
-                            worker.offset_out_of_range(cluster)?;
-                            shared.settle(&consumer)?;
-                            break true;
-                        }
-                        Some(Err(e))
-                            if self.options.group_protocol == GroupProtocol::Auto
-                                && protocol == GroupProtocol::Consumer
-                                && e.rdkafka_error_code()
-                                    == Some(
-                                        rdkafka::types::RDKafkaErrorCode::UnsupportedVersion,
-                                    ) =>
-                        {
-                            // The brokers list the consumer protocol, yet the
-                            // coordinator refuses its heartbeat: a cluster
-                            // whose group.version feature is not finalized
-                            // (one upgraded from 3.x, say).
-                            warn!(thread = self.index, error = %e, "the group coordinator refused the consumer group protocol the cluster's configuration lists (is its group.version feature finalized?); joining with the classic protocol");
-                            drop(shared);
-                            leave(&mut publisher);
-                            return Ok(Some(Session::Classic));
-                        }
-                        Some(Err(e)) => {
-                            // The client says whether it gives up on the
-                            // consumer; the worker decides what follows.
-                            let fault = Fault::Poll {
-                                fatal: consumer_error_is_fatal(&e),
-                                message: e.to_string(),
-                            };
-                            let d = shared.worker.on_fault(fault);
-                            shared.follow(d)?;
-                            break true;
-                        }
-                    }
-                    batch += 1;
-                    if batch == POLL_BATCH {
-                        break false;
-                    }
-                    drop(shared);
-                    polled = consumer.poll(Duration::ZERO);
-                };
-                // Every poll above was followed by the error and rejoin checks.
-                let mut shared = lock(&consumer.context().shared);
-                let now = now_ms();
-                if idle || last_report.elapsed() > Duration::from_millis(50) {
-                    shared.report_positions(&consumer)?;
-                    last_report = Instant::now();
-                }
-                {
-                    let Shared {
-                        worker, cluster, ..
-                    } = &mut *shared;
-                    worker.punctuate(now, cluster)?;
-                }
-                // A commit point: what the clock brought, and the open
-                // transaction if it is due.
-                let ready = shared.worker.ready(Some(now))?;
-                shared.act(&consumer, ready)?;
-                // State queries: new ones to the worker, answers back.
-                {
-                    let Shared {
-                        worker, replies, ..
-                    } = &mut *shared;
-                    super::queries::serve(worker, replies, &self.inboxes, self.index);
-                }
-                if let Some(published) = shared.kept.published.take() {
-                    if let Some(p) = publisher.as_mut() {
-                        p.publish(&self.thread_report(&published));
-                    }
-                    lock(&self.reports).insert(self.index, published);
-                    shared.account();
-                }
-                // A task whose start waited on a lookup may have started.
-                shared.refresh_ready();
-                Ok(None)
-            };
-            let r = turn();
-            match r {
+            match m.turn() {
                 Ok(Some(session)) => return Ok(session),
                 Ok(None) => {}
                 Err(e) => {
-                    let mut shared = lock(&consumer.context().shared);
+                    let mut shared = lock(&m.consumer.context().shared);
                     if let Some(why) = shared.rejoin.take() {
                         // The membership was already ending, its tasks
                         // dropped, and its producer goes with it: an error
@@ -734,52 +426,30 @@ impl StreamThread {
                         // that is not theirs meets the next membership.
                         warn!(thread = self.index, error = %e, rejoin = %why, "an error while leaving the group to join again; joining again");
                         drop(shared);
-                        leave(&mut publisher);
+                        m.say_left();
                         return Ok(Session::Rejoin);
                     }
-                    shared.recover(&consumer, e)?
+                    shared.recover(&m.consumer, e)?
                 }
             }
             // A task that failed stopped alone; the handler decides what
             // follows.
-            let failures = std::mem::take(&mut lock(&consumer.context().shared).kept.failures);
+            let failures = std::mem::take(&mut lock(&m.consumer.context().shared).kept.failures);
             for failure in failures {
-                if let Some(session) = self.task_failed(&consumer, failure) {
-                    leave(&mut publisher);
+                if let Some(session) = self.task_failed(&m.consumer, failure) {
+                    m.say_left();
                     return Ok(session);
                 }
             }
         }
-        // Graceful close: commit what is open, then leave the group.
-        {
-            set_phase(&self.phase, "closing: committing the open transaction");
-            let mut shared = lock(&consumer.context().shared);
-            shared.report_positions(&consumer)?;
-            shared.worker.flush()?;
-            shared.settle(&consumer)?;
-        }
-        set_phase(&self.phase, "closing: leaving the group");
-        consumer.unsubscribe();
-        // Serve the revocation the unsubscribe triggers.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline
-            && consumer
-                .assignment()
-                .map(|a| a.count() > 0)
-                .unwrap_or(false)
-        {
-            let _ = consumer.poll(Duration::from_millis(50));
-        }
-        leave(&mut publisher);
-        info!(thread = self.index, "stream thread stopped");
-        Ok(Session::Closed)
+        m.leave()
     }
 }
 
 impl Restorer {
     /// Sends the worker's new jobs, and hands it the finished ones (each
     /// starts its task: resumes, seeks and readiness follow).
-    fn exchange(
+    pub(super) fn exchange(
         &self,
         shared: &mut Shared,
         consumer: &BaseConsumer<ThreadContext>,

@@ -274,4 +274,3 @@ impl fmt::Display for AppFailure {
 }
 
 impl std::error::Error for AppFailure {}
-

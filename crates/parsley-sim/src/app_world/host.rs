@@ -260,7 +260,6 @@ pub trait StreamThread {
 /// Makes stream threads: one per member incarnation.
 pub type ThreadFactory = Box<dyn Fn(usize) -> Box<dyn StreamThread>>;
 
-
 /// The place of a member's thread between its process's death and its
 /// successor's start; never driven.
 pub(super) struct Gone;
@@ -320,4 +319,3 @@ impl StreamThread for Gone {
         Err("the process is gone".into())
     }
 }
-

@@ -180,7 +180,11 @@ impl AppWorld {
     /// The record as the broker stores it, from the headers as the host
     /// writes them: the stamp is read back from its wire form, so a stamp
     /// that does not decode fails the world.
-    pub(super) fn stored(&self, r: &OutgoingRecord, oracle_id: usize) -> Result<StoredRecord, AppFailure> {
+    pub(super) fn stored(
+        &self,
+        r: &OutgoingRecord,
+        oracle_id: usize,
+    ) -> Result<StoredRecord, AppFailure> {
         let headers = r.header_list();
         let causal = CausalHeaders::decode(headers.iter().map(|h| (h.name(), h.value.as_deref())))
             .map_err(|e| self.fail(format!("a produced record has corrupt causal headers: {e}")))?;

@@ -61,8 +61,8 @@ mod judge;
 mod transactions;
 
 pub use config::*;
-pub use host::*;
 use host::Gone;
+pub use host::*;
 use transactions::CommitFate;
 
 struct Member {
