@@ -4085,3 +4085,35 @@ fn state_queries_read_committed_state_and_wait_for_their_causes() {
     w.query(7, query(3, None, 0));
     assert_eq!(w.take_query_answers(), vec![(7, QueryAnswer::NotHosted)]);
 }
+
+/// The one wake-up a host needs: the earliest of what the worker keeps
+/// time for (here a causal query's deadline, then a due commit), and none
+/// when nothing is due.
+#[test]
+fn the_next_wake_is_the_earliest_deadline_the_worker_keeps() {
+    use parsley::protocol::{Channel, VectorClock};
+    use parsley::runtime::query::StateQuery;
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started(&app, &cluster);
+    assert_eq!(w.next_wake(10), None, "nothing open, nothing waits");
+    let mut clock = VectorClock::new();
+    clock.claim_offset(Channel::new(cluster.topics["b"].0, 0), 0);
+    w.query(
+        1,
+        StateQuery {
+            task: TaskId {
+                stage: "count".into(),
+                partition: 0,
+            },
+            key: FoldKey::Key(b"x".to_vec()),
+            after: Some(clock),
+            deadline: 500,
+        },
+    );
+    assert_eq!(w.next_wake(10), Some(Duration::from_millis(490)));
+    seek(&mut w);
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    assert_eq!(w.commit_due_in(10), Some(Duration::from_millis(90)));
+    assert_eq!(w.next_wake(10), Some(Duration::from_millis(90)));
+}

@@ -274,23 +274,18 @@ impl Membership<'_> {
     }
 
     /// How long the first poll of a turn may wait: no longer than the
-    /// worker's next commit, restart or release is due, and briefly while
-    /// a task restores. Hands the restores the rebalance queued to the
+    /// worker's next wake-up, and briefly while a task restores (its
+    /// restore thread's answer is this host's own event). Hands the restores the rebalance queued to the
     /// restore thread first, and starts the tasks whose restore finished.
     fn poll_wait(&mut self) -> Result<Duration, StreamsError> {
         let mut shared = lock(&self.consumer.context().shared);
         self.restorer.exchange(&mut shared, &self.consumer)?;
         let now = now_ms();
         let restoring = shared.worker.restoring_tasks().next().map(|_| RESTORE_POLL);
-        Ok([
-            shared.worker.commit_due_in(now),
-            shared.worker.restart_due_in(now),
-            shared.worker.release_due_in(),
-            restoring,
-        ]
-        .into_iter()
-        .flatten()
-        .fold(POLL_WAIT, Duration::min))
+        Ok([shared.worker.next_wake(now), restoring]
+            .into_iter()
+            .flatten()
+            .fold(POLL_WAIT, Duration::min))
     }
 
     /// Takes a batch of what the consumer has buffered: the first poll

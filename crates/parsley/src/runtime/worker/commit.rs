@@ -113,6 +113,30 @@ impl Worker {
         ))
     }
 
+    /// How long from `now` until the worker must be called again with no
+    /// record to hand over (a [`punctuate`](Self::punctuate) and a
+    /// [`ready`](Self::ready)): the earliest of a due commit
+    /// ([`commit_due_in`](Self::commit_due_in)), a restart or a retried
+    /// start ([`restart_due_in`](Self::restart_due_in)), a release that
+    /// can go on ([`release_due_in`](Self::release_due_in)) and a waiting
+    /// state query's deadline. `None`: nothing is due, wait for records.
+    /// A host that waits for records waits no longer than this; a restore
+    /// job's end is the host's own event, outside it.
+    pub fn next_wake(&self, now: i64) -> Option<Duration> {
+        let query = self
+            .next_query_deadline()
+            .map(|at| Duration::from_millis(u64::try_from(at - now.max(self.now)).unwrap_or(0)));
+        [
+            self.commit_due_in(now),
+            self.restart_due_in(now),
+            self.release_due_in(),
+            query,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
     /// Whether a task's release stopped at
     /// [`WorkerConfig::release_per_transaction`] and waits for the open
     /// transaction to be handed over.

@@ -39,6 +39,12 @@ impl Worker {
         !self.queries.waiting.is_empty()
     }
 
+    /// When the earliest waiting query's deadline passes (on the worker's
+    /// clock, ms), if one waits: it is answered then, by punctuation.
+    pub(super) fn next_query_deadline(&self) -> Option<i64> {
+        self.queries.waiting.values().map(|q| q.deadline).min()
+    }
+
     /// Answers the waiting queries that can be answered now, and those
     /// whose deadline passed.
     pub(super) fn answer_waiting_queries(&mut self) {
