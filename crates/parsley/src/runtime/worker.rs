@@ -95,6 +95,7 @@ mod assign;
 mod commit;
 mod door;
 mod faults;
+mod in_flight;
 mod queries;
 mod records;
 mod start;
@@ -661,15 +662,6 @@ impl Restoring {
     }
 }
 
-/// A run of one task's changelog records on one topic in the transaction
-/// in flight.
-#[derive(Debug)]
-struct Span {
-    task: TaskId,
-    topic: Arc<str>,
-    end: usize,
-}
-
 /// Which task, and which of its channels, each assigned partition's
 /// records go to. Looked up by a borrowed topic name and the task named by
 /// a shared id, so routing a record allocates nothing.
@@ -727,11 +719,9 @@ pub struct Worker {
     partial: BTreeSet<TaskId>,
     /// Emissions each task sends to a dead-letter topic instead of its sink.
     diversions: BTreeMap<TaskId, BTreeMap<EmissionOrigin, Diversion>>,
-    /// Which task made which records of the transaction in flight: per
-    /// task, the end (exclusive) of its records.
-    owners: Vec<(usize, TaskId)>,
-    /// Retries of the in-flight transaction's commit so far.
-    commit_retries: u32,
+    /// The transaction in flight: its records' tasks and places, and its
+    /// commit retries.
+    in_flight: in_flight::InFlight,
     /// Retries of the in-flight transaction's abort so far.
     abort_retries: u32,
     /// Transactions aborted for a transient fault since the last commit.
@@ -741,12 +731,6 @@ pub struct Worker {
     /// How long the host waits before it polls again, not yet handed over
     /// ([`Ready::backoff`]).
     backoff: Option<Duration>,
-    /// Where each task's changelog records lie in the transaction in
-    /// flight.
-    spans: Vec<Span>,
-    /// The checkpoint each task's changelog records reach, once the host
-    /// reported the transaction's offsets ([`Ack::Delivered`]).
-    reached: BTreeMap<TaskId, BTreeMap<String, i64>>,
     /// The host's local stores, if it keeps state on disk.
     local: Option<Box<dyn LocalStore>>,
     /// Told how each restore goes.
@@ -847,14 +831,11 @@ impl Worker {
             flow: Vec::new(),
             partial: BTreeSet::new(),
             diversions: BTreeMap::new(),
-            owners: Vec::new(),
-            commit_retries: 0,
+            in_flight: in_flight::InFlight::default(),
             abort_retries: 0,
             aborts_in_a_row: 0,
             producer_replacements: 0,
             backoff: None,
-            spans: Vec::new(),
-            reached: BTreeMap::new(),
             local: None,
             restore_listener: None,
             restoring: BTreeMap::new(),

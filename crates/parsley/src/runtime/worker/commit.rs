@@ -6,32 +6,11 @@ use super::*;
 impl Worker {
     /// The transaction's delivery reports ([`Ack::Delivered`]).
     pub(super) fn delivered(&mut self, offsets: &[i64]) {
-        self.reached.clear();
         if self.local.is_none() {
+            self.in_flight.forget_reached();
             return;
         }
-        let mut broken = BTreeSet::new();
-        for span in &self.spans {
-            // A partition's records get increasing offsets: the last one
-            // is the furthest.
-            match span.end.checked_sub(1).and_then(|i| offsets.get(i)) {
-                Some(&offset) if offset >= 0 => {
-                    let next = self
-                        .reached
-                        .entry(span.task.clone())
-                        .or_default()
-                        .entry(span.topic.to_string())
-                        .or_insert(0);
-                    *next = (*next).max(offset.saturating_add(1));
-                }
-                _ => {
-                    broken.insert(span.task.clone());
-                }
-            }
-        }
-        for task in broken {
-            self.reached.remove(&task);
-        }
+        self.in_flight.delivered(offsets);
     }
 
     /// Samples every task's gauges now and publishes them with every held
@@ -236,10 +215,7 @@ impl Worker {
 
     fn take_transaction(&mut self) -> Result<Transaction, WorkerError> {
         let id = self.next_txn;
-        self.owners.clear();
-        self.spans.clear();
-        self.reached.clear();
-        self.commit_retries = 0;
+        self.in_flight.begin();
         self.abort_retries = 0;
         let mut txn = Transaction {
             id,
@@ -274,23 +250,11 @@ impl Worker {
                     } else {
                         txn.records.extend(commit.records);
                     }
-                    let mut run: Option<Span> = None;
-                    for (at, r) in (txn.records.len()..).zip(&commit.changelog) {
-                        match &mut run {
-                            Some(span) if span.topic == r.topic => span.end = at + 1,
-                            _ => {
-                                self.spans.extend(run.take());
-                                run = Some(Span {
-                                    task: task_id.clone(),
-                                    topic: r.topic.clone(),
-                                    end: at + 1,
-                                });
-                            }
-                        }
-                    }
-                    self.spans.extend(run);
+                    let at = txn.records.len();
+                    let end = at + commit.changelog.len();
+                    self.in_flight
+                        .add(task_id, at, commit.changelog.iter().map(|r| &r.topic), end);
                     txn.records.extend(commit.changelog);
-                    self.owners.push((txn.records.len(), task_id.clone()));
                     txn.events
                         .extend(commit.events.into_iter().map(|event| WorkerEvent {
                             task: task_id.clone(),
@@ -335,7 +299,7 @@ impl Worker {
         }
         match outcome {
             CommitOutcome::Committed => {
-                let written: BTreeSet<&TaskId> = self.spans.iter().map(|s| &s.task).collect();
+                let written = self.in_flight.written();
                 for (id, slot) in &mut self.tasks {
                     if let Some(task) = slot.task.as_mut() {
                         match (&mut self.local, &mut slot.local) {
@@ -343,7 +307,7 @@ impl Worker {
                                 let mut entries = Vec::new();
                                 task.commit_done_into(Some(&mut entries));
                                 let seq = task.stores().local_seq();
-                                let reached = self.reached.remove(id);
+                                let reached = self.in_flight.take_reached(id);
                                 if write_committed(
                                     store.as_mut(),
                                     self.now,
@@ -378,8 +342,7 @@ impl Worker {
                 self.producer_replacements = 0;
                 self.state = State::Open;
                 self.dirty = false;
-                self.spans.clear();
-                self.reached.clear();
+                self.in_flight.committed();
                 self.prune_diversions();
                 // The tasks' state is their committed state now: queries
                 // whose causes this commit brought are answered.

@@ -125,11 +125,15 @@ impl Worker {
             }
             Fault::Retriable(message) => {
                 let in_flight = matches!(self.state, State::InFlight);
-                if in_flight && self.commit_retries < self.config.commit_retries {
-                    let after = COMMIT_RETRY.saturating_mul(1 << self.commit_retries.min(16));
-                    self.commit_retries += 1;
+                let retry = if in_flight {
+                    self.in_flight
+                        .retry(self.config.commit_retries, COMMIT_RETRY)
+                } else {
+                    None
+                };
+                if let Some((after, attempt)) = retry {
                     self.stats.commit_retries += 1;
-                    warn!(class, error = %message, attempt = self.commit_retries, ?after, "a commit step failed in a way that may pass on a retry; retrying it");
+                    warn!(class, error = %message, attempt, ?after, "a commit step failed in a way that may pass on a retry; retrying it");
                     Directive::Retry { after }
                 } else {
                     warn!(class, error = %message, "the commit's fate is unknown after its retries; dropping every task and rejoining");
@@ -144,11 +148,7 @@ impl Worker {
                 origin,
                 reason,
             } => {
-                let owner = self
-                    .owners
-                    .iter()
-                    .find(|(end, _)| record < *end)
-                    .map(|(_, id)| id.clone());
+                let owner = self.in_flight.owner_of(record);
                 let Some(task) = owner else {
                     // Not a record of the transaction in flight: nothing to
                     // pin it on, so nothing is safe to keep.
@@ -291,8 +291,7 @@ impl Worker {
         // A transaction a flush closed and the host has not taken yet is
         // the dropped tasks' too.
         self.closed = None;
-        self.spans.clear();
-        self.reached.clear();
+        self.in_flight.forget_tasks();
         for restoring in std::mem::take(&mut self.restoring).into_values() {
             restoring.cancel();
         }
@@ -304,7 +303,6 @@ impl Worker {
         self.partial.clear();
         self.flow.clear();
         self.diversions.clear();
-        self.owners.clear();
         self.backoff = None;
         self.producer_replacements = 0;
         self.routes = Routes::default();

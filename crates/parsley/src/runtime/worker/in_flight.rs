@@ -1,0 +1,145 @@
+//! The transaction in flight, as the worker keeps it between handing it
+//! over and hearing its outcome: which task made which of its records (to
+//! pin a refused record on its task), where each task's changelog records
+//! lie and the checkpoints they reach once delivered (for the local
+//! stores), and the commit's retries so far.
+
+use super::*;
+
+/// A run of one task's changelog records on one topic in the transaction
+/// in flight.
+#[derive(Debug)]
+struct Span {
+    task: TaskId,
+    topic: Arc<str>,
+    end: usize,
+}
+
+/// What the worker knows of the transaction in flight.
+#[derive(Debug, Default)]
+pub(super) struct InFlight {
+    /// Per task, the end (exclusive) of its records.
+    owners: Vec<(usize, TaskId)>,
+    /// Where each task's changelog records lie.
+    spans: Vec<Span>,
+    /// The checkpoint each task's changelog records reach, once the host
+    /// reported the transaction's offsets ([`Ack::Delivered`]).
+    reached: BTreeMap<TaskId, BTreeMap<String, i64>>,
+    /// Retries of the commit so far.
+    commit_retries: u32,
+}
+
+impl InFlight {
+    /// A new transaction is being filled: nothing of the last one stays.
+    pub(super) fn begin(&mut self) {
+        self.owners.clear();
+        self.spans.clear();
+        self.reached.clear();
+        self.commit_retries = 0;
+    }
+
+    /// A task's part joined the transaction: its changelog records, whose
+    /// topics are `changelog`, start at `at`, and its records end
+    /// (exclusive) at `end`.
+    pub(super) fn add<'a>(
+        &mut self,
+        task: &TaskId,
+        at: usize,
+        changelog: impl IntoIterator<Item = &'a Arc<str>>,
+        end: usize,
+    ) {
+        let mut run: Option<Span> = None;
+        for (at, topic) in (at..).zip(changelog) {
+            match &mut run {
+                Some(span) if span.topic == *topic => span.end = at + 1,
+                _ => {
+                    self.spans.extend(run.take());
+                    run = Some(Span {
+                        task: task.clone(),
+                        topic: topic.clone(),
+                        end: at + 1,
+                    });
+                }
+            }
+        }
+        self.spans.extend(run);
+        self.owners.push((end, task.clone()));
+    }
+
+    /// The transaction's delivery reports: each task's checkpoint per
+    /// changelog topic. A task with a record that got no offset reaches
+    /// none.
+    pub(super) fn delivered(&mut self, offsets: &[i64]) {
+        self.reached.clear();
+        let mut broken = BTreeSet::new();
+        for span in &self.spans {
+            // A partition's records get increasing offsets: the last one
+            // is the furthest.
+            match span.end.checked_sub(1).and_then(|i| offsets.get(i)) {
+                Some(&offset) if offset >= 0 => {
+                    let next = self
+                        .reached
+                        .entry(span.task.clone())
+                        .or_default()
+                        .entry(span.topic.to_string())
+                        .or_insert(0);
+                    *next = (*next).max(offset.saturating_add(1));
+                }
+                _ => {
+                    broken.insert(span.task.clone());
+                }
+            }
+        }
+        for task in broken {
+            self.reached.remove(&task);
+        }
+    }
+
+    /// Forgets the delivery reports only (a worker without local stores
+    /// does not keep them).
+    pub(super) fn forget_reached(&mut self) {
+        self.reached.clear();
+    }
+
+    /// The tasks with changelog records in the transaction.
+    pub(super) fn written(&self) -> BTreeSet<TaskId> {
+        self.spans.iter().map(|s| s.task.clone()).collect()
+    }
+
+    /// The checkpoints `task`'s changelog records reached, taken.
+    pub(super) fn take_reached(&mut self, task: &TaskId) -> Option<BTreeMap<String, i64>> {
+        self.reached.remove(task)
+    }
+
+    /// The transaction committed: its records' places no longer matter.
+    pub(super) fn committed(&mut self) {
+        self.spans.clear();
+        self.reached.clear();
+    }
+
+    /// The tasks were dropped: nothing of the transaction is theirs now.
+    pub(super) fn forget_tasks(&mut self) {
+        self.owners.clear();
+        self.spans.clear();
+        self.reached.clear();
+    }
+
+    /// The task that made record `record` of the transaction.
+    pub(super) fn owner_of(&self, record: usize) -> Option<TaskId> {
+        self.owners
+            .iter()
+            .find(|(end, _)| record < *end)
+            .map(|(_, id)| id.clone())
+    }
+
+    /// The next retry of the commit, if `max` allows one: its wait
+    /// (doubling from `first`) and its number.
+    pub(super) fn retry(&mut self, max: u32, first: Duration) -> Option<(Duration, u32)> {
+        if self.commit_retries >= max {
+            return None;
+        }
+        let after = first.saturating_mul(1 << self.commit_retries.min(16));
+        self.commit_retries += 1;
+        Some((after, self.commit_retries))
+    }
+}
