@@ -316,9 +316,41 @@ impl Default for StreamsOptions {
 pub use parsley::runtime::worker::Backoff;
 
 /// What a stream thread is doing, for a close that cannot finish to name.
-type Phase = Arc<Mutex<&'static str>>;
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Doing {
+    Starting,
+    Joining,
+    Polling,
+    Committing,
+    StartingTasks,
+    RevokingTasks,
+    RejoinBackoff,
+    TransientBackoff,
+    ClosingCommit,
+    ClosingLeave,
+}
 
-fn set_phase(phase: &Phase, now: &'static str) {
+impl std::fmt::Display for Doing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Doing::Starting => "starting",
+            Doing::Joining => "joining the group (producer and consumer set-up)",
+            Doing::Polling => "polling",
+            Doing::Committing => "committing",
+            Doing::StartingTasks => "starting tasks (lookups and restores)",
+            Doing::RevokingTasks => "revoking tasks",
+            Doing::RejoinBackoff => "waiting to join the group again (backoff)",
+            Doing::TransientBackoff => "waiting before the next attempt (transient failure)",
+            Doing::ClosingCommit => "closing: committing the open transaction",
+            Doing::ClosingLeave => "closing: leaving the group",
+        })
+    }
+}
+
+/// Where a stream thread says what it is doing.
+type Phase = Arc<Mutex<Doing>>;
+
+fn set_phase(phase: &Phase, now: Doing) {
     *lock(phase) = now;
 }
 
@@ -801,7 +833,7 @@ impl CausalStreams {
                 production_handler: self.production_handler.clone(),
                 dead_lettered: self.dead_lettered.clone(),
                 failure: self.failure.clone(),
-                phase: Arc::new(Mutex::new("starting")),
+                phase: Arc::new(Mutex::new(Doing::Starting)),
                 readiness: readiness.clone(),
                 state_dir: self.state_dir.clone(),
                 restores: self.restores.clone(),
@@ -895,7 +927,10 @@ impl CausalStreams {
                 std::thread::sleep(Duration::from_millis(10));
             }
             if !h.is_finished() {
-                let phase = self.phases.get(i).map_or("running", |p| *lock(p));
+                let phase = self
+                    .phases
+                    .get(i)
+                    .map_or_else(|| "running".to_owned(), |p| lock(p).to_string());
                 first.get_or_insert(StreamsError::Thread {
                     thread: i,
                     message: format!("did not stop within {timeout:?}; it was {phase}"),

@@ -64,10 +64,7 @@ impl StreamThread {
         // Set at start, before any thread runs; classic is what every
         // broker serves.
         let protocol = lock(&self.protocol).unwrap_or(GroupProtocol::Classic);
-        set_phase(
-            &self.phase,
-            "joining the group (producer and consumer set-up)",
-        );
+        set_phase(&self.phase, Doing::Joining);
         let timeout = self.options.request_timeout;
         // The lookups a task's start or reset makes run on the stream
         // thread: one sent to a broker that just died waits its whole
@@ -115,7 +112,7 @@ impl StreamThread {
         }
         consumer.subscribe(&topics)?;
         info!(thread = self.index, transactional_id = %self.transactional_id, "stream thread started");
-        set_phase(&self.phase, "polling");
+        set_phase(&self.phase, Doing::Polling);
         Ok(Membership {
             thread: self,
             protocol,
@@ -401,16 +398,13 @@ impl Membership<'_> {
     /// Leaves the group after committing what is open.
     pub(super) fn leave(mut self) -> Result<Session, StreamsError> {
         {
-            set_phase(
-                &self.thread.phase,
-                "closing: committing the open transaction",
-            );
+            set_phase(&self.thread.phase, Doing::ClosingCommit);
             let mut shared = lock(&self.consumer.context().shared);
             shared.report_positions(&self.consumer)?;
             shared.worker.flush()?;
             shared.settle(&self.consumer)?;
         }
-        set_phase(&self.thread.phase, "closing: leaving the group");
+        set_phase(&self.thread.phase, Doing::ClosingLeave);
         self.consumer.unsubscribe();
         // Serve the revocation the unsubscribe triggers.
         let deadline = Instant::now() + Duration::from_secs(5);

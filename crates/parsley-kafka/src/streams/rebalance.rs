@@ -59,18 +59,18 @@ impl ConsumerContext for ThreadContext {
         }
         let r = if assigning {
             info!(partitions = tpl.count(), "assignment taken");
-            set_phase(&shared.phase, "starting tasks (lookups and restores)");
+            set_phase(&shared.phase, Doing::StartingTasks);
             let r = shared.on_assign(consumer, tpl);
             shared.assigned = r.is_ok();
             r
         } else {
-            set_phase(&shared.phase, "revoking tasks");
+            set_phase(&shared.phase, Doing::RevokingTasks);
             shared.on_revoke(consumer, tpl)
         };
         if !ending {
             shared.republish();
         }
-        set_phase(&shared.phase, "polling");
+        set_phase(&shared.phase, Doing::Polling);
         if let Err(e) = r {
             warn!(error = %e, "rebalance failed; the stream thread stops");
             let _ = shared.give_up(consumer, tpl);
@@ -346,9 +346,9 @@ impl Shared {
                 // A commit of the poll loop's says so; one made while
                 // revoking or closing keeps saying that.
                 let phase = *lock(&self.phase);
-                let polling = phase == "polling";
+                let polling = phase == Doing::Polling;
                 if polling {
-                    set_phase(&self.phase, "committing");
+                    set_phase(&self.phase, Doing::Committing);
                 }
                 let r = self.commit(consumer, txn);
                 if polling {

@@ -356,12 +356,12 @@ impl StreamThread {
     /// Waits `wait` before joining the group again, or less if the
     /// application closes meanwhile; says whether to go on.
     pub(super) fn pause(&self, wait: Duration) -> bool {
-        self.wait_out(wait, "waiting to join the group again (backoff)")
+        self.wait_out(wait, Doing::RejoinBackoff)
     }
 
     /// Waits `wait`, doing `phase`, or less if the application closes
     /// meanwhile; says whether to go on.
-    fn wait_out(&self, wait: Duration, phase: &'static str) -> bool {
+    fn wait_out(&self, wait: Duration, phase: Doing) -> bool {
         set_phase(&self.phase, phase);
         let until = Instant::now() + wait;
         while Instant::now() < until {
@@ -409,8 +409,8 @@ impl StreamThread {
                     ?wait,
                     "pausing before the next attempt"
                 );
-                self.wait_out(wait, "waiting before the next attempt (transient failure)");
-                set_phase(&self.phase, "polling");
+                self.wait_out(wait, Doing::TransientBackoff);
+                set_phase(&self.phase, Doing::Polling);
                 continue;
             }
             match m.turn() {
