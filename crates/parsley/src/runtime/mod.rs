@@ -9,7 +9,11 @@
 //!   others go on, and a restart waits one step of its backoff.
 //! * [`changelog`]: how a task's stores travel through changelog topics and
 //!   come back; [`local`]: the same stores kept on the host's disk between
-//!   runs.
+//!   runs; [`restore`]: a starting task's changelog replay as a job a host
+//!   can run off its processing path; [`paging`]: held records kept on
+//!   disk instead of in memory.
+//! * [`metrics`]: what each task records through the metrics facade, and
+//!   the snapshot a host publishes.
 //! * [`host`]: what a host supplies (topic metadata, broker offsets,
 //!   changelog reads) and the values it exchanges with the worker.
 //! * [`partition`]: Kafka's default partitioner; [`identity`]: sender
