@@ -96,8 +96,8 @@ pub enum Fault {
         /// Its partition.
         partition: i32,
         /// The emission it was, if it was one
-        /// ([`OutgoingRecord::origin`](crate::task::OutgoingRecord::origin)).
-        origin: Option<crate::task::EmissionOrigin>,
+        /// ([`OutgoingRecord::origin`](crate::runtime::task::OutgoingRecord::origin)).
+        origin: Option<crate::runtime::task::EmissionOrigin>,
         /// Why it was refused.
         reason: String,
     },
@@ -189,7 +189,7 @@ pub struct RefusedRecord {
     /// The emission it was, when it was one: which delivery made it, and
     /// which of that delivery's emissions it was. Changelog records and
     /// ticks have none, and cannot be sent elsewhere.
-    pub origin: Option<crate::task::EmissionOrigin>,
+    pub origin: Option<crate::runtime::task::EmissionOrigin>,
 }
 
 /// A task that failed and was stopped, for the host's error handler.

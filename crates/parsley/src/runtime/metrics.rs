@@ -27,7 +27,7 @@ use std::time::Duration;
 use metrics::{Counter, Gauge, Label};
 
 use crate::holds::HeldRecord;
-use crate::task::{Task, TaskId};
+use crate::runtime::task::{Task, TaskId};
 
 /// Records currently held across the task's hold queues (gauge); per
 /// topic, on that source's channel.

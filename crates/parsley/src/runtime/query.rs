@@ -14,7 +14,7 @@ use parsley_protocol::VectorClock;
 
 use crate::fold::FoldKey;
 use crate::holds::WaitingOn;
-use crate::task::TaskId;
+use crate::runtime::task::TaskId;
 
 /// The host's name for a query, echoed with its answer.
 pub type QueryId = u64;

@@ -25,10 +25,12 @@ use crate::runtime::host::{ChangelogReader, ChangelogRecord};
 use crate::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
 use crate::runtime::metrics::TaskMetrics;
 use crate::runtime::query::{QueryAnswer, StateQuery};
+use crate::runtime::task::{
+    OutgoingRecord, TaskError, TaskEvent, TaskId, TaskStats, causal_headers,
+};
 use crate::runtime::worker::{Ack, Ready};
 use crate::runtime::worker::{CommitOutcome, Transaction, Worker, WorkerConfig, WorkerError};
 use crate::stage::StateStore;
-use crate::task::{OutgoingRecord, TaskError, TaskEvent, TaskId, TaskStats, causal_headers};
 use crate::topic::{IntoNullable, Part, Payload, Topic};
 
 use log::{Entry, Log, NextEntry, StoredRecord, TopicLog, stored};
@@ -347,7 +349,7 @@ fn driver_config() -> WorkerConfig {
 /// A synchronous, deterministic, in-memory host for one application: this
 /// project's `TopologyTestDriver`.
 ///
-/// It runs the real [`Task`](crate::task::Task) runner and [`CausalNode`](parsley_protocol::CausalNode)
+/// It runs the real [`Task`](crate::runtime::task::Task) runner and [`CausalNode`](parsley_protocol::CausalNode)
 /// of every stage task: real stamps (`vc`, `vc-sender`, `vc-seq`), real
 /// gating and hold queues, fold state, hops between stages, and ticks
 /// through each ticking stage's tick topic when the wall clock advances.

@@ -37,7 +37,7 @@ use crate::app::Parsley;
 use crate::driver::{DriverError, TestDriver};
 use crate::partition::partition_for;
 use crate::runtime::host::{MetadataError, TopicMetadata};
-use crate::task::{TaskError, causal_headers};
+use crate::runtime::task::{TaskError, causal_headers};
 use crate::topic::{AnyTopic, IntoNullable, Payload, Topic, erase};
 
 /// The probes.
