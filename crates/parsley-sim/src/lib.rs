@@ -19,7 +19,7 @@
 //!   drain, judged for an input added by a redeploy from the host's own
 //!   start position and the oracle's claim envelope.
 //! * [`AppWorld`]: whole applications on production host cores (anything
-//!   behind [`StreamThread`]) under a consumer group with rebalances,
+//!   behind [`HostThread`]) under a consumer group with rebalances,
 //!   zombies, fencing, aborts, crashes, changelogs and retention.
 //! * [`EdgeProducer`]: plain producers and observers at the topology's edge.
 //! * [`Behavior`]: forward, fan-out, filter, damped feedback; ticks via
@@ -71,8 +71,8 @@ pub mod trace;
 pub mod world;
 
 pub use app_world::{
-    AppBudget, AppFailure, AppStats, AppWorld, AppWorldConfig, Assignor, HostTransaction, Outcome,
-    SimDirective, SimFault, StoreFault, StreamThread, TaskAct, TaskSpec, ThreadFactory,
+    AppBudget, AppFailure, AppStats, AppWorld, AppWorldConfig, Assignor, HostThread,
+    HostTransaction, Outcome, SimDirective, SimFault, StoreFault, TaskAct, TaskSpec, ThreadFactory,
 };
 pub use behavior::{Behavior, Output, Payload, Route};
 pub use broker::{Entry, SimBroker, StoredRecord};

@@ -1,4 +1,4 @@
-//! What the world asks of a stream thread ([`StreamThread`]) and the
+//! What the world asks of a stream thread ([`HostThread`]) and the
 //! values that cross between them.
 
 use super::*;
@@ -169,7 +169,7 @@ pub enum StoreFault {
 /// One stream thread's host core, as the world drives it. Errors are the
 /// host's refusals; the world reports them as failures (a correct host in a
 /// correct world never refuses).
-pub trait StreamThread {
+pub trait HostThread {
     /// Partitions assigned (after a rebalance).
     fn assign(
         &mut self,
@@ -258,13 +258,13 @@ pub trait StreamThread {
 }
 
 /// Makes stream threads: one per member incarnation.
-pub type ThreadFactory = Box<dyn Fn(usize) -> Box<dyn StreamThread>>;
+pub type ThreadFactory = Box<dyn Fn(usize) -> Box<dyn HostThread>>;
 
 /// The place of a member's thread between its process's death and its
 /// successor's start; never driven.
 pub(super) struct Gone;
 
-impl StreamThread for Gone {
+impl HostThread for Gone {
     fn assign(&mut self, _: Vec<AssignedPartition>, _: &SimBroker, _: i64) -> Result<(), String> {
         Err("the process is gone".into())
     }

@@ -4,7 +4,7 @@
 //!
 //! The reference host ([`SimNode`](crate::SimNode)) runs the protocol alone.
 //! An application world instead runs whole stream threads, each behind the
-//! [`StreamThread`] trait: a production host core (the `parsley` crate's
+//! [`HostThread`] trait: a production host core (the `parsley` crate's
 //! `Worker`, bridged in that crate's tests, so the kit never depends on the
 //! user crate) with its task runner, codecs, folds and ticks. The world is
 //! the rest of a Kafka deployment:
@@ -67,7 +67,7 @@ use transactions::CommitFate;
 
 struct Member {
     id: usize,
-    thread: Box<dyn StreamThread>,
+    thread: Box<dyn HostThread>,
     generation: u64,
     assignment: Vec<(String, i32)>,
     positions: BTreeMap<(String, i32), i64>,

@@ -316,7 +316,7 @@ impl fmt::Display for Part {
 /// A key or value of an emission with its type erased. The payload types
 /// most topics carry (text, bytes, a 64-bit integer) are kept inline; any
 /// other is boxed. Which type it was is kept in the emission.
-enum Slot {
+enum Erased {
     Null,
     Text(String),
     Bytes(Vec<u8>),
@@ -324,11 +324,11 @@ enum Slot {
     Other(Box<dyn AnyPayload>),
 }
 
-/// An emission's key and value: each in a slot, or both in one box when
-/// neither is null nor of a type a slot keeps inline (so an emission boxes
-/// at most once).
+/// An emission's key and value: each erased on its own, or both in one box
+/// when neither is null nor of a type kept inline (so an emission boxes at
+/// most once).
 enum Parts {
-    Slots(Slot, Slot),
+    Split(Erased, Erased),
     Pair(Box<dyn AnyPair>),
 }
 
@@ -387,21 +387,21 @@ fn take_as<T: 'static, U: 'static>(slot: &mut Option<T>) -> Option<U> {
         .and_then(Option::take)
 }
 
-impl Slot {
+impl Erased {
     /// The slot for `value` if it needs no box: null, or a type kept
     /// inline; otherwise the value back.
-    fn inline<T: Payload>(value: Option<T>) -> Result<Slot, T> {
+    fn inline<T: Payload>(value: Option<T>) -> Result<Erased, T> {
         let mut value = value;
         if let Some(s) = take_as::<T, String>(&mut value) {
-            return Ok(Slot::Text(s));
+            return Ok(Erased::Text(s));
         }
         if let Some(b) = take_as::<T, Vec<u8>>(&mut value) {
-            return Ok(Slot::Bytes(b));
+            return Ok(Erased::Bytes(b));
         }
         if let Some(i) = take_as::<T, i64>(&mut value) {
-            return Ok(Slot::Int(i));
+            return Ok(Erased::Int(i));
         }
-        value.map_or(Ok(Slot::Null), Err)
+        value.map_or(Ok(Erased::Null), Err)
     }
 
     /// The value as a `T`: `Ok(None)` for null, `Err` when it is not a `T`.
@@ -410,11 +410,11 @@ impl Slot {
             take_as::<U, T>(&mut Some(u)).map(Some).ok_or(())
         }
         match self {
-            Slot::Null => Ok(None),
-            Slot::Text(s) => back(s),
-            Slot::Bytes(b) => back(b),
-            Slot::Int(i) => back(i),
-            Slot::Other(b) => b
+            Erased::Null => Ok(None),
+            Erased::Text(s) => back(s),
+            Erased::Bytes(b) => back(b),
+            Erased::Int(i) => back(i),
+            Erased::Other(b) => b
                 .into_any()
                 .downcast::<T>()
                 .map(|t| Some(*t))
@@ -424,23 +424,23 @@ impl Slot {
 
     fn as_any(&self) -> Option<&dyn Any> {
         match self {
-            Slot::Null => None,
-            Slot::Text(s) => Some(s),
-            Slot::Bytes(b) => Some(b),
-            Slot::Int(i) => Some(i),
-            Slot::Other(b) => Some(b.as_any()),
+            Erased::Null => None,
+            Erased::Text(s) => Some(s),
+            Erased::Bytes(b) => Some(b),
+            Erased::Int(i) => Some(i),
+            Erased::Other(b) => Some(b.as_any()),
         }
     }
 }
 
-impl PartialEq for Slot {
-    fn eq(&self, other: &Slot) -> bool {
+impl PartialEq for Erased {
+    fn eq(&self, other: &Erased) -> bool {
         match (self, other) {
-            (Slot::Null, Slot::Null) => true,
-            (Slot::Text(a), Slot::Text(b)) => a == b,
-            (Slot::Bytes(a), Slot::Bytes(b)) => a == b,
-            (Slot::Int(a), Slot::Int(b)) => a == b,
-            (Slot::Other(a), Slot::Other(b)) => a.eq_any(b.as_any()),
+            (Erased::Null, Erased::Null) => true,
+            (Erased::Text(a), Erased::Text(b)) => a == b,
+            (Erased::Bytes(a), Erased::Bytes(b)) => a == b,
+            (Erased::Int(a), Erased::Int(b)) => a == b,
+            (Erased::Other(a), Erased::Other(b)) => a.eq_any(b.as_any()),
             _ => false,
         }
     }
@@ -448,10 +448,10 @@ impl PartialEq for Slot {
 
 impl Parts {
     fn new<K: Payload, V: Payload>(key: Option<K>, value: Option<V>) -> Parts {
-        match (Slot::inline(key), Slot::inline(value)) {
-            (Ok(k), Ok(v)) => Parts::Slots(k, v),
-            (Ok(k), Err(v)) => Parts::Slots(k, Slot::Other(Box::new(v))),
-            (Err(k), Ok(v)) => Parts::Slots(Slot::Other(Box::new(k)), v),
+        match (Erased::inline(key), Erased::inline(value)) {
+            (Ok(k), Ok(v)) => Parts::Split(k, v),
+            (Ok(k), Err(v)) => Parts::Split(k, Erased::Other(Box::new(v))),
+            (Err(k), Ok(v)) => Parts::Split(Erased::Other(Box::new(k)), v),
             (Err(k), Err(v)) => Parts::Pair(Box::new((k, v))),
         }
     }
@@ -459,8 +459,8 @@ impl Parts {
     /// The key or the value, borrowed.
     fn part(&self, part: Part) -> PartRef<'_> {
         match (self, part) {
-            (Parts::Slots(k, _), Part::Key) => PartRef::Slot(k),
-            (Parts::Slots(_, v), Part::Value) => PartRef::Slot(v),
+            (Parts::Split(k, _), Part::Key) => PartRef::Erased(k),
+            (Parts::Split(_, v), Part::Value) => PartRef::Erased(v),
             (Parts::Pair(p), Part::Key) => PartRef::Boxed(p.key()),
             (Parts::Pair(p), Part::Value) => PartRef::Boxed(p.value()),
         }
@@ -469,7 +469,7 @@ impl Parts {
     /// The key and value as `K` and `V`; `None` when they are not.
     fn into_typed<K: 'static, V: 'static>(self) -> Option<(Option<K>, Option<V>)> {
         match self {
-            Parts::Slots(k, v) => Some((k.into_typed().ok()?, v.into_typed().ok()?)),
+            Parts::Split(k, v) => Some((k.into_typed().ok()?, v.into_typed().ok()?)),
             Parts::Pair(p) => {
                 let (k, v) = *p.into_any().downcast::<(K, V)>().ok()?;
                 Some((Some(k), Some(v)))
@@ -481,7 +481,7 @@ impl Parts {
 impl PartialEq for Parts {
     fn eq(&self, other: &Parts) -> bool {
         match (self, other) {
-            (Parts::Slots(a, b), Parts::Slots(c, d)) => a == c && b == d,
+            (Parts::Split(a, b), Parts::Split(c, d)) => a == c && b == d,
             (Parts::Pair(p), Parts::Pair(q)) => {
                 p.key().eq_any(q.key().as_any()) && p.value().eq_any(q.value().as_any())
             }
@@ -492,7 +492,7 @@ impl PartialEq for Parts {
 
 /// One part of an emission, borrowed: a slot, or a side of a boxed pair.
 enum PartRef<'a> {
-    Slot(&'a Slot),
+    Erased(&'a Erased),
     Boxed(&'a dyn AnyPayload),
 }
 
@@ -500,7 +500,7 @@ impl<'a> PartRef<'a> {
     /// The value; `None` for null.
     fn as_any(&self) -> Option<&'a dyn Any> {
         match *self {
-            PartRef::Slot(s) => s.as_any(),
+            PartRef::Erased(s) => s.as_any(),
             PartRef::Boxed(b) => Some(b.as_any()),
         }
     }
@@ -516,11 +516,11 @@ impl fmt::Debug for dyn AnyPayload + '_ {
 impl fmt::Debug for PartRef<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let value: &dyn fmt::Debug = match *self {
-            PartRef::Slot(Slot::Null) => return f.write_str("None"),
-            PartRef::Slot(Slot::Text(s)) => s,
-            PartRef::Slot(Slot::Bytes(b)) => b,
-            PartRef::Slot(Slot::Int(i)) => i,
-            PartRef::Slot(Slot::Other(b)) => b,
+            PartRef::Erased(Erased::Null) => return f.write_str("None"),
+            PartRef::Erased(Erased::Text(s)) => s,
+            PartRef::Erased(Erased::Bytes(b)) => b,
+            PartRef::Erased(Erased::Int(i)) => i,
+            PartRef::Erased(Erased::Other(b)) => b,
             PartRef::Boxed(ref b) => b,
         };
         f.debug_tuple("Some").field(value).finish()
@@ -847,7 +847,7 @@ mod tests {
         let e = bytes.send(vec![1u8, 2], 7);
         assert!(matches!(
             e.parts,
-            Parts::Slots(Slot::Bytes(_), Slot::Int(_))
+            Parts::Split(Erased::Bytes(_), Erased::Int(_))
         ));
         assert_eq!(e.key::<Vec<u8>>(), Some(Some(&vec![1u8, 2])));
         assert_eq!(
@@ -863,7 +863,7 @@ mod tests {
         let e = points.send("here", Point(3, 4));
         assert!(matches!(
             e.parts,
-            Parts::Slots(Slot::Text(_), Slot::Other(_))
+            Parts::Split(Erased::Text(_), Erased::Other(_))
         ));
         assert_eq!(e.value::<Point>(), Some(Some(&Point(3, 4))));
         assert_eq!(e, points.send("here", Point(3, 4)));
@@ -898,7 +898,10 @@ mod tests {
             (Some(b"1,2".to_vec()), Some(b"3,4".to_vec()))
         );
         let e = pairs.send(None, Point(5, 6));
-        assert!(matches!(e.parts, Parts::Slots(Slot::Null, Slot::Other(_))));
+        assert!(matches!(
+            e.parts,
+            Parts::Split(Erased::Null, Erased::Other(_))
+        ));
         assert_eq!(
             format!("{e:?}"),
             r#"Emission { topic: "q", key: None, value: Some(Point(5, 6)), timestamp: None }"#

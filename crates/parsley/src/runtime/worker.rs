@@ -575,7 +575,7 @@ impl ChannelSlot {
     }
 }
 
-struct Slot {
+struct TaskSlot {
     task: Option<Task>,
     meters: TaskMeters,
     channels: Vec<ChannelSlot>,
@@ -696,7 +696,7 @@ pub struct Worker {
     app: Parsley,
     config: WorkerConfig,
     assigned: BTreeMap<(String, i32), AssignedPartition>,
-    tasks: BTreeMap<TaskId, Slot>,
+    tasks: BTreeMap<TaskId, TaskSlot>,
     /// Tasks whose start failed on a transient lookup (a leader or a
     /// coordinator moving, a broker down), retried at a punctuation once
     /// their pause is over ([`LOOKUP_RETRY`]).

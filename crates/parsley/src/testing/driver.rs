@@ -72,7 +72,7 @@ pub const DEFAULT_STEP_BUDGET: usize = 100_000;
 
 /// The driver's view of one task: its partitions, in channel order, and
 /// where its round-robin over them stands.
-struct Slot {
+struct DriverTask {
     id: TaskId,
     partitions: Vec<(String, i32)>,
     cursor: usize,
@@ -286,7 +286,7 @@ impl TestDriverBuilder {
                 log.create(changelog, n);
             }
             for p in 0..widest {
-                slots.push(Slot {
+                slots.push(DriverTask {
                     id: TaskId {
                         stage: stage.name().to_owned(),
                         partition: p,
@@ -304,7 +304,7 @@ impl TestDriverBuilder {
         let worker = Worker::new(&app, driver_config());
         let senders = slots
             .iter()
-            .map(|s: &Slot| (app.sender_id(&s.id.stage, s.id.partition), s.id.clone()))
+            .map(|s: &DriverTask| (app.sender_id(&s.id.stage, s.id.partition), s.id.clone()))
             .collect();
         let mut driver = TestDriver {
             app,
@@ -390,7 +390,7 @@ pub struct TestDriver {
     worker: Worker,
     /// Tasks in scheduling order (stages in application order, then
     /// partitions).
-    slots: Vec<Slot>,
+    slots: Vec<DriverTask>,
     /// The consumer's fetch positions.
     positions: BTreeMap<(String, i32), i64>,
     /// The group's committed positions.

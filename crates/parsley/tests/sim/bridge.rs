@@ -1,5 +1,5 @@
 //! The bridge between the conformance kit's application worlds and the
-//! production host core: a [`StreamThread`] around a real [`Worker`], and
+//! production host core: a [`HostThread`] around a real [`Worker`], and
 //! the broker views the worker reads through. It only translates; a
 //! [`HostFault`] switches one host duty off for the self-test.
 
@@ -20,7 +20,7 @@ use parsley::task::EmissionOrigin;
 use parsley::task::TaskEvent;
 use parsley::task::TaskId;
 use parsley_sim::{
-    HostTransaction, Outcome, SimBroker, SimDirective, SimFault, StoreFault, StreamThread, TaskAct,
+    HostThread, HostTransaction, Outcome, SimBroker, SimDirective, SimFault, StoreFault, TaskAct,
     TaskSpec,
 };
 use std::collections::{BTreeMap, VecDeque};
@@ -819,7 +819,7 @@ fn err(e: WorkerError) -> String {
     e.to_string()
 }
 
-impl StreamThread for Thread {
+impl HostThread for Thread {
     fn assign(
         &mut self,
         mut parts: Vec<AssignedPartition>,

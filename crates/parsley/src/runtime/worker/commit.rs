@@ -195,7 +195,7 @@ impl Worker {
         let Some(total) = self.config.fold_cache else {
             return;
         };
-        let bounded = |slot: &Slot| {
+        let bounded = |slot: &TaskSlot| {
             slot.task
                 .as_ref()
                 .is_some_and(|t| t.stores().fold.is_bounded())
@@ -369,7 +369,7 @@ fn write_committed(
     store: &mut dyn LocalStore,
     now: i64,
     id: &TaskId,
-    slot: &mut Slot,
+    slot: &mut TaskSlot,
     (entries, seq): (Vec<crate::runtime::local::LocalEntry>, u64),
     reached: Option<BTreeMap<String, i64>>,
 ) -> bool {

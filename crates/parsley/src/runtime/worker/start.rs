@@ -9,7 +9,7 @@ impl Worker {
     /// error required: its records are dropped (and fetched again from its
     /// committed position when it restarts) and the failure is queued for
     /// the host.
-    pub(super) fn stop_task(&mut self, slot: Slot, failing: Failing) {
+    pub(super) fn stop_task(&mut self, slot: TaskSlot, failing: Failing) {
         let Failing {
             task: id,
             reason,
@@ -327,7 +327,7 @@ impl Worker {
         let meters = TaskMeters::new(&self.config.thread_id, &task);
         self.tasks.insert(
             id.clone(),
-            Slot {
+            TaskSlot {
                 task: Some(task),
                 meters,
                 channels,
