@@ -46,6 +46,7 @@ mod holds;
 mod init;
 mod process;
 mod send;
+mod ticks;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -610,11 +611,9 @@ pub struct Task {
     /// [`KEPT_DELIVERY_ROOM`] of room).
     deliveries: Vec<Delivery>,
     wall_clock: i64,
-    next_tick_at: Option<i64>,
-    /// The tick schedule as of the transaction in flight, then as of the
-    /// last commit: what an abort resumes.
-    in_flight_tick_at: Option<i64>,
-    committed_tick_at: Option<i64>,
+    /// When ticks fall due, as of now, of the transaction in flight and of
+    /// the last commit.
+    ticks: ticks::TickSchedule,
     holds: BTreeMap<Channel, HoldTrack>,
     /// The most the task may hold, in bytes, if bounded.
     hold_budget: Option<usize>,
@@ -697,7 +696,7 @@ impl Task {
 
     /// When the next tick is due (host wall clock), if the stage ticks.
     pub fn next_tick_at(&self) -> Option<i64> {
-        self.next_tick_at
+        self.ticks.next()
     }
 
     /// Counters since init.
@@ -716,14 +715,6 @@ impl Task {
     pub fn observe_time(&mut self, now_ms: i64) {
         self.wall_clock = self.wall_clock.max(now_ms);
     }
-}
-
-/// The first multiple of `interval` after `now`: the tick grid.
-fn next_grid_point(now: i64, interval: i64) -> i64 {
-    let interval = interval.max(1);
-    now.div_euclid(interval)
-        .saturating_add(1)
-        .saturating_mul(interval)
 }
 
 /// A record's causal headers, read strictly out of all its headers.

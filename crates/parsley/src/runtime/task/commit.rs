@@ -20,7 +20,7 @@ impl Task {
                 task: self.id.clone(),
             });
         }
-        self.in_flight_tick_at = self.next_tick_at;
+        self.ticks.handed_over();
         self.paged_in_since_commit = 0;
         let protocol = self.node.take_writes();
         let fold = std::mem::take(&mut self.pending_fold);
@@ -131,7 +131,7 @@ impl Task {
                         .map(|(key, value)| (StoreKind::Fold, key, value)),
                 );
             }
-            self.committed_tick_at = self.in_flight_tick_at;
+            self.ticks.committed();
         }
     }
 
@@ -178,7 +178,7 @@ impl Task {
             app,
             id,
             stores,
-            committed_tick_at,
+            ticks,
             record_events,
             hold_budget,
             ..
@@ -197,10 +197,7 @@ impl Task {
         task.set_hold_window(window);
         // A tick of the aborted transaction is due again: resume the
         // schedule as it was committed, not a fresh one from now.
-        if committed_tick_at.is_some() {
-            task.next_tick_at = committed_tick_at;
-            task.committed_tick_at = committed_tick_at;
-        }
+        task.ticks = ticks.resumed(task.ticks);
         Ok(task)
     }
 

@@ -135,9 +135,7 @@ impl Task {
             released_at_init = init.deliveries.len(),
             "task initialised"
         );
-        let next_tick_at = stage_def
-            .tick_interval()
-            .map(|d| next_grid_point(now_ms, ms(d)));
+        let ticks = ticks::TickSchedule::starting(now_ms, stage_def.tick_interval().map(ms));
         let mut task = Task {
             app: app.clone(),
             stage: stage_def,
@@ -159,9 +157,7 @@ impl Task {
             acted: false,
             deliveries: Vec::new(),
             wall_clock: now_ms,
-            next_tick_at,
-            in_flight_tick_at: next_tick_at,
-            committed_tick_at: next_tick_at,
+            ticks,
             holds: BTreeMap::new(),
             hold_budget: None,
             release_cap: None,

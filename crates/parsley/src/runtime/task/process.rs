@@ -40,11 +40,11 @@ impl Task {
     pub fn punctuate(&mut self, now_ms: i64) -> Result<(), TaskError> {
         self.guarded(|t| {
             t.wall_clock = t.wall_clock.max(now_ms);
-            if let (Some(at), Some(interval)) = (t.next_tick_at, t.stage.tick_interval())
-                && t.wall_clock >= at
+            if let Some(interval) = t.stage.tick_interval()
+                && t.ticks.due(t.wall_clock)
             {
                 t.emit_tick()?;
-                t.next_tick_at = Some(next_grid_point(t.wall_clock, ms(interval)));
+                t.ticks.ticked(t.wall_clock, ms(interval));
             }
             // Hold heads change in on_record, position_advance, init and
             // a resumed release, and each refreshes the tracking; here
