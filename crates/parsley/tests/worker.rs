@@ -727,16 +727,17 @@ fn a_task_failure_requires_an_abort_and_the_abandoned_records_come_back() {
     assert!(matches!(err, WorkerError::Task(_)), "{err}");
     assert!(matches!(w.flush(), Err(WorkerError::AbortRequired { .. })));
     assert_eq!(w.revoke_plan(false), RevokePlan::Abort);
-    let abandoned = w.abort(&cluster).unwrap();
+    w.abort(&cluster).unwrap();
+    let ready = w.ready(None).unwrap();
     assert_eq!(
-        abandoned.len(),
+        ready.abandoned.len(),
         1,
         "good's emission was produced and aborted"
     );
-    assert_eq!(&*abandoned[0].topic, "out");
+    assert_eq!(&*ready.abandoned[0].topic, "out");
     // The failed task stopped: no seek until it restarts.
-    assert!(seek(&mut w).is_empty());
-    let failures = w.take_task_failures();
+    assert!(ready.seeks.is_empty());
+    let failures = ready.failures;
     assert_eq!(failures.len(), 1);
     assert!(failures[0].error.contains("no"), "{:?}", failures[0]);
     assert_eq!(

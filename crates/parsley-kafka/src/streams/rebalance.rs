@@ -329,6 +329,9 @@ impl Shared {
         let mut ready = ready;
         while !ready.is_empty() {
             let transaction = self.kept.append(ready);
+            // This host produces a transaction's records at commit: an
+            // aborted open transaction never sent any.
+            self.kept.abandoned.clear();
             let flow = std::mem::take(&mut self.kept.flow);
             let seeks = std::mem::take(&mut self.kept.seeks);
             self.apply_flow(consumer, flow);

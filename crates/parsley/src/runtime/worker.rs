@@ -761,6 +761,9 @@ pub struct Worker {
     /// A transaction a flush or a revocation closed, not yet handed over
     /// in a [`Ready`].
     closed: Option<Transaction>,
+    /// The records of an open transaction the host aborted, not yet
+    /// handed over in a [`Ready`].
+    abandoned: Vec<OutgoingRecord>,
     /// State queries waiting for their causes, and answers not taken.
     queries: queries::Queries,
 }
@@ -855,6 +858,7 @@ impl Worker {
             published: Published::default(),
             fresh_sample: false,
             closed: None,
+            abandoned: Vec::new(),
             queries: queries::Queries::default(),
         }
     }

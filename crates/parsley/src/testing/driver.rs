@@ -1014,8 +1014,10 @@ impl TestDriver {
                 failures,
                 seeks,
                 transaction: closed,
+                abandoned,
                 ..
             } = ready;
+            self.log_aborted(abandoned);
             transaction = transaction.or(closed);
             if let Err(e) = self.restart_and_seek(failures, seeks) {
                 // A transaction taken here is never committed now: the
@@ -1027,6 +1029,22 @@ impl TestDriver {
                 }
                 return Err(e);
             }
+        }
+    }
+
+    /// The records of an aborted open transaction, as the broker keeps
+    /// them: aborted records and a marker on each partition they reached.
+    fn log_aborted(&mut self, abandoned: Vec<OutgoingRecord>) {
+        let mut touched = BTreeSet::new();
+        for r in abandoned {
+            let producer = self.producer_of(&r);
+            touched.insert((r.topic.clone(), r.partition));
+            let (topic, partition) = (r.topic.clone(), r.partition);
+            self.log
+                .append_aborted(&topic, partition, stored(r, producer));
+        }
+        for (topic, partition) in touched {
+            self.log.append_marker(&topic, partition);
         }
     }
 
@@ -1211,23 +1229,12 @@ impl TestDriver {
     fn abort(&mut self, error: WorkerError) -> DriverError {
         tracing::debug!(%error, "step aborted; the tasks return to their committed state");
         self.aborts += 1;
-        let abandoned = match self.worker.abort(&self.log) {
-            Ok(records) => records,
-            Err(e) => return e.into(),
-        };
-        let mut touched = BTreeSet::new();
-        for r in abandoned {
-            let producer = self.producer_of(&r);
-            touched.insert((r.topic.clone(), r.partition));
-            let (topic, partition) = (r.topic.clone(), r.partition);
-            self.log
-                .append_aborted(&topic, partition, stored(r, producer));
+        if let Err(e) = self.worker.abort(&self.log) {
+            return e.into();
         }
-        for (topic, partition) in touched {
-            self.log.append_marker(&topic, partition);
-        }
-        // The failed task restarts from its committed state at once: the
-        // next run retries the step that failed.
+        // What the transaction had produced is logged aborted, and the
+        // failed task restarts from its committed state at once: the next
+        // run retries the step that failed.
         if let Err(e) = self.seek() {
             return e.into();
         }

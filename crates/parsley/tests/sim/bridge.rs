@@ -609,7 +609,11 @@ impl Thread {
     /// revocation closed one, and those take it at once.
     fn fill(&mut self) -> Result<(), String> {
         let ready = self.worker.ready(None).map_err(err)?;
-        if let Some(closed) = self.pending.append(ready) {
+        let closed = self.pending.append(ready);
+        // The world appends a transaction's records at commit: an aborted
+        // open transaction never sent any.
+        self.pending.abandoned.clear();
+        if let Some(closed) = closed {
             if self.pending.transaction.is_some() {
                 return Err("two transactions closed at once".into());
             }
@@ -926,6 +930,7 @@ impl HostThread for Thread {
         match self.worker.ready(Some(now)) {
             Ok(ready) => {
                 let transaction = self.pending.append(ready);
+                self.pending.abandoned.clear();
                 Ok(transaction.map(|t| self.convert(t)))
             }
             Err(e) => self.recover(Err(e), broker).map(|()| None),

@@ -359,10 +359,10 @@ impl Worker {
     pub fn before_revoke(&mut self, lost: bool, cluster: &dyn Cluster) -> Result<(), WorkerError> {
         match self.revoke_plan(lost) {
             RevokePlan::Nothing => Ok(()),
-            RevokePlan::Abort => self.abort(cluster).map(drop),
+            RevokePlan::Abort => self.abort(cluster),
             RevokePlan::Commit => match self.flush() {
                 Ok(()) => Ok(()),
-                Err(_) if self.failing.is_some() => self.abort(cluster).map(drop),
+                Err(_) if self.failing.is_some() => self.abort(cluster),
                 Err(e) => Err(e),
             },
         }

@@ -52,6 +52,12 @@ pub struct Ready {
     /// fetching and processing records that could not be written either.
     /// The tasks are back at their committed state.
     pub backoff: Option<Duration>,
+    /// The records of an open transaction the host aborted
+    /// ([`Worker::abort`]), as far as the tasks had produced them. A host
+    /// that streams records into the open transaction has seen them
+    /// aborted (a log that models the broker keeps them as aborted
+    /// records); one that produces only at commit never sent them.
+    pub abandoned: Vec<OutgoingRecord>,
 }
 
 impl Ready {
@@ -64,6 +70,7 @@ impl Ready {
             && self.published.is_none()
             && self.transaction.is_none()
             && self.backoff.is_none()
+            && self.abandoned.is_empty()
     }
 
     /// Appends `later`'s parts to these, in order (a newer sample
@@ -79,8 +86,10 @@ impl Ready {
             published,
             transaction,
             backoff,
+            abandoned,
         } = later;
         self.backoff = self.backoff.max(backoff);
+        self.abandoned.extend(abandoned);
         self.failures.extend(failures);
         self.restores.extend(restores);
         self.flow.extend(flow);
@@ -166,6 +175,7 @@ impl Worker {
             published,
             transaction,
             backoff: self.backoff.take(),
+            abandoned: std::mem::take(&mut self.abandoned),
         })
     }
 

@@ -314,15 +314,18 @@ impl Worker {
 
     /// The host aborted the open transaction (a task failed, or the
     /// assignment was lost). Every task returns to its committed state and
-    /// every channel is sought back to its committed position. Returns the
-    /// records the open transaction had produced so far, which a host that
-    /// streams records into the open transaction has seen aborted.
-    pub fn abort(&mut self, cluster: &dyn Cluster) -> Result<Vec<OutgoingRecord>, WorkerError> {
+    /// every channel is sought back to its committed position. The records
+    /// the open transaction had produced so far come out in the next
+    /// [`Ready::abandoned`], for a host that streams records into the open
+    /// transaction.
+    pub fn abort(&mut self, cluster: &dyn Cluster) -> Result<(), WorkerError> {
         if matches!(self.state, State::InFlight) {
             return Err(WorkerError::CommitInFlight);
         }
         self.state = State::Open;
-        self.rollback(cluster)
+        let abandoned = self.rollback(cluster)?;
+        self.abandoned.extend(abandoned);
+        Ok(())
     }
 
     pub(super) fn rollback(
