@@ -722,15 +722,9 @@ pub struct Worker {
     /// The transaction in flight: its records' tasks and places, and its
     /// commit retries.
     in_flight: in_flight::InFlight,
-    /// Retries of the in-flight transaction's abort so far.
-    abort_retries: u32,
-    /// Transactions aborted for a transient fault since the last commit.
-    aborts_in_a_row: u32,
-    /// Producers replaced since the last commit ([`Directive::ReplaceProducer`]).
-    producer_replacements: u32,
-    /// How long the host waits before it polls again, not yet handed over
-    /// ([`Ready::backoff`]).
-    backoff: Option<Duration>,
+    /// Transient faults since the last commit, and the pause they ask of
+    /// the host.
+    since_commit: faults::SinceCommit,
     /// The host's local stores, if it keeps state on disk.
     local: Option<Box<dyn LocalStore>>,
     /// Told how each restore goes.
@@ -835,10 +829,7 @@ impl Worker {
             partial: BTreeSet::new(),
             diversions: BTreeMap::new(),
             in_flight: in_flight::InFlight::default(),
-            abort_retries: 0,
-            aborts_in_a_row: 0,
-            producer_replacements: 0,
-            backoff: None,
+            since_commit: faults::SinceCommit::default(),
             local: None,
             restore_listener: None,
             restoring: BTreeMap::new(),

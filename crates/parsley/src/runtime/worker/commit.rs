@@ -216,7 +216,6 @@ impl Worker {
     fn take_transaction(&mut self) -> Result<Transaction, WorkerError> {
         let id = self.next_txn;
         self.in_flight.begin();
-        self.abort_retries = 0;
         let mut txn = Transaction {
             id,
             ..Transaction::default()
@@ -338,8 +337,7 @@ impl Worker {
                     }
                 }
                 self.stats.commits += 1;
-                self.aborts_in_a_row = 0;
-                self.producer_replacements = 0;
+                self.since_commit.committed();
                 self.state = State::Open;
                 self.dirty = false;
                 self.in_flight.committed();

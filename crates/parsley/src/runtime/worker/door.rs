@@ -174,7 +174,7 @@ impl Worker {
             seeks: std::mem::take(&mut self.seeks),
             published,
             transaction,
-            backoff: self.backoff.take(),
+            backoff: self.since_commit.take_backoff(),
             abandoned: std::mem::take(&mut self.abandoned),
         })
     }

@@ -90,16 +90,16 @@ impl Worker {
                 &message,
                 "a call of the producer never returned",
             ),
-            Fault::AbortFailed {
-                retriable: true,
-                message,
-            } if matches!(self.state, State::InFlight) && self.abort_retries < ABORT_RETRIES => {
-                let after = COMMIT_RETRY.saturating_mul(1 << self.abort_retries.min(16));
-                self.abort_retries += 1;
-                warn!(class, error = %message, attempt = self.abort_retries, ?after, "the abort did not reach the transaction coordinator (unreachable or moving); trying it again");
-                Directive::Retry { after }
-            }
             Fault::AbortFailed { retriable, message } => {
+                let retry = if retriable && matches!(self.state, State::InFlight) {
+                    self.in_flight.retry_abort(ABORT_RETRIES, COMMIT_RETRY)
+                } else {
+                    None
+                };
+                if let Some((after, attempt)) = retry {
+                    warn!(class, error = %message, attempt, ?after, "the abort did not reach the transaction coordinator (unreachable or moving); trying it again");
+                    return Directive::Retry { after };
+                }
                 let why = if retriable {
                     "the abort never reached the transaction coordinator"
                 } else {
@@ -116,11 +116,11 @@ impl Worker {
                 Directive::Fail(Box::new(WorkerError::Client { class, message }))
             }
             Fault::Abortable(message) | Fault::Transient(message) => {
-                let wait = self.config.transient_backoff.step(self.aborts_in_a_row);
-                self.aborts_in_a_row = self.aborts_in_a_row.saturating_add(1);
+                let (wait, aborts_in_a_row) = self
+                    .since_commit
+                    .transient_abort(&self.config.transient_backoff);
                 self.stats.transient_aborts += 1;
-                self.backoff = Some(self.backoff.map_or(wait, |b| b.max(wait)));
-                warn!(class, error = %message, aborts_in_a_row = self.aborts_in_a_row, ?wait, "the transaction could not be written now; it aborts, and is tried again after a pause");
+                warn!(class, error = %message, aborts_in_a_row, ?wait, "the transaction could not be written now; it aborts, and is tried again after a pause");
                 Directive::Abort
             }
             Fault::Retriable(message) => {
@@ -198,12 +198,14 @@ impl Worker {
     /// each other, a coordinator that keeps refusing) is given up with the
     /// membership instead.
     fn replace_producer(&mut self, class: &'static str, message: &str, why: &str) -> Directive {
-        if self.producer_replacements >= MAX_PRODUCER_REPLACEMENTS {
-            warn!(class, error = %message, replacements = self.producer_replacements, "{why}, again, with no commit since the producer was last replaced: dropping every task and joining the group again");
+        if let Err(replacements) = self
+            .since_commit
+            .replace_producer(MAX_PRODUCER_REPLACEMENTS)
+        {
+            warn!(class, error = %message, replacements, "{why}, again, with no commit since the producer was last replaced: dropping every task and joining the group again");
             self.fenced();
             return Directive::Rejoin;
         }
-        self.producer_replacements += 1;
         self.stats.producer_replacements += 1;
         warn!(class, error = %message, "{why}: replacing the producer (its open transaction ends with it) and going on from the committed state, keeping the group membership");
         Directive::ReplaceProducer
@@ -303,8 +305,7 @@ impl Worker {
         self.partial.clear();
         self.flow.clear();
         self.diversions.clear();
-        self.backoff = None;
-        self.producer_replacements = 0;
+        self.since_commit.forget();
         self.routes = Routes::default();
         self.assigned.clear();
         self.seeks.clear();
@@ -430,5 +431,57 @@ impl Worker {
             "transaction aborted; tasks back at their committed state"
         );
         Ok(abandoned)
+    }
+}
+
+/// Transient faults since the last commit: transactions aborted for one
+/// (each pause longer than the last), producers replaced (a limit, then
+/// the membership goes), and the pause the host has not taken yet.
+#[derive(Debug, Default)]
+pub(super) struct SinceCommit {
+    aborts_in_a_row: u32,
+    producer_replacements: u32,
+    /// How long the host waits before it polls again, not yet handed over
+    /// ([`Ready::backoff`]).
+    backoff: Option<Duration>,
+}
+
+impl SinceCommit {
+    /// A transaction aborts for a transient fault: the pause before the
+    /// next attempt (the longest asked for, if the host has not taken one
+    /// yet), and how many aborted in a row.
+    fn transient_abort(&mut self, steps: &Backoff) -> (Duration, u32) {
+        let wait = steps.step(self.aborts_in_a_row);
+        self.aborts_in_a_row = self.aborts_in_a_row.saturating_add(1);
+        self.backoff = Some(self.backoff.map_or(wait, |b| b.max(wait)));
+        (wait, self.aborts_in_a_row)
+    }
+
+    /// A producer is to be replaced: `Ok` with the replacements so far, or
+    /// `Err` with them when `max` were made with no commit in between.
+    fn replace_producer(&mut self, max: u32) -> Result<u32, u32> {
+        if self.producer_replacements >= max {
+            return Err(self.producer_replacements);
+        }
+        self.producer_replacements += 1;
+        Ok(self.producer_replacements)
+    }
+
+    /// A transaction committed: the faults in a row start again.
+    pub(super) fn committed(&mut self) {
+        self.aborts_in_a_row = 0;
+        self.producer_replacements = 0;
+    }
+
+    /// Every task was dropped: no pause is owed, and the next producer
+    /// starts a new count.
+    fn forget(&mut self) {
+        self.backoff = None;
+        self.producer_replacements = 0;
+    }
+
+    /// The pause the host owes, taken.
+    pub(super) fn take_backoff(&mut self) -> Option<Duration> {
+        self.backoff.take()
     }
 }

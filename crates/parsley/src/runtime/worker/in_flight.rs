@@ -2,7 +2,7 @@
 //! over and hearing its outcome: which task made which of its records (to
 //! pin a refused record on its task), where each task's changelog records
 //! lie and the checkpoints they reach once delivered (for the local
-//! stores), and the commit's retries so far.
+//! stores), and the commit's and the abort's retries so far.
 
 use super::*;
 
@@ -27,6 +27,8 @@ pub(super) struct InFlight {
     reached: BTreeMap<TaskId, BTreeMap<String, i64>>,
     /// Retries of the commit so far.
     commit_retries: u32,
+    /// Retries of the abort so far.
+    abort_retries: u32,
 }
 
 impl InFlight {
@@ -36,6 +38,7 @@ impl InFlight {
         self.spans.clear();
         self.reached.clear();
         self.commit_retries = 0;
+        self.abort_retries = 0;
     }
 
     /// A task's part joined the transaction: its changelog records, whose
@@ -135,11 +138,23 @@ impl InFlight {
     /// The next retry of the commit, if `max` allows one: its wait
     /// (doubling from `first`) and its number.
     pub(super) fn retry(&mut self, max: u32, first: Duration) -> Option<(Duration, u32)> {
-        if self.commit_retries >= max {
-            return None;
-        }
-        let after = first.saturating_mul(1 << self.commit_retries.min(16));
-        self.commit_retries += 1;
-        Some((after, self.commit_retries))
+        next_retry(&mut self.commit_retries, max, first)
     }
+
+    /// The next retry of the abort, as [`retry`](Self::retry) is the
+    /// commit's.
+    pub(super) fn retry_abort(&mut self, max: u32, first: Duration) -> Option<(Duration, u32)> {
+        next_retry(&mut self.abort_retries, max, first)
+    }
+}
+
+/// One more retry after `done`, if `max` allows it: its wait, doubling
+/// from `first`, and its number.
+fn next_retry(done: &mut u32, max: u32, first: Duration) -> Option<(Duration, u32)> {
+    if *done >= max {
+        return None;
+    }
+    let after = first.saturating_mul(1 << (*done).min(16));
+    *done += 1;
+    Some((after, *done))
 }
