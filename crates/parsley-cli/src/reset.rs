@@ -114,7 +114,9 @@ struct Position {
     partition: i32,
     committed: Option<i64>,
     to: i64,
-    why: &'static str,
+    /// Why the position is the partition's end rather than the operator's
+    /// choice, if it is.
+    at_end: Option<&'static str>,
     /// Records read below `to` for their senders' sequences.
     scanned: u64,
 }
@@ -184,26 +186,24 @@ fn plan(r: &Reset, cluster: &KafkaCluster, consumer: &BaseConsumer) -> Result<Pl
         .flat_map(|s| s.sinks.iter().map(|k| k.topic.topic.as_str()))
         .collect();
     for stage in &t.stages {
-        let mut inputs: Vec<(&str, &'static str)> = stage
+        // Each input, with why it goes to its end instead, if it does.
+        let mut inputs: Vec<(&str, Option<&'static str>)> = stage
             .sources
             .iter()
             .map(|s| {
                 let own = written.contains(&s.topic.as_str());
-                (
-                    s.topic.as_str(),
-                    if own {
-                        "its end: the application writes this topic"
-                    } else {
-                        "as asked"
-                    },
-                )
+                let why = own.then_some("its end: the application writes this topic");
+                (s.topic.as_str(), why)
             })
             .collect();
         if let Some(ticks) = &stage.ticks {
-            inputs.push((ticks.topic.as_str(), "its end: old ticks are not replayed"));
+            inputs.push((
+                ticks.topic.as_str(),
+                Some("its end: old ticks are not replayed"),
+            ));
         }
         let mut points: BTreeMap<i32, BTreeMap<Channel, ResetPoint>> = BTreeMap::new();
-        for (topic, why) in inputs {
+        for (topic, at_end) in inputs {
             let d = cluster.describe(topic).map_err(|e| match e {
                 MetadataError::Missing(_) => format!(
                     "source topic {topic:?} of stage {:?} does not exist",
@@ -216,10 +216,9 @@ fn plan(r: &Reset, cluster: &KafkaCluster, consumer: &BaseConsumer) -> Result<Pl
                 let (low, high) = consumer
                     .fetch_watermarks(topic, p, TIMEOUT)
                     .map_err(|e| format!("cannot read the offsets of {topic}:{p}: {e}"))?;
-                let to = if why == "as asked" {
-                    target(consumer, topic, p, r.to, low, high)?
-                } else {
-                    high
+                let to = match at_end {
+                    None => target(consumer, topic, p, r.to, low, high)?,
+                    Some(_) => high,
                 };
                 let tags = if to > low {
                     senders_below(&r.bootstrap, topic, p, low, to)?
@@ -231,7 +230,7 @@ fn plan(r: &Reset, cluster: &KafkaCluster, consumer: &BaseConsumer) -> Result<Pl
                     partition: p,
                     committed: committed.get(&p).copied(),
                     to,
-                    why,
+                    at_end,
                     scanned: tags.len() as u64,
                 });
                 points
@@ -450,11 +449,7 @@ fn render(r: &Reset, plan: &Plan) -> String {
         } else {
             String::new()
         };
-        let why = if p.why == "as asked" {
-            String::new()
-        } else {
-            format!(" ({})", p.why)
-        };
+        let why = p.at_end.map_or_else(String::new, |why| format!(" ({why})"));
         let _ = writeln!(
             out,
             "  {}:{}  committed {from} -> {}{why}{scanned}",

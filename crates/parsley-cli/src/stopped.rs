@@ -31,9 +31,6 @@ pub(crate) fn ensure_stopped(
             g.members().len()
         ));
     }
-    // Each thread republishes at least every refresh period.
-    let fresh =
-        3 * i64::try_from(parsley_kafka::diagnostics::REFRESH.as_millis()).unwrap_or(15_000);
     match crate::holds::latest_reports(bootstrap, app) {
         Ok(latest) => {
             let now = crate::holds::now_ms();
@@ -42,14 +39,13 @@ pub(crate) fn ensure_stopped(
                 // A thread with no task for now (a failed task waiting to
                 // restart, a rebalance) is still running; one that left
                 // said so in its last report.
-                .filter(|r| !r.left && now - r.at < fresh)
+                .filter(|r| r.is_running(now))
                 .map(|r| format!("{}/{}", r.instance, r.thread))
                 .collect();
             if !running.is_empty() {
                 return Err(format!(
-                    "application {app:?} is running: stream thread(s) {} reported in the last {} s; stop every instance first ({why})",
-                    running.join(", "),
-                    fresh / 1000
+                    "application {app:?} is running: stream thread(s) {} reported recently and have not left; stop every instance first ({why})",
+                    running.join(", ")
                 ));
             }
             Ok(())

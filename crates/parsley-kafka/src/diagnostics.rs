@@ -88,6 +88,17 @@ pub struct ThreadReport {
     pub left: bool,
 }
 
+impl ThreadReport {
+    /// Whether the thread that published this was running at `now_ms`: it
+    /// has not left, and it reported within three [`REFRESH`] periods (a
+    /// running thread republishes at least every period, so an older
+    /// report is from a process that died).
+    pub fn is_running(&self, now_ms: i64) -> bool {
+        let fresh = 3 * i64::try_from(REFRESH.as_millis()).unwrap_or(5_000);
+        !self.left && now_ms - self.at < fresh
+    }
+}
+
 /// The diagnostics topic could not be read.
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum ReportsError {

@@ -27,7 +27,7 @@ enum Batch {
 
 /// A stream thread's membership: what lives from a join to the leave.
 pub(super) struct Membership<'t> {
-    pub(super) thread: &'t StreamThread,
+    thread: &'t StreamThread,
     /// The group protocol this membership joined with.
     protocol: GroupProtocol,
     /// Publishes the thread's reports on the diagnostics topic.

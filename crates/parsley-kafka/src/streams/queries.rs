@@ -281,11 +281,10 @@ impl CausalStreams {
         let (task, _) = self.task_of(store, key)?;
         let reports = self.host_reports()?;
         let name = task.to_string();
-        let fresh =
-            now_ms() - 3 * i64::try_from(crate::diagnostics::REFRESH.as_millis()).unwrap_or(15_000);
+        let now = now_ms();
         let host = reports
             .values()
-            .filter(|r| r.at >= fresh && r.tasks.contains(&name))
+            .filter(|r| r.is_running(now) && r.tasks.contains(&name))
             .max_by_key(|r| r.at)
             .map(|r| KeyHost {
                 task: task.clone(),

@@ -298,7 +298,8 @@ impl Worker {
         }
         match outcome {
             CommitOutcome::Committed => {
-                let written = self.in_flight.written();
+                // What the transaction wrote, taken: its places are done with.
+                let (written, mut reached) = self.in_flight.take_committed();
                 for (id, slot) in &mut self.tasks {
                     if let Some(task) = slot.task.as_mut() {
                         match (&mut self.local, &mut slot.local) {
@@ -306,7 +307,7 @@ impl Worker {
                                 let mut entries = Vec::new();
                                 task.commit_done_into(Some(&mut entries));
                                 let seq = task.stores().local_seq();
-                                let reached = self.in_flight.take_reached(id);
+                                let reached = reached.remove(id);
                                 if write_committed(
                                     store.as_mut(),
                                     self.now,
@@ -340,7 +341,6 @@ impl Worker {
                 self.since_commit.committed();
                 self.state = State::Open;
                 self.dirty = false;
-                self.in_flight.committed();
                 self.prune_diversions();
                 // The tasks' state is their committed state now: queries
                 // whose causes this commit brought are answered.

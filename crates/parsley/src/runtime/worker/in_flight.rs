@@ -104,20 +104,14 @@ impl InFlight {
         self.reached.clear();
     }
 
-    /// The tasks with changelog records in the transaction.
-    pub(super) fn written(&self) -> BTreeSet<TaskId> {
-        self.spans.iter().map(|s| s.task.clone()).collect()
-    }
-
-    /// The checkpoints `task`'s changelog records reached, taken.
-    pub(super) fn take_reached(&mut self, task: &TaskId) -> Option<BTreeMap<String, i64>> {
-        self.reached.remove(task)
-    }
-
-    /// The transaction committed: its records' places no longer matter.
-    pub(super) fn committed(&mut self) {
-        self.spans.clear();
-        self.reached.clear();
+    /// The transaction committed: the tasks with changelog records in it,
+    /// and the checkpoints their records reached, taken (the records'
+    /// places no longer matter).
+    pub(super) fn take_committed(
+        &mut self,
+    ) -> (BTreeSet<TaskId>, BTreeMap<TaskId, BTreeMap<String, i64>>) {
+        let written = self.spans.drain(..).map(|s| s.task).collect();
+        (written, std::mem::take(&mut self.reached))
     }
 
     /// The tasks were dropped: nothing of the transaction is theirs now.
