@@ -71,7 +71,7 @@ pub mod trace;
 pub mod world;
 
 pub use app_world::{
-    AppBudget, AppFailure, AppStats, AppWorld, AppWorldConfig, Assignor, HostThread,
+    AppBudget, AppFailure, AppStats, AppWorld, AppWorldConfig, Assignor, ConsumerMoves, HostThread,
     HostTransaction, Outcome, SimDirective, SimFault, StoreFault, TaskAct, TaskSpec, ThreadFactory,
 };
 pub use behavior::{Behavior, Output, Payload, Route};

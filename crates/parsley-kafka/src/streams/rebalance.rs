@@ -3,6 +3,8 @@
 //! asks for in return.
 
 use super::*;
+use parsley::runtime::task::OutgoingRecord;
+use parsley::runtime::worker::{FlowChange, Host, RestoreJob, Seek, WorkerError, act_on};
 
 impl ClientContext for ThreadContext {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
@@ -230,8 +232,11 @@ impl Shared {
                 earlier.push(s);
             }
         }
-        self.seek_to(consumer, earlier)?;
-        self.settle(consumer)?;
+        let earlier = Ready {
+            seeks: earlier,
+            ..Ready::default()
+        };
+        self.act(consumer, earlier)?;
         info!(partitions = tpl.count(), tasks = self.worker.tasks().count(), elapsed = ?began.elapsed(), "partitions assigned");
         Ok(())
     }
@@ -317,101 +322,22 @@ impl Shared {
         self.act(consumer, ready)
     }
 
-    /// Acts on one [`Ready`], in its order, and on what acting on it
-    /// brought (a commit's outcome may ask for seeks): the failures, the
-    /// restore jobs and the sample wait for the poll loop; pauses, resumes
-    /// and seeks are made now; a transaction is committed now.
+    /// Acts on one [`Ready`] and on what acting on it brought, through the
+    /// worker's one act loop ([`act_on`]): the failures, the restore jobs
+    /// and the sample wait for the poll loop ([`Shared::kept`]); pauses,
+    /// resumes and seeks are made now; a transaction is committed now.
     pub(super) fn act(
         &mut self,
         consumer: &BaseConsumer<ThreadContext>,
         ready: Ready,
     ) -> Result<(), StreamsError> {
-        let mut ready = ready;
-        while !ready.is_empty() {
-            let transaction = self.kept.append(ready);
-            // This host produces a transaction's records at commit: an
-            // aborted open transaction never sent any.
-            self.kept.abandoned.clear();
-            let flow = std::mem::take(&mut self.kept.flow);
-            let seeks = std::mem::take(&mut self.kept.seeks);
-            self.apply_flow(consumer, flow);
-            if let Err(e) = self.seek_to(consumer, seeks) {
-                if transaction.is_some() {
-                    // Never begun on the producer: the worker hears it
-                    // aborted, so the recovery that follows finds nothing
-                    // in flight.
-                    let aborted = Ack::Committed(CommitOutcome::Aborted);
-                    self.worker.advance(aborted, &self.cluster)?;
-                }
-                return Err(e);
-            }
-            if let Some(txn) = transaction {
-                // A commit of the poll loop's says so; one made while
-                // revoking or closing keeps saying that.
-                let phase = *lock(&self.phase);
-                let polling = phase == Doing::Polling;
-                if polling {
-                    set_phase(&self.phase, Doing::Committing);
-                }
-                let r = self.commit(consumer, txn);
-                if polling {
-                    set_phase(&self.phase, phase);
-                }
-                r?;
-            }
-            ready = self.worker.ready(None)?;
-        }
-        Ok(())
-    }
-
-    /// Makes the fetch pauses and resumes the worker asks for.
-    fn apply_flow(
-        &mut self,
-        consumer: &BaseConsumer<ThreadContext>,
-        flow: Vec<parsley::runtime::worker::FlowChange>,
-    ) {
-        for f in flow {
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition(&f.topic, f.partition);
-            // A partition no longer assigned refuses; nothing to do then.
-            let r = if f.paused {
-                consumer.pause(&tpl)
-            } else {
-                consumer.resume(&tpl)
-            };
-            if let Err(e) = r {
-                debug!(topic = %f.topic, partition = f.partition, paused = f.paused, error = %e, "fetch pause or resume refused");
-            }
-        }
-    }
-
-    /// Makes `seeks` and confirms each to the worker.
-    fn seek_to(
-        &mut self,
-        consumer: &BaseConsumer<ThreadContext>,
-        seeks: Vec<parsley::runtime::worker::Seek>,
-    ) -> Result<(), StreamsError> {
-        for s in seeks {
-            if let Err(e) = consumer.seek(
-                &s.topic,
-                s.partition,
-                Offset::Offset(s.offset),
-                self.timeout,
-            ) {
-                // A partition the consumer stopped (an out-of-range fetch,
-                // under auto.offset.reset=error) refuses a seek; assigning
-                // it again at the offset restarts its fetch.
-                debug!(topic = %s.topic, partition = s.partition, error = %e, "seek refused; assigning the partition again");
-                self.restart_fetch(consumer, &s.topic, s.partition, s.offset)?;
-            }
-            let ack = Ack::Seeked {
-                topic: &s.topic,
-                partition: s.partition,
-                offset: s.offset,
-            };
-            self.worker.advance(ack, &self.cluster)?;
-        }
-        Ok(())
+        act_on(
+            &mut Acting {
+                shared: self,
+                consumer,
+            },
+            ready,
+        )
     }
 
     /// Assigns the consumer's whole assignment again: `topic:partition` at
@@ -447,5 +373,91 @@ impl Shared {
         }
         consumer.assign(&tpl)?;
         Ok(())
+    }
+}
+
+/// The Kafka host as the worker's act loop sees it: the stream thread's
+/// state and its consumer, for the length of one [`Shared::act`].
+struct Acting<'a> {
+    shared: &'a mut Shared,
+    consumer: &'a BaseConsumer<ThreadContext>,
+}
+
+impl Host for Acting<'_> {
+    type Error = StreamsError;
+
+    fn ready(&mut self) -> Result<Ready, WorkerError> {
+        self.shared.worker.ready(None)
+    }
+
+    fn advance(&mut self, ack: Ack<'_>) -> Result<(), WorkerError> {
+        self.shared.worker.advance(ack, &self.shared.cluster)
+    }
+
+    fn abandoned(&mut self, _records: Vec<OutgoingRecord>) {
+        // This host produces a transaction's records at commit: an aborted
+        // open transaction never sent any.
+    }
+
+    fn failures(&mut self, failures: Vec<TaskFailure>) -> Result<(), StreamsError> {
+        self.shared.kept.failures.extend(failures);
+        Ok(())
+    }
+
+    fn restores(&mut self, jobs: Vec<RestoreJob>) {
+        self.shared.kept.restores.extend(jobs);
+    }
+
+    fn published(&mut self, sample: Published) {
+        self.shared.kept.published = Some(sample);
+    }
+
+    fn backoff(&mut self, pause: Duration) {
+        let kept = &mut self.shared.kept.backoff;
+        *kept = (*kept).max(Some(pause));
+    }
+
+    fn flow(&mut self, f: FlowChange) {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&f.topic, f.partition);
+        let r = if f.paused {
+            self.consumer.pause(&tpl)
+        } else {
+            self.consumer.resume(&tpl)
+        };
+        if let Err(e) = r {
+            debug!(topic = %f.topic, partition = f.partition, paused = f.paused, error = %e, "fetch pause or resume refused");
+        }
+    }
+
+    fn seek(&mut self, s: &Seek) -> Result<(), StreamsError> {
+        let at = Offset::Offset(s.offset);
+        if let Err(e) = self
+            .consumer
+            .seek(&s.topic, s.partition, at, self.shared.timeout)
+        {
+            // A partition the consumer stopped (an out-of-range fetch,
+            // under auto.offset.reset=error) refuses a seek; assigning it
+            // again at the offset restarts its fetch.
+            debug!(topic = %s.topic, partition = s.partition, error = %e, "seek refused; assigning the partition again");
+            self.shared
+                .restart_fetch(self.consumer, &s.topic, s.partition, s.offset)?;
+        }
+        Ok(())
+    }
+
+    fn transaction(&mut self, txn: Transaction) -> Result<(), StreamsError> {
+        // A commit of the poll loop's says so; one made while revoking or
+        // closing keeps saying that.
+        let phase = *lock(&self.shared.phase);
+        let polling = phase == Doing::Polling;
+        if polling {
+            set_phase(&self.shared.phase, Doing::Committing);
+        }
+        let r = self.shared.commit(self.consumer, txn);
+        if polling {
+            set_phase(&self.shared.phase, phase);
+        }
+        r
     }
 }

@@ -351,7 +351,8 @@ impl AppWorld {
     }
 
     pub(super) fn apply_seeks(&mut self, i: usize) -> Result<(), AppFailure> {
-        for f in self.members[i].thread.take_flow() {
+        let ConsumerMoves { flow, seeks } = self.members[i].thread.take_moves(&self.broker);
+        for f in flow {
             if f.paused {
                 self.members[i].paused.insert((f.topic, f.partition));
             } else {
@@ -362,7 +363,7 @@ impl AppWorld {
             topic: t,
             partition: p,
             offset,
-        } in self.members[i].thread.take_seeks(&self.broker)
+        } in seeks
         {
             let Some(c) = self.channel(&t, p) else {
                 return Err(self.fail(format!("seek to unknown topic {t}")));

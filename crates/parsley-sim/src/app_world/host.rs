@@ -36,6 +36,16 @@ pub enum TaskAct {
     },
 }
 
+/// What a thread's consumer is asked to do, in order: fetch pauses and
+/// resumes, then seeks.
+#[derive(Clone, Debug, Default)]
+pub struct ConsumerMoves {
+    /// Pauses and resumes.
+    pub flow: Vec<FlowChange>,
+    /// Seeks.
+    pub seeks: Vec<Seek>,
+}
+
 /// One transaction of a thread.
 #[derive(Clone, Debug, Default)]
 pub struct HostTransaction {
@@ -210,9 +220,10 @@ pub trait HostThread {
     fn outcome(&mut self, outcome: Outcome, broker: &SimBroker) -> Result<(), String>;
     /// The host aborted the open (not handed over) work.
     fn abort(&mut self, broker: &SimBroker) -> Result<(), String>;
-    /// Consumer seeks to make (acknowledged as made: the world makes every
-    /// seek it is handed).
-    fn take_seeks(&mut self, broker: &SimBroker) -> Vec<Seek>;
+    /// The fetch pauses and resumes, then the consumer seeks, the core
+    /// asks for now (the seeks acknowledged as made: the world makes every
+    /// seek it is handed, at once).
+    fn take_moves(&mut self, broker: &SimBroker) -> ConsumerMoves;
     /// Whether there is open work.
     fn has_open_work(&self) -> bool;
     /// The offset of every held queue head, as (topic, partition, offset).
@@ -232,10 +243,6 @@ pub trait HostThread {
     /// task's restart), if any: the world lets that much time pass.
     fn wake_in(&self, _now: i64) -> Option<i64> {
         None
-    }
-    /// Fetch pauses and resumes to make, in order, before the seeks.
-    fn take_flow(&mut self) -> Vec<FlowChange> {
-        Vec::new()
     }
     /// The offset each record of the transaction handed over last got,
     /// before its committed outcome (a producer's delivery reports).
@@ -306,8 +313,8 @@ impl HostThread for Gone {
     fn abort(&mut self, _: &SimBroker) -> Result<(), String> {
         Err("the process is gone".into())
     }
-    fn take_seeks(&mut self, _: &SimBroker) -> Vec<Seek> {
-        Vec::new()
+    fn take_moves(&mut self, _: &SimBroker) -> ConsumerMoves {
+        ConsumerMoves::default()
     }
     fn has_open_work(&self) -> bool {
         false

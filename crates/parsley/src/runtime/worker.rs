@@ -124,7 +124,7 @@ use crate::runtime::task::{
     Diversion, EmissionOrigin, OutgoingRecord, Task, TaskError, TaskEvent, TaskId, TaskStats,
 };
 
-pub use door::{Ack, Ready};
+pub use door::{Ack, Host, Ready, act_on};
 
 /// Where a channel with no committed position starts.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]

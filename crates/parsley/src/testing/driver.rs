@@ -28,7 +28,7 @@ use crate::runtime::query::{QueryAnswer, StateQuery};
 use crate::runtime::task::{
     OutgoingRecord, TaskError, TaskEvent, TaskId, TaskStats, causal_headers,
 };
-use crate::runtime::worker::{Ack, Ready};
+use crate::runtime::worker::{Ack, Host, Ready, RestoreJob, TaskFailure, act_on};
 use crate::runtime::worker::{CommitOutcome, Transaction, Worker, WorkerConfig, WorkerError};
 use crate::stage::StateStore;
 use crate::topic::{IntoNullable, Part, Payload, Topic};
@@ -997,38 +997,30 @@ impl TestDriver {
         self.commit()
     }
 
-    /// Acts on what the worker has for the driver: a failed task restarts
-    /// from its committed state at once (the next run retries the step
-    /// that failed), each seek is made at once (the driver's consumer is a
-    /// map entry: it cannot fail), and the transaction, if one was closed,
-    /// is returned. Fetch pauses are not needed: the driver fetches one
-    /// record at a time from its log, never ahead of the task.
+    /// Acts on what the worker has for the driver, through the worker's one
+    /// act loop ([`act_on`]; [`Driving`] says what the driver does with
+    /// each part), and returns the transaction, if one was closed.
     fn take_ready(&mut self) -> Result<Option<Transaction>, WorkerError> {
-        let mut transaction = None;
-        loop {
-            let ready = self.worker.ready(None)?;
-            if ready.is_empty() {
-                return Ok(transaction);
-            }
-            let Ready {
-                failures,
-                seeks,
-                transaction: closed,
-                abandoned,
-                ..
-            } = ready;
-            self.log_aborted(abandoned);
-            transaction = transaction.or(closed);
-            if let Err(e) = self.restart_and_seek(failures, seeks) {
-                // A transaction taken here is never committed now: the
-                // worker hears it aborted, so the abort that follows the
-                // error finds nothing in flight.
-                if transaction.is_some() {
-                    let aborted = Ack::Committed(CommitOutcome::Aborted);
-                    self.worker.advance(aborted, &self.log)?;
+        let ready = self.worker.ready(None)?;
+        let mut host = Driving {
+            driver: self,
+            closed: None,
+            refused: None,
+        };
+        let acted = act_on(&mut host, ready);
+        let closed = host.closed;
+        match (acted, host.refused) {
+            (Err(e), _) | (Ok(()), Some(e)) => {
+                if closed.is_some() {
+                    // Never committed now: the worker hears it aborted, so
+                    // the abort that follows the error finds nothing in
+                    // flight.
+                    self.worker
+                        .advance(Ack::Committed(CommitOutcome::Aborted), &self.log)?;
                 }
-                return Err(e);
+                Err(e)
             }
+            (Ok(()), None) => Ok(closed),
         }
     }
 
@@ -1046,31 +1038,6 @@ impl TestDriver {
         for (topic, partition) in touched {
             self.log.append_marker(&topic, partition);
         }
-    }
-
-    fn restart_and_seek(
-        &mut self,
-        failures: Vec<crate::runtime::worker::TaskFailure>,
-        seeks: Vec<Seek>,
-    ) -> Result<(), WorkerError> {
-        for failure in failures {
-            self.worker.restart_task(&failure.task, &self.log)?;
-        }
-        for Seek {
-            topic,
-            partition,
-            offset,
-        } in seeks
-        {
-            let ack = Ack::Seeked {
-                topic: &topic,
-                partition,
-                offset,
-            };
-            self.worker.advance(ack, &self.log)?;
-            self.positions.insert((topic, partition), offset);
-        }
-        Ok(())
     }
 
     /// [`take_ready`](Self::take_ready) where no transaction was closed
@@ -1239,5 +1206,74 @@ impl TestDriver {
             return e.into();
         }
         error.into()
+    }
+}
+
+/// The driver as the worker's act loop sees it. A failed task restarts
+/// from its committed state at once (the next run retries the step that
+/// failed); a restore job runs at once; each seek is made at once (the
+/// driver's consumer is a map entry: it cannot fail); a closed transaction
+/// is kept for [`TestDriver::commit`], which commits it next. Fetch pauses
+/// are not needed: the driver fetches one record at a time from its log,
+/// never ahead of the task. Nothing waits between polls, so a backoff and
+/// a metrics sample (read on demand) are dropped.
+struct Driving<'a> {
+    driver: &'a mut TestDriver,
+    closed: Option<Transaction>,
+    /// A restore outcome the worker refused (the driver restores inline,
+    /// so none comes out in practice).
+    refused: Option<WorkerError>,
+}
+
+impl Host for Driving<'_> {
+    type Error = WorkerError;
+
+    fn ready(&mut self) -> Result<Ready, WorkerError> {
+        self.driver.worker.ready(None)
+    }
+
+    fn advance(&mut self, ack: Ack<'_>) -> Result<(), WorkerError> {
+        self.driver.worker.advance(ack, &self.driver.log)
+    }
+
+    fn abandoned(&mut self, records: Vec<OutgoingRecord>) {
+        self.driver.log_aborted(records);
+    }
+
+    fn failures(&mut self, failures: Vec<TaskFailure>) -> Result<(), WorkerError> {
+        for failure in failures {
+            let d = &mut *self.driver;
+            d.worker.restart_task(&failure.task, &d.log)?;
+        }
+        Ok(())
+    }
+
+    fn restores(&mut self, jobs: Vec<RestoreJob>) {
+        for job in jobs {
+            let d = &mut *self.driver;
+            let outcome = job.run(&d.log, &d.log);
+            if let Err(e) = d.worker.advance(Ack::Restored(outcome), &d.log) {
+                self.refused.get_or_insert(e);
+            }
+        }
+    }
+
+    fn published(&mut self, _sample: crate::runtime::metrics::Published) {}
+
+    fn backoff(&mut self, _pause: Duration) {}
+
+    fn flow(&mut self, _change: crate::runtime::host::FlowChange) {}
+
+    fn seek(&mut self, s: &Seek) -> Result<(), WorkerError> {
+        self.driver
+            .positions
+            .insert((s.topic.clone(), s.partition), s.offset);
+        Ok(())
+    }
+
+    fn transaction(&mut self, txn: Transaction) -> Result<(), WorkerError> {
+        debug_assert!(self.closed.is_none(), "one transaction closes at a time");
+        self.closed.get_or_insert(txn);
+        Ok(())
     }
 }

@@ -15,17 +15,20 @@ use parsley::runtime::local::{
     KeyValue, LocalReader, LocalSnapshot, LocalStore, LocalStoreError, LocalWrite, LocalWriter,
     StoreIdentity, StoreKind,
 };
+use parsley::runtime::metrics::Published;
+use parsley::runtime::task::OutgoingRecord;
 use parsley::runtime::worker::*;
 use parsley::task::EmissionOrigin;
 use parsley::task::TaskEvent;
 use parsley::task::TaskId;
 use parsley_sim::{
-    HostThread, HostTransaction, Outcome, SimBroker, SimDirective, SimFault, StoreFault, TaskAct,
-    TaskSpec,
+    ConsumerMoves, HostThread, HostTransaction, Outcome, SimBroker, SimDirective, SimFault,
+    StoreFault, TaskAct, TaskSpec,
 };
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// The simulated broker as the worker sees a cluster.
 pub struct View<'a>(pub &'a SimBroker);
@@ -1068,31 +1071,31 @@ impl HostThread for Thread {
         true
     }
 
-    fn take_flow(&mut self) -> Vec<FlowChange> {
+    fn take_moves(&mut self, broker: &SimBroker) -> ConsumerMoves {
         // A refusal here (none is possible outside a commit point) shows
         // at the world's next call.
         let _ = self.fill();
-        std::mem::take(&mut self.pending.flow)
-    }
-
-    fn take_seeks(&mut self, broker: &SimBroker) -> Vec<Seek> {
-        let _ = self.fill();
-        let seeks = std::mem::take(&mut self.pending.seeks);
-        for s in &seeks {
-            // The world's consumer applies what it is handed; confirm each.
-            let ack = Ack::Seeked {
-                topic: &s.topic,
-                partition: s.partition,
-                offset: s.offset,
-            };
-            let _ = self.worker.advance(ack, &View(broker));
-        }
+        // What waited for this moment goes through the worker's act loop,
+        // as a host acts on a ready; the parts the world takes at other
+        // moments go back to wait for them.
+        let ready = Ready {
+            flow: std::mem::take(&mut self.pending.flow),
+            seeks: std::mem::take(&mut self.pending.seeks),
+            ..Ready::default()
+        };
+        let mut moment = Moves {
+            thread: self,
+            broker,
+            moves: ConsumerMoves::default(),
+        };
+        let _ = act_on(&mut moment, ready);
+        let mut moves = moment.moves;
         if std::mem::take(&mut self.just_aborted) && self.fault == Some(HostFault::NoSeekAfterAbort)
         {
             // The fault: confirmed to the worker, never made.
-            return Vec::new();
+            moves.seeks.clear();
         }
-        seeks
+        moves
     }
 
     fn has_open_work(&self) -> bool {
@@ -1144,4 +1147,66 @@ pub fn tasks(app: &Parsley, partitions: impl Fn(&str) -> i32) -> Vec<TaskSpec> {
         }
     }
     out
+}
+
+/// A thread at the world's moment for its consumer, as the worker's act
+/// loop sees it: pauses, resumes and seeks are handed to the world (which
+/// makes them at once); every other part waits in the thread's `pending`
+/// for the world's moment for it.
+struct Moves<'a> {
+    thread: &'a mut Thread,
+    broker: &'a SimBroker,
+    moves: ConsumerMoves,
+}
+
+impl Host for Moves<'_> {
+    type Error = WorkerError;
+
+    fn ready(&mut self) -> Result<Ready, WorkerError> {
+        self.thread.worker.ready(None)
+    }
+
+    fn advance(&mut self, ack: Ack<'_>) -> Result<(), WorkerError> {
+        self.thread.worker.advance(ack, &View(self.broker))
+    }
+
+    fn abandoned(&mut self, _records: Vec<OutgoingRecord>) {
+        // The world appends a transaction's records at commit: an aborted
+        // open transaction never sent any.
+    }
+
+    fn failures(&mut self, failures: Vec<TaskFailure>) -> Result<(), WorkerError> {
+        self.thread.pending.failures.extend(failures);
+        Ok(())
+    }
+
+    fn restores(&mut self, jobs: Vec<RestoreJob>) {
+        self.thread.pending.restores.extend(jobs);
+    }
+
+    fn published(&mut self, sample: Published) {
+        self.thread.pending.published = Some(sample);
+    }
+
+    fn backoff(&mut self, pause: Duration) {
+        let kept = &mut self.thread.pending.backoff;
+        *kept = (*kept).max(Some(pause));
+    }
+
+    fn flow(&mut self, change: FlowChange) {
+        self.moves.flow.push(change);
+    }
+
+    fn seek(&mut self, seek: &Seek) -> Result<(), WorkerError> {
+        self.moves.seeks.push(seek.clone());
+        Ok(())
+    }
+
+    fn transaction(&mut self, txn: Transaction) -> Result<(), WorkerError> {
+        // Only a flush or a revocation closes one, and those take it at
+        // once; should one come out here, it waits for the world's next
+        // flush.
+        self.thread.pending.transaction.get_or_insert(txn);
+        Ok(())
+    }
 }

@@ -196,3 +196,101 @@ impl Worker {
         }
     }
 }
+
+/// A host as the one act loop ([`act_on`]) sees it: its way to the worker,
+/// and what it does with each part of a [`Ready`]. The Kafka runtime, the
+/// [`TestDriver`](crate::TestDriver) and the simulator's application
+/// worlds each implement it; the order the parts are taken in, the
+/// acknowledgements, and what a failed seek means for a transaction in
+/// hand are [`act_on`]'s, written once.
+pub trait Host {
+    /// The host's error; a refusal of the worker's is one.
+    type Error: From<WorkerError>;
+
+    /// The worker's next [`Ready`] outside a commit point
+    /// ([`Worker::ready`] with `None`).
+    fn ready(&mut self) -> Result<Ready, WorkerError>;
+    /// Hands an acknowledgement to the worker ([`Worker::advance`]).
+    fn advance(&mut self, ack: Ack<'_>) -> Result<(), WorkerError>;
+    /// The records of an aborted open transaction ([`Ready::abandoned`]).
+    fn abandoned(&mut self, records: Vec<OutgoingRecord>);
+    /// Tasks that failed and stopped alone: the host's error policy
+    /// decides now or at its next turn.
+    fn failures(&mut self, failures: Vec<TaskFailure>) -> Result<(), Self::Error>;
+    /// Restore jobs to run off the poll loop.
+    fn restores(&mut self, jobs: Vec<RestoreJob>);
+    /// A fresh metrics sample.
+    fn published(&mut self, sample: Published);
+    /// A pause to wait before the next poll.
+    fn backoff(&mut self, pause: Duration);
+    /// A fetch pause or resume; a partition no longer assigned may refuse,
+    /// and nothing depends on it then.
+    fn flow(&mut self, change: FlowChange);
+    /// Makes a consumer seek; [`act_on`] acknowledges it once this returns.
+    fn seek(&mut self, seek: &Seek) -> Result<(), Self::Error>;
+    /// The transaction a flush or a revocation closed (or one due at a
+    /// commit point): the host produces and commits it now, acknowledging
+    /// its delivery reports and its fate, or keeps it to do so before
+    /// anything else.
+    fn transaction(&mut self, txn: Transaction) -> Result<(), Self::Error>;
+}
+
+/// Acts on `ready` and on whatever acting on it brings (an aborted commit
+/// asks for seeks, a restarted task for its own), until the worker has
+/// nothing more. Each round takes the parts in one order: abandoned
+/// records, failures, restores, the sample, the backoff, then pauses and
+/// resumes, then seeks (each acknowledged once made), then the transaction.
+/// A failure before the transaction is produced reports it aborted to the
+/// worker (it never reached the producer), so the recovery that follows
+/// finds nothing in flight.
+pub fn act_on<H: Host + ?Sized>(host: &mut H, ready: Ready) -> Result<(), H::Error> {
+    let mut ready = ready;
+    while !ready.is_empty() {
+        let Ready {
+            failures,
+            restores,
+            flow,
+            seeks,
+            published,
+            transaction,
+            backoff,
+            abandoned,
+        } = ready;
+        host.abandoned(abandoned);
+        let mut made = host.failures(failures);
+        host.restores(restores);
+        if let Some(sample) = published {
+            host.published(sample);
+        }
+        if let Some(pause) = backoff {
+            host.backoff(pause);
+        }
+        for change in flow {
+            host.flow(change);
+        }
+        for s in seeks {
+            if made.is_err() {
+                break;
+            }
+            made = host.seek(&s).and_then(|()| {
+                let ack = Ack::Seeked {
+                    topic: &s.topic,
+                    partition: s.partition,
+                    offset: s.offset,
+                };
+                host.advance(ack).map_err(H::Error::from)
+            });
+        }
+        if let Err(e) = made {
+            if transaction.is_some() {
+                host.advance(Ack::Committed(CommitOutcome::Aborted))?;
+            }
+            return Err(e);
+        }
+        if let Some(txn) = transaction {
+            host.transaction(txn)?;
+        }
+        ready = host.ready()?;
+    }
+    Ok(())
+}
