@@ -10,10 +10,12 @@
 
 mod classify;
 mod membership;
+mod options;
 mod produce;
 mod protocol;
 mod queries;
 mod rebalance;
+mod state;
 mod thread;
 mod topics;
 
@@ -53,8 +55,10 @@ use crate::policy::{
 };
 use crate::settings;
 use crate::state_dir::StateDir;
+pub use options::{Backoff, GroupProtocol, StreamsOptions};
 pub use parsley::runtime::changelog::RestoreListener;
 pub use queries::{KeyHost, QueryError};
+use state::{Doing, Phase, Readiness, Reports, StateCell, set_phase};
 
 /// Records a stream thread takes from its consumer's buffer before it
 /// turns to position reports, the clock and its transaction.
@@ -97,61 +101,6 @@ fn set_prefetch_defaults(consumer_config: &mut ClientConfig) {
     }
 }
 
-/// Which consumer group protocol the stream threads use.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum GroupProtocol {
-    /// Chosen at [`start`](CausalStreams::start) by what the cluster's
-    /// brokers serve (their `group.coordinator.rebalance.protocols`): the
-    /// consumer protocol where every broker serves it (Kafka 4.0 and
-    /// later), else the classic one (Kafka 3.7 to 3.9, or brokers that
-    /// could not be asked). The choice and its reason are logged once at
-    /// INFO, and [`CausalStreams::group_protocol`] says which it was. A
-    /// cluster that lists the consumer protocol but refuses it at the join
-    /// (`UnsupportedVersion`: a 4.x cluster upgraded from 3.x whose
-    /// `group.version` feature is still 0) has its stream threads join
-    /// again with the classic protocol, with a WARN. A `group.protocol` in
-    /// the client configuration counts as an explicit choice. The default.
-    #[default]
-    Auto,
-    /// The consumer group protocol of KIP-848 (Kafka 4.0 and later), with
-    /// the broker's range assignor: sticky, and partition `p` of
-    /// co-partitioned topics goes to one member. Partitions move one by one
-    /// as the group reconciles, so a task whose partitions stay keeps
-    /// running through a rebalance with its state, open work and hold
-    /// queues. Session and heartbeat timeouts are the broker's
-    /// (`group.consumer.session.timeout.ms`); a client configuration's
-    /// `session.timeout.ms` and `heartbeat.interval.ms` are ignored, with a
-    /// warning. Asked for explicitly on a cluster whose brokers say they do
-    /// not serve it, [`start`](CausalStreams::start) fails with
-    /// [`StreamsError::GroupProtocolUnsupported`].
-    Consumer,
-    /// The classic protocol with the eager range assignor, for brokers
-    /// older than 4.0: every rebalance revokes every partition of every
-    /// member, and each task restarts from its changelogs.
-    Classic,
-}
-
-impl GroupProtocol {
-    /// The `group.protocol` client setting's value, for a protocol that is
-    /// chosen.
-    fn name(self) -> Option<&'static str> {
-        match self {
-            GroupProtocol::Consumer => Some("consumer"),
-            GroupProtocol::Classic => Some("classic"),
-            GroupProtocol::Auto => None,
-        }
-    }
-
-    /// The protocol a `group.protocol` client setting names.
-    fn from_setting(value: &str) -> Option<GroupProtocol> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "consumer" => Some(GroupProtocol::Consumer),
-            "classic" => Some(GroupProtocol::Classic),
-            _ => None,
-        }
-    }
-}
-
 /// The settings of the changelog topics the runtime creates. Compaction
 /// never touches a partition's active segment, and with Kafka's defaults
 /// (1 GiB segments, rolled weekly) a changelog under a gigabyte never
@@ -165,279 +114,6 @@ const CHANGELOG_SETTINGS: &[(&str, &str)] = &[
     ("segment.ms", "600000"),
     ("min.cleanable.dirty.ratio", "0.2"),
 ];
-
-/// How the runtime runs an application.
-#[derive(Clone, Debug)]
-pub struct StreamsOptions {
-    /// Stream threads (consumers and transactional producers) in this
-    /// instance.
-    pub threads: usize,
-    /// How long a transaction collects work before it commits.
-    pub commit_interval: Duration,
-    /// How often each task runs the truncation sweep.
-    pub truncation_interval: Duration,
-    /// Where a channel with no committed position starts.
-    pub start_policy: StartPolicy,
-    /// What a channel whose committed position lies below its log start
-    /// does: fail its task (the default), or go on from the log start.
-    pub on_retention_loss: OnRetentionLoss,
-    /// How long one cluster lookup may take.
-    pub request_timeout: Duration,
-    /// How long a changelog replay may receive nothing, while its
-    /// partition's end lies ahead, before its task fails with
-    /// `MetadataError::Stalled` (naming the partition and offsets). A
-    /// replay that makes progress never times out.
-    pub restore_stall_timeout: Duration,
-    /// The consumer group protocol; by default chosen at start by what the
-    /// cluster serves ([`GroupProtocol::Auto`]).
-    pub group_protocol: GroupProtocol,
-    /// How long a stream thread waits before it joins the group again,
-    /// after a failure the error handler answered with
-    /// [`ErrorResponse::ReplaceThread`] or after being fenced.
-    pub rejoin_backoff: Backoff,
-    /// How long a failed task waits before it restarts in place, after a
-    /// failure the error handler answered with
-    /// [`ErrorResponse::ReplaceThread`]. The task's partitions stay with
-    /// its thread meanwhile, so the group does not rebalance.
-    pub task_backoff: Backoff,
-    /// This instance's identity within the application: it names the
-    /// stream threads' transactional ids (`<app>-<instance>-<thread>`), so
-    /// it must be the same when an instance restarts (its new producers
-    /// then fence the dead one's open transactions at once, instead of
-    /// leaving them to time out and hold back readers) and different for
-    /// instances that run at the same time (they would fence each other).
-    /// `None` takes the host name.
-    pub instance_id: Option<String>,
-    /// Where this instance answers state queries for the keys of its tasks
-    /// (`host:port`, or a URL), as Kafka Streams' `application.server`:
-    /// published with each stream thread's report, so any instance can
-    /// tell a caller where a key lives ([`CausalStreams::query_host`]).
-    /// Parsley does not serve it; the service that embeds the instance
-    /// does. `None` publishes no endpoint.
-    pub application_server: Option<String>,
-    /// Where each task's stores are kept between runs: a task that starts
-    /// opens its store there and replays only the changelog written after
-    /// the store's checkpoint. The instance locks
-    /// `<state_dir>/<application id>/<instance id>` for its life; a second
-    /// instance on it is refused ([`StreamsError::StateDir`]). `None` keeps the
-    /// stores in memory only, and every task start replays its whole
-    /// changelogs. The default is `parsley-streams` under the system's
-    /// temporary directory; in production choose a directory that survives
-    /// a restart.
-    pub state_dir: Option<std::path::PathBuf>,
-    /// The most memory each task's store file may keep cached, in bytes:
-    /// the file engine's read cache and the pages of commits written
-    /// without a flush, together. 8 MiB by default (the engine's own
-    /// default, 1 GiB per file, let an instance keep in memory much of
-    /// what its files ever held).
-    pub state_file_cache: usize,
-    /// Static group membership: each stream thread joins with the stable
-    /// `group.instance.id` `<application id>-<instance id>-<thread index>`.
-    /// An instance that closes and starts again within the group's session
-    /// timeout gets its partitions back without a rebalance of the other
-    /// members. The costs, under the consumer group protocol: a closed
-    /// instance's partitions stay reserved for it until the session
-    /// timeout passes (a scale-down waits that long before the others
-    /// take them), and an instance restarted after a crash is refused by
-    /// the broker (`UNRELEASED_INSTANCE_ID`, fatal to the consumer) until
-    /// the crashed member's session has expired; its threads retry after
-    /// `rejoin_backoff`. Off by default.
-    pub static_membership: bool,
-    /// The most one task may hold in memory, in bytes, before its thread
-    /// pauses fetching on the task's partitions whose queue heads are held
-    /// (records wait in the log instead; see the guide's "Memory and
-    /// backpressure"). A partition a held record waits for is never
-    /// paused. A record larger than this that has to wait fails its task.
-    /// `None` sets no bound. 32 MiB by default.
-    pub hold_budget: Option<usize>,
-    /// How many held records of each hold queue a task keeps in
-    /// memory (the head and the ones right behind it); the others, once
-    /// committed, are kept only in the task's committed store and read
-    /// back in order when the gate reaches them. `None` keeps them all.
-    /// 256 by default.
-    pub hold_window: Option<usize>,
-    /// How many held records a task releases per transaction at most,
-    /// when a cause lets many go at once: the rest go in the next
-    /// transactions, each committed as soon as the one before. Keeps the
-    /// memory a large release takes (its deliveries, and a changelog
-    /// delete per page of held records) to a transaction's worth. `None`
-    /// sets no bound. 65,536 by default.
-    pub release_per_transaction: Option<usize>,
-    /// How much fold state the instance keeps in memory, in bytes, at
-    /// most (an estimate of what the entries take), shared evenly by its
-    /// stream threads and, within a thread, by its stateful tasks: the
-    /// rest is read from each task's file in the state directory when a
-    /// record needs it. Entries leave memory oldest write first, once the
-    /// file holds them. Needs a state directory; without one (or with
-    /// `None`) the whole fold state stays in memory. 64 MiB by default.
-    pub fold_cache: Option<usize>,
-    /// The replication factor of the topics the runtime creates (the
-    /// changelogs, the control and diagnostics topics). `None` takes the
-    /// broker's `default.replication.factor`. With a factor asked for,
-    /// `start()` warns about an existing changelog replicated less, or
-    /// whose `min.insync.replicas` lets one replica alone acknowledge a
-    /// write while it has three or more (a broker lost then can take
-    /// committed state with it).
-    pub replication_factor: Option<i16>,
-}
-
-impl Default for StreamsOptions {
-    fn default() -> Self {
-        StreamsOptions {
-            threads: 1,
-            commit_interval: Duration::from_millis(100),
-            truncation_interval: Duration::from_secs(600),
-            start_policy: StartPolicy::Earliest,
-            on_retention_loss: OnRetentionLoss::Fail,
-            request_timeout: Duration::from_secs(30),
-            restore_stall_timeout: Duration::from_secs(90),
-            group_protocol: GroupProtocol::Auto,
-            rejoin_backoff: Backoff::default(),
-            task_backoff: Backoff::default(),
-            instance_id: None,
-            application_server: None,
-            state_dir: Some(std::env::temp_dir().join("parsley-streams")),
-            state_file_cache: crate::state_dir::DEFAULT_FILE_CACHE,
-            static_membership: false,
-            hold_budget: Some(parsley::runtime::worker::DEFAULT_HOLD_BUDGET),
-            hold_window: Some(parsley::runtime::worker::DEFAULT_HOLD_WINDOW),
-            release_per_transaction: Some(
-                parsley::runtime::worker::DEFAULT_RELEASE_PER_TRANSACTION,
-            ),
-            fold_cache: Some(parsley::runtime::worker::DEFAULT_FOLD_CACHE),
-            replication_factor: None,
-        }
-    }
-}
-
-/// How long a stream thread waits before it joins its group again, and a
-/// failed task before it restarts (the worker's type): `initial` after the
-/// first failure, doubling with each one in a row, up to `max`.
-pub use parsley::runtime::worker::Backoff;
-
-/// What a stream thread is doing, for a close that cannot finish to name.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Doing {
-    Starting,
-    Joining,
-    Polling,
-    Committing,
-    StartingTasks,
-    RevokingTasks,
-    RejoinBackoff,
-    TransientBackoff,
-    ClosingCommit,
-    ClosingLeave,
-}
-
-impl std::fmt::Display for Doing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Doing::Starting => "starting",
-            Doing::Joining => "joining the group (producer and consumer set-up)",
-            Doing::Polling => "polling",
-            Doing::Committing => "committing",
-            Doing::StartingTasks => "starting tasks (lookups and restores)",
-            Doing::RevokingTasks => "revoking tasks",
-            Doing::RejoinBackoff => "waiting to join the group again (backoff)",
-            Doing::TransientBackoff => "waiting before the next attempt (transient failure)",
-            Doing::ClosingCommit => "closing: committing the open transaction",
-            Doing::ClosingLeave => "closing: leaving the group",
-        })
-    }
-}
-
-/// Where a stream thread says what it is doing.
-type Phase = Arc<Mutex<Doing>>;
-
-fn set_phase(phase: &Phase, now: Doing) {
-    *lock(phase) = now;
-}
-
-/// What each stream thread last published (metrics and held heads), by
-/// thread index. A thread writes its entry on its sampling punctuation
-/// (every 500 ms); readers take the lock only to copy it.
-type Reports = Arc<Mutex<BTreeMap<usize, Published>>>;
-
-type StateListener = Box<dyn Fn(&StreamsState, &StreamsState) + Send + Sync>;
-
-/// The application's state and who listens to its changes.
-struct StateCell {
-    state: Mutex<StreamsState>,
-    listener: Mutex<Option<StateListener>>,
-}
-
-impl Default for StateCell {
-    fn default() -> Self {
-        StateCell {
-            state: Mutex::new(StreamsState::Created),
-            listener: Mutex::new(None),
-        }
-    }
-}
-
-impl StateCell {
-    fn get(&self) -> StreamsState {
-        lock(&self.state).clone()
-    }
-
-    /// Moves to `new`; a failure is final (a later stop keeps it).
-    fn set(&self, new: StreamsState) {
-        let old = {
-            let mut state = lock(&self.state);
-            if matches!(*state, StreamsState::Failed(_))
-                && matches!(new, StreamsState::Stopping | StreamsState::Stopped)
-            {
-                return;
-            }
-            std::mem::replace(&mut *state, new.clone())
-        };
-        if std::mem::discriminant(&old) != std::mem::discriminant(&new)
-            && let Some(listener) = lock(&self.listener).as_ref()
-        {
-            listener(&old, &new);
-        }
-    }
-}
-
-/// Which stream threads are ready (their assignment taken and every task
-/// of it started): all of them make the instance `Running`, any other
-/// mix `Rebalancing`. Stopping, stopped and failed states are left alone.
-struct Readiness {
-    threads: Mutex<Vec<bool>>,
-    state: Arc<StateCell>,
-}
-
-impl Readiness {
-    fn new(threads: usize, state: Arc<StateCell>) -> Readiness {
-        Readiness {
-            threads: Mutex::new(vec![false; threads]),
-            state,
-        }
-    }
-
-    /// Thread `index` is ready, or not.
-    fn set(&self, index: usize, ready: bool) {
-        let mut threads = lock(&self.threads);
-        let Some(slot) = threads.get_mut(index) else {
-            return;
-        };
-        if *slot == ready {
-            return;
-        }
-        *slot = ready;
-        let all = threads.iter().all(|r| *r);
-        // Under the lock, so two threads' changes apply in order.
-        let now = self.state.get();
-        if matches!(now, StreamsState::Running | StreamsState::Rebalancing) {
-            self.state.set(if all {
-                StreamsState::Running
-            } else {
-                StreamsState::Rebalancing
-            });
-        }
-    }
-}
 
 /// A Parsley application on a Kafka cluster.
 pub struct CausalStreams {
@@ -1016,6 +692,9 @@ struct Shared {
     /// handler, restore jobs for the restore thread, and a fresh sample to
     /// publish. Pauses, resumes, seeks and transactions never wait here.
     kept: Ready,
+    /// The group changes librdkafka reported during the last poll, for the
+    /// turn to act on ([`Shared::take_group_changes`]).
+    group_changes: Vec<rebalance::GroupChange>,
     /// Where the answers to the state queries the worker holds go.
     replies: BTreeMap<
         parsley::runtime::query::QueryId,

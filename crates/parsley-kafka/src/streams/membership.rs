@@ -39,10 +39,14 @@ pub(super) struct Membership<'t> {
 }
 
 impl Drop for Membership<'_> {
-    /// Set before the consumer is dropped, however the membership ends:
-    /// the revocation the consumer's close makes then changes no state.
+    /// However the membership ends: the group changes the last poll
+    /// recorded are acted on, as a turn would, and then `ending` is set
+    /// before the consumer is dropped: the revocation the consumer's close
+    /// makes changes no state.
     fn drop(&mut self) {
-        lock(&self.consumer.context().shared).ending = true;
+        let mut shared = lock(&self.consumer.context().shared);
+        shared.take_group_changes(&self.consumer);
+        shared.ending = true;
     }
 }
 
@@ -99,6 +103,7 @@ impl StreamThread {
                 restores: self.restores.clone(),
                 seen: parsley::runtime::worker::WorkerStats::default(),
                 kept: Ready::default(),
+                group_changes: Vec::new(),
             }),
         };
         let consumer_config = self.consumer_config(protocol);
@@ -166,40 +171,9 @@ impl StreamThread {
 
     /// The membership's worker, configured from the instance's options.
     fn worker(&self, protocol: GroupProtocol, txn_timeout: Duration) -> Worker {
-        let mut worker = Worker::new(
-            &self.app,
-            WorkerConfig {
-                commit_interval: self.options.commit_interval,
-                truncation_interval: self.options.truncation_interval,
-                start_policy: self.options.start_policy,
-                on_retention_loss: self.options.on_retention_loss,
-                task_backoff: self.options.task_backoff,
-                // A transaction left unresolved on a changelog resolves
-                // within its timeout (its coordinator aborts it then).
-                changelog_stable_wait: txn_timeout + Duration::from_secs(5),
-                assignment: match protocol {
-                    GroupProtocol::Consumer => parsley::runtime::worker::Assignment::Incremental,
-                    // Resolved at start; the classic protocol works everywhere.
-                    GroupProtocol::Classic | GroupProtocol::Auto => {
-                        parsley::runtime::worker::Assignment::Complete
-                    }
-                },
-                thread_id: format!("{}-{}", self.instance, self.index),
-                // Nothing here reads what the tasks did record by record.
-                events: false,
-                // Replays run on the thread's restore thread, so the ready
-                // tasks go on processing meanwhile.
-                restores: parsley::runtime::worker::RestoreMode::Deferred,
-                hold_budget: self.options.hold_budget,
-                hold_window: self.options.hold_window,
-                release_per_transaction: self.options.release_per_transaction,
-                fold_cache: self
-                    .options
-                    .fold_cache
-                    .map(|b| b / self.options.threads.max(1)),
-                ..WorkerConfig::default()
-            },
-        );
+        let thread_id = format!("{}-{}", self.instance, self.index);
+        let config = self.options.worker_config(protocol, txn_timeout, thread_id);
+        let mut worker = Worker::new(&self.app, config);
         if let Some(dir) = &self.state_dir {
             worker = worker.with_local_store(Box::new(dir.stores()));
         }
@@ -295,6 +269,9 @@ impl Membership<'_> {
         let mut batch = 0;
         loop {
             let mut shared = lock(&self.consumer.context().shared);
+            // What the poll said of the group first: a record it returned
+            // meets the assignment as it is after those changes.
+            shared.take_group_changes(&self.consumer);
             if let Some(e) = shared.error.take() {
                 return Err(e);
             }
@@ -416,6 +393,7 @@ impl Membership<'_> {
                 .unwrap_or(false)
         {
             let _ = self.consumer.poll(Duration::from_millis(50));
+            lock(&self.consumer.context().shared).take_group_changes(&self.consumer);
         }
         left(&mut self.publisher, self.thread);
         info!(thread = self.thread.index, "stream thread stopped");

@@ -26,57 +26,37 @@ impl ClientContext for ThreadContext {
     }
 }
 
+/// What librdkafka said in one rebalance callback, kept for the turn that
+/// follows the poll it came from.
+pub(super) struct GroupChange {
+    /// Partitions arrive (else they leave).
+    assigning: bool,
+    partitions: TopicPartitionList,
+}
+
 impl ConsumerContext for ThreadContext {
+    /// Only records what librdkafka said: the membership's turn acts on it
+    /// once the poll returns ([`Shared::take_group_changes`]). librdkafka
+    /// waits for the assignment call, which need not come from inside the
+    /// callback, as long as it comes within the session timeout. When the
+    /// consumer closes (the membership's drop), no turn follows, so the
+    /// callback acts itself.
     fn rebalance(
         &self,
         consumer: &BaseConsumer<Self>,
         err: rdkafka_sys::rd_kafka_resp_err_t,
         tpl: &mut TopicPartitionList,
     ) {
-        let mut shared = lock(&self.shared);
-        let assigning =
-            err == rdkafka_sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
-        if shared.error.is_some() || shared.rejoin.is_some() {
-            // The membership is ending: take nothing up.
-            let _ = if assigning {
-                shared.leave_untaken(consumer, tpl)
-            } else {
-                shared.give_up(consumer, tpl).map_err(StreamsError::from)
-            };
-            return;
-        }
-        if assigning && shared.stop.load(Ordering::SeqCst) {
-            // Closing: the partitions wait for this member to leave, and
-            // no task starts (or restores) only to be dropped.
-            let _ = shared.leave_untaken(consumer, tpl);
-            return;
-        }
-        // Rebalancing until the new assignment's tasks have started (not
-        // when the consumer's own close revokes what it held: the thread's
-        // state is then its failure's, or the instance's close).
-        let ending = shared.ending;
-        if !ending {
-            shared.assigned = false;
-            shared.refresh_ready();
-        }
-        let r = if assigning {
-            info!(partitions = tpl.count(), "assignment taken");
-            set_phase(&shared.phase, Doing::StartingTasks);
-            let r = shared.on_assign(consumer, tpl);
-            shared.assigned = r.is_ok();
-            r
-        } else {
-            set_phase(&shared.phase, Doing::RevokingTasks);
-            shared.on_revoke(consumer, tpl)
+        let change = GroupChange {
+            assigning: err
+                == rdkafka_sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS,
+            partitions: tpl.clone(),
         };
-        if !ending {
-            shared.republish();
-        }
-        set_phase(&shared.phase, Doing::Polling);
-        if let Err(e) = r {
-            warn!(error = %e, "rebalance failed; the stream thread stops");
-            let _ = shared.give_up(consumer, tpl);
-            shared.error = Some(e);
+        let mut shared = lock(&self.shared);
+        if shared.ending {
+            shared.on_group_change(consumer, change);
+        } else {
+            shared.group_changes.push(change);
         }
     }
 
@@ -92,6 +72,65 @@ pub(super) fn partitions(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
 }
 
 impl Shared {
+    /// Acts on the group changes the last poll recorded, in order.
+    pub(super) fn take_group_changes(&mut self, consumer: &BaseConsumer<ThreadContext>) {
+        for change in std::mem::take(&mut self.group_changes) {
+            self.on_group_change(consumer, change);
+        }
+    }
+
+    /// Takes up or gives up the partitions of one group change. A failure
+    /// gives the change's partitions up and is kept for the turn to stop
+    /// the thread on.
+    fn on_group_change(&mut self, consumer: &BaseConsumer<ThreadContext>, change: GroupChange) {
+        let GroupChange {
+            assigning,
+            partitions: tpl,
+        } = change;
+        if self.error.is_some() || self.rejoin.is_some() {
+            // The membership is ending: take nothing up.
+            let _ = if assigning {
+                self.leave_untaken(consumer, &tpl)
+            } else {
+                self.give_up(consumer, &tpl).map_err(StreamsError::from)
+            };
+            return;
+        }
+        if assigning && self.stop.load(Ordering::SeqCst) {
+            // Closing: the partitions wait for this member to leave, and
+            // no task starts (or restores) only to be dropped.
+            let _ = self.leave_untaken(consumer, &tpl);
+            return;
+        }
+        // Rebalancing until the new assignment's tasks have started (not
+        // when the consumer's own close revokes what it held: the thread's
+        // state is then its failure's, or the instance's close).
+        let ending = self.ending;
+        if !ending {
+            self.assigned = false;
+            self.refresh_ready();
+        }
+        let r = if assigning {
+            info!(partitions = tpl.count(), "assignment taken");
+            set_phase(&self.phase, Doing::StartingTasks);
+            let r = self.on_assign(consumer, &tpl);
+            self.assigned = r.is_ok();
+            r
+        } else {
+            set_phase(&self.phase, Doing::RevokingTasks);
+            self.on_revoke(consumer, &tpl)
+        };
+        if !ending {
+            self.republish();
+        }
+        set_phase(&self.phase, Doing::Polling);
+        if let Err(e) = r {
+            warn!(error = %e, "rebalance failed; the stream thread stops");
+            let _ = self.give_up(consumer, &tpl);
+            self.error = Some(e);
+        }
+    }
+
     fn on_assign(
         &mut self,
         consumer: &BaseConsumer<ThreadContext>,
@@ -102,6 +141,57 @@ impl Shared {
             // An incremental step that adds nothing: acknowledge it.
             return self.take(consumer, tpl).map_err(StreamsError::from);
         }
+        let Some(parts) = self.look_up(consumer, tpl)? else {
+            // The instance began to close during the lookups: start nothing.
+            return self.leave_untaken(consumer, tpl);
+        };
+        self.worker.assign(parts, &self.cluster, now_ms())?;
+        // Assign with the worker's starts instead of seeking afterwards.
+        let mut starts = TopicPartitionList::new();
+        let mut ready = self.worker.ready(None)?;
+        let seeks = std::mem::take(&mut ready.seeks);
+        for (topic, p) in partitions(tpl) {
+            // A started task's position is its seek; the others start
+            // at an absolute offset (Worker::fetch_start says why).
+            let offset = Offset::Offset(self.worker.fetch_start(&topic, p));
+            starts.add_partition_offset(&topic, p, offset)?;
+        }
+        self.take(consumer, &starts)?;
+        // Pauses of partial tasks and resumes of tasks that formed, on the
+        // assignment as it is now, and the rest of what the worker handed
+        // over.
+        self.act(consumer, ready)?;
+        let mut earlier = Vec::new();
+        for s in seeks {
+            if starts.find_partition(&s.topic, s.partition).is_some() {
+                let ack = Ack::Seeked {
+                    topic: &s.topic,
+                    partition: s.partition,
+                    offset: s.offset,
+                };
+                self.worker.advance(ack, &self.cluster)?;
+            } else {
+                // A partition assigned before, of a task that formed now.
+                earlier.push(s);
+            }
+        }
+        let earlier = Ready {
+            seeks: earlier,
+            ..Ready::default()
+        };
+        self.act(consumer, earlier)?;
+        info!(partitions = tpl.count(), tasks = self.worker.tasks().count(), elapsed = ?began.elapsed(), "partitions assigned");
+        Ok(())
+    }
+
+    /// What the worker needs of each assigned partition: the group's
+    /// committed offset, the log start and, for a late joiner, the last
+    /// stable offset. `None` when the instance began to close meanwhile.
+    fn look_up(
+        &self,
+        consumer: &BaseConsumer<ThreadContext>,
+        tpl: &TopicPartitionList,
+    ) -> Result<Option<Vec<AssignedPartition>>, StreamsError> {
         // The group's committed offsets are unstable while a transaction
         // that sent offsets is still open (a frozen or dead member's):
         // the broker answers once it commits or aborts, which the
@@ -111,7 +201,7 @@ impl Shared {
             match consumer.committed_offsets(tpl.clone(), self.timeout) {
                 Ok(c) => break c,
                 Err(_) if self.stop.load(Ordering::SeqCst) => {
-                    return self.leave_untaken(consumer, tpl);
+                    return Ok(None);
                 }
                 Err(e) if Instant::now() < deadline => {
                     warn!(error = %e, "committed offsets not available yet; retrying");
@@ -154,7 +244,7 @@ impl Shared {
             });
             match answer {
                 Ok(a) if !missing => break a,
-                _ if self.stop.load(Ordering::SeqCst) => return self.leave_untaken(consumer, tpl),
+                _ if self.stop.load(Ordering::SeqCst) => return Ok(None),
                 r if Instant::now() < deadline => {
                     let error = r.map_or_else(
                         |e| e.to_string(),
@@ -199,46 +289,9 @@ impl Shared {
             });
         }
         if self.stop.load(Ordering::SeqCst) {
-            // The instance began to close during the lookups: start nothing.
-            return self.leave_untaken(consumer, tpl);
+            return Ok(None);
         }
-        self.worker.assign(parts, &self.cluster, now_ms())?;
-        // Assign with the worker's starts instead of seeking afterwards.
-        let mut starts = TopicPartitionList::new();
-        let mut ready = self.worker.ready(None)?;
-        let seeks = std::mem::take(&mut ready.seeks);
-        for (topic, p) in partitions(tpl) {
-            // A started task's position is its seek; the others start
-            // at an absolute offset (Worker::fetch_start says why).
-            let offset = Offset::Offset(self.worker.fetch_start(&topic, p));
-            starts.add_partition_offset(&topic, p, offset)?;
-        }
-        self.take(consumer, &starts)?;
-        // Pauses of partial tasks and resumes of tasks that formed, on the
-        // assignment as it is now, and the rest of what the worker handed
-        // over.
-        self.act(consumer, ready)?;
-        let mut earlier = Vec::new();
-        for s in seeks {
-            if starts.find_partition(&s.topic, s.partition).is_some() {
-                let ack = Ack::Seeked {
-                    topic: &s.topic,
-                    partition: s.partition,
-                    offset: s.offset,
-                };
-                self.worker.advance(ack, &self.cluster)?;
-            } else {
-                // A partition assigned before, of a task that formed now.
-                earlier.push(s);
-            }
-        }
-        let earlier = Ready {
-            seeks: earlier,
-            ..Ready::default()
-        };
-        self.act(consumer, earlier)?;
-        info!(partitions = tpl.count(), tasks = self.worker.tasks().count(), elapsed = ?began.elapsed(), "partitions assigned");
-        Ok(())
+        Ok(Some(parts))
     }
 
     fn on_revoke(

@@ -24,98 +24,16 @@ use crate::codec::{Codec, CodecError};
 use crate::key_filter::KeyFilter;
 use crate::runtime::local::{LocalReader, LocalStoreError};
 
+mod key;
+mod view;
+
+pub use key::FoldKey;
+pub(crate) use view::StateSource;
+pub use view::StateView;
+
 /// One key and its value as the fold store hands them out: borrowed where
 /// resident, owned where read back from disk.
 pub type FoldEntry<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
-
-/// A slot of the fold-state store.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
-pub enum FoldKey {
-    /// The null key's state.
-    Null,
-    /// The state of a key, by its encoded bytes.
-    Key(Vec<u8>),
-    /// The reserved tick-state slot.
-    Ticks,
-}
-
-impl FoldKey {
-    /// The slot of a record key (`None` is a null key).
-    pub fn for_key(key: Option<&[u8]>) -> Self {
-        match key {
-            None => FoldKey::Null,
-            Some(k) => FoldKey::Key(k.to_vec()),
-        }
-    }
-
-    /// The store key bytes.
-    ///
-    /// ```
-    /// use parsley::FoldKey;
-    /// assert_eq!(FoldKey::Null.to_bytes(), vec![0x00]);
-    /// assert_eq!(FoldKey::Key(b"k".to_vec()).to_bytes(), vec![0x01, b'k']);
-    /// assert_eq!(FoldKey::Key(vec![]).to_bytes(), vec![0x01]);
-    /// assert_eq!(FoldKey::Ticks.to_bytes(), vec![0x02]);
-    /// ```
-    pub fn to_bytes(&self) -> Vec<u8> {
-        match self {
-            FoldKey::Key(k) => FoldKey::key_bytes(Some(k)),
-            _ => {
-                let mut out = Vec::with_capacity(1);
-                self.write_bytes(&mut out);
-                out
-            }
-        }
-    }
-
-    /// [`to_bytes`](Self::to_bytes) written over `out`, reusing its room.
-    pub(crate) fn write_bytes(&self, out: &mut Vec<u8>) {
-        match self {
-            FoldKey::Null => FoldKey::write_key_bytes(None, out),
-            FoldKey::Key(k) => FoldKey::write_key_bytes(Some(k), out),
-            FoldKey::Ticks => {
-                out.clear();
-                out.push(0x02);
-            }
-        }
-    }
-
-    /// The store key bytes of a record key's slot (`None` is a null key):
-    /// `FoldKey::for_key(key).to_bytes()` in one allocation instead of two.
-    ///
-    /// ```
-    /// use parsley::FoldKey;
-    /// assert_eq!(FoldKey::key_bytes(Some(b"k")), FoldKey::for_key(Some(b"k")).to_bytes());
-    /// assert_eq!(FoldKey::key_bytes(None), FoldKey::Null.to_bytes());
-    /// ```
-    pub fn key_bytes(key: Option<&[u8]>) -> Vec<u8> {
-        let mut out = Vec::with_capacity(key.map_or(1, |k| k.len() + 1));
-        FoldKey::write_key_bytes(key, &mut out);
-        out
-    }
-
-    /// [`key_bytes`](Self::key_bytes) written over `out`, reusing its room.
-    pub(crate) fn write_key_bytes(key: Option<&[u8]>, out: &mut Vec<u8>) {
-        out.clear();
-        match key {
-            None => out.push(0x00),
-            Some(k) => {
-                out.push(0x01);
-                out.extend_from_slice(k);
-            }
-        }
-    }
-
-    /// Parses store key bytes; `None` for bytes no slot produces.
-    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
-        match bytes {
-            [0x00] => Some(FoldKey::Null),
-            [0x01, rest @ ..] => Some(FoldKey::Key(rest.to_vec())),
-            [0x02] => Some(FoldKey::Ticks),
-            _ => None,
-        }
-    }
-}
 
 /// The hasher of the fold state's in-memory indexes: fast, with a fixed
 /// seed. Nothing iterates a hash index in its own order where the order
@@ -800,132 +718,6 @@ impl Cold {
         if slot.is_none() {
             *slot = Some(e);
         }
-    }
-}
-
-/// The raw fold state a task shows its tick logic: committed state with
-/// this task's uncommitted writes on top.
-pub(crate) trait StateSource {
-    /// The state bytes under a store key.
-    fn get(&self, key: &[u8]) -> Option<Cow<'_, [u8]>>;
-    /// Every keyed slot (the null key's and each key's, not the tick
-    /// slot), in store-key order.
-    fn entries(&self) -> Vec<FoldEntry<'_>>;
-    /// How many keys hold state (the null key included), as
-    /// [`entries`](Self::entries) would list them. The default lists them;
-    /// a source whose state may be on disk counts keys without reading
-    /// any state.
-    fn count(&self) -> usize {
-        self.entries().len()
-    }
-}
-
-/// A read view of a stateful stage's per-key fold state, as tick logic
-/// declared with
-/// [`tick_fold_over`](crate::StageBuilder::tick_fold_over) sees it: the
-/// task's state including what earlier records of the same transaction
-/// wrote. Iteration follows the encoded key bytes (the null key first), so a
-/// run is deterministic; that order is not `K`'s own `Ord` in general.
-///
-/// A key or state that does not decode fails the task once the tick logic
-/// returns (as a state codec error), and iteration stops at it.
-pub struct StateView<'a, K, S> {
-    source: &'a dyn StateSource,
-    key: &'a Codec<K>,
-    state: &'a Codec<S>,
-    error: &'a RefCell<Option<CodecError>>,
-}
-
-impl<K, S> fmt::Debug for StateView<'_, K, S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StateView")
-            .field("slots", &self.source.count())
-            .finish()
-    }
-}
-
-impl<'a, K: 'static, S: 'static> StateView<'a, K, S> {
-    pub(crate) fn new(
-        source: &'a dyn StateSource,
-        key: &'a Codec<K>,
-        state: &'a Codec<S>,
-        error: &'a RefCell<Option<CodecError>>,
-    ) -> Self {
-        StateView {
-            source,
-            key,
-            state,
-            error,
-        }
-    }
-
-    fn fail(&self, e: CodecError) {
-        let mut slot = self.error.borrow_mut();
-        if slot.is_none() {
-            *slot = Some(e);
-        }
-    }
-
-    fn decode_state(&self, bytes: &[u8]) -> Option<S> {
-        match self.state.decode(bytes) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                self.fail(e);
-                None
-            }
-        }
-    }
-
-    /// The state of `key`, if it has any.
-    pub fn get(&self, key: &K) -> Option<S> {
-        let bytes = match self.key.encode(key) {
-            Ok(b) => b,
-            Err(e) => {
-                self.fail(e);
-                return None;
-            }
-        };
-        let slot = FoldKey::Key(bytes).to_bytes();
-        self.source.get(&slot).and_then(|b| self.decode_state(&b))
-    }
-
-    /// The null key's state, if it has any.
-    pub fn get_null(&self) -> Option<S> {
-        self.source
-            .get(&FoldKey::Null.to_bytes())
-            .and_then(|b| self.decode_state(&b))
-    }
-
-    /// Every key with state and its state (`None` for the null key), in
-    /// encoded-key order.
-    pub fn iter(&self) -> impl Iterator<Item = (Option<K>, S)> + '_ {
-        self.source.entries().into_iter().map_while(move |(k, v)| {
-            if self.error.borrow().is_some() {
-                return None;
-            }
-            let key = match FoldKey::from_bytes(&k) {
-                Some(FoldKey::Key(bytes)) => match self.key.decode(&bytes) {
-                    Ok(key) => Some(key),
-                    Err(e) => {
-                        self.fail(e);
-                        return None;
-                    }
-                },
-                _ => None,
-            };
-            self.decode_state(&v).map(|s| (key, s))
-        })
-    }
-
-    /// How many keys (the null key included) hold state. Counted without
-    /// reading any state, also where most of it is on disk.
-    pub fn len(&self) -> usize {
-        self.source.count()
-    }
-
-    /// True when no key holds state.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -35,6 +35,137 @@ impl Task {
                 app.application_id()
             )));
         };
+        let Routes {
+            mut inputs,
+            slots,
+            names,
+            sinks,
+            tick_route,
+        } = Routes::of(app, &stage_def, &id, metadata)?;
+        inputs.sort_by_key(|i| i.channel);
+        let config = NodeConfig {
+            sender: app.sender_id(stage, partition),
+            inputs: inputs.iter().map(|i| i.channel).collect(),
+            sinks: sinks
+                .values()
+                .map(|s| s.id)
+                .chain(tick_route.as_ref().map(|(_, c)| c.topic))
+                .collect(),
+        };
+        // Held records that only the local store holds are read from it,
+        // and those beyond the window are checked but never kept in memory.
+        let view = stores.held.view(&stores.protocol);
+        let init = CausalNode::init_windowed(config, &view, broker, stores.held.window());
+        if let Some(cause) = view.failure() {
+            return Err(TaskError::LocalStore {
+                task: id.clone(),
+                cause,
+            });
+        }
+        drop(view);
+        let init = init.map_err(|source| TaskError::Protocol {
+            task: id.clone(),
+            cause: source,
+        })?;
+        info!(
+            task = %id,
+            channels = ?inputs.iter().map(|i| format!("{} -> {}", i.topic, i.channel)).collect::<Vec<_>>(),
+            restored_held = init.report.restored_held,
+            released_at_init = init.deliveries.len(),
+            "task initialised"
+        );
+        let ticks = ticks::TickSchedule::starting(now_ms, stage_def.tick_interval().map(ms));
+        let mut task = Task {
+            app: app.clone(),
+            stage: stage_def,
+            id,
+            node: init.node,
+            inputs,
+            slots,
+            names,
+            sinks,
+            tick_route,
+            stores,
+            in_flight: None,
+            pending_fold: FoldWrites::new(),
+            key_scratch: Vec::new(),
+            outgoing: Vec::new(),
+            stamps: StampWriter::new(),
+            events: Vec::new(),
+            record_events: true,
+            acted: false,
+            deliveries: Vec::new(),
+            wall_clock: now_ms,
+            ticks,
+            holds: BTreeMap::new(),
+            hold_budget: None,
+            release_cap: None,
+            paged_in_since_commit: 0,
+            watched: Vec::new(),
+            arrival_claims: Vec::new(),
+            poisoned: false,
+            stats: TaskStats::default(),
+            dead_letters: BTreeMap::new(),
+        };
+        task.describe_dead_letters(metadata)?;
+        task.set_release_cap(task.stores.release_cap);
+        let mut deliveries = init.deliveries;
+        task.release(&mut deliveries)?;
+        task.refresh_holds();
+        Ok(task)
+    }
+
+    /// Describes the dead-letter topics this task may step records past
+    /// to: the stage's own, and any an operator recorded in the store.
+    fn describe_dead_letters(&mut self, metadata: &dyn TopicMetadata) -> Result<(), TaskError> {
+        let mut dead: Vec<String> = self
+            .node
+            .stepped()
+            .map(|(_, _, s)| s.dead_letter.clone())
+            .collect();
+        dead.extend(self.stage.corrupt_headers_dead_letter().map(str::to_owned));
+        for topic in dead {
+            if !self.dead_letters.contains_key(&topic) {
+                let d = metadata
+                    .describe(&topic)
+                    .map_err(|cause| TaskError::Metadata {
+                        task: self.id.clone(),
+                        cause,
+                    })?;
+                self.dead_letters.insert(topic, d.partitions);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a task's records come from and go: its input channels, which
+/// source each input topic feeds, every topic's name by id, its sinks and
+/// its tick route.
+struct Routes {
+    inputs: Vec<InputChannel>,
+    slots: BTreeMap<TopicId, SourceSlot>,
+    names: BTreeMap<TopicId, std::sync::Arc<str>>,
+    sinks: BTreeMap<String, SinkInfo>,
+    tick_route: Option<(std::sync::Arc<str>, Channel)>,
+}
+
+impl Routes {
+    /// Describes the stage's topics for task `id`. Every source and the
+    /// tick topic must have the same partition count, and the task's
+    /// partition must be one of them.
+    fn of(
+        app: &Parsley,
+        stage_def: &Stage,
+        id: &TaskId,
+        metadata: &dyn TopicMetadata,
+    ) -> Result<Routes, TaskError> {
+        let partition = id.partition;
+        let stage = id.stage.as_str();
+        let config_err = |message: String| TaskError::Config {
+            task: id.clone(),
+            message,
+        };
         let describe = |topic: &str| {
             metadata
                 .describe(topic)
@@ -103,94 +234,12 @@ impl Task {
                 "partition {partition} is out of range: the stage's topics have {tasks} partition(s)"
             )));
         }
-        inputs.sort_by_key(|i| i.channel);
-        let config = NodeConfig {
-            sender: app.sender_id(stage, partition),
-            inputs: inputs.iter().map(|i| i.channel).collect(),
-            sinks: sinks
-                .values()
-                .map(|s| s.id)
-                .chain(tick_route.as_ref().map(|(_, c)| c.topic))
-                .collect(),
-        };
-        // Held records that only the local store holds are read from it,
-        // and those beyond the window are checked but never kept in memory.
-        let view = stores.held.view(&stores.protocol);
-        let init = CausalNode::init_windowed(config, &view, broker, stores.held.window());
-        if let Some(cause) = view.failure() {
-            return Err(TaskError::LocalStore {
-                task: id.clone(),
-                cause,
-            });
-        }
-        drop(view);
-        let init = init.map_err(|source| TaskError::Protocol {
-            task: id.clone(),
-            cause: source,
-        })?;
-        info!(
-            task = %id,
-            channels = ?inputs.iter().map(|i| format!("{} -> {}", i.topic, i.channel)).collect::<Vec<_>>(),
-            restored_held = init.report.restored_held,
-            released_at_init = init.deliveries.len(),
-            "task initialised"
-        );
-        let ticks = ticks::TickSchedule::starting(now_ms, stage_def.tick_interval().map(ms));
-        let mut task = Task {
-            app: app.clone(),
-            stage: stage_def,
-            id,
-            node: init.node,
+        Ok(Routes {
             inputs,
             slots,
             names,
             sinks,
             tick_route,
-            stores,
-            in_flight: None,
-            pending_fold: FoldWrites::new(),
-            key_scratch: Vec::new(),
-            outgoing: Vec::new(),
-            stamps: StampWriter::new(),
-            events: Vec::new(),
-            record_events: true,
-            acted: false,
-            deliveries: Vec::new(),
-            wall_clock: now_ms,
-            ticks,
-            holds: BTreeMap::new(),
-            hold_budget: None,
-            release_cap: None,
-            paged_in_since_commit: 0,
-            watched: Vec::new(),
-            arrival_claims: Vec::new(),
-            poisoned: false,
-            stats: TaskStats::default(),
-            dead_letters: BTreeMap::new(),
-        };
-        // The dead-letter topics this task may step records past to: the
-        // stage's own, and any an operator recorded in the store.
-        let mut dead: Vec<String> = task
-            .node
-            .stepped()
-            .map(|(_, _, s)| s.dead_letter.clone())
-            .collect();
-        dead.extend(task.stage.corrupt_headers_dead_letter().map(str::to_owned));
-        for topic in dead {
-            if !task.dead_letters.contains_key(&topic) {
-                let d = metadata
-                    .describe(&topic)
-                    .map_err(|cause| TaskError::Metadata {
-                        task: task.id.clone(),
-                        cause,
-                    })?;
-                task.dead_letters.insert(topic, d.partitions);
-            }
-        }
-        task.set_release_cap(task.stores.release_cap);
-        let mut deliveries = init.deliveries;
-        task.release(&mut deliveries)?;
-        task.refresh_holds();
-        Ok(task)
+        })
     }
 }

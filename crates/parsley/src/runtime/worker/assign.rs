@@ -71,7 +71,7 @@ impl Worker {
             if self.partial.remove(&id) {
                 debug!(task = %id, "every partition of the task is here; it forms");
                 for (topic, partition) in needed {
-                    self.flow.push(FlowChange {
+                    self.out.flow(FlowChange {
                         topic,
                         partition,
                         paused: false,
@@ -103,7 +103,7 @@ impl Worker {
             .collect();
         let n = here.len();
         for (topic, partition) in here {
-            self.flow.push(FlowChange {
+            self.out.flow(FlowChange {
                 topic,
                 partition,
                 paused: true,
@@ -274,7 +274,7 @@ impl Worker {
                 let at = c.position;
                 match retention_loss(on_loss, &mut self.stats, id, c, at, log_start) {
                     Ok(start) => {
-                        c.restart_at(start, &mut self.seeks);
+                        c.restart_at(start, &mut self.out);
                         task.position_advance(c.channel, start)?;
                         self.dirty = true;
                     }
@@ -378,7 +378,7 @@ impl Worker {
             return Err(WorkerError::OpenTransaction);
         }
         let mut closing = BTreeSet::new();
-        door::forget(&mut self.seeks, &mut self.flow, partitions);
+        self.out.forget(partitions);
         let mut touched = BTreeSet::new();
         for key in partitions {
             self.assigned.remove(key);
@@ -391,7 +391,7 @@ impl Worker {
                 if let Some(restoring) = self.restoring.remove(&id) {
                     restoring.cancel();
                     info!(task = %id, "restoring task revoked");
-                    self.jobs.retain(|j| j.task != id);
+                    self.out.cancel_restore(&id);
                 }
                 if self.stopped.remove(&id).is_some() {
                     info!(task = %id, "stopped task revoked");

@@ -40,7 +40,7 @@ impl Worker {
             metrics,
             holds,
         };
-        self.fresh_sample = true;
+        self.out.sampled();
         &self.published
     }
 
@@ -184,7 +184,7 @@ impl Worker {
         self.ready_for_work()?;
         if self.dirty {
             let txn = self.take_transaction()?;
-            self.closed = Some(txn);
+            self.out.close(txn);
         }
         Ok(())
     }

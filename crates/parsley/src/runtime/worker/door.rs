@@ -11,6 +11,73 @@
 
 use super::*;
 
+/// What one task did, tagged with the task.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct WorkerEvent {
+    /// The task.
+    pub task: TaskId,
+    /// What it did.
+    pub event: TaskEvent,
+}
+
+/// A consumed position to commit: the next offset to fetch.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ConsumedOffset {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The next offset to fetch.
+    pub offset: i64,
+}
+
+/// One transaction: produce the records, commit the offsets with the
+/// consumer's group metadata, all or nothing.
+#[derive(Debug, Default)]
+pub struct Transaction {
+    /// The transaction's number on this worker (from 1).
+    pub id: u64,
+    /// Records to produce, in order: per task, its emissions and ticks, then
+    /// its changelog records.
+    pub records: Vec<OutgoingRecord>,
+    /// Consumed positions to commit.
+    pub offsets: Vec<ConsumedOffset>,
+    /// What the tasks did, per task in order (empty when
+    /// [`WorkerConfig::events`] is off).
+    pub events: Vec<WorkerEvent>,
+}
+
+/// How a transaction ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum CommitOutcome {
+    /// Committed: records, offsets and state are durable.
+    Committed,
+    /// Aborted (the commit failed, or the host aborted it).
+    Aborted,
+    /// The producer or the group generation was fenced: another owner has
+    /// the tasks now. The worker drops them all.
+    Fenced,
+    /// The commit's fate is unknown (it timed out: it may have committed).
+    /// The worker drops every task as for fencing; the host rejoins the
+    /// group, and the tasks restart from their changelogs and the group's
+    /// committed offsets (read with `require_stable`), whichever way the
+    /// commit went.
+    Unknown,
+}
+
+/// What the host must do before handing a revocation to the worker.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum RevokePlan {
+    /// Nothing is open.
+    Nothing,
+    /// Commit the open work first: [`Worker::before_revoke`] closes it into
+    /// the next [`Ready`].
+    Commit,
+    /// The assignment was lost: abort the open transaction
+    /// ([`Worker::abort`]).
+    Abort,
+}
+
 /// Everything the worker has for its host, taken at once by
 /// [`Worker::ready`]. A host acts on every part; the ones that need an
 /// answer say which [`Ack`] it is.
@@ -111,11 +178,117 @@ impl Ready {
 
 /// The revocation's rule for queued seeks and fetch changes: those of the
 /// partitions that leave go with them.
-pub(super) fn forget(seeks: &mut Vec<Seek>, flow: &mut Vec<FlowChange>, gone: &[(String, i32)]) {
+fn forget(seeks: &mut Vec<Seek>, flow: &mut Vec<FlowChange>, gone: &[(String, i32)]) {
     let left =
         |topic: &str, partition: i32| gone.iter().any(|(t, p)| t == topic && *p == partition);
     seeks.retain(|s| !left(&s.topic, s.partition));
     flow.retain(|f| !left(&f.topic, f.partition));
+}
+
+/// What the worker has for its host and the host has not taken yet: the
+/// parts of the next [`Ready`] (its sample and backoff aside, which are
+/// kept by their own concerns). Every file of the worker adds to it
+/// through these methods; only [`Worker::ready`] empties it.
+#[derive(Debug, Default)]
+pub(super) struct Outbox {
+    failures: Vec<TaskFailure>,
+    jobs: Vec<RestoreJob>,
+    flow: Vec<FlowChange>,
+    seeks: Vec<Seek>,
+    /// A transaction a flush or a revocation closed.
+    closed: Option<Transaction>,
+    /// The records of an open transaction the host aborted.
+    abandoned: Vec<OutgoingRecord>,
+    /// A sample was taken.
+    fresh_sample: bool,
+}
+
+impl Outbox {
+    /// A task failed and stopped alone.
+    pub(super) fn fail(&mut self, failure: TaskFailure) {
+        self.failures.push(failure);
+    }
+
+    /// A restore job for the host to run.
+    pub(super) fn restore(&mut self, job: RestoreJob) {
+        self.jobs.push(job);
+    }
+
+    /// Drops the job of a task that left before the host took it.
+    pub(super) fn cancel_restore(&mut self, task: &TaskId) {
+        self.jobs.retain(|j| j.task != *task);
+    }
+
+    /// A fetch pause or resume.
+    pub(super) fn flow(&mut self, change: FlowChange) {
+        self.flow.push(change);
+    }
+
+    /// A consumer seek.
+    pub(super) fn seek(&mut self, seek: Seek) {
+        self.seeks.push(seek);
+    }
+
+    /// Drops the seeks not taken yet (an abort asks for its own).
+    pub(super) fn drop_seeks(&mut self) {
+        self.seeks.clear();
+    }
+
+    /// A transaction a flush or a revocation closed.
+    pub(super) fn close(&mut self, txn: Transaction) {
+        self.closed = Some(txn);
+    }
+
+    /// The closed transaction, if one waits.
+    pub(super) fn take_closed(&mut self) -> Option<Transaction> {
+        self.closed.take()
+    }
+
+    /// The records of an aborted open transaction.
+    pub(super) fn abandon(&mut self, records: Vec<OutgoingRecord>) {
+        self.abandoned.extend(records);
+    }
+
+    /// A fresh sample was taken.
+    pub(super) fn sampled(&mut self) {
+        self.fresh_sample = true;
+    }
+
+    /// The seeks, pauses and resumes of partitions that were revoked go
+    /// with them.
+    pub(super) fn forget(&mut self, partitions: &[(String, i32)]) {
+        forget(&mut self.seeks, &mut self.flow, partitions);
+    }
+
+    /// Every task was dropped: their closed transaction, restore jobs,
+    /// pauses and seeks go with them. Failures already reported, the
+    /// records of an abort and a sample stay for the host.
+    pub(super) fn forget_tasks(&mut self) {
+        self.closed = None;
+        self.jobs.clear();
+        self.flow.clear();
+        self.seeks.clear();
+    }
+
+    /// Everything as one [`Ready`], with the worker's transaction, sample
+    /// and backoff.
+    pub(super) fn take(
+        &mut self,
+        transaction: Option<Transaction>,
+        published: &Published,
+        backoff: Option<Duration>,
+    ) -> Ready {
+        Ready {
+            failures: std::mem::take(&mut self.failures),
+            restores: std::mem::take(&mut self.jobs),
+            flow: std::mem::take(&mut self.flow),
+            seeks: std::mem::take(&mut self.seeks),
+            published: std::mem::take(&mut self.fresh_sample).then(|| published.clone()),
+            transaction,
+            backoff,
+            abandoned: std::mem::take(&mut self.abandoned),
+        }
+    }
 }
 
 /// What a host did about a [`Ready`], handed back through
@@ -161,22 +334,13 @@ impl Worker {
     /// Fails, taking nothing, when a commit point is offered while a
     /// transaction is in flight or the open one must be aborted first.
     pub fn ready(&mut self, commit_at: Option<i64>) -> Result<Ready, WorkerError> {
-        let transaction = match (self.closed.take(), commit_at) {
+        let transaction = match (self.out.take_closed(), commit_at) {
             (Some(txn), _) => Some(txn),
             (None, Some(now)) => self.poll_transaction(now)?,
             (None, None) => None,
         };
-        let published = std::mem::take(&mut self.fresh_sample).then(|| self.published.clone());
-        Ok(Ready {
-            failures: std::mem::take(&mut self.failures),
-            restores: std::mem::take(&mut self.jobs),
-            flow: std::mem::take(&mut self.flow),
-            seeks: std::mem::take(&mut self.seeks),
-            published,
-            transaction,
-            backoff: self.since_commit.take_backoff(),
-            abandoned: std::mem::take(&mut self.abandoned),
-        })
+        let backoff = self.since_commit.take_backoff();
+        Ok(self.out.take(transaction, &self.published, backoff))
     }
 
     /// Takes the host's acknowledgement of a part of a [`Ready`].

@@ -291,24 +291,22 @@ impl Worker {
         }
         self.tasks.clear();
         // A transaction a flush closed and the host has not taken yet is
-        // the dropped tasks' too.
-        self.closed = None;
+        // the dropped tasks' too, as are their restore jobs, pauses and
+        // seeks.
+        self.out.forget_tasks();
         self.in_flight.forget_tasks();
         for restoring in std::mem::take(&mut self.restoring).into_values() {
             restoring.cancel();
         }
-        self.jobs.clear();
         self.waiting.clear();
         self.unstable_since.clear();
         self.failing = None;
         self.stopped.clear();
         self.partial.clear();
-        self.flow.clear();
         self.diversions.clear();
         self.since_commit.forget();
         self.routes = Routes::default();
         self.assigned.clear();
-        self.seeks.clear();
         self.state = State::Open;
         self.dirty = false;
     }
@@ -325,7 +323,7 @@ impl Worker {
         }
         self.state = State::Open;
         let abandoned = self.rollback(cluster)?;
-        self.abandoned.extend(abandoned);
+        self.out.abandon(abandoned);
         Ok(())
     }
 
@@ -335,7 +333,7 @@ impl Worker {
     ) -> Result<Vec<OutgoingRecord>, WorkerError> {
         self.stats.aborts += 1;
         self.dirty = false;
-        self.seeks.clear();
+        self.out.drop_seeks();
         let mut abandoned = Vec::new();
         if let Some(failing) = self.failing.take()
             && let Some(mut slot) = self.tasks.remove(&failing.task)
@@ -374,7 +372,7 @@ impl Worker {
                     slot.throttle = Throttle::default();
                     for i in paused {
                         let c = &slot.channels[i];
-                        self.flow.push(FlowChange {
+                        self.out.flow(FlowChange {
                             topic: c.topic.clone(),
                             partition: c.partition,
                             paused: false,
@@ -395,7 +393,7 @@ impl Worker {
                         // Its next start fetches them again.
                         for &i in &slot.throttle.paused {
                             let c = &slot.channels[i];
-                            self.flow.push(FlowChange {
+                            self.out.flow(FlowChange {
                                 topic: c.topic.clone(),
                                 partition: c.partition,
                                 paused: false,

@@ -212,7 +212,7 @@ impl Worker {
             throttle.paused.remove(&i);
             let c = &slot.channels[i];
             debug!(task = %id, topic = %c.topic, partition = c.partition, held, budget, "fetching resumed");
-            self.flow.push(FlowChange {
+            self.out.flow(FlowChange {
                 topic: c.topic.clone(),
                 partition: c.partition,
                 paused: false,
@@ -232,7 +232,7 @@ impl Worker {
             if throttle.paused.insert(i) {
                 paused += 1;
                 debug!(task = %id, topic = %c.topic, partition = c.partition, held, budget, "holds passed the budget; fetching paused");
-                self.flow.push(FlowChange {
+                self.out.flow(FlowChange {
                     topic: c.topic.clone(),
                     partition: c.partition,
                     paused: true,
@@ -264,7 +264,7 @@ impl Worker {
             if self.config.restores == RestoreMode::Inline {
                 for (topic, partition) in self.needed(&id) {
                     if self.assigned.contains_key(&(topic.clone(), partition)) {
-                        self.flow.push(FlowChange {
+                        self.out.flow(FlowChange {
                             topic,
                             partition,
                             paused: false,

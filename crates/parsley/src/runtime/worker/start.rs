@@ -22,7 +22,7 @@ impl Worker {
         for c in &slot.channels {
             self.routes.remove(&c.topic, c.partition);
             // Nothing reads them until the task restarts.
-            self.flow.push(FlowChange {
+            self.out.flow(FlowChange {
                 topic: c.topic.clone(),
                 partition: c.partition,
                 paused: true,
@@ -56,7 +56,7 @@ impl Worker {
         }
         self.stopped
             .insert(id.clone(), Stopped { restart_at: None });
-        self.failures.push(TaskFailure {
+        self.out.fail(TaskFailure {
             task: id,
             error: reason,
             earlier_in_a_row: earlier,
@@ -159,7 +159,7 @@ impl Worker {
             // (`restored` resumes them).
             let resume = self.config.restores == RestoreMode::Inline;
             for (topic, partition) in self.needed(&id).into_iter().filter(|_| resume) {
-                self.flow.push(FlowChange {
+                self.out.flow(FlowChange {
                     topic,
                     partition,
                     paused: false,
@@ -215,7 +215,7 @@ impl Worker {
             RestoreMode::Deferred => {
                 // Nothing is fetched for the task until it runs.
                 for (topic, partition) in self.needed(id) {
-                    self.flow.push(FlowChange {
+                    self.out.flow(FlowChange {
                         topic,
                         partition,
                         paused: true,
@@ -232,7 +232,7 @@ impl Worker {
                         cancelled: Arc::clone(&job.cancelled),
                     },
                 );
-                self.jobs.push(job);
+                self.out.restore(job);
                 Ok(())
             }
         }
@@ -630,7 +630,7 @@ impl Worker {
         };
         for (topic, partition) in self.needed(&task) {
             if self.assigned.contains_key(&(topic.clone(), partition)) {
-                self.flow.push(FlowChange {
+                self.out.flow(FlowChange {
                     topic,
                     partition,
                     paused: false,
@@ -704,7 +704,7 @@ impl Worker {
             };
             // H6: never below the log start.
             let start = start.max(a.log_start);
-            c.restart_at(start, &mut self.seeks);
+            c.restart_at(start, &mut self.out);
             debug!(task = %id, topic = %c.topic, partition = c.partition, start, "channel starts");
         }
         for c in &slot.channels {
