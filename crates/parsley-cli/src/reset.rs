@@ -186,102 +186,138 @@ fn plan(r: &Reset, cluster: &KafkaCluster, consumer: &BaseConsumer) -> Result<Pl
         .flat_map(|s| s.sinks.iter().map(|k| k.topic.topic.as_str()))
         .collect();
     for stage in &t.stages {
-        // Each input, with why it goes to its end instead, if it does.
-        let mut inputs: Vec<(&str, Option<&'static str>)> = stage
-            .sources
-            .iter()
-            .map(|s| {
-                let own = written.contains(&s.topic.as_str());
-                let why = own.then_some("its end: the application writes this topic");
-                (s.topic.as_str(), why)
-            })
-            .collect();
-        if let Some(ticks) = &stage.ticks {
-            inputs.push((
-                ticks.topic.as_str(),
-                Some("its end: old ticks are not replayed"),
-            ));
+        let points = plan_positions(r, stage, &written, cluster, consumer, &mut plan)?;
+        plan_changelogs(stage, &points, cluster, &mut plan)?;
+    }
+    plan.control = plan_control(t, cluster, consumer)?;
+    Ok(plan)
+}
+
+/// Where each input of `stage` goes (its positions join the plan), and
+/// the skip marks each task's reset writes, by partition.
+fn plan_positions(
+    r: &Reset,
+    stage: &parsley::describe::StageTopology,
+    written: &[&str],
+    cluster: &KafkaCluster,
+    consumer: &BaseConsumer,
+    plan: &mut Plan,
+) -> Result<BTreeMap<i32, BTreeMap<Channel, ResetPoint>>, String> {
+    // Each input, with why it goes to its end instead, if it does.
+    let mut inputs: Vec<(&str, Option<&'static str>)> = stage
+        .sources
+        .iter()
+        .map(|s| {
+            let own = written.contains(&s.topic.as_str());
+            let why = own.then_some("its end: the application writes this topic");
+            (s.topic.as_str(), why)
+        })
+        .collect();
+    if let Some(ticks) = &stage.ticks {
+        inputs.push((
+            ticks.topic.as_str(),
+            Some("its end: old ticks are not replayed"),
+        ));
+    }
+    let mut points: BTreeMap<i32, BTreeMap<Channel, ResetPoint>> = BTreeMap::new();
+    for (topic, at_end) in inputs {
+        let d = cluster.describe(topic).map_err(|e| match e {
+            MetadataError::Missing(_) => format!(
+                "source topic {topic:?} of stage {:?} does not exist",
+                stage.name
+            ),
+            e => format!("topic {topic:?}: {e}"),
+        })?;
+        let committed = committed(consumer, topic, d.partitions)?;
+        for p in 0..d.partitions {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, p, TIMEOUT)
+                .map_err(|e| format!("cannot read the offsets of {topic}:{p}: {e}"))?;
+            let to = match at_end {
+                None => target(consumer, topic, p, r.to, low, high)?,
+                Some(_) => high,
+            };
+            let tags = if to > low {
+                senders_below(&r.bootstrap, topic, p, low, to)?
+            } else {
+                Vec::new()
+            };
+            plan.positions.push(Position {
+                topic: topic.to_owned(),
+                partition: p,
+                committed: committed.get(&p).copied(),
+                to,
+                at_end,
+                scanned: tags.len() as u64,
+            });
+            points
+                .entry(p)
+                .or_default()
+                .insert(Channel::new(d.id, p), ResetPoint::scan(to, tags));
         }
-        let mut points: BTreeMap<i32, BTreeMap<Channel, ResetPoint>> = BTreeMap::new();
-        for (topic, at_end) in inputs {
-            let d = cluster.describe(topic).map_err(|e| match e {
-                MetadataError::Missing(_) => format!(
-                    "source topic {topic:?} of stage {:?} does not exist",
-                    stage.name
-                ),
-                e => format!("topic {topic:?}: {e}"),
-            })?;
-            let committed = committed(consumer, topic, d.partitions)?;
+    }
+    Ok(points)
+}
+
+/// The records that reset `stage`'s changelogs, given the skip marks of
+/// its new positions.
+fn plan_changelogs(
+    stage: &parsley::describe::StageTopology,
+    points: &BTreeMap<i32, BTreeMap<Channel, ResetPoint>>,
+    cluster: &KafkaCluster,
+    plan: &mut Plan,
+) -> Result<(), String> {
+    let state = &stage.state_changelog;
+    match cluster.describe(state) {
+        Err(MetadataError::Missing(_)) => plan.absent.push(state.clone()),
+        Err(e) => return Err(format!("topic {state:?}: {e}")),
+        Ok(d) => {
             for p in 0..d.partitions {
-                let (low, high) = consumer
-                    .fetch_watermarks(topic, p, TIMEOUT)
-                    .map_err(|e| format!("cannot read the offsets of {topic}:{p}: {e}"))?;
-                let to = match at_end {
-                    None => target(consumer, topic, p, r.to, low, high)?,
-                    Some(_) => high,
-                };
-                let tags = if to > low {
-                    senders_below(&r.bootstrap, topic, p, low, to)?
-                } else {
-                    Vec::new()
-                };
-                plan.positions.push(Position {
-                    topic: topic.to_owned(),
+                let task = TaskId {
+                    stage: stage.name.clone(),
                     partition: p,
-                    committed: committed.get(&p).copied(),
-                    to,
-                    at_end,
-                    scanned: tags.len() as u64,
+                };
+                let current = cluster
+                    .read_changelog(state, p)
+                    .map_err(|e| format!("cannot read {state}:{p}: {e}"))?;
+                let none = BTreeMap::new();
+                let records = reset_records(&task, current, points.get(&p).unwrap_or(&none))
+                    .map_err(|e| e.to_string())?;
+                plan.state.push(Writes {
+                    topic: state.clone(),
+                    partition: p,
+                    records,
                 });
-                points
-                    .entry(p)
-                    .or_default()
-                    .insert(Channel::new(d.id, p), ResetPoint::scan(to, tags));
             }
         }
-        let state = &stage.state_changelog;
-        match cluster.describe(state) {
-            Err(MetadataError::Missing(_)) => plan.absent.push(state.clone()),
-            Err(e) => return Err(format!("topic {state:?}: {e}")),
+    }
+    if let Some(fold) = stage.state.as_ref().map(|s| &s.changelog) {
+        match cluster.describe(fold) {
+            Err(MetadataError::Missing(_)) => plan.absent.push(fold.clone()),
+            Err(e) => return Err(format!("topic {fold:?}: {e}")),
             Ok(d) => {
                 for p in 0..d.partitions {
-                    let task = TaskId {
-                        stage: stage.name.clone(),
-                        partition: p,
-                    };
                     let current = cluster
-                        .read_changelog(state, p)
-                        .map_err(|e| format!("cannot read {state}:{p}: {e}"))?;
-                    let none = BTreeMap::new();
-                    let records = reset_records(&task, current, points.get(&p).unwrap_or(&none))
-                        .map_err(|e| e.to_string())?;
-                    plan.state.push(Writes {
-                        topic: state.clone(),
+                        .read_changelog(fold, p)
+                        .map_err(|e| format!("cannot read {fold}:{p}: {e}"))?;
+                    plan.fold.push(Writes {
+                        topic: fold.clone(),
                         partition: p,
-                        records,
+                        records: fold_reset_records(current),
                     });
                 }
             }
         }
-        if let Some(fold) = stage.state.as_ref().map(|s| &s.changelog) {
-            match cluster.describe(fold) {
-                Err(MetadataError::Missing(_)) => plan.absent.push(fold.clone()),
-                Err(e) => return Err(format!("topic {fold:?}: {e}")),
-                Ok(d) => {
-                    for p in 0..d.partitions {
-                        let current = cluster
-                            .read_changelog(fold, p)
-                            .map_err(|e| format!("cannot read {fold}:{p}: {e}"))?;
-                        plan.fold.push(Writes {
-                            topic: fold.clone(),
-                            partition: p,
-                            records: fold_reset_records(current),
-                        });
-                    }
-                }
-            }
-        }
     }
+    Ok(())
+}
+
+/// The control topic's partitions that hold requests, with their offsets.
+fn plan_control(
+    t: &Topology,
+    cluster: &KafkaCluster,
+    consumer: &BaseConsumer,
+) -> Result<Option<(String, Vec<Span>)>, String> {
     let diagnostics = parsley_kafka::diagnostics::diagnostics_topic(&t.application_id);
     if let Some(control) = t.host_topics.iter().find(|h| h.topic != diagnostics) {
         let topic = control.topic.as_str();
@@ -298,11 +334,11 @@ fn plan(r: &Reset, cluster: &KafkaCluster, consumer: &BaseConsumer) -> Result<Pl
                         parts.push((p, low, high));
                     }
                 }
-                plan.control = Some((topic.to_owned(), parts));
+                return Ok(Some((topic.to_owned(), parts)));
             }
         }
     }
-    Ok(plan)
+    Ok(None)
 }
 
 /// The group's committed offsets on a topic, by partition.

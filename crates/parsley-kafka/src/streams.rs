@@ -687,11 +687,11 @@ struct Shared {
     restores: Arc<Totals>,
     seen: parsley::runtime::worker::WorkerStats,
     /// The parts of the worker's readies that the poll loop acts on
-    /// between polls, not where they were handed over (inside a rebalance
-    /// callback, or in the middle of a batch): failed tasks for the error
+    /// between polls, not where they were handed over (inside a group
+    /// change, or in the middle of a batch): failed tasks for the error
     /// handler, restore jobs for the restore thread, and a fresh sample to
     /// publish. Pauses, resumes, seeks and transactions never wait here.
-    kept: Ready,
+    later: Ready,
     /// The group changes librdkafka reported during the last poll, for the
     /// turn to act on ([`Shared::take_group_changes`]).
     group_changes: Vec<rebalance::GroupChange>,
@@ -705,7 +705,7 @@ struct Shared {
 impl Shared {
     /// Adds what the worker restored and replaced since the last call to
     /// the instance's counts.
-    fn account(&mut self) {
+    fn count_restores(&mut self) {
         let now = self.worker.stats();
         let r = &self.restores;
         r.replayed.fetch_add(
@@ -732,7 +732,7 @@ impl Shared {
     /// Publishes this thread's tasks as they are now (after a rebalance
     /// changed them), and whether the thread is ready.
     fn republish(&mut self) {
-        self.account();
+        self.count_restores();
         let published = self.worker.sample().clone();
         lock(&self.reports).insert(self.index, published);
         self.refresh_ready();

@@ -49,6 +49,9 @@ impl<T> Drop for Owned<T> {
 
 /// Describes `names` in one request. Every name is in the answer: present
 /// with its id and partition count, or absent.
+// Longer than 100 lines on purpose: one foreign call's whole life
+// (request, wait, answer) in one frame, where each raw pointer's guard
+// lives; split, the guards and pointers would cross functions.
 pub fn describe<C: ClientContext>(
     client: &Client<C>,
     names: &[&str],

@@ -285,6 +285,29 @@ impl Persisted {
     /// Cross-key consistency: every per-input key belongs to a recorded
     /// input, and every hold queue is complete and in offset order.
     fn check(&mut self, mut entries: Entries) -> Result<(), ProtocolError> {
+        self.check_scope(entries.is_empty())?;
+        let metas: Vec<(Channel, (i64, i64))> =
+            self.queue_meta.iter().map(|(c, m)| (*c, *m)).collect();
+        for (channel, (head, tail)) in metas {
+            let held = entries.remove(&channel).unwrap_or_default();
+            let pages = self.pages.remove(&channel).unwrap_or_default();
+            let queue = self.check_queue(channel, head, tail, held, pages)?;
+            self.queues.insert(channel, queue);
+        }
+        if let Some((&channel, held)) = entries.iter().next() {
+            let key = match held.first() {
+                Some(&(_, _, Some(first))) => StateKey::QueuePage(channel, first),
+                Some(&(index, _, None)) => StateKey::QueueEntry(channel, index),
+                None => StateKey::QueuePage(channel, 0),
+            };
+            return Err(CorruptState::new(key, "held record without queue metadata").into());
+        }
+        Ok(())
+    }
+
+    /// Every per-input key belongs to a recorded input; without a scope,
+    /// nothing else may be stored. `no_entries`: no held record is stored.
+    fn check_scope(&self, no_entries: bool) -> Result<(), ProtocolError> {
         let inputs: Vec<Channel> = match &self.scope {
             Some((scope, _)) => scope.inputs.clone(),
             None => {
@@ -292,7 +315,7 @@ impl Persisted {
                     || !self.advertised.is_empty()
                     || self.carried.is_some()
                     || !self.queue_meta.is_empty()
-                    || !entries.is_empty()
+                    || !no_entries
                     || !self.pages.is_empty()
                     || !self.send_seq.is_empty()
                     || !self.delivered.is_empty()
@@ -333,133 +356,136 @@ impl Persisted {
         if let Some(c) = self.queue_meta.keys().find(|c| !is_input(c)) {
             return Err(outside(StateKey::QueueMeta(*c)).into());
         }
-        for (&channel, &(head, tail)) in &self.queue_meta {
-            let mut held = entries.remove(&channel).unwrap_or_default();
-            let pages = self.pages.remove(&channel).unwrap_or_default();
-            // A page is kept while some of its records are held, and holds
-            // no index the queue never handed out.
-            if let Some(&(first, end)) = pages.iter().find(|&&(_, end)| end <= head || end > tail) {
+        Ok(())
+    }
+
+    /// One hold queue, checked complete and in offset order within its
+    /// window `head..tail`, with its pages; returns it as restored.
+    fn check_queue(
+        &self,
+        channel: Channel,
+        head: i64,
+        tail: i64,
+        mut held: Vec<(i64, HeldEntry, Option<i64>)>,
+        pages: Vec<(i64, i64)>,
+    ) -> Result<RestoredQueue, ProtocolError> {
+        // A page is kept while some of its records are held, and holds
+        // no index the queue never handed out.
+        if let Some(&(first, end)) = pages.iter().find(|&&(_, end)| end <= head || end > tail) {
+            return Err(CorruptState::new(
+                StateKey::QueuePage(channel, first),
+                format!("page of indices {first}..{end} outside the queue's window {head}..{tail}"),
+            )
+            .into());
+        }
+        // Records of a page below the head were released already.
+        held.retain(|(index, _, page)| page.is_none() || *index >= head);
+        // A sorted store hands entries over in index order already.
+        if !held.windows(2).all(|w| w[0].0 < w[1].0) {
+            held.sort_by_key(|(index, _, _)| *index);
+        }
+        let key_of = |index: i64, page: Option<i64>| match page {
+            Some(first) => StateKey::QueuePage(channel, first),
+            None => StateKey::QueueEntry(channel, index),
+        };
+        if let Some(w) = held.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(CorruptState::new(
+                key_of(w[1].0, w[1].2),
+                format!("held record {} stored twice", w[0].0),
+            )
+            .into());
+        }
+        // Entries outside the window are not ours to interpret.
+        if let Some(&(index, _, page)) = held.iter().find(|(i, _, _)| *i < head || *i >= tail) {
+            return Err(CorruptState::new(
+                key_of(index, page),
+                format!("entry outside the queue's window {head}..{tail}"),
+            )
+            .into());
+        }
+        // Within the window, sorted and unique: complete exactly when
+        // the i-th entry has index head + i.
+        if let Some(missing) = (head..tail)
+            .zip(&held)
+            .find(|(want, (got, _, _))| want != got)
+        {
+            return Err(ProtocolError::MissingHeldRecords {
+                channel,
+                index: missing.0,
+                head,
+                tail,
+            });
+        }
+        if (held.len() as i64) < tail.saturating_sub(head) {
+            return Err(ProtocolError::MissingHeldRecords {
+                channel,
+                index: head + held.len() as i64,
+                head,
+                tail,
+            });
+        }
+        let frontier = self.frontiers.get(&channel).copied().unwrap_or(-1);
+        let mut last = frontier;
+        for (index, record, page) in &held {
+            let offset = record.offset();
+            if offset <= last {
                 return Err(CorruptState::new(
-                    StateKey::QueuePage(channel, first),
+                    key_of(*index, *page),
                     format!(
-                        "page of indices {first}..{end} outside the queue's window {head}..{tail}"
+                        "held offset {offset} is not above the frontier and the previous entry ({last})"
                     ),
                 )
                 .into());
             }
-            // Records of a page below the head were released already.
-            held.retain(|(index, _, page)| page.is_none() || *index >= head);
-            // A sorted store hands entries over in index order already.
-            if !held.windows(2).all(|w| w[0].0 < w[1].0) {
-                held.sort_by_key(|(index, _, _)| *index);
-            }
-            let key_of = |index: i64, page: Option<i64>| match page {
-                Some(first) => StateKey::QueuePage(channel, first),
-                None => StateKey::QueueEntry(channel, index),
-            };
-            if let Some(w) = held.windows(2).find(|w| w[0].0 == w[1].0) {
-                return Err(CorruptState::new(
-                    key_of(w[1].0, w[1].2),
-                    format!("held record {} stored twice", w[0].0),
-                )
-                .into());
-            }
-            // Entries outside the window are not ours to interpret.
-            if let Some(&(index, _, page)) = held.iter().find(|(i, _, _)| *i < head || *i >= tail) {
-                return Err(CorruptState::new(
-                    key_of(index, page),
-                    format!("entry outside the queue's window {head}..{tail}"),
-                )
-                .into());
-            }
-            // Within the window, sorted and unique: complete exactly when
-            // the i-th entry has index head + i.
-            if let Some(missing) = (head..tail)
-                .zip(&held)
-                .find(|(want, (got, _, _))| want != got)
-            {
-                return Err(ProtocolError::MissingHeldRecords {
-                    channel,
-                    index: missing.0,
-                    head,
-                    tail,
-                });
-            }
-            if (held.len() as i64) < tail.saturating_sub(head) {
-                return Err(ProtocolError::MissingHeldRecords {
-                    channel,
-                    index: head + held.len() as i64,
-                    head,
-                    tail,
-                });
-            }
-            let frontier = self.frontiers.get(&channel).copied().unwrap_or(-1);
-            let mut last = frontier;
-            for (index, record, page) in &held {
-                let offset = record.offset();
-                if offset <= last {
-                    return Err(CorruptState::new(
-                        key_of(*index, *page),
-                        format!(
-                            "held offset {offset} is not above the frontier and the previous entry ({last})"
-                        ),
-                    )
-                    .into());
-                }
-                last = offset;
-            }
-            // Where the records are stored: each page whole, and runs of
-            // consecutive entries of the older layout.
-            let mut stored: Vec<StoredRun> = pages
-                .iter()
-                .map(|&(first, end)| StoredRun {
-                    first,
-                    end,
-                    page: true,
-                })
-                .collect();
-            let mut entry_run: Option<StoredRun> = None;
-            for &(index, _, page) in &held {
-                if page.is_some() {
-                    continue;
-                }
-                match entry_run.as_mut() {
-                    Some(run) if run.end == index => run.end += 1,
-                    _ => {
-                        stored.extend(entry_run.take());
-                        entry_run = Some(StoredRun {
-                            first: index,
-                            end: index + 1,
-                            page: false,
-                        });
-                    }
-                }
-            }
-            stored.extend(entry_run);
-            stored.sort_by_key(|r| r.first);
-            // Resident records first, then the paged run (a record kept
-            // after a paged one joins the run).
-            let mut queue = RestoredQueue {
-                stored: stored.into(),
-                ..RestoredQueue::default()
-            };
-            for (_, entry, _) in held {
-                match entry {
-                    HeldEntry::Resident(r) if queue.paged.is_empty() => queue.resident.push(r),
-                    HeldEntry::Resident(r) => queue.paged.push_back((r.offset, r.held_size())),
-                    HeldEntry::Paged(offset, size) => queue.paged.push_back((offset, size)),
-                }
-            }
-            self.queues.insert(channel, queue);
+            last = offset;
         }
-        if let Some((&channel, held)) = entries.iter().next() {
-            let key = match held.first() {
-                Some(&(_, _, Some(first))) => StateKey::QueuePage(channel, first),
-                Some(&(index, _, None)) => StateKey::QueueEntry(channel, index),
-                None => StateKey::QueuePage(channel, 0),
-            };
-            return Err(CorruptState::new(key, "held record without queue metadata").into());
+        let stored = stored_runs(&pages, &held);
+        // Resident records first, then the paged run (a record kept
+        // after a paged one joins the run).
+        let mut queue = RestoredQueue {
+            stored: stored.into(),
+            ..RestoredQueue::default()
+        };
+        for (_, entry, _) in held {
+            match entry {
+                HeldEntry::Resident(r) if queue.paged.is_empty() => queue.resident.push(r),
+                HeldEntry::Resident(r) => queue.paged.push_back((r.offset, r.held_size())),
+                HeldEntry::Paged(offset, size) => queue.paged.push_back((offset, size)),
+            }
         }
-        Ok(())
+        Ok(queue)
     }
+}
+
+/// Where a queue's records are stored: each page whole, and runs of
+/// consecutive entries of the older layout, in index order.
+fn stored_runs(pages: &[(i64, i64)], held: &[(i64, HeldEntry, Option<i64>)]) -> Vec<StoredRun> {
+    let mut stored: Vec<StoredRun> = pages
+        .iter()
+        .map(|&(first, end)| StoredRun {
+            first,
+            end,
+            page: true,
+        })
+        .collect();
+    let mut entry_run: Option<StoredRun> = None;
+    for &(index, _, page) in held {
+        if page.is_some() {
+            continue;
+        }
+        match entry_run.as_mut() {
+            Some(run) if run.end == index => run.end += 1,
+            _ => {
+                stored.extend(entry_run.take());
+                entry_run = Some(StoredRun {
+                    first: index,
+                    end: index + 1,
+                    page: false,
+                });
+            }
+        }
+    }
+    stored.extend(entry_run);
+    stored.sort_by_key(|r| r.first);
+    stored
 }

@@ -548,6 +548,8 @@ impl<P: DeliveryProtocol> SimWorld<P> {
         out
     }
 
+    // Longer than 100 lines on purpose: one arm per action the world
+    // can take, each a few lines; the list of actions is the point.
     fn execute(&mut self, action: Action) -> Result<(), WorldFailure> {
         let report: StepReport = match action {
             Action::Join(i) | Action::Restart(i) | Action::CrashStart(i) => {

@@ -102,7 +102,7 @@ impl StreamThread {
                 replies: std::collections::BTreeMap::new(),
                 restores: self.restores.clone(),
                 seen: parsley::runtime::worker::WorkerStats::default(),
-                kept: Ready::default(),
+                later: Ready::default(),
                 group_changes: Vec::new(),
             }),
         };
@@ -250,7 +250,7 @@ impl Membership<'_> {
     /// restore thread first, and starts the tasks whose restore finished.
     fn poll_wait(&mut self) -> Result<Duration, StreamsError> {
         let mut shared = lock(&self.consumer.context().shared);
-        self.restorer.exchange(&mut shared, &self.consumer)?;
+        self.restorer.pass_restores(&mut shared, &self.consumer)?;
         let now = now_ms();
         let restoring = shared.worker.restoring_tasks().next().map(|_| RESTORE_POLL);
         Ok([shared.worker.next_wake(now), restoring]
@@ -285,7 +285,7 @@ impl Membership<'_> {
                 None => return Ok(Batch::Taken { idle: true }),
                 Some(Ok(m)) => {
                     shared.on_message(&m)?;
-                    shared.settle(&self.consumer)?;
+                    shared.act_on_worker(&self.consumer)?;
                 }
                 Some(Err(KafkaError::MessageConsumption(
                     rdkafka::types::RDKafkaErrorCode::AutoOffsetReset,
@@ -294,7 +294,7 @@ impl Membership<'_> {
                         worker, cluster, ..
                     } = &mut *shared;
                     worker.offset_out_of_range(cluster)?;
-                    shared.settle(&self.consumer)?;
+                    shared.act_on_worker(&self.consumer)?;
                     return Ok(Batch::Taken { idle: true });
                 }
                 Some(Err(e))
@@ -320,7 +320,7 @@ impl Membership<'_> {
                         message: e.to_string(),
                     };
                     let d = shared.worker.on_fault(fault);
-                    shared.follow(d)?;
+                    shared.follow_directive(d)?;
                     return Ok(Batch::Taken { idle: true });
                 }
             }
@@ -352,7 +352,7 @@ impl Membership<'_> {
         // A commit point: what the clock brought, and the open
         // transaction if it is due.
         let ready = shared.worker.ready(Some(now))?;
-        shared.act(&self.consumer, ready)?;
+        shared.act_on_ready(&self.consumer, ready)?;
         // State queries: new ones to the worker, answers back.
         {
             let Shared {
@@ -360,12 +360,12 @@ impl Membership<'_> {
             } = &mut *shared;
             super::queries::serve(worker, replies, &self.thread.inboxes, self.thread.index);
         }
-        if let Some(published) = shared.kept.published.take() {
+        if let Some(published) = shared.later.published.take() {
             if let Some(p) = self.publisher.as_mut() {
                 p.publish(&self.thread.thread_report(&published));
             }
             lock(&self.thread.reports).insert(self.thread.index, published);
-            shared.account();
+            shared.count_restores();
         }
         // A task whose start waited on a lookup may have started.
         shared.refresh_ready();
@@ -379,7 +379,7 @@ impl Membership<'_> {
             let mut shared = lock(&self.consumer.context().shared);
             shared.report_positions(&self.consumer)?;
             shared.worker.flush()?;
-            shared.settle(&self.consumer)?;
+            shared.act_on_worker(&self.consumer)?;
         }
         set_phase(&self.thread.phase, Doing::ClosingLeave);
         self.consumer.unsubscribe();

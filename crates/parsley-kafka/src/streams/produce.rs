@@ -130,12 +130,12 @@ impl Shared {
                 debug!(txn = txn.id, "transaction aborts; the tasks roll back");
                 self.abort_open(&txn)
             }
-            Err(d) => self.follow(d),
+            Err(d) => self.follow_directive(d),
         }
     }
 
     /// Follows a directive that ends the transaction without an abort.
-    pub(super) fn follow(&mut self, d: Directive) -> Result<(), StreamsError> {
+    pub(super) fn follow_directive(&mut self, d: Directive) -> Result<(), StreamsError> {
         match d {
             Directive::Rejoin => {
                 self.rejoin = Some("the worker dropped every task".to_owned());
@@ -173,14 +173,14 @@ impl Shared {
                     // Counted by the worker: another attempt, or a
                     // directive to give the membership up.
                     Directive::ReplaceProducer => {}
-                    d => return self.follow(d),
+                    d => return self.follow_directive(d),
                 },
             }
         }
         info!("producer replaced; the tasks go on from their committed state");
         self.worker
             .advance(Ack::Committed(CommitOutcome::Aborted), &self.cluster)?;
-        self.account();
+        self.count_restores();
         Ok(())
     }
 
@@ -216,7 +216,7 @@ impl Shared {
                     debug!(txn = txn.id, error = %abort, "the abort failed");
                     match self.worker.on_fault(classify::abort_fault(&abort)) {
                         Directive::Retry { after } => std::thread::sleep(after),
-                        d => return self.follow(d),
+                        d => return self.follow_directive(d),
                     }
                 }
             }

@@ -160,7 +160,7 @@ impl Shared {
         // Pauses of partial tasks and resumes of tasks that formed, on the
         // assignment as it is now, and the rest of what the worker handed
         // over.
-        self.act(consumer, ready)?;
+        self.act_on_ready(consumer, ready)?;
         let mut earlier = Vec::new();
         for s in seeks {
             if starts.find_partition(&s.topic, s.partition).is_some() {
@@ -179,7 +179,7 @@ impl Shared {
             seeks: earlier,
             ..Ready::default()
         };
-        self.act(consumer, earlier)?;
+        self.act_on_ready(consumer, earlier)?;
         info!(partitions = tpl.count(), tasks = self.worker.tasks().count(), elapsed = ?began.elapsed(), "partitions assigned");
         Ok(())
     }
@@ -307,10 +307,10 @@ impl Shared {
             worker, cluster, ..
         } = &mut *self;
         worker.before_revoke(consumer.assignment_lost(), cluster)?;
-        self.settle(consumer)?;
+        self.act_on_worker(consumer)?;
         self.worker.revoke(&partitions(tpl))?;
         self.give_up(consumer, tpl)?;
-        self.settle(consumer)?;
+        self.act_on_worker(consumer)?;
         info!(
             partitions = tpl.count(),
             tasks = self.worker.tasks().count(),
@@ -367,19 +367,19 @@ impl Shared {
     /// Acts on whatever the worker has for the host now, outside a commit
     /// point (a transaction comes out only if a flush or a revocation
     /// closed one).
-    pub(super) fn settle(
+    pub(super) fn act_on_worker(
         &mut self,
         consumer: &BaseConsumer<ThreadContext>,
     ) -> Result<(), StreamsError> {
         let ready = self.worker.ready(None)?;
-        self.act(consumer, ready)
+        self.act_on_ready(consumer, ready)
     }
 
     /// Acts on one [`Ready`] and on what acting on it brought, through the
     /// worker's one act loop ([`act_on`]): the failures, the restore jobs
-    /// and the sample wait for the poll loop ([`Shared::kept`]); pauses,
+    /// and the sample wait for the poll loop ([`Shared::later`]); pauses,
     /// resumes and seeks are made now; a transaction is committed now.
-    pub(super) fn act(
+    pub(super) fn act_on_ready(
         &mut self,
         consumer: &BaseConsumer<ThreadContext>,
         ready: Ready,
@@ -430,7 +430,7 @@ impl Shared {
 }
 
 /// The Kafka host as the worker's act loop sees it: the stream thread's
-/// state and its consumer, for the length of one [`Shared::act`].
+/// state and its consumer, for the length of one [`Shared::act_on_ready`].
 struct Acting<'a> {
     shared: &'a mut Shared,
     consumer: &'a BaseConsumer<ThreadContext>,
@@ -453,20 +453,20 @@ impl Host for Acting<'_> {
     }
 
     fn failures(&mut self, failures: Vec<TaskFailure>) -> Result<(), StreamsError> {
-        self.shared.kept.failures.extend(failures);
+        self.shared.later.failures.extend(failures);
         Ok(())
     }
 
     fn restores(&mut self, jobs: Vec<RestoreJob>) {
-        self.shared.kept.restores.extend(jobs);
+        self.shared.later.restores.extend(jobs);
     }
 
     fn published(&mut self, sample: Published) {
-        self.shared.kept.published = Some(sample);
+        self.shared.later.published = Some(sample);
     }
 
     fn backoff(&mut self, pause: Duration) {
-        let kept = &mut self.shared.kept.backoff;
+        let kept = &mut self.shared.later.backoff;
         *kept = (*kept).max(Some(pause));
     }
 

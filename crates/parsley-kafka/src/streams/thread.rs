@@ -150,7 +150,7 @@ impl Shared {
         }
         debug!(error = %e, "a task failed; the open work rolls back");
         self.worker.abort(&self.cluster)?;
-        self.settle(consumer)
+        self.act_on_worker(consumer)
     }
 }
 
@@ -304,7 +304,7 @@ impl StreamThread {
             let r = worker.divert(&failure.task, refused, &topic, cluster);
             let r = r.map_err(StreamsError::from).and_then(|diverted| {
                 // The task restarted at once: its seeks go out now.
-                shared.settle(consumer).map(|()| diverted)
+                shared.act_on_worker(consumer).map(|()| diverted)
             });
             match r {
                 Ok(diverted) => {
@@ -340,7 +340,7 @@ impl StreamThread {
         // A restart without a wait happened now: its seeks go out now.
         let r = r
             .map_err(StreamsError::from)
-            .and_then(|wait| shared.settle(consumer).map(|()| wait));
+            .and_then(|wait| shared.act_on_worker(consumer).map(|()| wait));
         match r {
             Ok(Some(wait)) => {
                 self.task_restarts.fetch_add(1, Ordering::SeqCst);
@@ -402,7 +402,7 @@ impl StreamThread {
             // A transaction aborted for a transient fault (a broker down or
             // moving): the worker asks for a pause before the next attempt,
             // with nothing fetched meanwhile.
-            let backoff = lock(&m.consumer.context().shared).kept.backoff.take();
+            let backoff = lock(&m.consumer.context().shared).later.backoff.take();
             if let Some(wait) = backoff {
                 debug!(
                     thread = self.index,
@@ -434,7 +434,7 @@ impl StreamThread {
             }
             // A task that failed stopped alone; the handler decides what
             // follows.
-            let failures = std::mem::take(&mut lock(&m.consumer.context().shared).kept.failures);
+            let failures = std::mem::take(&mut lock(&m.consumer.context().shared).later.failures);
             for failure in failures {
                 if let Some(session) = self.task_failed(&m.consumer, failure) {
                     m.say_left();
@@ -449,13 +449,13 @@ impl StreamThread {
 impl Restorer {
     /// Sends the worker's new jobs, and hands it the finished ones (each
     /// starts its task: resumes, seeks and readiness follow).
-    pub(super) fn exchange(
+    pub(super) fn pass_restores(
         &self,
         shared: &mut Shared,
         consumer: &BaseConsumer<ThreadContext>,
     ) -> Result<(), StreamsError> {
-        shared.settle(consumer)?;
-        for job in std::mem::take(&mut shared.kept.restores) {
+        shared.act_on_worker(consumer)?;
+        for job in std::mem::take(&mut shared.later.restores) {
             if self.jobs.send(job).is_err() {
                 return Err(StreamsError::Thread {
                     thread: shared.index,
@@ -472,7 +472,7 @@ impl Restorer {
             started = true;
         }
         if started {
-            shared.settle(consumer)?;
+            shared.act_on_worker(consumer)?;
             shared.republish();
         }
         Ok(())

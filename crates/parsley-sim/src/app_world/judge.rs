@@ -6,6 +6,9 @@ use super::*;
 impl AppWorld {
     /// Judges a committed transaction through the oracle,
     /// then appends it and commits its offsets.
+    // Longer than 100 lines on purpose: one pass over the transaction's
+    // acts in order, with the oracle's staged actors, the sends pending
+    // and the deliveries seen shared by every step of it.
     pub(super) fn judge(&mut self, i: usize, txn: &HostTransaction) -> Result<(), AppFailure> {
         let touched: BTreeSet<(String, i32)> = txn
             .records

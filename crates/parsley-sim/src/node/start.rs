@@ -35,6 +35,94 @@ impl<P: DeliveryProtocol> SimNode<P> {
         let old_inputs = self.inputs.clone();
         let old_sinks = self.sinks.clone();
         let old_behavior = self.spec.behavior.clone();
+        let (init, refused_shrink) =
+            self.init_scoped(&old_inputs, &old_sinks, old_behavior, broker, topics)?;
+        let mut left_inputs = 0;
+        for c in old_inputs.difference(&self.inputs) {
+            oracle.stop_consuming(self.actor, *c);
+            self.positions.remove(c);
+            left_inputs += 1;
+        }
+        let resume = init.node.resume_positions();
+        // The oracle's claim envelope takes in the sink end offsets this
+        // start's own outputs (and former sinks' folding) claim.
+        for &topic in self.sinks.union(&old_sinks) {
+            for p in 0..broker.partitions(topic).unwrap_or(0) {
+                let c = Channel::new(topic, p);
+                oracle.own_output(self.actor, c, broker.end_offset(c));
+            }
+        }
+        let (joined_inputs, seeded_inputs) =
+            self.position_inputs(first_start, &old_inputs, &resume, broker, oracle)?;
+        // What this start did, on the report of whichever transaction ends it.
+        let counted = |mut report: StepReport| {
+            report.joined_inputs = joined_inputs;
+            report.resets = resets;
+            report.reset_skip_marks = reset_skip_marks;
+            report.seeded_inputs = seeded_inputs;
+            report.left_inputs = left_inputs;
+            report.refused_shrinks = refused_shrink;
+            report
+        };
+        let restored_held = init.report.restored_held;
+        let mut node = init.node;
+        let mut deliveries = init.deliveries;
+        if let Some((point, cut)) = crash
+            && point != StartCrash::AfterStartPositions
+        {
+            if point == StartCrash::AfterInit {
+                deliveries.clear();
+            }
+            let report = self.start_transaction(
+                node,
+                deliveries,
+                Some(cut),
+                restored_held,
+                broker,
+                oracle,
+                topics,
+            )?;
+            return Ok(counted(report));
+        }
+        // H2 at start: the consumer's starting position is a position like
+        // any other (a real consumer reports it at its first poll). Every
+        // record below it went through `on_record` in an earlier
+        // incarnation. Without this, a trailing marker skipped before a
+        // crash could never be covered again.
+        for (&c, &pos) in &self.positions {
+            if self.fault == Some(HostFault::WithholdPositionAdvance) {
+                break;
+            }
+            match node.position_advance(c, pos) {
+                Ok(d) => deliveries.extend(d),
+                Err(e) => {
+                    return Err(violation(format!(
+                        "node {}: protocol refused the starting position: {e}",
+                        self.spec.name
+                    )));
+                }
+            }
+        }
+        let cut = crash.map(|(_, cut)| cut);
+        let report =
+            self.start_transaction(node, deliveries, cut, restored_held, broker, oracle, topics)?;
+        Ok(counted(report))
+    }
+
+    /// Initialises the protocol from the node's store, with the next
+    /// pending scope change once its restart has come. The protocol
+    /// refuses to drop an input that still holds records: the node then
+    /// starts with its old scope, and the change waits for the next
+    /// restart, as an operator redeploys again later. Returns the
+    /// initialised protocol and whether a change was refused (0 or 1).
+    fn init_scoped(
+        &mut self,
+        old_inputs: &BTreeSet<Channel>,
+        old_sinks: &BTreeSet<TopicId>,
+        old_behavior: Behavior,
+        broker: &SimBroker,
+        topics: &dyn Topics,
+    ) -> Result<(parsley_protocol::Initialized<P>, usize), Violation> {
         // The next pending scope change, once its restart has come.
         let pending = self
             .spec
@@ -58,50 +146,53 @@ impl<P: DeliveryProtocol> SimNode<P> {
             inputs: inputs.clone(),
             sinks: sinks.clone(),
         };
-        let mut refused_shrink = 0;
-        let init = match P::init(config(&self.inputs, &self.sinks), &self.store, broker) {
-            Ok(init) => {
-                if pending.is_some() {
-                    self.rescopes_applied += 1;
+        Ok(
+            match P::init(config(&self.inputs, &self.sinks), &self.store, broker) {
+                Ok(init) => {
+                    if pending.is_some() {
+                        self.rescopes_applied += 1;
+                    }
+                    (init, 0)
                 }
-                init
-            }
-            // The protocol refuses to drop an input that still holds
-            // records. An operator redeclares the input and tries the
-            // redeploy again later: so does the kit, at the next restart.
-            Err(ProtocolError::HeldRecordsOnDepartingInput { .. }) if pending.is_some() => {
-                refused_shrink = 1;
-                self.inputs = old_inputs.clone();
-                self.sinks = old_sinks.clone();
-                self.spec.behavior = old_behavior;
-                P::init(config(&self.inputs, &self.sinks), &self.store, broker)
-                    .map_err(|e| violation(format!("node {}: init refused: {e}", self.spec.name)))?
-            }
-            Err(e) => {
-                return Err(violation(format!(
-                    "node {}: init refused: {e}",
-                    self.spec.name
-                )));
-            }
-        };
-        let mut left_inputs = 0;
-        for c in old_inputs.difference(&self.inputs) {
-            oracle.stop_consuming(self.actor, *c);
-            self.positions.remove(c);
-            left_inputs += 1;
-        }
-        let resume = init.node.resume_positions();
-        // The oracle's claim envelope takes in the sink end offsets this
-        // start's own outputs (and former sinks' folding) claim.
-        for &topic in self.sinks.union(&old_sinks) {
-            for p in 0..broker.partitions(topic).unwrap_or(0) {
-                let c = Channel::new(topic, p);
-                oracle.own_output(self.actor, c, broker.end_offset(c));
-            }
-        }
+                // The protocol refuses to drop an input that still holds
+                // records. An operator redeclares the input and tries the
+                // redeploy again later: so does the kit, at the next restart.
+                Err(ProtocolError::HeldRecordsOnDepartingInput { .. }) if pending.is_some() => {
+                    self.inputs = old_inputs.clone();
+                    self.sinks = old_sinks.clone();
+                    self.spec.behavior = old_behavior;
+                    let init = P::init(config(&self.inputs, &self.sinks), &self.store, broker)
+                        .map_err(|e| {
+                            violation(format!("node {}: init refused: {e}", self.spec.name))
+                        })?;
+                    (init, 1)
+                }
+                Err(e) => {
+                    return Err(violation(format!(
+                        "node {}: init refused: {e}",
+                        self.spec.name
+                    )));
+                }
+            },
+        )
+    }
+
+    /// Where each input starts, by the host's policy or, for an input that
+    /// joined, the protocol's resume position; never below the log start.
+    /// Tells the oracle what the node consumes from where. Returns the
+    /// inputs that joined and how many of them the protocol seeded.
+    fn position_inputs(
+        &mut self,
+        first_start: bool,
+        old_inputs: &BTreeSet<Channel>,
+        resume: &BTreeMap<Channel, i64>,
+        broker: &SimBroker,
+        oracle: &mut Oracle,
+    ) -> Result<(usize, usize), Violation> {
         let mut joined_inputs = 0;
         let mut seeded_inputs = 0;
-        for &c in &self.inputs {
+        let inputs: Vec<Channel> = self.inputs.iter().copied().collect();
+        for c in inputs {
             let start = broker.log_start(c);
             // Where the host's own policy starts: the committed position,
             // else the start policy. This, not the protocol's answer, is the
@@ -144,61 +235,7 @@ impl<P: DeliveryProtocol> SimNode<P> {
                 oracle.consume(self.actor, c, pos);
             }
         }
-        let restored_held = init.report.restored_held;
-        let mut node = init.node;
-        let mut deliveries = init.deliveries;
-        if let Some((point, cut)) = crash
-            && point != StartCrash::AfterStartPositions
-        {
-            if point == StartCrash::AfterInit {
-                deliveries.clear();
-            }
-            let mut report = self.start_transaction(
-                node,
-                deliveries,
-                Some(cut),
-                restored_held,
-                broker,
-                oracle,
-                topics,
-            )?;
-            report.joined_inputs = joined_inputs;
-            report.resets = resets;
-            report.reset_skip_marks = reset_skip_marks;
-            report.seeded_inputs = seeded_inputs;
-            report.left_inputs = left_inputs;
-            report.refused_shrinks = refused_shrink;
-            return Ok(report);
-        }
-        // H2 at start: the consumer's starting position is a position like
-        // any other (a real consumer reports it at its first poll). Every
-        // record below it went through `on_record` in an earlier
-        // incarnation. Without this, a trailing marker skipped before a
-        // crash could never be covered again.
-        for (&c, &pos) in &self.positions {
-            if self.fault == Some(HostFault::WithholdPositionAdvance) {
-                break;
-            }
-            match node.position_advance(c, pos) {
-                Ok(d) => deliveries.extend(d),
-                Err(e) => {
-                    return Err(violation(format!(
-                        "node {}: protocol refused the starting position: {e}",
-                        self.spec.name
-                    )));
-                }
-            }
-        }
-        let cut = crash.map(|(_, cut)| cut);
-        let mut report =
-            self.start_transaction(node, deliveries, cut, restored_held, broker, oracle, topics)?;
-        report.joined_inputs = joined_inputs;
-        report.resets = resets;
-        report.reset_skip_marks = reset_skip_marks;
-        report.seeded_inputs = seeded_inputs;
-        report.left_inputs = left_inputs;
-        report.refused_shrinks = refused_shrink;
-        Ok(report)
+        Ok((joined_inputs, seeded_inputs))
     }
 
     /// The operator reset due before this restart, if one is: the node's

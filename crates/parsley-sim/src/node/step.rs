@@ -277,6 +277,26 @@ impl<P: DeliveryProtocol> SimNode<P> {
                 }
             }
         }
+        self.end_step(report, sends, positions, crash, broker, oracle)
+    }
+
+    /// Ends a step: a crash aborts its transaction (its records stay as
+    /// aborted records, and the node goes down with nothing of the step
+    /// committed); otherwise its state, positions and records commit.
+    fn end_step(
+        &mut self,
+        mut report: StepReport,
+        sends: Vec<Send>,
+        positions: BTreeMap<Channel, i64>,
+        crash: Option<usize>,
+        broker: &mut SimBroker,
+        oracle: &mut Oracle,
+    ) -> StepResult {
+        let Some(protocol) = self.protocol.as_mut() else {
+            oracle.rollback(self.actor);
+            let name = &self.spec.name;
+            return Err(violation(format!("node {name}: step while down")));
+        };
         report.sent = sends.len();
         let now = protocol.stats();
         report.replays_skipped =

@@ -193,91 +193,14 @@ impl Parsley {
                 });
             }
         }
-        let mut names = Vec::with_capacity(stages.len());
-        for s in &stages {
-            let stage = s.name();
-            let prefixed = |suffix: &str| format!("{id}-{stage}-{suffix}");
-            let n = OwnedNames {
-                stage: stage.to_owned(),
-                tick_topic: s.tick_interval().map(|_| prefixed("ticks")),
-                state_store: format!("{stage}-state"),
-                state_changelog: prefixed("state-changelog"),
-                fold_store: s.is_stateful().then(|| format!("{stage}-fold")),
-                fold_changelog: s.is_stateful().then(|| prefixed("fold-changelog")),
-            };
-            for name in [
-                Some(&n.state_changelog),
-                n.fold_changelog.as_ref(),
-                n.tick_topic.as_ref(),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                if name.len() > MAX_TOPIC_NAME {
-                    return Err(CompositionError::NameTooLong {
-                        name: name.clone(),
-                        len: name.len(),
-                    });
-                }
-            }
-            names.push(n);
-        }
+        let names = derive_names(&id, &stages)?;
         let reserved: BTreeMap<&str, usize> = names
             .iter()
             .enumerate()
             .filter_map(|(i, n)| n.tick_topic.as_deref().map(|t| (t, i)))
             .collect();
 
-        let mut topics: BTreeMap<String, TopicUse> = BTreeMap::new();
-        let mut first_seen: BTreeMap<String, (String, usize)> = BTreeMap::new();
-        for (i, s) in stages.iter().enumerate() {
-            let declared = s
-                .def
-                .sources
-                .iter()
-                .map(|src| (&src.topic, true))
-                .chain(s.def.sinks.iter().map(|t| (t, false)));
-            for (t, is_source) in declared {
-                let name = t.name();
-                if let Some(&owner) = reserved.get(name) {
-                    return Err(CompositionError::ReservedTopicName {
-                        topic: name.to_owned(),
-                        stage: s.name().to_owned(),
-                        owner: stages[owner].name().to_owned(),
-                    });
-                }
-                match first_seen.get(name) {
-                    Some((first, at)) if *first != types(t) => {
-                        return Err(CompositionError::ConflictingTopicTypes {
-                            topic: name.to_owned(),
-                            first: first.clone(),
-                            first_stage: stages[*at].name().to_owned(),
-                            second: types(t),
-                            second_stage: s.name().to_owned(),
-                        });
-                    }
-                    Some(_) => {}
-                    None => {
-                        first_seen.insert(name.to_owned(), (types(t), i));
-                    }
-                }
-                let entry = topics.entry(name.to_owned()).or_insert_with(|| TopicUse {
-                    topic: Some(t.clone()),
-                    source_of: None,
-                    ticks_of: None,
-                });
-                if is_source {
-                    if let Some(first) = entry.source_of {
-                        return Err(CompositionError::TopicSourcedTwice {
-                            topic: name.to_owned(),
-                            first: stages[first].name().to_owned(),
-                            second: s.name().to_owned(),
-                        });
-                    }
-                    entry.source_of = Some(i);
-                }
-            }
-        }
+        let mut topics = topic_uses(&stages, &reserved)?;
         // A stage's dead-letter topic is used, not consumed or stamped.
         for s in &stages {
             if let Some(t) = s.corrupt_headers_dead_letter() {
@@ -355,6 +278,101 @@ impl Parsley {
     pub fn sender_id(&self, stage: &str, partition: i32) -> SenderId {
         identity::sender_id(&self.def.id, stage, partition)
     }
+}
+
+/// The names the runtime derives for each stage (its tick topic, stores
+/// and changelogs), each checked against Kafka's topic name limit.
+fn derive_names(id: &str, stages: &[Stage]) -> Result<Vec<OwnedNames>, CompositionError> {
+    let mut names = Vec::with_capacity(stages.len());
+    for s in stages {
+        let stage = s.name();
+        let prefixed = |suffix: &str| format!("{id}-{stage}-{suffix}");
+        let n = OwnedNames {
+            stage: stage.to_owned(),
+            tick_topic: s.tick_interval().map(|_| prefixed("ticks")),
+            state_store: format!("{stage}-state"),
+            state_changelog: prefixed("state-changelog"),
+            fold_store: s.is_stateful().then(|| format!("{stage}-fold")),
+            fold_changelog: s.is_stateful().then(|| prefixed("fold-changelog")),
+        };
+        for name in [
+            Some(&n.state_changelog),
+            n.fold_changelog.as_ref(),
+            n.tick_topic.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if name.len() > MAX_TOPIC_NAME {
+                return Err(CompositionError::NameTooLong {
+                    name: name.clone(),
+                    len: name.len(),
+                });
+            }
+        }
+        names.push(n);
+    }
+    Ok(names)
+}
+
+/// Every topic the stages declare, with the stage that consumes it: one
+/// consumer per topic, one pair of types per topic, and no stage's topic
+/// named like another stage's tick topic (`reserved`, by stage index).
+fn topic_uses(
+    stages: &[Stage],
+    reserved: &BTreeMap<&str, usize>,
+) -> Result<BTreeMap<String, TopicUse>, CompositionError> {
+    let mut topics: BTreeMap<String, TopicUse> = BTreeMap::new();
+    let mut first_seen: BTreeMap<String, (String, usize)> = BTreeMap::new();
+    for (i, s) in stages.iter().enumerate() {
+        let declared = s
+            .def
+            .sources
+            .iter()
+            .map(|src| (&src.topic, true))
+            .chain(s.def.sinks.iter().map(|t| (t, false)));
+        for (t, is_source) in declared {
+            let name = t.name();
+            if let Some(&owner) = reserved.get(name) {
+                return Err(CompositionError::ReservedTopicName {
+                    topic: name.to_owned(),
+                    stage: s.name().to_owned(),
+                    owner: stages[owner].name().to_owned(),
+                });
+            }
+            match first_seen.get(name) {
+                Some((first, at)) if *first != types(t) => {
+                    return Err(CompositionError::ConflictingTopicTypes {
+                        topic: name.to_owned(),
+                        first: first.clone(),
+                        first_stage: stages[*at].name().to_owned(),
+                        second: types(t),
+                        second_stage: s.name().to_owned(),
+                    });
+                }
+                Some(_) => {}
+                None => {
+                    first_seen.insert(name.to_owned(), (types(t), i));
+                }
+            }
+            let entry = topics.entry(name.to_owned()).or_insert_with(|| TopicUse {
+                topic: Some(t.clone()),
+                source_of: None,
+                ticks_of: None,
+            });
+            if is_source {
+                if let Some(first) = entry.source_of {
+                    return Err(CompositionError::TopicSourcedTwice {
+                        topic: name.to_owned(),
+                        first: stages[first].name().to_owned(),
+                        second: s.name().to_owned(),
+                    });
+                }
+                entry.source_of = Some(i);
+            }
+        }
+    }
+    Ok(topics)
 }
 
 #[cfg(test)]

@@ -183,6 +183,8 @@ pub struct Published {
 
 /// Describes every metric to the installed recorder (units and help
 /// text, which the Prometheus exporter prints as `# HELP`).
+// Longer than 100 lines on purpose: one description per metric, the
+// list every exporter shows.
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge};
     describe_gauge!(

@@ -614,19 +614,8 @@ pub struct Task {
     /// When ticks fall due, as of now, of the transaction in flight and of
     /// the last commit.
     ticks: ticks::TickSchedule,
-    holds: BTreeMap<Channel, HoldTrack>,
-    /// The most the task may hold, in bytes, if bounded.
-    hold_budget: Option<usize>,
-    /// Held records a release may page in per transaction (`None`: no
-    /// bound); the rest wait for the next one.
-    release_cap: Option<usize>,
-    /// Held records paged in since the last transaction was handed over.
-    paged_in_since_commit: usize,
-    /// Channels whose fetching is paused for the hold budget: an arriving
-    /// record with an unmet claim on one of them is noted in
-    /// `arrival_claims`, for the host core to resume it.
-    watched: Vec<Channel>,
-    arrival_claims: Vec<Channel>,
+    /// What the task holds as its gauges and backpressure see it.
+    holds: holds::Holds,
     poisoned: bool,
     stats: TaskStats,
     /// Partition counts of the dead-letter topics records are stepped past

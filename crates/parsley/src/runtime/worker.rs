@@ -25,8 +25,10 @@ mod faults;
 mod in_flight;
 mod queries;
 mod records;
+mod restores;
 mod start;
 mod stats;
+mod stops;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -188,24 +190,6 @@ struct Prepared {
     held_on_disk: bool,
 }
 
-/// A task whose restore job is out.
-#[derive(Debug)]
-struct Restoring {
-    job: u64,
-    prepared: Prepared,
-    /// A failed task restarting in place, not a task of a new assignment.
-    restart: bool,
-    /// The job's flag: set when the worker stops waiting for it, so a host
-    /// that has not started it yet never does.
-    cancelled: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Restoring {
-    fn cancel(&self) {
-        self.cancelled.store(true, Ordering::Release);
-    }
-}
-
 /// Which task, and which of its channels, each assigned partition's
 /// records go to. Looked up by a borrowed topic name and the task named by
 /// a shared id, so routing a record allocates nothing.
@@ -245,15 +229,8 @@ pub struct Worker {
     /// coordinator moving, a broker down), retried at a punctuation once
     /// their pause is over ([`LOOKUP_RETRY`]).
     waiting: BTreeMap<TaskId, Retrying>,
-    /// When each task's restore first stopped below its changelog's end
-    /// ([`ChangelogError::Unstable`]), by the host's clock.
-    unstable_since: BTreeMap<TaskId, i64>,
     /// The task whose error poisoned the open transaction, if a task's did.
     failing: Option<Failing>,
-    /// Tasks that failed and stopped; their partitions stay assigned here.
-    stopped: BTreeMap<TaskId, Stopped>,
-    /// Each task's failures in a row.
-    streaks: BTreeMap<TaskId, Streak>,
     /// Tasks some of whose partitions are here and some not
     /// ([`Assignment::Incremental`]): their partitions are paused.
     partial: BTreeSet<TaskId>,
@@ -269,14 +246,6 @@ pub struct Worker {
     local: Option<Box<dyn LocalStore>>,
     /// Told how each restore goes.
     restore_listener: Option<std::sync::Arc<dyn changelog::RestoreListener>>,
-    /// Tasks whose restore job is out ([`RestoreMode::Deferred`]).
-    restoring: BTreeMap<TaskId, Restoring>,
-    /// Each stateful task's share of the fold cache, read by restore jobs
-    /// as they write their fold state out (see [`WorkerConfig::fold_cache`]).
-    fold_share: Arc<AtomicUsize>,
-    /// Failed tasks whose restart in place is starting now.
-    restarting: BTreeSet<TaskId>,
-    next_job: u64,
     routes: Routes,
     state: State,
     /// When the last transaction was handed over, by the host's clock.
@@ -291,6 +260,10 @@ pub struct Worker {
     queries: queries::Queries,
     /// What the host has not taken yet: the next [`Ready`]'s parts.
     out: door::Outbox,
+    /// The restore jobs out, and what they share.
+    restores: restores::Restores,
+    /// Tasks that failed and stopped, and their restarts.
+    stops: stops::Stops,
 }
 
 impl std::fmt::Debug for Worker {
@@ -351,20 +324,13 @@ impl Worker {
             assigned: BTreeMap::new(),
             tasks: BTreeMap::new(),
             waiting: BTreeMap::new(),
-            unstable_since: BTreeMap::new(),
             failing: None,
-            stopped: BTreeMap::new(),
-            streaks: BTreeMap::new(),
             partial: BTreeSet::new(),
             diversions: BTreeMap::new(),
             in_flight: in_flight::InFlight::default(),
             since_commit: faults::SinceCommit::default(),
             local: None,
             restore_listener: None,
-            restoring: BTreeMap::new(),
-            fold_share: Arc::new(AtomicUsize::new(fold_cache)),
-            restarting: BTreeSet::new(),
-            next_job: 0,
             routes: Routes::default(),
             state: State::Open,
             last_handed: None,
@@ -376,6 +342,8 @@ impl Worker {
             published: Published::default(),
             queries: queries::Queries::default(),
             out: door::Outbox::default(),
+            restores: restores::Restores::new(fold_cache),
+            stops: stops::Stops::default(),
         }
     }
 

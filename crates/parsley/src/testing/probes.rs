@@ -471,6 +471,18 @@ pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
         inspect_outputs(app, &driver, &mut report, &mut reached);
     }
 
+    note_coverage(app, &sampled, &reached, &mut report);
+    report
+}
+
+/// Notes what the samples left out (sources without a sample, sinks no
+/// sample reached) and the topics and stores the operator creates.
+fn note_coverage(
+    app: &Parsley,
+    sampled: &BTreeSet<String>,
+    reached: &BTreeSet<String>,
+    report: &mut ProbeReport,
+) {
     for stage in app.stages() {
         for source in stage.source_topics() {
             if !sampled.contains(source) {
@@ -505,10 +517,9 @@ pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
                     ),
                 );
             }
-            note_store_names(&mut report, stage.name(), names);
+            note_store_names(report, stage.name(), names);
         }
     }
-    report
 }
 
 /// The cluster probes: read-only checks of a live cluster (through any

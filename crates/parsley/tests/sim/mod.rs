@@ -2,3 +2,4 @@
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
 pub mod bridge;
+pub mod disk;

@@ -21,7 +21,7 @@ impl Task {
             });
         }
         self.ticks.handed_over();
-        self.paged_in_since_commit = 0;
+        self.holds.handed_over();
         let protocol = self.node.take_writes();
         let fold = std::mem::take(&mut self.pending_fold);
         let mut changelog = Vec::with_capacity(protocol.len() + fold.len());
@@ -180,7 +180,7 @@ impl Task {
             stores,
             ticks,
             record_events,
-            hold_budget,
+            holds,
             ..
         } = self;
         let mut task = Task::init(
@@ -193,7 +193,7 @@ impl Task {
             now_ms,
         )?;
         task.record_events = record_events;
-        task.hold_budget = hold_budget;
+        task.set_hold_budget(holds.budget());
         task.set_hold_window(window);
         // A tick of the aborted transaction is due again: resume the
         // schedule as it was committed, not a fresh one from now.

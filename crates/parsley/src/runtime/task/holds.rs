@@ -6,12 +6,75 @@ use parsley_protocol::store::{CorruptState, decode_envelope};
 
 use super::*;
 
+/// A task's holds as its gauges and the worker's backpressure see them:
+/// since when each queue's head is held, the budget and the release cap,
+/// and the channels paused for the budget with the claims that arrived on
+/// them. Private to this file but for a few methods.
+#[derive(Debug, Default)]
+pub(super) struct Holds {
+    /// Each held queue's head and when it became the head.
+    tracks: BTreeMap<Channel, HoldTrack>,
+    /// The most one held record may take, in bytes, if bounded.
+    budget: Option<usize>,
+    /// Held records a release may page in per transaction (`None`: no
+    /// bound); the rest wait for the next one.
+    release_cap: Option<usize>,
+    /// Held records paged in since the last transaction was handed over.
+    paged_in: usize,
+    /// Channels whose fetching is paused for the hold budget: an arriving
+    /// record with an unmet claim on one of them is noted in
+    /// `arrival_claims`, for the host core to resume it.
+    watched: Vec<Channel>,
+    arrival_claims: Vec<Channel>,
+}
+
+impl Holds {
+    /// The most one held record may take, if bounded.
+    pub(super) fn budget(&self) -> Option<usize> {
+        self.budget
+    }
+
+    /// A transaction was handed over: the release cap counts afresh.
+    pub(super) fn handed_over(&mut self) {
+        self.paged_in = 0;
+    }
+
+    /// Whether a held head has waited `threshold` by `now` without a
+    /// warning yet.
+    pub(super) fn warning_due(&self, now: i64, threshold: i64) -> bool {
+        self.tracks
+            .values()
+            .any(|h| !h.warned && now - h.since >= threshold)
+    }
+
+    /// Marks `channel`'s head warned about; whether it was not before.
+    pub(super) fn mark_warned(&mut self, channel: Channel) -> bool {
+        match self.tracks.get_mut(&channel) {
+            Some(track) if !track.warned => {
+                track.warned = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Notes the watched channels an arriving record has an unmet claim
+    /// on (`unmet` says which).
+    pub(super) fn note_claims(&mut self, unmet: impl Fn(Channel) -> bool) {
+        for &w in &self.watched {
+            if unmet(w) {
+                self.arrival_claims.push(w);
+            }
+        }
+    }
+}
+
 impl Task {
     /// Bounds what one held record may take ([`InboundRecord::held_size`]):
     /// a record larger than `budget` that has to wait fails the task with
     /// [`TaskError::HoldBudget`]. `None` (the default) sets no bound.
     pub fn set_hold_budget(&mut self, budget: Option<usize>) {
-        self.hold_budget = budget;
+        self.holds.budget = budget;
     }
 
     /// Keeps at most `window` held records of each hold queue in the
@@ -51,7 +114,7 @@ impl Task {
             }
             for request in requests {
                 let records = self.read_paged(request)?;
-                self.paged_in_since_commit += records.len();
+                self.holds.paged_in += records.len();
                 self.node
                     .page_in(request.channel, records, deliveries)
                     .map_err(|e| self.protocol(e))?;
@@ -60,8 +123,9 @@ impl Task {
     }
 
     fn release_full(&self) -> bool {
-        self.release_cap
-            .is_some_and(|cap| self.paged_in_since_commit >= cap)
+        self.holds
+            .release_cap
+            .is_some_and(|cap| self.holds.paged_in >= cap)
     }
 
     /// Bounds how many held records a release pages in per transaction
@@ -70,8 +134,8 @@ impl Task {
     /// deliveries and of the deletes of the records released, instead of
     /// one transaction of them all.
     pub fn set_release_cap(&mut self, cap: Option<usize>) {
-        self.release_cap = cap.map(|c| c.max(1));
-        self.stores.release_cap = self.release_cap;
+        self.holds.release_cap = cap.map(|c| c.max(1));
+        self.stores.release_cap = self.holds.release_cap;
     }
 
     /// Whether a release stopped at the cap and waits for the next
@@ -212,14 +276,14 @@ impl Task {
     /// from now on, the channels among them an arriving record has an
     /// unmet claim on are noted ([`take_arrival_claims`](Self::take_arrival_claims)).
     pub fn watch(&mut self, channels: impl IntoIterator<Item = Channel>) {
-        self.watched.clear();
-        self.watched.extend(channels);
+        self.holds.watched.clear();
+        self.holds.watched.extend(channels);
     }
 
     /// The watched channels records handed over since the last call have
     /// unmet claims on, sorted, without repeats.
     pub fn take_arrival_claims(&mut self) -> Vec<Channel> {
-        let mut out = std::mem::take(&mut self.arrival_claims);
+        let mut out = std::mem::take(&mut self.holds.arrival_claims);
         out.sort_unstable();
         out.dedup();
         out
@@ -280,6 +344,7 @@ impl Task {
                 let channel = h.channel;
                 let since = self
                     .holds
+                    .tracks
                     .get(&h.channel)
                     .filter(|t| t.offset == h.offset)
                     .map_or(self.wall_clock, |t| t.since);
@@ -311,6 +376,7 @@ impl Task {
                 let held = self.node.channel_view(i.channel).map_or(0, |v| v.held);
                 let age = self
                     .holds
+                    .tracks
                     .get(&i.channel)
                     .map_or(0, |t| (self.wall_clock - t.since).max(0));
                 (i.topic.clone(), held, age)
@@ -326,7 +392,7 @@ impl Task {
 
     pub(super) fn refresh_holds(&mut self) {
         if self.node.held_count() == 0 {
-            self.holds.clear();
+            self.holds.tracks.clear();
             return;
         }
         let mut next = BTreeMap::new();
@@ -334,7 +400,7 @@ impl Task {
             // A new head starts its hold now: heads change only in
             // on_record, position_advance and init, each of which refreshes
             // right away, with the host's clock at hand-over.
-            let track = match self.holds.get(&channel) {
+            let track = match self.holds.tracks.get(&channel) {
                 Some(t) if t.offset == offset => *t,
                 _ => HoldTrack {
                     offset,
@@ -344,6 +410,6 @@ impl Task {
             };
             next.insert(channel, track);
         }
-        self.holds = next;
+        self.holds.tracks = next;
     }
 }

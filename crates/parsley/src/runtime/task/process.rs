@@ -51,19 +51,12 @@ impl Task {
             // only time moves.
             if let Some(threshold) = t.stage.hold_warning_after() {
                 let threshold = ms(threshold);
-                let due = t
-                    .holds
-                    .values()
-                    .any(|h| !h.warned && t.wall_clock - h.since >= threshold);
+                let due = t.holds.warning_due(t.wall_clock, threshold);
                 if !due {
                     return Ok(());
                 }
                 for (channel, held) in t.held_by_channel() {
-                    let Some(track) = t.holds.get_mut(&channel) else {
-                        continue;
-                    };
-                    if !track.warned && held.held_for_ms >= threshold {
-                        track.warned = true;
+                    if held.held_for_ms >= threshold && t.holds.mark_warned(channel) {
                         t.stats.hold_warnings += 1;
                         let code = held
                             .waiting_on
@@ -139,11 +132,9 @@ impl Task {
                     .map(|t| format!("{} seq {}", t.sender, t.seq)),
             )
         });
-        for &w in &self.watched {
-            if self.node.claims_unmet_on(&inbound.causal.clock, w) {
-                self.arrival_claims.push(w);
-            }
-        }
+        let node = &self.node;
+        self.holds
+            .note_claims(|w| node.claims_unmet_on(&inbound.causal.clock, w));
         let held_before = self.node.held_count();
         let mut deliveries = std::mem::take(&mut self.deliveries);
         deliveries.clear();
@@ -158,7 +149,7 @@ impl Task {
             // coordinate is named only then, off the common path.
             self.acted = true;
             let coordinate = self.coordinate((channel, offset));
-            if let Some(budget) = self.hold_budget
+            if let Some(budget) = self.holds.budget()
                 && let Some(size) = self.node.last_held_size(channel)
                 && size > budget
             {
@@ -257,6 +248,54 @@ impl Task {
         Ok(())
     }
 
+    /// Runs the stage's tick logic on a tick record, with the tick state
+    /// if the stage keeps one; returns what the logic made (or its panic)
+    /// and whether it used state.
+    fn tick_logic(
+        &mut self,
+        stage: &Stage,
+        record: &InboundRecord,
+    ) -> Result<(std::thread::Result<Result<Outcome, Failure>>, bool), TaskError> {
+        let Some(decl) = stage.def.ticks.as_ref() else {
+            return Err(TaskError::Config {
+                task: self.id.clone(),
+                message: "tick delivered to a stage without ticks".to_owned(),
+            });
+        };
+        let tick = Tick::new(record.timestamp).on_partition(record.channel.partition);
+        let state = if decl.uses_state {
+            FoldKey::Ticks.write_bytes(&mut self.key_scratch);
+            self.fold_get(&self.key_scratch)
+        } else {
+            None
+        };
+        let keyed = TaskState {
+            pending: &self.pending_fold,
+            in_flight: self.in_flight.as_ref().map(|f| &f.fold),
+            committed: &self.stores.fold,
+        };
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            (decl.logic)(&tick, state.as_deref(), &keyed)
+        }));
+        Ok((r, decl.uses_state))
+    }
+
+    /// The DEBUG event of a record going to the logic.
+    fn trace_delivery(&self, record: &InboundRecord, at: (Channel, i64), was_held: bool) {
+        let sender = record
+            .causal
+            .sender
+            .map(|t| format!("{} seq {}", t.sender, t.seq));
+        debug!(
+            task = %self.id,
+            coordinate = %self.coordinate(at),
+            was_held,
+            clock = %self.describe_clock(&record.causal.clock),
+            sender = sender.as_deref().unwrap_or("none"),
+            "delivering to logic"
+        );
+    }
+
     pub(super) fn process(&mut self, delivery: Delivery) -> Result<(), TaskError> {
         let Delivery {
             mut record,
@@ -275,45 +314,11 @@ impl Task {
             });
         };
         if tracing::enabled!(tracing::Level::DEBUG) {
-            let sender = record
-                .causal
-                .sender
-                .map(|t| format!("{} seq {}", t.sender, t.seq));
-            debug!(
-                task = %self.id,
-                coordinate = %self.coordinate(at),
-                was_held,
-                clock = %self.describe_clock(&record.causal.clock),
-                sender = sender.as_deref().unwrap_or("none"),
-                "delivering to logic"
-            );
+            self.trace_delivery(&record, at, was_held);
         }
         let stage = self.stage.clone();
         let (outcome, uses_state) = match slot {
-            SourceSlot::Ticks => {
-                let Some(decl) = stage.def.ticks.as_ref() else {
-                    return Err(TaskError::Config {
-                        task: self.id.clone(),
-                        message: "tick delivered to a stage without ticks".to_owned(),
-                    });
-                };
-                let tick = Tick::new(record.timestamp).on_partition(record.channel.partition);
-                let state = if decl.uses_state {
-                    FoldKey::Ticks.write_bytes(&mut self.key_scratch);
-                    self.fold_get(&self.key_scratch)
-                } else {
-                    None
-                };
-                let keyed = TaskState {
-                    pending: &self.pending_fold,
-                    in_flight: self.in_flight.as_ref().map(|f| &f.fold),
-                    committed: &self.stores.fold,
-                };
-                let r = catch_unwind(AssertUnwindSafe(|| {
-                    (decl.logic)(&tick, state.as_deref(), &keyed)
-                }));
-                (r, decl.uses_state)
-            }
+            SourceSlot::Ticks => self.tick_logic(&stage, &record)?,
             SourceSlot::User(i) => {
                 let src = &stage.def.sources[i];
                 // The state key is built in the task's reused buffer: the

@@ -32,8 +32,8 @@ impl Worker {
         for id in &touched {
             if self.tasks.contains_key(id)
                 || self.waiting.contains_key(id)
-                || self.restoring.contains_key(id)
-                || self.stopped.contains_key(id)
+                || self.restores.contains(id)
+                || self.stops.contains(id)
             {
                 continue;
             }
@@ -56,8 +56,8 @@ impl Worker {
         for id in touched {
             if self.tasks.contains_key(&id)
                 || self.waiting.contains_key(&id)
-                || self.restoring.contains_key(&id)
-                || self.stopped.contains_key(&id)
+                || self.restores.contains(&id)
+                || self.stops.contains(&id)
             {
                 continue;
             }
@@ -132,7 +132,7 @@ impl Worker {
                 if let Some(r) = self.waiting.remove(&id) {
                     info!(task = %id, failed_lookups = r.failures, "task started once its lookups went through");
                 }
-                self.unstable_since.remove(&id);
+                self.restores.stable(&id);
                 Ok(())
             }
             Err(e) if self.waits_on(&id, &e) => {
@@ -155,9 +155,9 @@ impl Worker {
         }
         if matches!(e, WorkerError::Changelog(ChangelogError::Unstable { .. })) {
             self.stats.short_restores += 1;
-            let since = *self.unstable_since.entry(id.clone()).or_insert(self.now);
+            let since = self.restores.unstable_since(id, self.now);
             if self.now.saturating_sub(since) >= ms(self.config.changelog_stable_wait) {
-                self.unstable_since.remove(id);
+                self.restores.stable(id);
                 return false;
             }
         }
@@ -387,13 +387,11 @@ impl Worker {
             }
             if let Some(id) = self.task_of(&key.0, key.1) {
                 self.waiting.remove(&id);
-                self.unstable_since.remove(&id);
-                if let Some(restoring) = self.restoring.remove(&id) {
-                    restoring.cancel();
+                if self.restores.cancel(&id) {
                     info!(task = %id, "restoring task revoked");
                     self.out.cancel_restore(&id);
                 }
-                if self.stopped.remove(&id).is_some() {
+                if self.stops.remove(&id) {
                     info!(task = %id, "stopped task revoked");
                 }
                 self.diversions.remove(&id);

@@ -201,11 +201,11 @@ impl Worker {
                 .is_some_and(|t| t.stores().fold.is_bounded())
         };
         // Tasks restoring count too: their replays hold fold state as well.
-        let n = self.tasks.values().filter(|s| bounded(s)).count() + self.restoring.len();
+        let n = self.tasks.values().filter(|s| bounded(s)).count() + self.restores.len();
         let Some(share) = total.checked_div(n) else {
             return;
         };
-        self.fold_share.store(share, Ordering::Relaxed);
+        self.restores.fold_share().store(share, Ordering::Relaxed);
         for slot in self.tasks.values_mut() {
             if let Some(task) = slot.task.as_mut() {
                 task.set_fold_budget(share);

@@ -64,6 +64,8 @@ impl Worker {
     /// | [`Fault::RecordRefused`] | marks the task that made the record | [`Directive::Abort`]; the abort stops that task, and its [`TaskFailure::refused`] names the record |
     /// | [`Fault::Poll`], not fatal | nothing (the client retries) | [`Directive::Continue`] |
     /// | [`Fault::Poll`], fatal | drops every task | [`Directive::Fail`] |
+    // Longer than 100 lines on purpose: one arm per row of the table
+    // above, so the table and the code read side by side.
     pub fn on_fault(&mut self, fault: Fault) -> Directive {
         self.stats.faults += 1;
         let class = fault.class();
@@ -232,7 +234,7 @@ impl Worker {
                 reason: refused.reason.clone(),
             });
         };
-        if !self.stopped.contains_key(task) {
+        if !self.stops.contains(task) {
             return Ok(false);
         }
         // The topic's partition count is looked up when the task starts,
@@ -245,9 +247,7 @@ impl Worker {
                 reason: refused.reason.clone(),
             },
         );
-        if let Some(s) = self.stopped.get_mut(task) {
-            s.restart_at = Some(self.now);
-        }
+        self.stops.restart_now(task, self.now);
         self.restart_due(cluster)?;
         Ok(true)
     }
@@ -281,9 +281,9 @@ impl Worker {
         let ids: BTreeSet<TaskId> = self
             .tasks
             .keys()
-            .chain(self.stopped.keys())
+            .chain(self.stops.tasks())
             .chain(self.waiting.keys())
-            .chain(self.restoring.keys())
+            .chain(self.restores.tasks())
             .cloned()
             .collect();
         for id in &ids {
@@ -295,13 +295,10 @@ impl Worker {
         // seeks.
         self.out.forget_tasks();
         self.in_flight.forget_tasks();
-        for restoring in std::mem::take(&mut self.restoring).into_values() {
-            restoring.cancel();
-        }
+        self.restores.cancel_all();
         self.waiting.clear();
-        self.unstable_since.clear();
         self.failing = None;
-        self.stopped.clear();
+        self.stops.clear();
         self.partial.clear();
         self.diversions.clear();
         self.since_commit.forget();

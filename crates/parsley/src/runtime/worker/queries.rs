@@ -88,8 +88,8 @@ impl Worker {
         let Some(task) = self.running(&query.task) else {
             let here = self.tasks.contains_key(&query.task)
                 || self.waiting.contains_key(&query.task)
-                || self.restoring.contains_key(&query.task)
-                || self.stopped.contains_key(&query.task);
+                || self.restores.contains(&query.task)
+                || self.stops.contains(&query.task);
             return Some(if here {
                 QueryAnswer::Restoring
             } else {

@@ -41,11 +41,7 @@ impl Worker {
         transient: bool,
         starting: bool,
     ) {
-        let earlier = self
-            .streaks
-            .entry(id.clone())
-            .or_default()
-            .fail(self.now, &self.config.task_backoff);
+        let earlier = self.stops.stop(&id, self.now, &self.config.task_backoff);
         self.stats.task_failures += 1;
         if starting {
             warn!(task = %id, error = %reason, failures_in_a_row = earlier + 1,
@@ -54,8 +50,6 @@ impl Worker {
             warn!(task = %id, error = %reason, failures_in_a_row = earlier + 1,
                 "task failed and stopped; nothing past the failing record is committed for it, and the thread's other tasks go on");
         }
-        self.stopped
-            .insert(id.clone(), Stopped { restart_at: None });
         self.out.fail(TaskFailure {
             task: id,
             error: reason,
@@ -83,7 +77,7 @@ impl Worker {
             return self.poison(e);
         }
         self.waiting.remove(&id);
-        self.unstable_since.remove(&id);
+        self.restores.stable(&id);
         self.close_local(&id);
         // Nothing reads them until the task restarts.
         self.pause_held(&id);
@@ -93,7 +87,7 @@ impl Worker {
 
     /// The tasks stopped after a failure.
     pub fn stopped_tasks(&self) -> impl Iterator<Item = &TaskId> {
-        self.stopped.keys()
+        self.stops.tasks()
     }
 
     /// Restarts a stopped task after one step of
@@ -106,16 +100,12 @@ impl Worker {
         id: &TaskId,
         cluster: &dyn Cluster,
     ) -> Result<Option<Duration>, WorkerError> {
-        let earlier = self
-            .streaks
-            .get(id)
-            .map_or(0, |s| s.failures.saturating_sub(1));
-        let wait = self.config.task_backoff.step(earlier);
-        let now = self.now;
-        let Some(stopped) = self.stopped.get_mut(id) else {
+        let Some(wait) = self
+            .stops
+            .restart_after(id, self.now, &self.config.task_backoff)
+        else {
             return Ok(None);
         };
-        stopped.restart_at = Some(now.saturating_add(ms(wait)));
         info!(task = %id, ?wait, "the stopped task restarts after its backoff");
         if wait.is_zero() {
             self.restart_due(cluster)?;
@@ -127,9 +117,9 @@ impl Worker {
     /// task waiting on a failed lookup is due to try its start again, if
     /// one is. A host that waits for records waits no longer than this.
     pub fn restart_due_in(&self, now: i64) -> Option<Duration> {
-        self.stopped
-            .values()
-            .filter_map(|s| s.restart_at)
+        self.stops
+            .next_restart()
+            .into_iter()
             .chain(self.waiting.values().map(|r| r.at))
             .min()
             .map(|at| Duration::from_millis(u64::try_from(at - now.max(self.now)).unwrap_or(0)))
@@ -143,18 +133,10 @@ impl Worker {
             return Ok(());
         }
         let now = self.now;
-        let due: Vec<TaskId> = self
-            .stopped
-            .iter()
-            .filter(|(_, s)| s.restart_at.is_some_and(|at| at <= now))
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in due {
-            self.stopped.remove(&id);
+        for id in self.stops.due(now) {
+            self.stops.begin_restart(&id, now);
             self.stats.task_restarts += 1;
-            self.streaks.entry(id.clone()).or_default().restarted_at = Some(now);
             info!(task = %id, "stopped task restarting");
-            self.restarting.insert(id.clone());
             // A deferred restore keeps them paused until it is done
             // (`restored` resumes them).
             let resume = self.config.restores == RestoreMode::Inline;
@@ -166,7 +148,7 @@ impl Worker {
                 });
             }
             self.try_start(id.clone(), cluster)?;
-            self.restarting.remove(&id);
+            self.stops.restart_started(&id);
         }
         Ok(())
     }
@@ -222,10 +204,10 @@ impl Worker {
                     });
                 }
                 debug!(task = %id, job = job.id, from_local_store = job.from_local, "task restore queued");
-                let restart = self.restarting.remove(id);
-                self.restoring.insert(
+                let restart = self.stops.restart_started(id);
+                self.restores.started(
                     id.clone(),
-                    Restoring {
+                    restores::Restoring {
                         job: job.id,
                         prepared,
                         restart,
@@ -341,16 +323,14 @@ impl Worker {
         self.begin_task(id, true)
     }
 
-    /// Prepares a task's restore: reads its local store and checks it
-    /// against the changelogs (wiping it, with a WARN that says why, when
-    /// it cannot be used), and makes the replay job: from the store's
-    /// checkpoint, or from the beginning.
-    fn prepare(
-        &mut self,
+    /// The store's identity: the application, the task, and the id of
+    /// each of its changelog topics.
+    fn store_identity(
+        &self,
         id: &TaskId,
         changelogs: &Changelogs<'_>,
         cluster: &dyn Cluster,
-    ) -> Result<(Prepared, RestoreJob), WorkerError> {
+    ) -> Result<StoreIdentity, WorkerError> {
         let mut ids = BTreeMap::new();
         for topic in std::iter::once(changelogs.state).chain(changelogs.fold) {
             let d = cluster
@@ -362,41 +342,32 @@ impl Worker {
                 })?;
             ids.insert(topic.to_owned(), d.id);
         }
-        let identity = StoreIdentity {
+        Ok(StoreIdentity {
             application: self.app.application_id().to_owned(),
             task: id.clone(),
             changelogs: ids,
-        };
-        // A stateful task whose fold state can read through its local
-        // store starts without loading the store's fold entries.
-        // Every task whose store can be read while it runs leaves its held
-        // records there: they are read back as the gate reaches them.
-        let held_on_disk = self.local.as_ref().is_some_and(|s| s.reads_while_running());
-        let bounded = self.config.fold_cache.is_some() && changelogs.fold.is_some() && held_on_disk;
-        let leave = local::LeaveOnDisk {
-            fold: bounded,
-            held: held_on_disk,
-        };
-        let opened = self
-            .local
-            .as_mut()
-            .map(|store| store.open_leaving(id, leave));
-        // Log starts only to check a store; ends for progress, always.
-        let with_starts = matches!(opened, Some(Ok(Some(_))));
-        let bounds = changelog_bounds(&identity, id.partition, cluster, with_starts).map_err(
-            |(topic, message)| ChangelogError::Unavailable {
-                task: id.clone(),
-                topic: topic.clone(),
-                cause: crate::runtime::task::MetadataError::Failed { topic, message },
-            },
-        )?;
+        })
+    }
+
+    /// The local store's snapshot if it can be used: one that fails its
+    /// check against the changelogs, or cannot be read, is wiped (and
+    /// counted as a rebuild). A disk that refuses to open the store leaves
+    /// it alone and runs the task without it. Returns the snapshot and
+    /// whether the task runs without a local store.
+    fn usable_snapshot(
+        &mut self,
+        id: &TaskId,
+        opened: Option<Result<Option<local::LocalSnapshot>, local::LocalStoreError>>,
+        identity: &StoreIdentity,
+        bounds: &BTreeMap<String, (i64, i64)>,
+    ) -> (Option<local::LocalSnapshot>, bool) {
         let mut local_off = self.local.is_none();
         let start = match (opened, self.local.as_mut()) {
             (Some(Ok(Some(snapshot))), Some(store)) => {
                 let usable = local::check(
                     &snapshot,
-                    &identity,
-                    &bounds,
+                    identity,
+                    bounds,
                     self.now,
                     ms(self.config.local_store_max_age),
                 )
@@ -425,13 +396,52 @@ impl Worker {
             }
             _ => None,
         };
-        self.next_job += 1;
+        (start, local_off)
+    }
+
+    /// Prepares a task's restore: reads its local store and checks it
+    /// against the changelogs (wiping it, with a WARN that says why, when
+    /// it cannot be used), and makes the replay job: from the store's
+    /// checkpoint, or from the beginning.
+    fn prepare(
+        &mut self,
+        id: &TaskId,
+        changelogs: &Changelogs<'_>,
+        cluster: &dyn Cluster,
+    ) -> Result<(Prepared, RestoreJob), WorkerError> {
+        let identity = self.store_identity(id, changelogs, cluster)?;
+        // A stateful task whose fold state can read through its local
+        // store starts without loading the store's fold entries.
+        // Every task whose store can be read while it runs leaves its held
+        // records there: they are read back as the gate reaches them.
+        let held_on_disk = self.local.as_ref().is_some_and(|s| s.reads_while_running());
+        let bounded = self.config.fold_cache.is_some() && changelogs.fold.is_some() && held_on_disk;
+        let leave = local::LeaveOnDisk {
+            fold: bounded,
+            held: held_on_disk,
+        };
+        let opened = self
+            .local
+            .as_mut()
+            .map(|store| store.open_leaving(id, leave));
+        // Log starts only to check a store; ends for progress, always.
+        let with_starts = matches!(opened, Some(Ok(Some(_))));
+        let bounds = changelog_bounds(&identity, id.partition, cluster, with_starts).map_err(
+            |(topic, message)| ChangelogError::Unavailable {
+                task: id.clone(),
+                topic: topic.clone(),
+                cause: crate::runtime::task::MetadataError::Failed { topic, message },
+            },
+        )?;
+        let (start, local_off) = self.usable_snapshot(id, opened, &identity, &bounds);
         // A bounded task's replay writes its fold state out in parts as it
         // goes, holding no more than the cache in memory.
         if let Some(total) = self.config.fold_cache {
             // This task's replay takes its share at once.
-            let n = self.tasks.len() + self.restoring.len() + 1;
-            self.fold_share.store(total / n, Ordering::Relaxed);
+            let n = self.tasks.len() + self.restores.len() + 1;
+            self.restores
+                .fold_share()
+                .store(total / n, Ordering::Relaxed);
         }
         // A tail's parts leave the store's age as it was: they do not move
         // its checkpoint, so they must not make it look fresher either.
@@ -442,7 +452,7 @@ impl Worker {
         let cancelled: Arc<std::sync::atomic::AtomicBool> = Arc::default();
         let spill = match ((bounded || held_on_disk) && !local_off, self.local.as_mut()) {
             (true, Some(store)) => store.writer().map(|w| {
-                changelog::FoldSpill::new(w, self.fold_share.clone(), written_at)
+                changelog::FoldSpill::new(w, self.restores.fold_share().clone(), written_at)
                     .with_parts(bounded, held_on_disk)
                     .stopping_when(cancelled.clone())
             }),
@@ -450,7 +460,7 @@ impl Worker {
         };
         let job = RestoreJob {
             spill,
-            id: self.next_job,
+            id: self.restores.next_job(),
             task: id.clone(),
             state: changelogs.state.to_owned(),
             fold: changelogs.fold.map(str::to_owned),
@@ -540,9 +550,10 @@ impl Worker {
         match (written, reader) {
             (Ok(()), Ok(Some(reader))) => {
                 if bounded {
-                    stores
-                        .fold
-                        .attach(reader.clone(), self.fold_share.load(Ordering::Relaxed));
+                    stores.fold.attach(
+                        reader.clone(),
+                        self.restores.fold_share().load(Ordering::Relaxed),
+                    );
                 }
                 if held_on_disk {
                     let crate::runtime::task::TaskStores { held, protocol, .. } = &mut stores;
@@ -591,16 +602,13 @@ impl Worker {
 
     /// Tasks whose restore job has not come back yet.
     pub fn restoring_tasks(&self) -> impl Iterator<Item = &TaskId> {
-        self.restoring.keys()
+        self.restores.tasks()
     }
 
     /// Tasks of the assignment still restoring (not counting failed tasks
     /// restarting in place): while there are any, the thread is not ready.
     pub fn assignment_restoring(&self) -> impl Iterator<Item = &TaskId> {
-        self.restoring
-            .iter()
-            .filter(|(_, r)| !r.restart)
-            .map(|(id, _)| id)
+        self.restores.of_assignment()
     }
 
     /// A restore job's outcome: its task starts (its partitions resume and
@@ -621,11 +629,8 @@ impl Worker {
             result,
             unusable,
         } = outcome;
-        if self.restoring.get(&task).map(|r| r.job) != Some(job) {
+        let Some(pending) = self.restores.finish(&task, job) else {
             debug!(task = %task, job, "a restore outcome for a task that is not restoring here; ignored");
-            return Ok(());
-        }
-        let Some(pending) = self.restoring.remove(&task) else {
             return Ok(());
         };
         for (topic, partition) in self.needed(&task) {
@@ -642,7 +647,7 @@ impl Worker {
         });
         match r {
             Ok(()) => {
-                self.unstable_since.remove(&task);
+                self.restores.stable(&task);
                 Ok(())
             }
             Err(e) if self.waits_on(&task, &e) => {
