@@ -190,6 +190,54 @@ fn a_payment_before_its_order_is_held_and_settles_after_it() {
     streams.close(Duration::from_secs(30)).unwrap();
 }
 
+/// With `commit_when_idle`, a stream thread whose fetch ran dry commits
+/// its open work at the floor instead of at the interval: under a
+/// ten-minute interval, the outputs of a trickle are readable within
+/// seconds, where an instance without the option (the control, same
+/// interval) has committed none of them yet.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_drained_fetch_commits_at_the_floor_not_the_interval() {
+    let run = |commit_when_idle: Option<Duration>| {
+        let (o, p, s) = (unique("orders"), unique("payments"), unique("settled"));
+        create_topics(&[(&o, 1), (&p, 1), (&s, 1)]);
+        let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
+        let app = ledger(&unique("app"), &orders, &payments, &settled);
+        let streams = start_with(
+            &app,
+            StreamsOptions {
+                commit_interval: Duration::from_secs(600),
+                commit_when_idle,
+                ..options("a")
+            },
+        );
+        produce(&o, 0, "o-1", "5", None);
+        produce(&p, 0, "o-1", "pay 5", None);
+        (streams, s)
+    };
+    let (mut control, control_out) = run(None);
+    let (mut idle, idle_out) = run(Some(Duration::from_millis(10)));
+    let values = |out: Vec<(String, String, CausalHeaders)>| {
+        out.into_iter().map(|(_, v, _)| v).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        values(read(&idle_out, 1, 2, Duration::from_secs(30))),
+        vec!["order 5", "settled 5"]
+    );
+    // The control had as long, and more, and still waits for its interval.
+    assert!(
+        read(&control_out, 1, 1, Duration::from_secs(2)).is_empty(),
+        "without the option nothing commits before the interval"
+    );
+    idle.close(Duration::from_secs(30)).unwrap();
+    // Its close commits what is open.
+    control.close(Duration::from_secs(30)).unwrap();
+    assert_eq!(
+        values(read(&control_out, 1, 2, Duration::from_secs(30))),
+        vec!["order 5", "settled 5"]
+    );
+}
+
 #[test]
 #[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
 fn a_restart_resumes_with_its_fold_state_exactly_once() {

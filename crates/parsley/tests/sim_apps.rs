@@ -71,6 +71,8 @@ struct App {
     deferred: bool,
     /// The workers' hold budget per task, when not the default.
     hold_budget: Option<usize>,
+    /// The workers' floor for a commit when the fetch is drained.
+    commit_when_idle: Option<Duration>,
 }
 
 impl App {
@@ -130,6 +132,7 @@ fn settlement() -> App {
         local: false,
         deferred: false,
         hold_budget: None,
+        commit_when_idle: None,
     }
 }
 
@@ -214,6 +217,7 @@ fn ticking() -> App {
         local: false,
         deferred: false,
         hold_budget: None,
+        commit_when_idle: None,
     }
 }
 
@@ -278,6 +282,7 @@ fn diamond() -> App {
         local: false,
         deferred: false,
         hold_budget: None,
+        commit_when_idle: None,
     }
 }
 
@@ -331,6 +336,7 @@ fn fan3() -> App {
         local: false,
         deferred: false,
         hold_budget: None,
+        commit_when_idle: None,
     }
 }
 
@@ -379,6 +385,7 @@ fn cycle() -> App {
         local: false,
         deferred: false,
         hold_budget: None,
+        commit_when_idle: None,
     }
 }
 
@@ -468,8 +475,15 @@ fn world(
     let pool = a.local.then(|| disks.clone());
     let deferred = a.deferred;
     let hold_budget = a.hold_budget;
+    let commit_when_idle = a.commit_when_idle;
     let factory: ThreadFactory = Box::new(move |_| {
         let mut config = worker_config_for(assignor);
+        if let Some(floor) = commit_when_idle {
+            // An interval of many clock steps: a transaction the world
+            // polls for before it is one the drained fetch let go early.
+            config.commit_when_idle = Some(floor);
+            config.commit_interval = Duration::from_secs(2);
+        }
         if deferred {
             config.restores = parsley::runtime::worker::RestoreMode::Deferred;
         }
@@ -1171,6 +1185,31 @@ fn damped_cycle() {
 /// everything delivered. The fan shape has held heads waiting for a
 /// partition whose own head is held (it must keep fetching), and records
 /// arriving with claims into paused partitions.
+/// The settlement with commits when the fetch is drained: a worker hands
+/// its transaction over before the interval whenever the world's consumer
+/// has nothing buffered, so transactions are small and frequent, through
+/// the same crashes, aborts, fencing and rebalances.
+#[test]
+fn commits_when_the_fetch_is_drained() {
+    let name = "idle commits";
+    let runs = sweep(
+        name,
+        || App {
+            commit_when_idle: Some(Duration::from_millis(5)),
+            ..settlement()
+        },
+        full_budget(),
+        0,
+    );
+    common_floors(name, &runs);
+    floor(
+        name,
+        &runs,
+        "transactions handed over early, the fetch drained",
+        |r| r.bridge.idle_commits > 0,
+    );
+}
+
 #[test]
 fn tiny_hold_budgets_pause_often_and_never_wedge() {
     let name = "tiny budgets";

@@ -642,6 +642,68 @@ fn the_commit_interval_runs_from_the_previous_hand_over() {
     assert!(w.poll_transaction(1_200).unwrap().is_some(), "due at once");
 }
 
+/// With `commit_when_idle`, open work is due at the floor once the host
+/// says its fetch is drained, and only then; the floor counts from the
+/// first commit point after the previous commit ended, not from its
+/// hand-over, so a slow commit still leaves the floor of processing before
+/// the next. A record handed over after the drain puts the interval back,
+/// and a worker without the option waits for the interval however idle its
+/// host is.
+#[test]
+fn a_drained_fetch_commits_at_the_floor_when_asked() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let config = |idle| WorkerConfig {
+        commit_interval: Duration::from_millis(100),
+        commit_when_idle: idle,
+        ..WorkerConfig::default()
+    };
+    let floor = Some(Duration::from_millis(10));
+    let mut w = started_with(&cluster, Worker::new(&app, config(floor)));
+    let handed = |w: &mut Worker, at: i64| {
+        let txn = w.poll_transaction(at).unwrap().expect("due");
+        cluster.commit(&txn.records);
+        w.commit_outcome(CommitOutcome::Committed, &cluster)
+            .unwrap();
+    };
+    // The start's transaction was handed over at 0: work at 2 waits for
+    // the interval while the fetch is busy.
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    assert_eq!(w.commit_due_in(2), Some(Duration::from_millis(98)));
+    // Drained: the floor starts at the first commit point after the
+    // start's commit ended (here 2), and is due 10 ms later.
+    w.fetch_drained();
+    assert_eq!(w.commit_due_in(2), Some(Duration::from_millis(10)));
+    assert_eq!(w.next_wake(2), Some(Duration::from_millis(10)));
+    assert!(w.poll_transaction(2).unwrap().is_none(), "the floor starts");
+    assert!(w.poll_transaction(11).unwrap().is_none(), "not before it");
+    handed(&mut w, 12);
+    assert_eq!(w.stats().idle_commits, 1);
+    // A record after the drain: the fetch is busy again, the interval
+    // (from the hand-over at 12) holds.
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    assert_eq!(w.commit_due_in(40), Some(Duration::from_millis(72)));
+    assert!(w.poll_transaction(40).unwrap().is_none());
+    // Drained again: the commit that ended at 12 was first followed by a
+    // commit point at 40, so the floor runs to 50.
+    w.fetch_drained();
+    assert!(w.poll_transaction(49).unwrap().is_none());
+    handed(&mut w, 50);
+    assert_eq!(w.stats().idle_commits, 2);
+    // Nothing open: nothing due, drained or not.
+    w.fetch_drained();
+    assert_eq!(w.commit_due_in(60), None);
+
+    // Without the option, a drained fetch changes nothing.
+    let fresh = counting_cluster(1);
+    let mut plain = started_with(&fresh, Worker::new(&app, config(None)));
+    plain.on_record(rec("a", 0, 0, "x")).unwrap();
+    plain.fetch_drained();
+    assert_eq!(plain.commit_due_in(10), Some(Duration::from_millis(90)));
+    assert!(plain.poll_transaction(50).unwrap().is_none());
+    assert_eq!(plain.stats().idle_commits, 0);
+}
+
 #[test]
 fn an_abort_returns_every_task_to_committed_state_and_seeks_back() {
     let app = counting_app();

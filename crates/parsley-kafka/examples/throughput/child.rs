@@ -155,6 +155,12 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                     Ok("none") => None,
                     _ => defaults.fold_cache,
                 },
+                // `BENCH_COMMIT_WHEN_IDLE=MS` commits once the fetch is
+                // drained and MS have passed since the last commit.
+                commit_when_idle: std::env::var("BENCH_COMMIT_WHEN_IDLE")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .map(Duration::from_millis),
                 // The no-file loop keeps its fold state in memory only.
                 state_dir: if kind == "parsley-sum-nofile" {
                     None

@@ -35,6 +35,8 @@
 //! runs only the loops whose names contain one of the comma-separated
 //! words; SECONDS 0 skips the latency runs; `BENCH_PERF_DIR=DIR` records a
 //! `perf` profile of each Parsley loop's steady window (see [`Profile`]).
+//! `BENCH_COMMIT_WHEN_IDLE=MS` runs the Parsley loops with
+//! `StreamsOptions::commit_when_idle` at that floor.
 //! After the medians come the ratios the stateful path is judged by: the
 //! sum against Kafka Streams' faster store, the copy against Kafka
 //! Streams, the sum against the copy, and the state file's cost per

@@ -339,6 +339,9 @@ impl Membership<'_> {
     fn after_batch(&mut self, idle: bool) -> Result<(), StreamsError> {
         let mut shared = lock(&self.consumer.context().shared);
         let now = now_ms();
+        if idle {
+            shared.worker.fetch_drained();
+        }
         if idle || self.last_report.elapsed() > Duration::from_millis(50) {
             shared.report_positions(&self.consumer)?;
             self.last_report = Instant::now();

@@ -66,6 +66,16 @@ pub struct StreamsOptions {
     pub threads: usize,
     /// How long a transaction collects work before it commits.
     pub commit_interval: Duration,
+    /// Commit before the interval when the stream thread has drained its
+    /// fetch, once this floor has passed since its previous commit ended:
+    /// a trickle of records waits about the floor plus a commit instead of
+    /// half an interval on average, while a stream that keeps the fetch
+    /// busy commits every interval as before. At 500 records a second on
+    /// a local broker, a 10 ms floor cut the median latency from about
+    /// 60 ms to 15 ms, with full-speed throughput unchanged. `None` (the default) commits every
+    /// `commit_interval` only, as Kafka Streams does. The guide's limits
+    /// page has the figures.
+    pub commit_when_idle: Option<Duration>,
     /// How often each task runs the truncation sweep.
     pub truncation_interval: Duration,
     /// Where a channel with no committed position starts.
@@ -178,6 +188,7 @@ impl Default for StreamsOptions {
         StreamsOptions {
             threads: 1,
             commit_interval: Duration::from_millis(100),
+            commit_when_idle: None,
             truncation_interval: Duration::from_secs(600),
             start_policy: StartPolicy::Earliest,
             on_retention_loss: OnRetentionLoss::Fail,
@@ -219,6 +230,7 @@ impl StreamsOptions {
     ) -> WorkerConfig {
         WorkerConfig {
             commit_interval: self.commit_interval,
+            commit_when_idle: self.commit_when_idle,
             truncation_interval: self.truncation_interval,
             start_policy: self.start_policy,
             on_retention_loss: self.on_retention_loss,

@@ -208,10 +208,12 @@ pub trait HostThread {
     ) -> Result<(), String>;
     /// The wall clock.
     fn punctuate(&mut self, now: i64, broker: &SimBroker) -> Result<(), String>;
-    /// The open transaction if it is due.
+    /// The open transaction if it is due; `drained` when the thread's
+    /// consumer has nothing fetched that it has not handed over.
     fn poll_transaction(
         &mut self,
         now: i64,
+        drained: bool,
         broker: &SimBroker,
     ) -> Result<Option<HostTransaction>, String>;
     /// The open transaction now, if any.
@@ -300,6 +302,7 @@ impl HostThread for Gone {
     fn poll_transaction(
         &mut self,
         _: i64,
+        _: bool,
         _: &SimBroker,
     ) -> Result<Option<HostTransaction>, String> {
         Err("the process is gone".into())

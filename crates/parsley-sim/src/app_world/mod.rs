@@ -435,7 +435,10 @@ impl AppWorld {
                 let now = self.now + self.config.clock_step_ms;
                 let broker = &self.broker;
                 let txn = if self.rng.random_bool(0.5) {
-                    self.members[i].thread.poll_transaction(now, broker)
+                    let drained = self.members[i].buffer.is_empty();
+                    self.members[i]
+                        .thread
+                        .poll_transaction(now, drained, broker)
                 } else {
                     self.members[i].thread.flush(broker)
                 }

@@ -250,6 +250,11 @@ pub struct Worker {
     state: State,
     /// When the last transaction was handed over, by the host's clock.
     last_handed: Option<i64>,
+    /// The host's fetch was drained when it last said
+    /// ([`Worker::fetch_drained`]); a record handed over since clears it.
+    drained: bool,
+    /// Where [`WorkerConfig::commit_when_idle`]'s floor counts from.
+    idle_floor: commit::IdleFloor,
     dirty: bool,
     now: i64,
     next_txn: u64,
@@ -334,6 +339,8 @@ impl Worker {
             routes: Routes::default(),
             state: State::Open,
             last_handed: None,
+            drained: false,
+            idle_floor: commit::IdleFloor::Unset,
             dirty: false,
             now: 0,
             next_txn: 1,

@@ -175,6 +175,9 @@ pub struct BridgeStats {
     /// Running tasks that lost some of their partitions in a revocation
     /// and kept the others.
     pub tasks_split_by_revocation: u64,
+    /// Transactions handed over before the interval because the fetch
+    /// was drained.
+    pub idle_commits: u64,
 }
 
 /// One stream thread: a worker and its fault, if any.
@@ -348,6 +351,7 @@ impl Thread {
         s.releases_resumed += now.releases_resumed - self.seen.releases_resumed;
         s.held_disk_reads +=
             now.held_records_read_from_disk - self.seen.held_records_read_from_disk;
+        s.idle_commits += now.idle_commits - self.seen.idle_commits;
         self.seen = now;
     }
 
@@ -546,8 +550,12 @@ impl HostThread for Thread {
     fn poll_transaction(
         &mut self,
         now: i64,
+        drained: bool,
         broker: &SimBroker,
     ) -> Result<Option<HostTransaction>, String> {
+        if drained {
+            self.worker.fetch_drained();
+        }
         match self.worker.ready(Some(now)) {
             Ok(ready) => {
                 let transaction = self.pending.append(ready);

@@ -3,6 +3,21 @@
 
 use super::*;
 
+/// Where the floor of [`WorkerConfig::commit_when_idle`] counts from: the
+/// end of the previous commit, taken as the first commit point after its
+/// outcome, so that a commit slower than the floor still leaves the floor
+/// of processing before the next one (counted from the hand-over, commits
+/// would follow each other back to back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum IdleFloor {
+    /// No commit ended yet: the floor counts from the last hand-over.
+    Unset,
+    /// A commit ended; the next commit point starts the floor.
+    Ended,
+    /// Counting from this time.
+    At(i64),
+}
+
 impl Worker {
     /// The transaction's delivery reports ([`Ack::Delivered`]).
     pub(super) fn delivered(&mut self, offsets: &[i64]) {
@@ -58,7 +73,20 @@ impl Worker {
     ) -> Result<Option<Transaction>, WorkerError> {
         self.ready_for_work()?;
         self.now = self.now.max(now);
+        if self.idle_floor == IdleFloor::Ended {
+            self.idle_floor = IdleFloor::At(self.now);
+        }
         if self.commit_due_in(self.now) == Some(Duration::ZERO) {
+            let interval = ms(self.config.commit_interval);
+            if self
+                .last_handed
+                .is_some_and(|last| self.now < last.saturating_add(interval))
+                && self.drained
+                && !self.releases_waiting()
+            {
+                // Due before the interval: because the fetch drained.
+                self.stats.idle_commits += 1;
+            }
             self.take_transaction().map(Some)
         } else {
             Ok(None)
@@ -86,7 +114,17 @@ impl Worker {
         let Some(last) = self.last_handed else {
             return Some(Duration::ZERO);
         };
-        let due = last.saturating_add(ms(self.config.commit_interval));
+        let mut due = last.saturating_add(ms(self.config.commit_interval));
+        if let Some(floor) = self.config.commit_when_idle.filter(|_| self.drained) {
+            // Nothing more to hand over: the floor of processing since the
+            // previous commit ended is enough.
+            let from = match self.idle_floor {
+                IdleFloor::Unset => last,
+                IdleFloor::Ended => now.max(self.now),
+                IdleFloor::At(at) => at,
+            };
+            due = due.min(from.saturating_add(ms(floor)));
+        }
         Some(Duration::from_millis(
             u64::try_from(due.saturating_sub(now.max(self.now))).unwrap_or(0),
         ))
@@ -114,6 +152,15 @@ impl Worker {
         .into_iter()
         .flatten()
         .min()
+    }
+
+    /// The host's fetch is drained: its last poll returned no record (or
+    /// none beyond what it handed over). With
+    /// [`WorkerConfig::commit_when_idle`], open work is then due after the
+    /// floor rather than the whole interval; a record handed over
+    /// afterwards ([`on_record`](Self::on_record)) undoes this.
+    pub fn fetch_drained(&mut self) {
+        self.drained = true;
     }
 
     /// Whether a task's release stopped at
@@ -296,6 +343,7 @@ impl Worker {
         if !matches!(self.state, State::InFlight) {
             return Err(WorkerError::NoTransaction);
         }
+        self.idle_floor = IdleFloor::Ended;
         match outcome {
             CommitOutcome::Committed => {
                 // What the transaction wrote, taken: its places are done with.

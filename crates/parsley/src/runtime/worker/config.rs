@@ -58,6 +58,19 @@ pub struct WorkerConfig {
     /// Kafka Streams' `commit.interval.ms`, the time a commit takes is part
     /// of the interval, not added to it.
     pub commit_interval: Duration,
+    /// Commit early when the host has nothing more to hand over: with
+    /// `Some(floor)`, open work is due once the host reported its fetch
+    /// drained ([`Worker::fetch_drained`]) and `floor` has passed since
+    /// the previous commit ended, without waiting for the rest of
+    /// [`commit_interval`](Self::commit_interval). A trickle of records
+    /// then waits about `floor` plus a commit instead of half an interval
+    /// on average; a stream fast enough to keep the fetch busy commits
+    /// every interval as before. The floor is time to process between
+    /// commits, counted from the end of the previous commit (the first
+    /// commit point after its outcome), so commits never follow each other
+    /// back to back however short it is. `None` (the default): commits
+    /// only every interval.
+    pub commit_when_idle: Option<Duration>,
     /// How often each task runs the truncation sweep.
     pub truncation_interval: Duration,
     /// Where channels with no committed position start.
@@ -161,6 +174,7 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
             commit_interval: Duration::from_millis(100),
+            commit_when_idle: None,
             truncation_interval: Duration::from_secs(600),
             start_policy: StartPolicy::Earliest,
             on_retention_loss: OnRetentionLoss::Fail,

@@ -27,6 +27,7 @@ impl Worker {
     pub fn on_record(&mut self, record: impl RecordView) -> Result<(), WorkerError> {
         let (topic, partition, offset) = (record.topic(), record.partition(), record.offset());
         self.ready_for_work()?;
+        self.drained = false;
         let Some((id, i)) = self.route(topic, partition)? else {
             self.stats.dropped_while_waiting += 1;
             return Ok(());

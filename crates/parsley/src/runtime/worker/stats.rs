@@ -103,6 +103,9 @@ pub struct WorkerStats {
     /// Releases that went on in a later transaction after stopping at
     /// [`WorkerConfig::release_per_transaction`](super::WorkerConfig::release_per_transaction).
     pub releases_resumed: u64,
+    /// Transactions handed over before the commit interval because the
+    /// host's fetch was drained ([`WorkerConfig::commit_when_idle`](super::WorkerConfig::commit_when_idle)).
+    pub idle_commits: u64,
 }
 
 impl WorkerStats {
