@@ -458,3 +458,136 @@ pub fn act_on<H: Host + ?Sized>(host: &mut H, ready: Ready) -> Result<(), H::Err
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host that logs what the loop asks of it, hands out scripted
+    /// readies, and refuses the seek to `refuse`.
+    #[derive(Default)]
+    struct Scripted {
+        next: Vec<Ready>,
+        refuse: Option<i64>,
+        log: Vec<String>,
+    }
+
+    impl Host for Scripted {
+        type Error = WorkerError;
+        fn ready(&mut self) -> Result<Ready, WorkerError> {
+            Ok(if self.next.is_empty() {
+                Ready::default()
+            } else {
+                self.next.remove(0)
+            })
+        }
+        fn advance(&mut self, ack: Ack<'_>) -> Result<(), WorkerError> {
+            self.log.push(match ack {
+                Ack::Seeked { offset, .. } => format!("ack seek {offset}"),
+                Ack::Committed(o) => format!("ack {o:?}"),
+                Ack::Delivered(_) => "ack delivered".into(),
+                Ack::Restored(_) => "ack restored".into(),
+            });
+            Ok(())
+        }
+        fn abandoned(&mut self, records: Vec<OutgoingRecord>) {
+            self.log.push(format!("abandoned {}", records.len()));
+        }
+        fn failures(&mut self, failures: Vec<TaskFailure>) -> Result<(), WorkerError> {
+            self.log.push(format!("failures {}", failures.len()));
+            Ok(())
+        }
+        fn restores(&mut self, jobs: Vec<RestoreJob>) {
+            self.log.push(format!("restores {}", jobs.len()));
+        }
+        fn published(&mut self, _: Published) {
+            self.log.push("published".into());
+        }
+        fn backoff(&mut self, pause: Duration) {
+            self.log.push(format!("backoff {}", pause.as_millis()));
+        }
+        fn flow(&mut self, change: FlowChange) {
+            self.log.push(format!("flow {}", change.paused));
+        }
+        fn seek(&mut self, seek: &Seek) -> Result<(), WorkerError> {
+            if self.refuse == Some(seek.offset) {
+                self.log.push(format!("seek {} refused", seek.offset));
+                return Err(WorkerError::NoTransaction);
+            }
+            self.log.push(format!("seek {}", seek.offset));
+            Ok(())
+        }
+        fn transaction(&mut self, txn: Transaction) -> Result<(), WorkerError> {
+            self.log.push(format!("transaction {}", txn.id));
+            Ok(())
+        }
+    }
+
+    fn seek(offset: i64) -> Seek {
+        Seek {
+            topic: "t".into(),
+            partition: 0,
+            offset,
+        }
+    }
+
+    fn ready(seeks: &[i64], txn: Option<u64>) -> Ready {
+        Ready {
+            flow: vec![FlowChange {
+                topic: "t".into(),
+                partition: 0,
+                paused: false,
+            }],
+            seeks: seeks.iter().map(|&o| seek(o)).collect(),
+            backoff: Some(Duration::from_millis(5)),
+            transaction: txn.map(|id| Transaction {
+                id,
+                ..Transaction::default()
+            }),
+            ..Ready::default()
+        }
+    }
+
+    #[test]
+    fn each_round_takes_the_parts_in_order_until_nothing_is_left() {
+        let mut host = Scripted {
+            next: vec![ready(&[7], None)],
+            ..Scripted::default()
+        };
+        act_on(&mut host, ready(&[3], Some(1))).unwrap();
+        assert_eq!(
+            host.log,
+            [
+                "abandoned 0",
+                "failures 0",
+                "restores 0",
+                "backoff 5",
+                "flow false",
+                "seek 3",
+                "ack seek 3",
+                "transaction 1", // the worker is asked again
+                "abandoned 0",
+                "failures 0",
+                "restores 0",
+                "backoff 5",
+                "flow false",
+                "seek 7",
+                "ack seek 7",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_refused_seek_reports_the_transaction_in_hand_aborted() {
+        let mut host = Scripted {
+            refuse: Some(3),
+            next: vec![ready(&[9], None)],
+            ..Scripted::default()
+        };
+        assert!(act_on(&mut host, ready(&[3, 4], Some(1))).is_err());
+        let tail: Vec<&str> = host.log.iter().map(String::as_str).skip(5).collect();
+        // Neither the next seek nor the transaction: it never reached the
+        // producer, so the worker hears it aborted; and no second round.
+        assert_eq!(tail, ["seek 3 refused", "ack Aborted"]);
+    }
+}
