@@ -211,8 +211,9 @@ fn a_drained_fetch_commits_at_the_floor_not_the_interval() {
                 ..options("a")
             },
         );
+        // One record: the test is about when its output commits, not about
+        // the order of two unrelated ones.
         produce(&o, 0, "o-1", "5", None);
-        produce(&p, 0, "o-1", "pay 5", None);
         (streams, s)
     };
     let (mut control, control_out) = run(None);
@@ -221,8 +222,8 @@ fn a_drained_fetch_commits_at_the_floor_not_the_interval() {
         out.into_iter().map(|(_, v, _)| v).collect::<Vec<_>>()
     };
     assert_eq!(
-        values(read(&idle_out, 1, 2, Duration::from_secs(30))),
-        vec!["order 5", "settled 5"]
+        values(read(&idle_out, 1, 1, Duration::from_secs(30))),
+        vec!["order 5"]
     );
     // The control had as long, and more, and still waits for its interval.
     assert!(
@@ -233,8 +234,8 @@ fn a_drained_fetch_commits_at_the_floor_not_the_interval() {
     // Its close commits what is open.
     control.close(Duration::from_secs(30)).unwrap();
     assert_eq!(
-        values(read(&control_out, 1, 2, Duration::from_secs(30))),
-        vec!["order 5", "settled 5"]
+        values(read(&control_out, 1, 1, Duration::from_secs(30))),
+        vec!["order 5"]
     );
 }
 
