@@ -9,7 +9,8 @@
 //! It prints `running` once its stream thread is up, and closes gracefully
 //! (committing its open transaction and leaving the group) when its
 //! standard input ends. The broker tests run it as a child process to kill
-//! it mid-stream.
+//! it mid-stream. `LEDGER_LOG=info` (or `debug`) writes the runtime's log
+//! to standard error.
 
 use std::io::Read;
 use std::time::Duration;
@@ -19,6 +20,17 @@ use parsley_kafka::{CausalStreams, StreamsOptions};
 use rdkafka::ClientConfig;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(level) = std::env::var_os("LEDGER_LOG") {
+        let level = if level == "debug" {
+            tracing::Level::DEBUG
+        } else {
+            tracing::Level::INFO
+        };
+        tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (bootstrap, app_id, orders, payments, settled, instance) = match args.as_slice() {
         [b, a, o, p, s] => (b, a, o, p, s, None),

@@ -655,6 +655,8 @@ struct Shared {
     /// What a replacement producer is made from
     /// ([`Directive::ReplaceProducer`]).
     producer_config: ClientConfig,
+    /// The producer's open transaction.
+    open: produce::OpenTxn,
     cluster: KafkaCluster,
     /// How long a lookup may take.
     timeout: Duration,

@@ -19,6 +19,7 @@ use parsley::protocol::{Channel, VectorClock};
 use parsley::runtime::host::TopicMetadata;
 use parsley::*;
 use parsley_kafka::{CausalStreams, KafkaCluster, StreamsOptions};
+use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -115,7 +116,15 @@ fn options(instance: &str) -> StreamsOptions {
 }
 
 fn start_with(app: &Parsley, options: StreamsOptions) -> CausalStreams {
-    let mut s = CausalStreams::new(app, config())
+    start_with_config(app, options, config())
+}
+
+fn start_with_config(
+    app: &Parsley,
+    options: StreamsOptions,
+    config: ClientConfig,
+) -> CausalStreams {
+    let mut s = CausalStreams::new(app, config)
         .unwrap()
         .with_options(options);
     s.start().unwrap();
@@ -194,7 +203,9 @@ fn a_payment_before_its_order_is_held_and_settles_after_it() {
 /// its open work at the floor instead of at the interval: under a
 /// ten-minute interval, the outputs of a trickle are readable within
 /// seconds, where an instance without the option (the control, same
-/// interval) has committed none of them yet.
+/// interval) has committed none of them yet. (Both run with a two-minute
+/// transaction timeout: a transaction whose records went out ends at
+/// half of it whatever the interval, which the next test shows.)
 #[test]
 #[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
 fn a_drained_fetch_commits_at_the_floor_not_the_interval() {
@@ -203,13 +214,16 @@ fn a_drained_fetch_commits_at_the_floor_not_the_interval() {
         create_topics(&[(&o, 1), (&p, 1), (&s, 1)]);
         let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
         let app = ledger(&unique("app"), &orders, &payments, &settled);
-        let streams = start_with(
+        let mut long_lived = config();
+        long_lived.set("transaction.timeout.ms", "120000");
+        let streams = start_with_config(
             &app,
             StreamsOptions {
                 commit_interval: Duration::from_secs(600),
                 commit_when_idle,
                 ..options("a")
             },
+            long_lived,
         );
         // One record: the test is about when its output commits, not about
         // the order of two unrelated ones.
@@ -237,6 +251,48 @@ fn a_drained_fetch_commits_at_the_floor_not_the_interval() {
         values(read(&control_out, 1, 1, Duration::from_secs(30))),
         vec!["order 5"]
     );
+}
+
+/// Records go to the producer as they are made, so a transaction is open
+/// on its coordinator from its first record: under a commit interval
+/// longer than the transaction timeout it still commits, at half the
+/// timeout, instead of being aborted by its coordinator (and its producer
+/// fenced) at the timeout, again and again.
+#[test]
+#[ignore = "needs a broker: set PARSLEY_BOOTSTRAP"]
+fn a_streamed_transaction_commits_before_its_coordinator_times_it_out() {
+    let (o, p, s) = (unique("orders"), unique("payments"), unique("settled"));
+    create_topics(&[(&o, 1), (&p, 1), (&s, 1)]);
+    let (orders, payments, settled) = (topic(&o), topic(&p), topic(&s));
+    let app = ledger(&unique("app"), &orders, &payments, &settled);
+    let mut short = config();
+    short.set("transaction.timeout.ms", "6000");
+    let mut streams = start_with_config(
+        &app,
+        StreamsOptions {
+            commit_interval: Duration::from_secs(600),
+            ..options("a")
+        },
+        short,
+    );
+    let began = std::time::Instant::now();
+    produce(&o, 0, "o-1", "5", None);
+    let out = read(&s, 1, 1, Duration::from_secs(30));
+    let waited = began.elapsed();
+    assert_eq!(out.len(), 1, "committed before the interval");
+    // About half the timeout after the record was processed: never the
+    // interval, and never after the coordinator would have aborted it.
+    assert!(
+        waited < Duration::from_secs(6),
+        "committed after {waited:?}, past the transaction timeout"
+    );
+    assert_eq!(
+        streams.aborted_transactions(),
+        0,
+        "no transaction timed out"
+    );
+    assert_eq!(streams.producer_replacements(), 0, "no producer was fenced");
+    streams.close(Duration::from_secs(30)).unwrap();
 }
 
 #[test]

@@ -333,6 +333,46 @@ impl SimBroker {
         offset
     }
 
+    /// Appends a record of open transaction `txn`, produced before the
+    /// transaction's fate is known: no `read_committed` fetch or replay
+    /// passes it while the transaction is open here, and it counts as
+    /// aborted until [`resolve`](Self::resolve) says it committed. Returns
+    /// its offset.
+    pub fn append_pending(&mut self, c: Channel, record: StoredRecord, txn: u64) -> i64 {
+        let offset = self.append(c, record, false);
+        self.partition_mut(c).open.entry(txn).or_insert(offset);
+        offset
+    }
+
+    /// The transaction of the pending record at `offset` committed: the
+    /// record is committed (readable once the transaction's marker is
+    /// written here), with the oracle's handle `oracle_id`.
+    pub fn resolve(&mut self, c: Channel, offset: i64, oracle_id: usize) {
+        self.trace.word(0xA3);
+        self.trace.channel(c);
+        self.trace.word(offset as u64);
+        let p = self.partition_mut(c);
+        let Some(Entry::Record { record, committed }) = usize::try_from(offset)
+            .ok()
+            .and_then(|i| p.entries.get_mut(i))
+        else {
+            panic!("sim: no pending record at {c}@{offset}");
+        };
+        *committed = true;
+        record.oracle_id = oracle_id;
+        if let Some(tag) = record.causal.sender {
+            p.senders.insert(tag.sender);
+        }
+    }
+
+    /// Writes transaction `txn`'s abort marker on this partition: its
+    /// pending records here stay aborted, and no longer hold back the last
+    /// stable offset. Returns the marker's offset.
+    pub fn abort_open(&mut self, c: Channel, txn: u64) -> i64 {
+        self.partition_mut(c).open.remove(&txn);
+        self.append_marker(c, false)
+    }
+
     /// Writes transaction `txn`'s commit marker on this partition at last:
     /// its records here become readable. Returns the marker's offset.
     pub fn land_marker(&mut self, c: Channel, txn: u64) -> i64 {

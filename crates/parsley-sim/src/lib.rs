@@ -72,7 +72,8 @@ pub mod world;
 
 pub use app_world::{
     AppBudget, AppFailure, AppStats, AppWorld, AppWorldConfig, Assignor, ConsumerMoves, HostThread,
-    HostTransaction, Outcome, SimDirective, SimFault, StoreFault, TaskAct, TaskSpec, ThreadFactory,
+    HostTransaction, Outcome, SimDirective, SimFault, StoreFault, Streamed, TaskAct, TaskSpec,
+    ThreadFactory,
 };
 pub use behavior::{Behavior, Output, Payload, Route};
 pub use broker::{Entry, SimBroker, StoredRecord};

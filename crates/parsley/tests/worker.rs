@@ -21,6 +21,8 @@ mod host;
 use host::Worker;
 #[path = "worker/held_on_disk.rs"]
 mod held_on_disk;
+#[path = "worker/streaming.rs"]
+mod streaming;
 
 type T = Topic<String, String>;
 

@@ -13,7 +13,7 @@
 //! good, or stops a task over a broker hiccup.
 
 use super::*;
-use parsley::runtime::task::OutgoingRecord;
+use parsley::task::EmissionOrigin;
 use rdkafka::types::RDKafkaErrorCode;
 
 /// What one record's failure says about the record.
@@ -99,27 +99,28 @@ pub(super) fn record_class(code: RDKafkaErrorCode) -> RecordClass {
 }
 
 /// The fault a record failure is, for the worker. `record` is its index in
-/// the transaction, when it has one.
+/// the transaction; `place` where it went (topic, partition) and the
+/// delivery that made it, when known.
 pub(super) fn record_fault(
     class: RecordClass,
     record: usize,
-    r: Option<&OutgoingRecord>,
+    place: Option<(&str, i32, Option<EmissionOrigin>)>,
     reason: String,
 ) -> Fault {
-    let place = r.map_or_else(String::new, |r| format!("{}:{}", r.topic, r.partition));
-    match (class, r) {
-        (RecordClass::Refused, Some(r)) => Fault::RecordRefused {
+    let at = place.map_or_else(String::new, |(t, p, _)| format!("{t}:{p}"));
+    match (class, place) {
+        (RecordClass::Refused, Some((topic, partition, origin))) => Fault::RecordRefused {
             record,
-            topic: r.topic.to_string(),
-            partition: r.partition,
-            origin: r.origin,
+            topic: topic.to_owned(),
+            partition,
+            origin,
             reason,
         },
         (RecordClass::Refused | RecordClass::Fatal, _) => {
-            Fault::Fatal(format!("record {record} for {place}: {reason}"))
+            Fault::Fatal(format!("record {record} for {at}: {reason}"))
         }
         (RecordClass::Transient, _) => Fault::Transient(format!(
-            "record {record} for {place} could not be written now: {reason}"
+            "record {record} for {at} could not be written now: {reason}"
         )),
         (RecordClass::Fenced, _) => Fault::ProducerFenced(reason),
     }
@@ -290,17 +291,8 @@ mod tests {
         }
     }
 
-    fn outgoing() -> OutgoingRecord {
-        OutgoingRecord {
-            topic: Arc::from("sink"),
-            partition: 2,
-            key: None,
-            value: None,
-            timestamp: 0,
-            headers: Vec::new(),
-            stamp: None,
-            origin: None,
-        }
+    fn outgoing() -> (&'static str, i32, Option<EmissionOrigin>) {
+        ("sink", 2, None)
     }
 
     /// Only a refused record of the transaction reaches the worker as a
@@ -309,7 +301,7 @@ mod tests {
     #[test]
     fn only_a_refused_record_is_reported_as_refused() {
         let r = outgoing();
-        match record_fault(RecordClass::Refused, 3, Some(&r), "too large".into()) {
+        match record_fault(RecordClass::Refused, 3, Some(r), "too large".into()) {
             Fault::RecordRefused {
                 record,
                 topic,
@@ -321,7 +313,7 @@ mod tests {
         match record_fault(
             RecordClass::Transient,
             3,
-            Some(&r),
+            Some(r),
             "Message production error: MessageTimedOut".into(),
         ) {
             Fault::Transient(m) => {
@@ -330,11 +322,11 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            record_fault(RecordClass::Fenced, 0, Some(&r), "fenced".into()),
+            record_fault(RecordClass::Fenced, 0, Some(r), "fenced".into()),
             Fault::ProducerFenced(_)
         ));
         assert!(matches!(
-            record_fault(RecordClass::Fatal, 0, Some(&r), "denied".into()),
+            record_fault(RecordClass::Fatal, 0, Some(r), "denied".into()),
             Fault::Fatal(_)
         ));
         // A refusal no record of the transaction can be blamed for.

@@ -86,6 +86,7 @@ impl StreamThread {
                 start_policy: self.options.start_policy,
                 producer: Arc::new(producer),
                 producer_config,
+                open: produce::OpenTxn::default(),
                 cluster,
                 timeout,
                 txn_timeout,

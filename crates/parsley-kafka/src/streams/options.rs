@@ -248,6 +248,11 @@ impl StreamsOptions {
             thread_id,
             // Nothing here reads what the tasks did record by record.
             events: false,
+            // Records go to the producer as they are made, so a commit
+            // pays for little more than its end; a transaction open that
+            // long ends at half its timeout, well before its coordinator
+            // would end it.
+            stream_records: Some(txn_timeout / 2),
             // Replays run on the thread's restore thread, so the ready tasks
             // go on processing meanwhile.
             restores: parsley::runtime::worker::RestoreMode::Deferred,

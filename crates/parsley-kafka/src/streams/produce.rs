@@ -1,9 +1,11 @@
-//! The transaction: records produced, offsets sent with the group's metadata,
-//! the commit, and each failed step handed to the worker as a fault whose
-//! directive is followed.
+//! The transaction: records produced into it as the tasks make them
+//! (the worker's [`Ready::produce`]), the rest at the commit with the
+//! offsets sent with the group's metadata, the commit, and each failed
+//! step handed to the worker as a fault whose directive is followed.
 
 use super::classify::{self, RecordClass};
 use super::*;
+use parsley::runtime::task::OutgoingRecord;
 
 /// One record the producer could not produce: its index in the
 /// transaction, what its error says about it, and the client's or the
@@ -40,13 +42,20 @@ impl Deliveries {
         }
     }
 
-    /// A new transaction of `records` records begins: whatever failed in
-    /// an earlier one (aborted since) is no longer this one's.
-    fn begin(&self, records: usize) {
+    /// A new transaction begins: whatever failed in an earlier one
+    /// (aborted since) is no longer this one's.
+    fn begin(&self) {
         *lock(&self.failed) = None;
+        lock(&self.offsets).clear();
+    }
+
+    /// Room for the offsets of the transaction's records up to `records`
+    /// (exclusive), before they are sent.
+    fn reserve(&self, records: usize) {
         let mut offsets = lock(&self.offsets);
-        offsets.clear();
-        offsets.resize(records, -1);
+        if offsets.len() < records {
+            offsets.resize(records, -1);
+        }
     }
 
     fn take(&self) -> Option<RecordFailure> {
@@ -94,6 +103,24 @@ impl rdkafka::producer::ProducerContext for Deliveries {
 
 pub(super) type TxnProducer = BaseProducer<Deliveries>;
 
+/// Where one record of the open transaction went, and what made it: what a
+/// refusal of the record names, after the record itself is gone.
+struct Place {
+    topic: Arc<str>,
+    partition: i32,
+    origin: Option<parsley::task::EmissionOrigin>,
+}
+
+/// The producer's open transaction, as this host keeps it.
+#[derive(Default)]
+pub(super) struct OpenTxn {
+    /// The producer's transaction began (at its first record, or at the
+    /// commit of one with none streamed).
+    begun: bool,
+    /// Each record's place, by its index in the transaction.
+    places: Vec<Place>,
+}
+
 /// How long one wait for delivery reports lasts before the count of
 /// unacknowledged records is read again.
 const DELIVERY_POLL: Duration = Duration::from_millis(1);
@@ -128,10 +155,52 @@ impl Shared {
             }
             Err(Directive::Abort) => {
                 debug!(txn = txn.id, "transaction aborts; the tasks roll back");
-                self.abort_open(&txn)
+                self.abort_open()
             }
             Err(d) => self.follow_directive(d),
         }
+    }
+
+    /// Produces records the worker streams into the open transaction
+    /// ([`Ready::produce`]), beginning it with its first. A record the
+    /// client refuses at once is kept as the transaction's failure and
+    /// closes the transaction, so its commit meets the failure and the
+    /// worker's answer to it is followed there, as for a delivery report.
+    pub(super) fn stream(
+        &mut self,
+        first: usize,
+        records: &[OutgoingRecord],
+    ) -> Result<(), StreamsError> {
+        match self.send_records(first, records) {
+            Ok(()) => Ok(()),
+            // Neither a refused record nor a failed begin has reached the
+            // worker yet: the commit hands it over.
+            Err(Sent::Refused) => Ok(self.worker.flush()?),
+            Err(Sent::Answered(d)) => self.follow_open(d),
+        }
+    }
+
+    /// Follows the worker's answer to a fault met outside a commit (a
+    /// transaction that would not begin): an abort or a new producer ends
+    /// the open work, which the worker rolls back.
+    fn follow_open(&mut self, d: Directive) -> Result<(), StreamsError> {
+        match d {
+            Directive::Abort => Ok(self.worker.abort(&self.cluster)?),
+            Directive::ReplaceProducer => {
+                self.replace_producer()?;
+                Ok(self.worker.abort(&self.cluster)?)
+            }
+            d => self.follow_directive(d),
+        }
+    }
+
+    /// The worker aborted an open transaction that records were streamed
+    /// into ([`Ready::abort_streamed`]): it is aborted on the producer too.
+    pub(super) fn abort_streamed(&mut self) -> Result<(), StreamsError> {
+        if !self.open.begun {
+            return Ok(());
+        }
+        self.abort_producer().map(|_| ())
     }
 
     /// Follows a directive that ends the transaction without an abort.
@@ -150,10 +219,11 @@ impl Shared {
 
     /// Replaces the producer with a new one of the same transactional id
     /// (its initialisation ends what the old one left open), then tells
-    /// the worker the transaction aborted: the tasks go on from their
-    /// committed state in the same membership. A failed initialisation is
-    /// the worker's to judge like any other step.
+    /// the worker the transaction in flight, if one was, aborted: the
+    /// tasks go on from their committed state in the same membership. A
+    /// failed initialisation is the worker's to judge like any other step.
     fn replace_producer(&mut self) -> Result<(), StreamsError> {
+        self.open = OpenTxn::default();
         use rdkafka::producer::PurgeConfig;
         // Nothing of the old producer's is wanted any more: purged, its
         // drop waits for nothing.
@@ -178,20 +248,34 @@ impl Shared {
             }
         }
         info!("producer replaced; the tasks go on from their committed state");
-        self.worker
-            .advance(Ack::Committed(CommitOutcome::Aborted), &self.cluster)?;
+        if self.worker.in_flight() {
+            self.worker
+                .advance(Ack::Committed(CommitOutcome::Aborted), &self.cluster)?;
+        }
         self.count_restores();
         Ok(())
     }
 
-    /// Aborts the open transaction and tells the worker, which rolls back.
-    /// An abort that fails is the worker's to judge ([`Fault::AbortFailed`],
-    /// by [`classify::abort_fault`]): one that could not reach its
+    /// Aborts the transaction in flight and tells the worker, which rolls
+    /// back.
+    fn abort_open(&mut self) -> Result<(), StreamsError> {
+        if self.abort_producer()? {
+            self.worker
+                .advance(Ack::Committed(CommitOutcome::Aborted), &self.cluster)?;
+        }
+        Ok(())
+    }
+
+    /// Aborts the producer's open transaction; true when it did. An abort
+    /// that fails is the worker's to judge ([`Fault::AbortFailed`], by
+    /// [`classify::abort_fault`]): one that could not reach its
     /// coordinator (unreachable, moving to another broker) is made again
     /// after a pause; one the coordinator refused, or that keeps failing,
-    /// has the producer replaced: the new one's initialisation ends
-    /// whatever state this one left its transaction in.
-    fn abort_open(&mut self, txn: &Transaction) -> Result<(), StreamsError> {
+    /// has the producer replaced (the new one's initialisation ends
+    /// whatever state this one left its transaction in, and the worker
+    /// hears of the abort from there), and false is returned then, as it
+    /// is when the answer ends the membership.
+    fn abort_producer(&mut self) -> Result<bool, StreamsError> {
         // librdkafka aborts only once the delivery reports of the records
         // already sent have been served.
         // An abort that cannot finish in a few seconds is better replaced
@@ -201,6 +285,7 @@ impl Shared {
         loop {
             match self.producer.abort_transaction(timeout) {
                 Ok(()) => {
+                    self.open = OpenTxn::default();
                     // The next attempt is sent where the leaders are now:
                     // records that timed out on a leader that died were
                     // waiting for it, and librdkafka does not always look
@@ -208,32 +293,38 @@ impl Shared {
                     if let Err(e) = self.producer.client().fetch_metadata(None, ABORT_TIMEOUT) {
                         debug!(error = %e, "the producer's metadata refresh after an abort failed");
                     }
-                    self.worker
-                        .advance(Ack::Committed(CommitOutcome::Aborted), &self.cluster)?;
-                    return Ok(());
+                    return Ok(true);
                 }
                 Err(abort) => {
-                    debug!(txn = txn.id, error = %abort, "the abort failed");
+                    debug!(error = %abort, "the abort failed");
                     match self.worker.on_fault(classify::abort_fault(&abort)) {
                         Directive::Retry { after } => std::thread::sleep(after),
-                        d => return self.follow_directive(d),
+                        d => return self.follow_directive(d).map(|()| false),
                     }
                 }
             }
         }
     }
 
-    /// The fault a failed step of `txn` is: the most telling record
-    /// failure its delivery reports carried, by that record's class (a
-    /// step fails *because* a record did); else the step's own error.
-    fn fault_of(&self, txn: &Transaction, e: &KafkaError) -> Fault {
-        let fault = match self.producer.context().take() {
-            Some(f) => {
-                classify::record_fault(f.class, f.record, txn.records.get(f.record), f.error)
-            }
-            None => classify::step_fault(e),
-        };
-        self.unless_state_lost(fault)
+    /// The fault a failed step of the open transaction is: the most
+    /// telling record failure its delivery reports carried, by that
+    /// record's class (a step fails *because* a record did); else the
+    /// step's own error.
+    fn fault_of(&self, e: &KafkaError) -> Fault {
+        match self.producer.context().take() {
+            Some(f) => self.record_fault(f),
+            None => self.unless_state_lost(classify::step_fault(e)),
+        }
+    }
+
+    /// The fault one record's failure is, naming where the record went.
+    fn record_fault(&self, f: RecordFailure) -> Fault {
+        let place = self
+            .open
+            .places
+            .get(f.record)
+            .map(|p| (&*p.topic, p.partition, p.origin));
+        self.unless_state_lost(classify::record_fault(f.class, f.record, place, f.error))
     }
 
     /// A fatal fault, unless the producer's own fatal error says it only
@@ -252,14 +343,13 @@ impl Shared {
     /// Runs one step of a commit, retrying it as long as the worker says.
     pub(super) fn step(
         &mut self,
-        txn: &Transaction,
         mut f: impl FnMut(&TxnProducer) -> Result<(), KafkaError>,
     ) -> Result<(), Directive> {
         loop {
             let Err(e) = f(&self.producer) else {
                 return Ok(());
             };
-            let fault = self.fault_of(txn, &e);
+            let fault = self.fault_of(&e);
             match self.worker.on_fault(fault) {
                 Directive::Retry { after } => std::thread::sleep(after),
                 d => return Err(d),
@@ -279,58 +369,17 @@ impl Shared {
             records = txn.records.len(),
             "transaction producing"
         );
-        self.step(txn, |p| p.begin_transaction())?;
-        self.producer.context().begin(txn.records.len());
-        for (i, r) in txn.records.iter().enumerate() {
-            let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(&r.topic, i)
-                .partition(r.partition)
-                .timestamp(r.timestamp);
-            // No header list for a record without headers (a changelog
-            // write): librdkafka allocates one per list.
-            let count = r.header_count();
-            if count > 0 {
-                // The stamp, encoded when the record was emitted, is
-                // written straight into librdkafka's list (which copies
-                // each value).
-                let mut headers = Some(OwnedHeaders::new_with_capacity(count));
-                r.write_headers(|key, value| {
-                    headers = headers
-                        .take()
-                        .map(|hs| hs.insert(rdkafka::message::Header { key, value }));
-                });
-                if let Some(headers) = headers {
-                    record = record.headers(headers);
-                }
-            }
-            if let Some(k) = &r.key {
-                record = record.key(k.as_slice());
-            }
-            if let Some(v) = &r.value {
-                record = record.payload(v.as_slice());
-            }
-            loop {
-                match self.producer.send(record) {
-                    Ok(()) => break,
-                    Err((
-                        KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
-                        back,
-                    )) => {
-                        self.producer.poll(Duration::from_millis(10));
-                        record = back;
-                    }
-                    Err((e, _)) => {
-                        // The client refused the record at once: for what
-                        // it is (larger than its message.max.bytes, say),
-                        // or for the producer's own state.
-                        let class = e
-                            .rdkafka_error_code()
-                            .map_or(RecordClass::Fatal, classify::record_class);
-                        let fault = classify::record_fault(class, i, Some(r), e.to_string());
-                        let fault = self.unless_state_lost(fault);
-                        return Err(self.worker.on_fault(fault));
-                    }
-                }
-            }
+        match self.send_records(txn.streamed, &txn.records) {
+            Ok(()) => {}
+            Err(Sent::Answered(d)) => return Err(d),
+            // Handed over below, with any failure a delivery report kept.
+            Err(Sent::Refused) => {}
+        }
+        if let Some(f) = self.producer.context().take() {
+            // A record already failed (refused at once, or reported): the
+            // transaction cannot commit, and that record says why.
+            let fault = self.record_fault(f);
+            return Err(self.worker.on_fault(fault));
         }
         let mut offsets = TopicPartitionList::new();
         for o in &txn.offsets {
@@ -359,7 +408,7 @@ impl Shared {
             };
             let fault = match guarded(&self.producer, timeout, call) {
                 Ok(()) => break,
-                Err(Guarded::Failed(e)) => self.fault_of(txn, &e),
+                Err(Guarded::Failed(e)) => self.fault_of(&e),
                 Err(Guarded::Hung) => Fault::ClientHung(format!(
                     "sending the consumed offsets to the transaction did not return within {:?}",
                     timeout + HUNG_MARGIN
@@ -370,10 +419,111 @@ impl Shared {
                 d => return Err(d),
             }
         }
-        self.step(txn, |p| await_deliveries(p, timeout))?;
+        self.step(|p| await_deliveries(p, timeout))?;
         debug!(txn = txn.id, "transaction ending");
-        self.step(txn, |p| p.commit_transaction(timeout))
+        self.step(|p| p.commit_transaction(timeout))?;
+        self.open = OpenTxn::default();
+        Ok(())
     }
+
+    /// Sends records `first..` of the open transaction to the producer,
+    /// beginning the transaction if it has not begun. A record the client
+    /// refuses at once is kept with the delivery reports' failures (its
+    /// class decides, as theirs do) and the rest are not sent: the
+    /// transaction cannot commit any more.
+    fn send_records(&mut self, first: usize, records: &[OutgoingRecord]) -> Result<(), Sent> {
+        if !self.open.begun {
+            self.step(|p| p.begin_transaction())
+                .map_err(Sent::Answered)?;
+            self.producer.context().begin();
+            self.open.begun = true;
+            self.open.places.clear();
+        }
+        if self.open.places.len() != first {
+            // The worker's count and this host's differ: nothing it would
+            // blame on a record could be trusted.
+            return Err(Sent::Answered(self.worker.on_fault(Fault::Fatal(format!(
+                "records from index {first} handed over, but the open transaction has {}",
+                self.open.places.len()
+            )))));
+        }
+        self.producer.context().reserve(first + records.len());
+        for (i, r) in (first..).zip(records) {
+            self.open.places.push(Place {
+                topic: r.topic.clone(),
+                partition: r.partition,
+                origin: r.origin,
+            });
+            if let Err(failure) = self.send_one(i, r) {
+                self.producer.context().record(failure);
+                return Err(Sent::Refused);
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands one record to the producer (waiting while its queue is full);
+    /// the client's refusal of it at once, if it refused.
+    fn send_one(&self, i: usize, r: &OutgoingRecord) -> Result<(), RecordFailure> {
+        let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(&r.topic, i)
+            .partition(r.partition)
+            .timestamp(r.timestamp);
+        // No header list for a record without headers (a changelog
+        // write): librdkafka allocates one per list.
+        let count = r.header_count();
+        if count > 0 {
+            // The stamp, encoded when the record was emitted, is written
+            // straight into librdkafka's list (which copies each value).
+            let mut headers = Some(OwnedHeaders::new_with_capacity(count));
+            r.write_headers(|key, value| {
+                headers = headers
+                    .take()
+                    .map(|hs| hs.insert(rdkafka::message::Header { key, value }));
+            });
+            if let Some(headers) = headers {
+                record = record.headers(headers);
+            }
+        }
+        if let Some(k) = &r.key {
+            record = record.key(k.as_slice());
+        }
+        if let Some(v) = &r.value {
+            record = record.payload(v.as_slice());
+        }
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((
+                    KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                    back,
+                )) => {
+                    self.producer.poll(Duration::from_millis(10));
+                    record = back;
+                }
+                Err((e, _)) => {
+                    // The client refused the record at once: for what it is
+                    // (larger than its message.max.bytes, say), or for the
+                    // producer's own state.
+                    let class = e
+                        .rdkafka_error_code()
+                        .map_or(RecordClass::Fatal, classify::record_class);
+                    return Err(RecordFailure {
+                        record: i,
+                        class,
+                        error: e.to_string(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Why records could not all be sent.
+enum Sent {
+    /// One was refused at once; it is kept as the transaction's failure.
+    Refused,
+    /// A step failed, and this is the worker's answer (a retry aside).
+    Answered(Directive),
 }
 
 /// The longest one abort (and the wait for the delivery reports before it)
@@ -477,9 +627,14 @@ mod tests {
     fn a_new_transaction_forgets_the_failures_of_the_last() {
         let d = Deliveries::default();
         d.record(failure(3, RecordClass::Refused));
-        d.begin(5);
+        lock(&d.offsets).push(7);
+        d.begin();
         assert!(d.take().is_none());
-        assert_eq!(*lock(&d.offsets), vec![-1; 5]);
+        assert!(lock(&d.offsets).is_empty());
+        // Room is made as records are streamed, never shrunk.
+        d.reserve(3);
+        d.reserve(2);
+        assert_eq!(*lock(&d.offsets), vec![-1; 3]);
     }
 
     /// Of several failed records, the one that says the most is acted on: a

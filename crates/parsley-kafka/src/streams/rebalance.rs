@@ -448,8 +448,16 @@ impl Host for Acting<'_> {
     }
 
     fn abandoned(&mut self, _records: Vec<OutgoingRecord>) {
-        // This host produces a transaction's records at commit: an aborted
-        // open transaction never sent any.
+        // The worker streams records to this host as they are made, so it
+        // never hands any back from an abort.
+    }
+
+    fn abort_streamed(&mut self) -> Result<(), StreamsError> {
+        self.shared.abort_streamed()
+    }
+
+    fn produce(&mut self, first: usize, records: Vec<OutgoingRecord>) -> Result<(), StreamsError> {
+        self.shared.stream(first, &records)
     }
 
     fn failures(&mut self, failures: Vec<TaskFailure>) -> Result<(), StreamsError> {

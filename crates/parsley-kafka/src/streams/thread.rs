@@ -136,10 +136,11 @@ impl Shared {
         Ok(())
     }
 
-    /// A failure inside a turn of the poll loop. A task's error aborted
-    /// nothing on the broker yet (records are produced only at a commit):
-    /// the worker rolls back, stopping that task, and the loop goes on. Any
-    /// other failure ends the membership.
+    /// A failure inside a turn of the poll loop. A task's error aborts the
+    /// open work: the worker rolls back, stopping that task, the records
+    /// already streamed into the producer's transaction are aborted with
+    /// it (the next ready says so), and the loop goes on. Any other
+    /// failure ends the membership.
     fn recover(
         &mut self,
         consumer: &BaseConsumer<ThreadContext>,

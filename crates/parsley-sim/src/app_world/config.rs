@@ -206,6 +206,25 @@ pub struct AppStats {
     pub late_markers: u64,
     /// Restores run while a changelog of theirs had a marker still to land.
     pub restores_before_a_marker: u64,
+    /// Records a thread produced into its open transaction before handing
+    /// it over (appended to the log then, their fate decided later).
+    pub streamed_records: u64,
+    /// Of those, records a zombie produced after the group had moved on.
+    pub zombie_streamed_records: u64,
+    /// Streamed records that ended aborted.
+    pub streamed_aborted: u64,
+    /// Commits of a transaction with records in the log before its
+    /// hand-over.
+    pub streamed_commits: u64,
+    /// Open transactions a thread aborted itself (a task's failure, a
+    /// lost assignment) after records went out.
+    pub streamed_self_aborts: u64,
+    /// Open transactions of members gone (crashed, replaced, bounced)
+    /// aborted with records in the log.
+    pub orphans_aborted: u64,
+    /// Zombies that learned from their consumer that their assignment was
+    /// lost.
+    pub lost_assignments: u64,
 }
 
 impl AppStats {
@@ -249,6 +268,13 @@ impl AppStats {
         self.deliveries_while_restoring += o.deliveries_while_restoring;
         self.late_markers += o.late_markers;
         self.restores_before_a_marker += o.restores_before_a_marker;
+        self.streamed_records += o.streamed_records;
+        self.zombie_streamed_records += o.zombie_streamed_records;
+        self.streamed_aborted += o.streamed_aborted;
+        self.streamed_commits += o.streamed_commits;
+        self.streamed_self_aborts += o.streamed_self_aborts;
+        self.orphans_aborted += o.orphans_aborted;
+        self.lost_assignments += o.lost_assignments;
     }
 }
 

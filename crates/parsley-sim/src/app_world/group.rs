@@ -17,6 +17,8 @@ impl AppWorld {
             buffer: VecDeque::new(),
             zombie: false,
             paused: BTreeSet::new(),
+            open: Vec::new(),
+            open_txn: None,
         });
     }
 

@@ -46,10 +46,23 @@ pub struct ConsumerMoves {
     pub seeks: Vec<Seek>,
 }
 
+/// What a thread's producer did with its open transaction before the
+/// commit, in order ([`HostThread::take_streamed`]).
+#[derive(Clone, Debug)]
+pub enum Streamed {
+    /// These records were produced into the open transaction (the first
+    /// of a transaction opens it).
+    Records(Vec<OutgoingRecord>),
+    /// The open transaction was aborted by the thread itself.
+    Aborted,
+}
+
 /// One transaction of a thread.
 #[derive(Clone, Debug, Default)]
 pub struct HostTransaction {
-    /// Records to produce, in order.
+    /// Every record of the transaction, in order: those streamed into it
+    /// before the hand-over (which the world may have appended already)
+    /// first, then the rest.
     pub records: Vec<OutgoingRecord>,
     /// Consumed positions to commit.
     pub offsets: Vec<(String, i32, i64)>,
@@ -263,6 +276,24 @@ pub trait HostThread {
     /// its outcome to the core.
     fn restore_step(&mut self, _broker: &SimBroker) -> Result<(), String> {
         Ok(())
+    }
+    /// The thread's consumer learns its assignment was lost (a zombie whose
+    /// session the group ended): it aborts its open work as a host does
+    /// for a lost assignment, and gives its partitions up.
+    fn lose_assignment(&mut self, _broker: &SimBroker) -> Result<(), String> {
+        Ok(())
+    }
+    /// Whether the thread produced records into its open transaction (or
+    /// aborted one) that the world has not taken yet.
+    fn has_streamed(&self) -> bool {
+        false
+    }
+    /// What the thread's producer did with its open transaction since this
+    /// was last asked, in order. Records produced but not taken when the
+    /// transaction is handed over are in the [`HostTransaction`] instead
+    /// (a commit flushes them), and are not listed again.
+    fn take_streamed(&mut self) -> Vec<Streamed> {
+        Vec::new()
     }
 }
 

@@ -85,10 +85,22 @@ impl AppWorld {
             return Err(self.fail(message));
         }
         let changelog = |t: &str| t.ends_with("-changelog");
+        // The records streamed before the hand-over are in the log already
+        // (pending), under the number their transaction opened with.
+        let open = std::mem::take(&mut self.members[i].open);
+        let txn_no = match self.members[i].open_txn.take() {
+            Some(n) => n,
+            None => {
+                self.next_txn += 1;
+                self.next_txn - 1
+            }
+        };
+        if !open.is_empty() {
+            self.stats.streamed_commits += 1;
+        }
+        let streamed_on: BTreeSet<Channel> = open.iter().map(|(c, _)| *c).collect();
         // Which partitions' markers land late (chosen before the records
         // go in: their records wait behind the marker).
-        let txn_no = self.next_txn;
-        self.next_txn += 1;
         let mut late: BTreeSet<(String, i32)> = BTreeSet::new();
         for key in &touched {
             if self.budget.late_markers > 0 && self.rng.random_bool(0.4) {
@@ -96,10 +108,19 @@ impl AppWorld {
                 late.insert(key.clone());
             }
         }
-        for r in &txn.records {
+        for (k, r) in txn.records.iter().enumerate() {
             let Some(c) = self.channel(&r.topic, r.partition) else {
                 return Err(self.fail(format!("produce to unknown topic {}", r.topic)));
             };
+            let streamed = open.get(k).copied();
+            if let Some((at, offset)) = streamed
+                && at != c
+            {
+                return Err(self.fail(format!(
+                    "record {k} of the transaction went to {at}@{offset} when it was streamed, but the transaction says {}:{}",
+                    r.topic, r.partition
+                )));
+            }
             let mut oracle_id = usize::MAX;
             if self.config.dead_letter_topic.as_deref() == Some(&*r.topic) {
                 // Unstamped, and no causal send: the oracle never hears of
@@ -130,16 +151,30 @@ impl AppWorld {
                         r.topic, r.partition
                     )));
                 }
-                let offset = self.broker.end_offset(c);
+                let offset = streamed.map_or_else(|| self.broker.end_offset(c), |(_, o)| o);
                 oracle_id = self.oracle.register(p, c, offset);
+            }
+            if let Some((_, offset)) = streamed {
+                self.broker.resolve(c, offset, oracle_id);
+                self.last_offsets.push(offset);
+                continue;
             }
             let record = self.stored(r, oracle_id)?;
             let offset = if late.contains(&(r.topic.to_string(), r.partition)) {
                 self.broker.append_open(c, record, txn_no)
             } else {
+                // Where records were streamed, behind them: they hold the
+                // partition open until the marker.
                 self.broker.append(c, record, true)
             };
             self.last_offsets.push(offset);
+        }
+        if open.len() > txn.records.len() {
+            return Err(self.fail(format!(
+                "{} records were streamed into the transaction, which has only {}",
+                open.len(),
+                txn.records.len()
+            )));
         }
         if !pending.is_empty() {
             return Err(self.fail("a task send with no record in the transaction"));
@@ -149,6 +184,8 @@ impl AppWorld {
                 if late.contains(&(t.clone(), *p)) {
                     self.stats.late_markers += 1;
                     self.late.push((c, txn_no));
+                } else if streamed_on.contains(&c) {
+                    self.broker.land_marker(c, txn_no);
                 } else {
                     self.broker.append_marker(c, true);
                 }

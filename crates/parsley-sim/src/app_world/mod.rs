@@ -74,6 +74,10 @@ struct Member {
     buffer: VecDeque<PolledRecord>,
     zombie: bool,
     paused: BTreeSet<(String, i32)>,
+    /// The records of its open transaction already in the log, in the
+    /// transaction's order, and the transaction's number there.
+    open: Vec<(Channel, i64)>,
+    open_txn: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -95,6 +99,8 @@ enum Action {
     Bounce(usize),
     Restore(usize),
     LandMarker,
+    Stream(usize),
+    Lost(usize),
 }
 
 /// A seeded application world. See the [module documentation](self).
@@ -323,17 +329,31 @@ impl AppWorld {
             if self.budget.poll_faults > 0 {
                 out.push((1, Action::PollFault(i)));
             }
+            // A member whose open transaction has records in the log is
+            // the interesting one to lose: what it streamed is orphaned, or
+            // goes on as a zombie's.
+            let streaming = if m.open.is_empty() { 1 } else { 4 };
             if self.budget.crashes > 0 {
-                out.push((1, Action::Crash(i)));
+                out.push((streaming, Action::Crash(i)));
             }
             if self.budget.zombies > 0 && !m.zombie && self.members.len() > 1 {
-                out.push((1, Action::Zombie(i)));
+                out.push((streaming, Action::Zombie(i)));
             }
             if self.budget.bounces > 0 && !m.zombie && self.pending.is_empty() {
                 out.push((1, Action::Bounce(i)));
             }
             if m.thread.restoring() {
                 out.push((2, Action::Restore(i)));
+            }
+            if m.thread.has_streamed() {
+                out.push((4, Action::Stream(i)));
+            }
+            if !m.open.is_empty() && (m.zombie || self.budget.zombies > 0) {
+                // A member with records in the log whose session the group
+                // ended learns it from its consumer: a zombie (the others
+                // learn it from their fenced commit), or a live member
+                // whose heartbeats stopped for a while.
+                out.push((if m.zombie { 3 } else { 1 }, Action::Lost(i)));
             }
         }
         if !self.late.is_empty() {
@@ -531,6 +551,8 @@ impl AppWorld {
                 self.budget.bounces -= 1;
                 self.bounce(i)?;
             }
+            Action::Stream(i) => self.stream(i)?,
+            Action::Lost(i) => self.lost(i)?,
             Action::LandMarker => {
                 let k = self.rng.random_range(0..self.late.len());
                 let (c, txn) = self.late.remove(k);

@@ -11,6 +11,8 @@ impl AppWorld {
     /// thread starts every task of the assignment from the committed state.
     pub(super) fn bounce(&mut self, i: usize) -> Result<(), AppFailure> {
         self.stats.bounces += 1;
+        // The new process's producer ends what the old one left open.
+        self.orphan(i);
         let id = self.members[i].id;
         // The old process first: its disk is free for the new one.
         let old = std::mem::replace(&mut self.members[i].thread, Box::new(Gone));
@@ -38,6 +40,7 @@ impl AppWorld {
 
     pub(super) fn crash(&mut self, i: usize) -> Result<(), AppFailure> {
         self.stats.crashes += 1;
+        self.orphan(i);
         self.members.remove(i);
         let live = self.members.iter().filter(|m| !m.zombie).count();
         if live == 0 {
@@ -81,35 +84,138 @@ impl AppWorld {
         Ok(d)
     }
 
+    /// Member `i` learns from its consumer that the group ended its
+    /// session (a zombie, or a member whose heartbeats stopped): its thread
+    /// aborts the open work itself (what it streamed ends aborted), and it
+    /// joins again as a new member.
+    pub(super) fn lost(&mut self, i: usize) -> Result<(), AppFailure> {
+        self.stats.lost_assignments += 1;
+        if !self.members[i].zombie {
+            self.budget.zombies = self.budget.zombies.saturating_sub(1);
+        }
+        let broker = &self.broker;
+        self.members[i]
+            .thread
+            .lose_assignment(broker)
+            .map_err(|e| self.fail(format!("member {i}: losing its assignment refused: {e}")))?;
+        self.stream(i)?;
+        if !self.members[i].open.is_empty() {
+            return Err(self.fail(format!(
+                "member {i} lost its assignment, and its open transaction with {} records in the log was not aborted",
+                self.members[i].open.len()
+            )));
+        }
+        self.replace(i)
+    }
+
     /// Member `i`'s thread is gone (it failed, or left to rejoin): a new
     /// member takes its place, and the group rebalances.
     pub(super) fn replace(&mut self, i: usize) -> Result<(), AppFailure> {
+        self.orphan(i);
         self.members.remove(i);
         self.add_member();
         self.rebalance(None)
     }
 
-    /// Leaves a transaction's records in the log as aborted records.
-    pub(super) fn abort_records(&mut self, txn: &HostTransaction) -> Result<(), AppFailure> {
+    /// Leaves member `i`'s transaction's records in the log as aborted
+    /// records: those it streamed are there already, the rest are
+    /// appended, and an abort marker ends it on every partition it wrote.
+    pub(super) fn abort_records(
+        &mut self,
+        i: usize,
+        txn: &HostTransaction,
+    ) -> Result<(), AppFailure> {
+        let streamed = self.members[i].open.len();
+        let streamed_on: BTreeSet<Channel> = self.members[i].open.iter().map(|(c, _)| *c).collect();
         let touched: BTreeSet<(String, i32)> = txn
             .records
             .iter()
             .map(|r| (r.topic.to_string(), r.partition))
             .collect();
-        for r in &txn.records {
+        for r in txn.records.iter().skip(streamed) {
             let Some(c) = self.channel(&r.topic, r.partition) else {
                 return Err(self.fail(format!("produce to unknown topic {}", r.topic)));
             };
             let record = self.stored(r, usize::MAX)?;
             self.broker.append(c, record, false);
-            self.stats.aborted_records += 1;
         }
+        self.stats.aborted_records += txn.records.len() as u64;
+        self.abort_open(i);
         for (t, p) in &touched {
-            if let Some(c) = self.channel(t, *p) {
+            if let Some(c) = self.channel(t, *p)
+                && !streamed_on.contains(&c)
+            {
                 self.broker.append_marker(c, false);
             }
         }
         Ok(())
+    }
+
+    /// Appends what member `i`'s producer did with its open transaction
+    /// since the world last looked: records produced into it (pending in
+    /// the log, their fate decided by its commit or abort), and aborts the
+    /// thread made itself.
+    pub(super) fn stream(&mut self, i: usize) -> Result<(), AppFailure> {
+        for event in self.members[i].thread.take_streamed() {
+            match event {
+                Streamed::Records(records) => {
+                    for r in &records {
+                        let Some(c) = self.channel(&r.topic, r.partition) else {
+                            return Err(self.fail(format!("produce to unknown topic {}", r.topic)));
+                        };
+                        let record = self.stored(r, usize::MAX)?;
+                        let txn = match self.members[i].open_txn {
+                            Some(n) => n,
+                            None => {
+                                self.next_txn += 1;
+                                self.members[i].open_txn = Some(self.next_txn - 1);
+                                self.next_txn - 1
+                            }
+                        };
+                        let offset = self.broker.append_pending(c, record, txn);
+                        self.members[i].open.push((c, offset));
+                        self.stats.streamed_records += 1;
+                        if self.members[i].zombie || self.members[i].generation != self.generation {
+                            self.stats.zombie_streamed_records += 1;
+                        }
+                    }
+                }
+                Streamed::Aborted => {
+                    if !self.members[i].open.is_empty() {
+                        self.stats.streamed_self_aborts += 1;
+                    }
+                    self.abort_open(i);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Member `i`'s open transaction ends aborted: an abort marker on every
+    /// partition its streamed records reached.
+    pub(super) fn abort_open(&mut self, i: usize) {
+        let m = &mut self.members[i];
+        let open = std::mem::take(&mut m.open);
+        let Some(txn) = m.open_txn.take() else {
+            return;
+        };
+        self.stats.streamed_aborted += open.len() as u64;
+        let touched: BTreeSet<Channel> = open.iter().map(|(c, _)| *c).collect();
+        for c in touched {
+            self.broker.abort_open(c, txn);
+        }
+    }
+
+    /// Member `i`'s process is gone: what it streamed and had not taken
+    /// yet is lost with it, and its open transaction is aborted (by its
+    /// coordinator's timeout, or by the producer that takes its
+    /// transactional id over).
+    fn orphan(&mut self, i: usize) {
+        let _ = self.members[i].thread.take_streamed();
+        if !self.members[i].open.is_empty() {
+            self.stats.orphans_aborted += 1;
+        }
+        self.abort_open(i);
     }
 
     /// A commit of member `i` meets a client fault; the thread's answer is
@@ -178,7 +284,7 @@ impl AppWorld {
                                 break;
                             }
                             _ => {
-                                self.abort_records(&txn)?;
+                                self.abort_records(i, &txn)?;
                                 return self.replace(i);
                             }
                         }
@@ -199,7 +305,7 @@ impl AppWorld {
                         if fault == SimFault::Retriable {
                             self.stats.unknown_fates[1] += 1;
                         }
-                        self.abort_records(&txn)?;
+                        self.abort_records(i, &txn)?;
                     }
                     return self.replace(i);
                 }
@@ -213,7 +319,7 @@ impl AppWorld {
     /// Member `i`'s transaction ended aborted (its records stay in the log
     /// as aborted records); the thread hears it and makes its seeks.
     pub(super) fn aborted(&mut self, i: usize, txn: &HostTransaction) -> Result<(), AppFailure> {
-        self.abort_records(txn)?;
+        self.abort_records(i, txn)?;
         self.stats.aborts += 1;
         let broker = &self.broker;
         self.members[i]
@@ -229,6 +335,9 @@ impl AppWorld {
         txn: HostTransaction,
         fate: CommitFate,
     ) -> Result<(), AppFailure> {
+        // An abort the thread made before the hand-over ends that
+        // transaction first (what it streamed since is in `txn`).
+        self.stream(i)?;
         if let CommitFate::Fault(fault) = fate {
             return self.faulted(i, txn, fault);
         }
@@ -250,7 +359,7 @@ impl AppWorld {
         }
         let holding = !self.members[i].thread.held_heads().is_empty();
         if stale || fate != CommitFate::Commit {
-            self.abort_records(&txn)?;
+            self.abort_records(i, &txn)?;
             let broker = &self.broker;
             if stale {
                 self.stats.fenced += 1;
@@ -260,6 +369,7 @@ impl AppWorld {
                     .map_err(|e| self.fail(format!("member {i}: fencing refused: {e}")))?;
                 // The zombie learns it was fenced and rejoins as a new
                 // member.
+                self.orphan(i);
                 self.members.remove(i);
                 self.add_member();
                 return self.rebalance(None);

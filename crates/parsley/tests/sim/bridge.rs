@@ -19,7 +19,7 @@ use parsley::task::TaskEvent;
 use parsley::task::TaskId;
 use parsley_sim::{
     ConsumerMoves, HostThread, HostTransaction, Outcome, SimBroker, SimDirective, SimFault,
-    StoreFault, TaskAct, TaskSpec,
+    StoreFault, Streamed, TaskAct, TaskSpec,
 };
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -203,6 +203,12 @@ pub struct Thread {
     /// choosing (that is how it explores their interleavings), so the
     /// bridge keeps each part of a `Ready` until its moment comes.
     pending: Ready,
+    /// Every record streamed into the open transaction so far, for the
+    /// transaction the world judges at its hand-over.
+    txn_records: Vec<OutgoingRecord>,
+    /// What the producer did with the open transaction that the world has
+    /// not taken yet.
+    streamed: Vec<Streamed>,
 }
 
 impl Thread {
@@ -225,14 +231,49 @@ impl Thread {
             disk: None,
             jobs: std::collections::VecDeque::new(),
             pending: Ready::default(),
+            txn_records: Vec::new(),
+            streamed: Vec::new(),
         }
+    }
+
+    /// The worker aborted the open transaction records were streamed into:
+    /// the world hears of it in order with what was streamed.
+    fn abort_streamed(&mut self) {
+        self.txn_records.clear();
+        self.streamed.push(Streamed::Aborted);
+    }
+
+    /// Records streamed into the open transaction from index `first`.
+    fn produce(&mut self, first: usize, records: Vec<OutgoingRecord>) -> Result<(), String> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        if first != self.txn_records.len() {
+            return Err(format!(
+                "records streamed from index {first}, but the open transaction has {}",
+                self.txn_records.len()
+            ));
+        }
+        self.txn_records.extend(records.iter().cloned());
+        self.streamed.push(Streamed::Records(records));
+        Ok(())
+    }
+
+    /// Takes a ready's streamed parts at once (a producer sends them as
+    /// they come); the rest is kept for the world's moments.
+    fn absorb(&mut self, ready: &mut Ready) -> Result<(), String> {
+        if std::mem::take(&mut ready.abort_streamed) {
+            self.abort_streamed();
+        }
+        self.produce(ready.produce_at, std::mem::take(&mut ready.produce))
     }
 
     /// Takes what the worker has for its host into `pending`, outside a
     /// commit point. A transaction comes out only where a flush or a
     /// revocation closed one, and those take it at once.
     fn fill(&mut self) -> Result<(), String> {
-        let ready = self.worker.ready(None).map_err(err)?;
+        let mut ready = self.worker.ready(None).map_err(err)?;
+        self.absorb(&mut ready)?;
         let closed = self.pending.append(ready);
         // The world appends a transaction's records at commit: an aborted
         // open transaction never sent any.
@@ -355,20 +396,31 @@ impl Thread {
         self.seen = now;
     }
 
-    fn convert(&mut self, txn: Transaction) -> HostTransaction {
+    /// The transaction as the world judges it: every record, those streamed
+    /// first. What was streamed and not taken by the world yet goes with
+    /// it (a commit flushes the producer), so only the thread's own aborts
+    /// stay for the world to take.
+    fn convert(&mut self, txn: Transaction) -> Result<HostTransaction, String> {
+        if txn.streamed != self.txn_records.len() {
+            return Err(format!(
+                "the transaction says {} records were streamed into it, but {} were",
+                txn.streamed,
+                self.txn_records.len()
+            ));
+        }
+        self.streamed.retain(|s| matches!(s, Streamed::Aborted));
         let skip = self.fault == Some(HostFault::SkipChangelogWrites);
-        self.last = txn
-            .records
-            .iter()
+        let records: Vec<OutgoingRecord> = std::mem::take(&mut self.txn_records)
+            .into_iter()
+            .chain(txn.records)
             .filter(|r| !(skip && r.topic.ends_with("-changelog")))
+            .collect();
+        self.last = records
+            .iter()
             .map(|r| (r.topic.to_string(), r.partition, r.origin))
             .collect();
-        HostTransaction {
-            records: txn
-                .records
-                .into_iter()
-                .filter(|r| !(skip && r.topic.ends_with("-changelog")))
-                .collect(),
+        Ok(HostTransaction {
+            records,
             offsets: txn
                 .offsets
                 .into_iter()
@@ -399,7 +451,7 @@ impl Thread {
                     TaskEvent::Held { .. } => None,
                 })
                 .collect(),
-        }
+        })
     }
 
     /// The partitions of every task the assignment touches.
@@ -471,7 +523,7 @@ impl HostThread for Thread {
             .before_revoke(false, &View(broker))
             .map_err(err)?;
         match self.closed()? {
-            Some(t) => Ok(Some(self.convert(t))),
+            Some(t) => self.convert(t).map(Some),
             None => {
                 if self.worker.stats().aborts > aborts {
                     self.just_aborted = true;
@@ -557,10 +609,11 @@ impl HostThread for Thread {
             self.worker.fetch_drained();
         }
         match self.worker.ready(Some(now)) {
-            Ok(ready) => {
+            Ok(mut ready) => {
+                self.absorb(&mut ready)?;
                 let transaction = self.pending.append(ready);
                 self.pending.abandoned.clear();
-                Ok(transaction.map(|t| self.convert(t)))
+                transaction.map(|t| self.convert(t)).transpose()
             }
             Err(e) => self.recover(Err(e), broker).map(|()| None),
         }
@@ -568,7 +621,7 @@ impl HostThread for Thread {
 
     fn flush(&mut self, broker: &SimBroker) -> Result<Option<HostTransaction>, String> {
         match self.worker.flush() {
-            Ok(()) => Ok(self.closed()?.map(|t| self.convert(t))),
+            Ok(()) => self.closed()?.map(|t| self.convert(t)).transpose(),
             Err(e) => self.recover(Err(e), broker).map(|()| None),
         }
     }
@@ -728,6 +781,23 @@ impl HostThread for Thread {
         self.worker.has_open_work()
     }
 
+    fn lose_assignment(&mut self, broker: &SimBroker) -> Result<(), String> {
+        // The same call the Kafka runtime makes for a lost assignment.
+        self.just_aborted = true;
+        self.worker
+            .before_revoke(true, &View(broker))
+            .map_err(err)?;
+        self.handle_failures(broker)
+    }
+
+    fn has_streamed(&self) -> bool {
+        !self.streamed.is_empty()
+    }
+
+    fn take_streamed(&mut self) -> Vec<Streamed> {
+        std::mem::take(&mut self.streamed)
+    }
+
     fn needs_punctuation(&self) -> bool {
         // A task waiting on a failed lookup, or a stopped task, whose retry
         // is due now (a later one is a wake-up: the world lets time pass).
@@ -797,8 +867,22 @@ impl Host for Moves<'_> {
     }
 
     fn abandoned(&mut self, _records: Vec<OutgoingRecord>) {
-        // The world appends a transaction's records at commit: an aborted
-        // open transaction never sent any.
+        // A worker that does not stream: the world appends a transaction's
+        // records at its commit, so an aborted open one never sent any.
+    }
+
+    fn abort_streamed(&mut self) -> Result<(), WorkerError> {
+        self.thread.abort_streamed();
+        Ok(())
+    }
+
+    fn produce(&mut self, first: usize, records: Vec<OutgoingRecord>) -> Result<(), WorkerError> {
+        self.thread
+            .produce(first, records)
+            .map_err(|message| WorkerError::Client {
+                class: "host",
+                message,
+            })
     }
 
     fn failures(&mut self, failures: Vec<TaskFailure>) -> Result<(), WorkerError> {

@@ -16,6 +16,7 @@ use parsley::runtime::worker::{
     Ack, CommitOutcome, FlowChange, Ready, RestoreJob, RestoreOutcome, Seek, TaskFailure,
     Transaction, WorkerConfig, WorkerError,
 };
+use parsley::task::OutgoingRecord;
 
 use super::Cluster;
 
@@ -99,6 +100,23 @@ impl Worker {
     pub(crate) fn take_backoff(&mut self) -> Option<std::time::Duration> {
         self.fill();
         self.pending.backoff.take()
+    }
+
+    /// The records streamed since they were last taken, with the index in
+    /// the open transaction of the first.
+    pub(crate) fn take_produced(&mut self) -> (usize, Vec<OutgoingRecord>) {
+        self.fill();
+        (
+            self.pending.produce_at,
+            std::mem::take(&mut self.pending.produce),
+        )
+    }
+
+    /// Whether the worker aborted a transaction records were streamed
+    /// into since this was last asked.
+    pub(crate) fn take_abort_streamed(&mut self) -> bool {
+        self.fill();
+        std::mem::take(&mut self.pending.abort_streamed)
     }
 
     pub(crate) fn take_restore_jobs(&mut self) -> Vec<RestoreJob> {

@@ -84,6 +84,27 @@ impl Task {
         }
     }
 
+    /// Moves the records emitted since they were last taken into `out`,
+    /// for a host that produces them into its open transaction as they are
+    /// made (they are that transaction's: its commit or abort decides
+    /// them). Returns how many there were. The task's list keeps its room.
+    pub fn take_emitted_into(&mut self, out: &mut Vec<OutgoingRecord>) -> usize {
+        let n = self.outgoing.len();
+        if n > 0 {
+            // Still this transaction's work, though the list is empty now.
+            self.acted = true;
+            out.append(&mut self.outgoing);
+        }
+        n
+    }
+
+    /// What the task did since this was last taken (or the last commit),
+    /// taken: a host that streams records takes them with the records, so
+    /// that the transaction lists them in the order its records went out.
+    pub fn take_events(&mut self) -> Vec<TaskEvent> {
+        std::mem::take(&mut self.events)
+    }
+
     /// The records emitted since the last commit, taken without committing
     /// anything (an abort: a host that streams records into its open
     /// transaction has produced them, and they end up aborted).

@@ -115,6 +115,13 @@ impl Worker {
             return Some(Duration::ZERO);
         };
         let mut due = last.saturating_add(ms(self.config.commit_interval));
+        if let (Some(limit), Some(since)) =
+            (self.config.stream_records, self.in_flight.streaming_since())
+        {
+            // Records went out: the transaction ends well before its
+            // coordinator would end it.
+            due = due.min(since.saturating_add(ms(limit)));
+        }
         if let Some(floor) = self.config.commit_when_idle.filter(|_| self.drained) {
             // Nothing more to hand over: the floor of processing since the
             // previous commit ended is enough.
@@ -260,11 +267,40 @@ impl Worker {
         }
     }
 
+    /// With [`WorkerConfig::stream_records`], moves what the tasks emitted
+    /// since the last ready into the next one's [`Ready::produce`], each
+    /// task's records counted as its own in the open transaction.
+    pub(super) fn stream_emitted(&mut self) {
+        if self.config.stream_records.is_none() || !self.dirty || !matches!(self.state, State::Open)
+        {
+            return;
+        }
+        for (id, slot) in &mut self.tasks {
+            let Some(task) = slot.task.as_mut() else {
+                continue;
+            };
+            let out = self.out.produce(self.in_flight.streamed());
+            let n = task.take_emitted_into(out);
+            if n > 0 {
+                let events = if self.config.events {
+                    task.take_events()
+                } else {
+                    Vec::new()
+                };
+                self.in_flight.stream(id, n, self.now, events);
+            }
+        }
+    }
+
     fn take_transaction(&mut self) -> Result<Transaction, WorkerError> {
         let id = self.next_txn;
-        self.in_flight.begin();
+        let streamed = self.in_flight.begin();
         let mut txn = Transaction {
             id,
+            streamed,
+            // What the tasks did up to the records streamed, in the order
+            // those went out; each task's later acts follow.
+            events: self.in_flight.take_events(),
             ..Transaction::default()
         };
         self.share_fold_cache();
@@ -296,7 +332,7 @@ impl Worker {
                     } else {
                         txn.records.extend(commit.records);
                     }
-                    let at = txn.records.len();
+                    let at = streamed + txn.records.len();
                     let end = at + commit.changelog.len();
                     self.in_flight
                         .add(task_id, at, commit.changelog.iter().map(|r| &r.topic), end);

@@ -71,6 +71,20 @@ pub struct WorkerConfig {
     /// back to back however short it is. `None` (the default): commits
     /// only every interval.
     pub commit_when_idle: Option<Duration>,
+    /// Hand each emission and tick to the host as soon as it is made
+    /// ([`Ready::produce`]), for a host that produces it into its open
+    /// transaction there and then, instead of all of a transaction's
+    /// records at the commit ([`Transaction::records`]). The commit then
+    /// carries only the changelog records (one per key written, whatever
+    /// the number of writes) and what was made since the last ready, so
+    /// it costs little more than the offsets and the end of the
+    /// transaction. `Some(limit)`: a transaction is also due once `limit`
+    /// has passed since its first record went out, whatever
+    /// [`commit_interval`](Self::commit_interval) says, so that it ends
+    /// before its coordinator's timeout does (the Kafka runtime passes
+    /// half of `transaction.timeout.ms`). `None` (the default): records go
+    /// out with the transaction at the commit.
+    pub stream_records: Option<Duration>,
     /// How often each task runs the truncation sweep.
     pub truncation_interval: Duration,
     /// Where channels with no committed position start.
@@ -175,6 +189,7 @@ impl Default for WorkerConfig {
         WorkerConfig {
             commit_interval: Duration::from_millis(100),
             commit_when_idle: None,
+            stream_records: None,
             truncation_interval: Duration::from_secs(600),
             start_policy: StartPolicy::Earliest,
             on_retention_loss: OnRetentionLoss::Fail,

@@ -37,8 +37,14 @@ pub struct ConsumedOffset {
 pub struct Transaction {
     /// The transaction's number on this worker (from 1).
     pub id: u64,
-    /// Records to produce, in order: per task, its emissions and ticks, then
-    /// its changelog records.
+    /// How many of the transaction's records went out before it, in
+    /// [`Ready::produce`] ([`WorkerConfig::stream_records`]): `records[i]`
+    /// is record `streamed + i` of the transaction, the index its delivery
+    /// report and a refusal of it ([`Fault::RecordRefused`]) go by. Zero
+    /// for a worker that does not stream.
+    pub streamed: usize,
+    /// Records to produce, in order: per task, its emissions and ticks
+    /// (those not streamed already), then its changelog records.
     pub records: Vec<OutgoingRecord>,
     /// Consumed positions to commit.
     pub offsets: Vec<ConsumedOffset>,
@@ -123,8 +129,25 @@ pub struct Ready {
     /// ([`Worker::abort`]), as far as the tasks had produced them. A host
     /// that streams records into the open transaction has seen them
     /// aborted (a log that models the broker keeps them as aborted
-    /// records); one that produces only at commit never sent them.
+    /// records); one that produces only at commit never sent them. Always
+    /// empty with [`WorkerConfig::stream_records`]: what was streamed the
+    /// host has, and what was not never goes out.
     pub abandoned: Vec<OutgoingRecord>,
+    /// Emissions and ticks to produce now, in order, into the open
+    /// transaction ([`WorkerConfig::stream_records`]; the host begins the
+    /// transaction with the first). Its commit or abort decides them, as
+    /// it does the records the [`Transaction`] carries later.
+    pub produce: Vec<OutgoingRecord>,
+    /// The index in the open transaction of `produce`'s first record: the
+    /// index its delivery report, and a refusal of it
+    /// ([`Fault::RecordRefused`]), go by.
+    pub produce_at: usize,
+    /// The worker aborted an open transaction that records were streamed
+    /// into ([`Worker::abort`], or a revocation that aborts): the host
+    /// aborts it on its producer, before anything else of this ready.
+    /// (An abort the host made itself, reported with
+    /// [`Ack::Committed`], does not say it again.)
+    pub abort_streamed: bool,
 }
 
 impl Ready {
@@ -138,6 +161,8 @@ impl Ready {
             && self.transaction.is_none()
             && self.backoff.is_none()
             && self.abandoned.is_empty()
+            && self.produce.is_empty()
+            && !self.abort_streamed
     }
 
     /// Appends `later`'s parts to these, in order (a newer sample
@@ -154,7 +179,19 @@ impl Ready {
             transaction,
             backoff,
             abandoned,
+            produce,
+            produce_at,
+            abort_streamed,
         } = later;
+        if abort_streamed {
+            // What was kept to produce belongs to the aborted transaction.
+            self.produce.clear();
+            self.abort_streamed = true;
+        }
+        if self.produce.is_empty() {
+            self.produce_at = produce_at;
+        }
+        self.produce.extend(produce);
         self.backoff = self.backoff.max(backoff);
         self.abandoned.extend(abandoned);
         self.failures.extend(failures);
@@ -201,6 +238,12 @@ pub(super) struct Outbox {
     abandoned: Vec<OutgoingRecord>,
     /// A sample was taken.
     fresh_sample: bool,
+    /// Records streamed into the open transaction, and the index of the
+    /// first.
+    produce: Vec<OutgoingRecord>,
+    produce_at: usize,
+    /// An open transaction with streamed records was aborted.
+    abort_streamed: bool,
 }
 
 impl Outbox {
@@ -249,6 +292,23 @@ impl Outbox {
         self.abandoned.extend(records);
     }
 
+    /// The list records to stream are added to, with the index in the open
+    /// transaction the next one gets (`first`, for the list's first record
+    /// when it is empty).
+    pub(super) fn produce(&mut self, first: usize) -> &mut Vec<OutgoingRecord> {
+        if self.produce.is_empty() {
+            self.produce_at = first;
+        }
+        &mut self.produce
+    }
+
+    /// The open transaction was aborted: its records not taken yet never
+    /// go out, and the host aborts what it streamed when `streamed`.
+    pub(super) fn abort_streamed(&mut self, streamed: bool) {
+        self.produce.clear();
+        self.abort_streamed |= streamed;
+    }
+
     /// A fresh sample was taken.
     pub(super) fn sampled(&mut self) {
         self.fresh_sample = true;
@@ -265,6 +325,7 @@ impl Outbox {
     /// records of an abort and a sample stay for the host.
     pub(super) fn forget_tasks(&mut self) {
         self.closed = None;
+        self.produce.clear();
         self.jobs.clear();
         self.flow.clear();
         self.seeks.clear();
@@ -287,6 +348,9 @@ impl Outbox {
             transaction,
             backoff,
             abandoned: std::mem::take(&mut self.abandoned),
+            produce: std::mem::take(&mut self.produce),
+            produce_at: self.produce_at,
+            abort_streamed: std::mem::take(&mut self.abort_streamed),
         }
     }
 }
@@ -334,6 +398,7 @@ impl Worker {
     /// Fails, taking nothing, when a commit point is offered while a
     /// transaction is in flight or the open one must be aborted first.
     pub fn ready(&mut self, commit_at: Option<i64>) -> Result<Ready, WorkerError> {
+        self.stream_emitted();
         let transaction = match (self.out.take_closed(), commit_at) {
             (Some(txn), _) => Some(txn),
             (None, Some(now)) => self.poll_transaction(now)?,
@@ -378,6 +443,13 @@ pub trait Host {
     fn advance(&mut self, ack: Ack<'_>) -> Result<(), WorkerError>;
     /// The records of an aborted open transaction ([`Ready::abandoned`]).
     fn abandoned(&mut self, records: Vec<OutgoingRecord>);
+    /// The worker aborted the open transaction records were streamed into
+    /// ([`Ready::abort_streamed`]): abort it on the producer, if one began.
+    fn abort_streamed(&mut self) -> Result<(), Self::Error>;
+    /// Records to produce now into the open transaction, beginning it if
+    /// this is its first ([`Ready::produce`]); `first` is the first one's
+    /// index in the transaction.
+    fn produce(&mut self, first: usize, records: Vec<OutgoingRecord>) -> Result<(), Self::Error>;
     /// Tasks that failed and stopped alone: the host's error policy
     /// decides now or at its next turn.
     fn failures(&mut self, failures: Vec<TaskFailure>) -> Result<(), Self::Error>;
@@ -401,12 +473,14 @@ pub trait Host {
 
 /// Acts on `ready` and on whatever acting on it brings (an aborted commit
 /// asks for seeks, a restarted task for its own), until the worker has
-/// nothing more. Each round takes the parts in one order: abandoned
-/// records, failures, restores, the sample, the backoff, then pauses and
-/// resumes, then seeks (each acknowledged once made), then the transaction.
-/// A failure before the transaction is produced reports it aborted to the
-/// worker (it never reached the producer), so the recovery that follows
-/// finds nothing in flight.
+/// nothing more. Each round takes the parts in one order: the abort of a
+/// streamed transaction, abandoned records, failures, restores, the
+/// sample, the backoff, then pauses and resumes, then seeks (each
+/// acknowledged once made), then the records to stream, then the
+/// transaction (whose records follow the streamed ones). A failure before
+/// the transaction is produced reports it aborted to the worker (it never
+/// reached the producer), so the recovery that follows finds nothing in
+/// flight.
 pub fn act_on<H: Host + ?Sized>(host: &mut H, ready: Ready) -> Result<(), H::Error> {
     let mut ready = ready;
     while !ready.is_empty() {
@@ -419,9 +493,17 @@ pub fn act_on<H: Host + ?Sized>(host: &mut H, ready: Ready) -> Result<(), H::Err
             transaction,
             backoff,
             abandoned,
+            produce,
+            produce_at,
+            abort_streamed,
         } = ready;
+        let mut made = if abort_streamed {
+            host.abort_streamed()
+        } else {
+            Ok(())
+        };
         host.abandoned(abandoned);
-        let mut made = host.failures(failures);
+        made = made.and(host.failures(failures));
         host.restores(restores);
         if let Some(sample) = published {
             host.published(sample);
@@ -444,6 +526,9 @@ pub fn act_on<H: Host + ?Sized>(host: &mut H, ready: Ready) -> Result<(), H::Err
                 };
                 host.advance(ack).map_err(H::Error::from)
             });
+        }
+        if made.is_ok() && !produce.is_empty() {
+            made = host.produce(produce_at, produce);
         }
         if let Err(e) = made {
             if transaction.is_some() {
@@ -492,6 +577,18 @@ mod tests {
         }
         fn abandoned(&mut self, records: Vec<OutgoingRecord>) {
             self.log.push(format!("abandoned {}", records.len()));
+        }
+        fn abort_streamed(&mut self) -> Result<(), WorkerError> {
+            self.log.push("abort streamed".into());
+            Ok(())
+        }
+        fn produce(
+            &mut self,
+            first: usize,
+            records: Vec<OutgoingRecord>,
+        ) -> Result<(), WorkerError> {
+            self.log.push(format!("produce {first}+{}", records.len()));
+            Ok(())
         }
         fn failures(&mut self, failures: Vec<TaskFailure>) -> Result<(), WorkerError> {
             self.log.push(format!("failures {}", failures.len()));
@@ -573,6 +670,44 @@ mod tests {
                 "flow false",
                 "seek 7",
                 "ack seek 7",
+            ]
+        );
+    }
+
+    /// The abort of a streamed transaction comes before anything else (the
+    /// records to stream after it open the next one), and streamed records
+    /// go out before the transaction whose records follow them.
+    #[test]
+    fn a_streamed_abort_comes_first_and_streamed_records_before_the_commit() {
+        let mut host = Scripted::default();
+        let mut first = ready(&[3], Some(2));
+        first.abort_streamed = true;
+        first.produce_at = 4;
+        let record = OutgoingRecord {
+            topic: "out".into(),
+            partition: 0,
+            key: None,
+            value: None,
+            timestamp: 0,
+            stamp: None,
+            headers: Vec::new(),
+            origin: None,
+        };
+        first.produce = vec![record.clone(), record];
+        act_on(&mut host, first).unwrap();
+        assert_eq!(
+            host.log,
+            [
+                "abort streamed",
+                "abandoned 0",
+                "failures 0",
+                "restores 0",
+                "backoff 5",
+                "flow false",
+                "seek 3",
+                "ack seek 3",
+                "produce 4+2",
+                "transaction 2",
             ]
         );
     }

@@ -319,8 +319,14 @@ impl Worker {
             return Err(WorkerError::CommitInFlight);
         }
         self.state = State::Open;
+        let streamed = self.in_flight.streamed() > 0;
         let abandoned = self.rollback(cluster)?;
-        self.out.abandon(abandoned);
+        if self.config.stream_records.is_some() {
+            // The host has what went out; the rest never does.
+            self.out.abort_streamed(streamed);
+        } else {
+            self.out.abandon(abandoned);
+        }
         Ok(())
     }
 
@@ -331,6 +337,9 @@ impl Worker {
         self.stats.aborts += 1;
         self.dirty = false;
         self.out.drop_seeks();
+        // Whatever was streamed into it is aborted with it.
+        self.in_flight.close();
+        self.out.abort_streamed(false);
         let mut abandoned = Vec::new();
         if let Some(failing) = self.failing.take()
             && let Some(mut slot) = self.tasks.remove(&failing.task)

@@ -1,8 +1,9 @@
-//! The transaction in flight, as the worker keeps it between handing it
-//! over and hearing its outcome: which task made which of its records (to
-//! pin a refused record on its task), where each task's changelog records
-//! lie and the checkpoints they reach once delivered (for the local
-//! stores), and the commit's and the abort's retries so far.
+//! The transaction in flight, as the worker keeps it from its first record
+//! handed out (streamed, or at the hand-over) to its outcome: which task
+//! made which of its records (to pin a refused record on its task), where
+//! each task's changelog records lie and the checkpoints they reach once
+//! delivered (for the local stores), and the commit's and the abort's
+//! retries so far.
 
 use super::*;
 
@@ -29,16 +30,89 @@ pub(super) struct InFlight {
     commit_retries: u32,
     /// Retries of the abort so far.
     abort_retries: u32,
+    /// Records of the open transaction already handed out
+    /// ([`Ready::produce`]), and when the first of them was, while any
+    /// was.
+    streamed: Option<(usize, i64)>,
+    /// What the tasks did up to the records streamed, in the order those
+    /// went out.
+    events: Vec<WorkerEvent>,
 }
 
 impl InFlight {
-    /// A new transaction is being filled: nothing of the last one stays.
-    pub(super) fn begin(&mut self) {
+    /// The open transaction is handed over: nothing of the last one stays
+    /// (what this one streamed aside). Returns how many records it
+    /// streamed, the index of the hand-over's first record.
+    pub(super) fn begin(&mut self) -> usize {
+        let streamed = self.streamed();
+        if streamed == 0 {
+            self.clear();
+        }
+        self.commit_retries = 0;
+        self.abort_retries = 0;
+        streamed
+    }
+
+    fn clear(&mut self) {
+        self.events.clear();
         self.owners.clear();
         self.spans.clear();
         self.reached.clear();
-        self.commit_retries = 0;
-        self.abort_retries = 0;
+    }
+
+    /// How many records of the open transaction went out before its
+    /// hand-over.
+    pub(super) fn streamed(&self) -> usize {
+        self.streamed.map_or(0, |(n, _)| n)
+    }
+
+    /// When the open transaction's first record went out, if one did.
+    pub(super) fn streaming_since(&self) -> Option<i64> {
+        self.streamed.map(|(_, at)| at)
+    }
+
+    /// `count` records of `task` go out now, at `now`, into the open
+    /// transaction (the first of them opens it), after what it did up to
+    /// them (`events`). Returns the index of the first.
+    pub(super) fn stream(
+        &mut self,
+        task: &TaskId,
+        count: usize,
+        now: i64,
+        events: Vec<TaskEvent>,
+    ) -> usize {
+        let first = match self.streamed {
+            Some((n, _)) => n,
+            None => {
+                self.clear();
+                self.streamed = Some((0, now));
+                0
+            }
+        };
+        let end = first + count;
+        if let Some((n, _)) = &mut self.streamed {
+            *n = end;
+        }
+        self.owners.push((end, task.clone()));
+        self.events
+            .extend(events.into_iter().map(|event| WorkerEvent {
+                task: task.clone(),
+                event,
+            }));
+        first
+    }
+
+    /// What the tasks did up to the records streamed, taken for the
+    /// transaction's hand-over.
+    pub(super) fn take_events(&mut self) -> Vec<WorkerEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// The transaction ended (committed, aborted, or its tasks dropped):
+    /// the next record opens another.
+    pub(super) fn close(&mut self) {
+        self.streamed = None;
+        self.events.clear();
     }
 
     /// A task's part joined the transaction: its changelog records, whose
@@ -110,15 +184,15 @@ impl InFlight {
     pub(super) fn take_committed(
         &mut self,
     ) -> (BTreeSet<TaskId>, BTreeMap<TaskId, BTreeMap<String, i64>>) {
+        self.close();
         let written = self.spans.drain(..).map(|s| s.task).collect();
         (written, std::mem::take(&mut self.reached))
     }
 
     /// The tasks were dropped: nothing of the transaction is theirs now.
     pub(super) fn forget_tasks(&mut self) {
-        self.owners.clear();
-        self.spans.clear();
-        self.reached.clear();
+        self.clear();
+        self.close();
     }
 
     /// The task that made record `record` of the transaction.

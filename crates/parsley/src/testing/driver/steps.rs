@@ -283,6 +283,23 @@ impl Host for Driving<'_> {
         self.driver.log_aborted(records);
     }
 
+    fn abort_streamed(&mut self) -> Result<(), WorkerError> {
+        // The driver's worker does not stream: nothing went out.
+        Ok(())
+    }
+
+    fn produce(&mut self, _first: usize, records: Vec<OutgoingRecord>) -> Result<(), WorkerError> {
+        // Its configuration never streams; should records come out, they
+        // are refused loudly rather than lost.
+        Err(WorkerError::Client {
+            class: "host",
+            message: format!(
+                "the test driver produces at commit, and was handed {} records to stream",
+                records.len()
+            ),
+        })
+    }
+
     fn failures(&mut self, failures: Vec<TaskFailure>) -> Result<(), WorkerError> {
         for failure in failures {
             let d = &mut *self.driver;
