@@ -171,10 +171,12 @@ impl Shared {
         first: usize,
         records: &[OutgoingRecord],
     ) -> Result<(), StreamsError> {
+        // The worker never streams beside a transaction it hands over, so
+        // nothing is in flight here.
         match self.send_records(first, records) {
             Ok(()) => Ok(()),
-            // Neither a refused record nor a failed begin has reached the
-            // worker yet: the commit hands it over.
+            // The refusal has not reached the worker yet: the commit hands
+            // it over.
             Err(Sent::Refused) => Ok(self.worker.flush()?),
             Err(Sent::Answered(d)) => self.follow_open(d),
         }
@@ -448,12 +450,14 @@ impl Shared {
             )))));
         }
         self.producer.context().reserve(first + records.len());
+        // Every record's place first: those after a refused one are the
+        // transaction's too, sent or not.
+        self.open.places.extend(records.iter().map(|r| Place {
+            topic: r.topic.clone(),
+            partition: r.partition,
+            origin: r.origin,
+        }));
         for (i, r) in (first..).zip(records) {
-            self.open.places.push(Place {
-                topic: r.topic.clone(),
-                partition: r.partition,
-                origin: r.origin,
-            });
             if let Err(failure) = self.send_one(i, r) {
                 self.producer.context().record(failure);
                 return Err(Sent::Refused);

@@ -16,6 +16,18 @@ fn streaming(app: &Parsley, limit: Duration) -> Worker {
     )
 }
 
+/// A streaming worker on one partition after two records: the first's
+/// emission streamed (and taken), the second's made but not taken yet.
+fn one_streamed_one_not() -> (Cluster, Worker) {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = started_with(&cluster, streaming(&app, Duration::from_secs(5)));
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    assert_eq!(w.take_produced().1.len(), 1);
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    (cluster, w)
+}
+
 fn topics(records: &[OutgoingRecord]) -> Vec<&str> {
     records.iter().map(|r| &*r.topic).collect()
 }
@@ -106,12 +118,7 @@ fn the_next_transaction_counts_from_zero() {
 /// outcome) is not echoed back.
 #[test]
 fn an_abort_of_a_streamed_transaction_is_said_once() {
-    let app = counting_app();
-    let cluster = counting_cluster(1);
-    let mut w = started_with(&cluster, streaming(&app, Duration::from_secs(5)));
-    w.on_record(rec("a", 0, 0, "x")).unwrap();
-    assert_eq!(w.take_produced().1.len(), 1);
-    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    let (cluster, mut w) = one_streamed_one_not();
     w.abort(&cluster).unwrap();
     assert!(w.take_abort_streamed());
     assert!(!w.take_abort_streamed(), "said once");
@@ -178,4 +185,20 @@ fn without_the_option_everything_goes_at_the_commit() {
     let txn = w.flush().unwrap().expect("open");
     assert_eq!(txn.streamed, 0);
     assert!(topics(&txn.records).contains(&"out"));
+}
+
+/// A ready that hands a transaction over streams nothing beside it: the
+/// transaction carries what was made since the last ready, so a host
+/// never produces records of a transaction already in flight.
+#[test]
+fn a_transaction_handed_over_carries_what_was_not_streamed() {
+    let (cluster, mut w) = one_streamed_one_not();
+    let txn = w.poll_transaction(100).unwrap().expect("due");
+    assert_eq!(txn.streamed, 1);
+    assert_eq!(
+        topics(&txn.records).iter().filter(|t| **t == "out").count(),
+        1,
+        "the second emission comes with the transaction"
+    );
+    assert_eq!(w.take_produced(), (0, Vec::new()), "and not beside it");
 }

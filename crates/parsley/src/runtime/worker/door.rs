@@ -136,7 +136,8 @@ pub struct Ready {
     /// Emissions and ticks to produce now, in order, into the open
     /// transaction ([`WorkerConfig::stream_records`]; the host begins the
     /// transaction with the first). Its commit or abort decides them, as
-    /// it does the records the [`Transaction`] carries later.
+    /// it does the records the [`Transaction`] carries later. Empty in a
+    /// ready that hands a transaction over: that one carries them.
     pub produce: Vec<OutgoingRecord>,
     /// The index in the open transaction of `produce`'s first record: the
     /// index its delivery report, and a refusal of it
@@ -398,12 +399,16 @@ impl Worker {
     /// Fails, taking nothing, when a commit point is offered while a
     /// transaction is in flight or the open one must be aborted first.
     pub fn ready(&mut self, commit_at: Option<i64>) -> Result<Ready, WorkerError> {
-        self.stream_emitted();
         let transaction = match (self.out.take_closed(), commit_at) {
             (Some(txn), _) => Some(txn),
             (None, Some(now)) => self.poll_transaction(now)?,
             (None, None) => None,
         };
+        if transaction.is_none() {
+            // A transaction handed over carries what was made since the
+            // last ready itself: a ready never streams beside one.
+            self.stream_emitted();
+        }
         let backoff = self.since_commit.take_backoff();
         Ok(self.out.take(transaction, &self.published, backoff))
     }
