@@ -192,7 +192,7 @@ fn without_the_option_everything_goes_at_the_commit() {
 /// never produces records of a transaction already in flight.
 #[test]
 fn a_transaction_handed_over_carries_what_was_not_streamed() {
-    let (cluster, mut w) = one_streamed_one_not();
+    let (_, mut w) = one_streamed_one_not();
     let txn = w.poll_transaction(100).unwrap().expect("due");
     assert_eq!(txn.streamed, 1);
     assert_eq!(
