@@ -38,6 +38,7 @@ use crate::{GLOBAL, Result, now_micros};
 enum Mark {
     Delivered(u64),
     CommitStart,
+    OffsetsSent,
     CommitSent,
     CommitEnd,
 }
@@ -78,6 +79,7 @@ impl Marks {
             match m {
                 Mark::Delivered(i) => writeln!(out, "d {i} {at}")?,
                 Mark::CommitStart => writeln!(out, "cs {at}")?,
+                Mark::OffsetsSent => writeln!(out, "co {at}")?,
                 Mark::CommitSent => writeln!(out, "ct {at}")?,
                 Mark::CommitEnd => writeln!(out, "ce {at}")?,
             }
@@ -330,6 +332,7 @@ fn plain_loop(
             offsets.add_partition_offset(input, 0, Offset::Offset(offset))?;
             let metadata = consumer.group_metadata().ok_or("no group metadata")?;
             producer.send_offsets_to_transaction(&offsets, &metadata, Duration::from_secs(30))?;
+            marks.mark(Mark::OffsetsSent);
             while producer.in_flight_count() > 0 {
                 producer.poll(Duration::from_millis(1));
             }
@@ -354,6 +357,7 @@ impl<S: Subscriber> Layer<S> for CommitMarks {
         event.record(&mut message);
         let mark = match message.0.as_deref() {
             Some("transaction producing") => Mark::CommitStart,
+            Some("transaction offsets sent") => Mark::OffsetsSent,
             Some("transaction ending") => Mark::CommitSent,
             Some("transaction committed") => Mark::CommitEnd,
             _ => return,

@@ -285,7 +285,7 @@ fn main() -> Result<()> {
     }
     println!();
     println!(
-        "{:<31} {:>8} {:>8} {:>8}   {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "{:<31} {:>8} {:>8} {:>8}   {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "latency (ms)",
         "median",
         "p90",
@@ -293,6 +293,8 @@ fn main() -> Result<()> {
         "to logic",
         "to commit",
         "offs+acks",
+        "(offsets",
+        "acks)",
         "end txn",
         "to reader"
     );
@@ -300,7 +302,7 @@ fn main() -> Result<()> {
         let col = |f: fn(&Trip) -> f64| percentile(&mut t.iter().map(f).collect::<Vec<_>>(), 0.5);
         let mut totals: Vec<f64> = t.iter().map(|t| t.total).collect();
         println!(
-            "{:<31} {:>8.2} {:>8.2} {:>8.2}   {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+            "{:<31} {:>8.2} {:>8.2} {:>8.2}   {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
             c.name,
             percentile(&mut totals, 0.5),
             percentile(&mut totals, 0.9),
@@ -308,13 +310,16 @@ fn main() -> Result<()> {
             col(|t| t.to_logic),
             col(|t| t.to_commit),
             col(|t| t.offsets_and_acks),
+            col(|t| t.offsets),
+            col(|t| t.acks),
             col(|t| t.end_txn),
             col(|t| t.to_reader),
         );
     }
     println!(
         "(breakdown columns are medians of each step: send to the loop's logic, then to the start of the commit that carries it, \
-the commit's offsets, produce and acknowledgements, its EndTxn, and from the commit's end to the reader)"
+the commit's offsets, produce and acknowledgements (of which: up to the offsets' acknowledgement, and the wait for the records' \
+acknowledgements after it; zero and all of it for a loop that does not say), its EndTxn, and from the commit's end to the reader)"
     );
     Ok(())
 }
@@ -703,6 +708,11 @@ struct Trip {
     to_logic: f64,
     to_commit: f64,
     offsets_and_acks: f64,
+    /// Of those, the commit's own records and the offsets (up to the
+    /// offsets' acknowledgement), and the wait for the records'
+    /// acknowledgements after it.
+    offsets: f64,
+    acks: f64,
     end_txn: f64,
     to_reader: f64,
 }
@@ -815,6 +825,8 @@ fn latency(bench: &Bench, c: &Contestant, measured: usize, rate: u64) -> Result<
             to_logic: ms(sent, delivered),
             to_commit: ms(delivered, commit.start),
             offsets_and_acks: ms(commit.start, commit.sent),
+            offsets: ms(commit.start, commit.offsets),
+            acks: ms(commit.offsets, commit.sent),
             end_txn: ms(commit.sent, commit.end),
             to_reader: ms(commit.end, seen),
         });
@@ -826,6 +838,8 @@ fn latency(bench: &Bench, c: &Contestant, measured: usize, rate: u64) -> Result<
 #[derive(Clone, Copy)]
 struct Commit {
     start: u64,
+    /// The offsets were sent (the start, for a loop that does not say).
+    offsets: u64,
     sent: u64,
     end: u64,
 }
@@ -844,6 +858,7 @@ impl Timing {
         let mut delivered = HashMap::new();
         let mut commits = Vec::new();
         let mut open: Option<(u64, Option<u64>)> = None;
+        let mut offsets_at = None;
         for line in text.lines() {
             let w: Vec<&str> = line.split_whitespace().collect();
             match w.as_slice() {
@@ -851,6 +866,7 @@ impl Timing {
                     delivered.insert(i.parse()?, at.parse()?);
                 }
                 ["cs", at] => open = Some((at.parse()?, None)),
+                ["co", at] => offsets_at = Some(at.parse()?),
                 ["ct", at] => {
                     if let Some((_, sent)) = open.as_mut() {
                         *sent = Some(at.parse()?);
@@ -861,6 +877,7 @@ impl Timing {
                         let end = at.parse()?;
                         commits.push(Commit {
                             start,
+                            offsets: offsets_at.take().unwrap_or(start),
                             sent: sent.unwrap_or(end),
                             end,
                         });

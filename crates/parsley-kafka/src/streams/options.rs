@@ -64,7 +64,11 @@ pub struct StreamsOptions {
     /// Stream threads (consumers and transactional producers) in this
     /// instance.
     pub threads: usize,
-    /// How long a transaction collects work before it commits.
+    /// How long a transaction collects work before it commits. Each
+    /// emission goes to the producer as it is made, so the transaction is
+    /// open on its coordinator from its first record: it commits at half
+    /// of the producer's `transaction.timeout.ms` (10 s unless set) at the
+    /// latest, however long this is.
     pub commit_interval: Duration,
     /// Commit before the interval when the stream thread has drained its
     /// fetch, once this floor has passed since its previous commit ended:

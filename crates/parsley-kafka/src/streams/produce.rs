@@ -421,6 +421,7 @@ impl Shared {
                 d => return Err(d),
             }
         }
+        debug!(txn = txn.id, "transaction offsets sent");
         self.step(|p| await_deliveries(p, timeout))?;
         debug!(txn = txn.id, "transaction ending");
         self.step(|p| p.commit_transaction(timeout))?;
