@@ -1376,7 +1376,11 @@ fn outcomes(
             let app = a.app.clone();
             let s = stats.clone();
             let factory: ThreadFactory = Box::new(move |_| {
-                Box::new(Thread::new(&app, worker_config(), Some(fault), s.clone()))
+                let mut config = worker_config();
+                if fault == HostFault::KeepStreamedAfterAbort {
+                    config.stream_records = Some(Duration::from_millis(300));
+                }
+                Box::new(Thread::new(&app, config, Some(fault), s.clone()))
             });
             let mut config = world_config(&a, full_budget(), hops);
             config.assignor = assignor;
@@ -1464,6 +1468,25 @@ fn the_kit_catches_a_split_task_accepted() {
         .chain(["is out of order", "corrupt state", "lost held records"])
         .collect();
     assert!(caught("split task accepted", &r, &kinds) >= r.len() / 5);
+}
+
+#[test]
+fn the_kit_catches_a_streamed_transaction_left_open_after_an_abort() {
+    let r = outcomes(
+        settlement,
+        0,
+        HostFault::KeepStreamedAfterAbort,
+        Assignor::Range,
+    );
+    // The world finds the aborted transaction's records still open under
+    // the member's next one, or still open when the member lost its
+    // assignment.
+    let kinds = [
+        "streamed into the transaction",
+        "when it was streamed",
+        "was not aborted",
+    ];
+    assert!(caught("streamed transaction left open", &r, &kinds) >= r.len() / 5);
 }
 
 /// The correct worker refuses a split assignment outright.

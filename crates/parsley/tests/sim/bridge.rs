@@ -112,6 +112,10 @@ pub enum HostFault {
     /// A split assignment is completed with partitions this thread does
     /// not own, instead of being refused.
     AcceptSplitTask,
+    /// The producer's open transaction is left open when the worker aborts
+    /// one that records were streamed into: its records would commit with
+    /// the next transaction.
+    KeepStreamedAfterAbort,
 }
 
 /// Counters the bridge keeps across every thread of a world.
@@ -240,7 +244,9 @@ impl Thread {
     /// the world hears of it in order with what was streamed.
     fn abort_streamed(&mut self) {
         self.txn_records.clear();
-        self.streamed.push(Streamed::Aborted);
+        if self.fault != Some(HostFault::KeepStreamedAfterAbort) {
+            self.streamed.push(Streamed::Aborted);
+        }
     }
 
     /// Records streamed into the open transaction from index `first`.
