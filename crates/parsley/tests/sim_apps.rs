@@ -774,6 +774,12 @@ fn common_floors(name: &str, runs: &[Seeded]) {
     floor(
         name,
         &streaming,
+        "commits of transactions whose records were in the log before",
+        |r| r.world.streamed_commits > 0,
+    );
+    floor(
+        name,
+        &streaming,
         "streamed records that ended aborted",
         |r| r.world.streamed_aborted > 0,
     );

@@ -222,9 +222,6 @@ pub struct AppStats {
     /// Open transactions of members gone (crashed, replaced, bounced)
     /// aborted with records in the log.
     pub orphans_aborted: u64,
-    /// Zombies that learned from their consumer that their assignment was
-    /// lost.
-    pub lost_assignments: u64,
 }
 
 impl AppStats {
@@ -274,7 +271,6 @@ impl AppStats {
         self.streamed_commits += o.streamed_commits;
         self.streamed_self_aborts += o.streamed_self_aborts;
         self.orphans_aborted += o.orphans_aborted;
-        self.lost_assignments += o.lost_assignments;
     }
 }
 

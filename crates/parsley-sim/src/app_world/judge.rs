@@ -87,14 +87,9 @@ impl AppWorld {
         let changelog = |t: &str| t.ends_with("-changelog");
         // The records streamed before the hand-over are in the log already
         // (pending), under the number their transaction opened with.
+        let txn_no = self.open_txn(i);
+        self.members[i].open_txn = None;
         let open = std::mem::take(&mut self.members[i].open);
-        let txn_no = match self.members[i].open_txn.take() {
-            Some(n) => n,
-            None => {
-                self.next_txn += 1;
-                self.next_txn - 1
-            }
-        };
         if !open.is_empty() {
             self.stats.streamed_commits += 1;
         }

@@ -89,7 +89,6 @@ impl AppWorld {
     /// aborts the open work itself (what it streamed ends aborted), and it
     /// joins again as a new member.
     pub(super) fn lost(&mut self, i: usize) -> Result<(), AppFailure> {
-        self.stats.lost_assignments += 1;
         if !self.members[i].zombie {
             self.budget.zombies = self.budget.zombies.saturating_sub(1);
         }
@@ -164,14 +163,7 @@ impl AppWorld {
                             return Err(self.fail(format!("produce to unknown topic {}", r.topic)));
                         };
                         let record = self.stored(r, usize::MAX)?;
-                        let txn = match self.members[i].open_txn {
-                            Some(n) => n,
-                            None => {
-                                self.next_txn += 1;
-                                self.members[i].open_txn = Some(self.next_txn - 1);
-                                self.next_txn - 1
-                            }
-                        };
+                        let txn = self.open_txn(i);
                         let offset = self.broker.append_pending(c, record, txn);
                         self.members[i].open.push((c, offset));
                         self.stats.streamed_records += 1;
@@ -189,6 +181,15 @@ impl AppWorld {
             }
         }
         Ok(())
+    }
+
+    /// The number of member `i`'s open transaction in the log, given it
+    /// now if it has none yet (its first record, or its commit).
+    pub(super) fn open_txn(&mut self, i: usize) -> u64 {
+        *self.members[i].open_txn.get_or_insert_with(|| {
+            self.next_txn += 1;
+            self.next_txn - 1
+        })
     }
 
     /// Member `i`'s open transaction ends aborted: an abort marker on every

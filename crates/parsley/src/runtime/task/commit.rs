@@ -90,11 +90,7 @@ impl Task {
     /// them). Returns how many there were. The task's list keeps its room.
     pub fn take_emitted_into(&mut self, out: &mut Vec<OutgoingRecord>) -> usize {
         let n = self.outgoing.len();
-        if n > 0 {
-            // Still this transaction's work, though the list is empty now.
-            self.acted = true;
-            out.append(&mut self.outgoing);
-        }
+        out.append(&mut self.outgoing);
         n
     }
 

@@ -267,20 +267,22 @@ impl Worker {
         }
     }
 
-    /// With [`WorkerConfig::stream_records`], moves what the tasks emitted
-    /// since the last ready into the next one's [`Ready::produce`], each
-    /// task's records counted as its own in the open transaction.
-    pub(super) fn stream_emitted(&mut self) {
+    /// With [`WorkerConfig::stream_records`], what the tasks emitted since
+    /// the last ready, for its [`Ready::produce`], with the open
+    /// transaction's index of the first; each task's records are counted
+    /// as its own in the transaction.
+    pub(super) fn stream_emitted(&mut self) -> (usize, Vec<OutgoingRecord>) {
+        let first = self.in_flight.streamed();
+        let mut out = Vec::new();
         if self.config.stream_records.is_none() || !self.dirty || !matches!(self.state, State::Open)
         {
-            return;
+            return (0, out);
         }
         for (id, slot) in &mut self.tasks {
             let Some(task) = slot.task.as_mut() else {
                 continue;
             };
-            let out = self.out.produce(self.in_flight.streamed());
-            let n = task.take_emitted_into(out);
+            let n = task.take_emitted_into(&mut out);
             if n > 0 {
                 let events = if self.config.events {
                     task.take_events()
@@ -290,6 +292,7 @@ impl Worker {
                 self.in_flight.stream(id, n, self.now, events);
             }
         }
+        (if out.is_empty() { 0 } else { first }, out)
     }
 
     fn take_transaction(&mut self) -> Result<Transaction, WorkerError> {

@@ -141,7 +141,7 @@ pub struct Ready {
     pub produce: Vec<OutgoingRecord>,
     /// The index in the open transaction of `produce`'s first record: the
     /// index its delivery report, and a refusal of it
-    /// ([`Fault::RecordRefused`]), go by.
+    /// ([`Fault::RecordRefused`]), go by (0 when there is none).
     pub produce_at: usize,
     /// The worker aborted an open transaction that records were streamed
     /// into ([`Worker::abort`], or a revocation that aborts): the host
@@ -239,10 +239,6 @@ pub(super) struct Outbox {
     abandoned: Vec<OutgoingRecord>,
     /// A sample was taken.
     fresh_sample: bool,
-    /// Records streamed into the open transaction, and the index of the
-    /// first.
-    produce: Vec<OutgoingRecord>,
-    produce_at: usize,
     /// An open transaction with streamed records was aborted.
     abort_streamed: bool,
 }
@@ -293,21 +289,9 @@ impl Outbox {
         self.abandoned.extend(records);
     }
 
-    /// The list records to stream are added to, with the index in the open
-    /// transaction the next one gets (`first`, for the list's first record
-    /// when it is empty).
-    pub(super) fn produce(&mut self, first: usize) -> &mut Vec<OutgoingRecord> {
-        if self.produce.is_empty() {
-            self.produce_at = first;
-        }
-        &mut self.produce
-    }
-
-    /// The open transaction was aborted: its records not taken yet never
-    /// go out, and the host aborts what it streamed when `streamed`.
-    pub(super) fn abort_streamed(&mut self, streamed: bool) {
-        self.produce.clear();
-        self.abort_streamed |= streamed;
+    /// The host aborts what it streamed into the open transaction.
+    pub(super) fn abort_streamed(&mut self) {
+        self.abort_streamed = true;
     }
 
     /// A fresh sample was taken.
@@ -326,19 +310,19 @@ impl Outbox {
     /// records of an abort and a sample stay for the host.
     pub(super) fn forget_tasks(&mut self) {
         self.closed = None;
-        self.produce.clear();
         self.jobs.clear();
         self.flow.clear();
         self.seeks.clear();
     }
 
     /// Everything as one [`Ready`], with the worker's transaction, sample
-    /// and backoff.
+    /// and backoff, and the records to stream (from index `produce.0`).
     pub(super) fn take(
         &mut self,
         transaction: Option<Transaction>,
         published: &Published,
         backoff: Option<Duration>,
+        produce: (usize, Vec<OutgoingRecord>),
     ) -> Ready {
         Ready {
             failures: std::mem::take(&mut self.failures),
@@ -349,8 +333,8 @@ impl Outbox {
             transaction,
             backoff,
             abandoned: std::mem::take(&mut self.abandoned),
-            produce: std::mem::take(&mut self.produce),
-            produce_at: self.produce_at,
+            produce: produce.1,
+            produce_at: produce.0,
             abort_streamed: std::mem::take(&mut self.abort_streamed),
         }
     }
@@ -404,13 +388,17 @@ impl Worker {
             (None, Some(now)) => self.poll_transaction(now)?,
             (None, None) => None,
         };
-        if transaction.is_none() {
-            // A transaction handed over carries what was made since the
-            // last ready itself: a ready never streams beside one.
-            self.stream_emitted();
-        }
+        // A transaction handed over carries what was made since the last
+        // ready itself: a ready never streams beside one.
+        let produce = if transaction.is_none() {
+            self.stream_emitted()
+        } else {
+            (0, Vec::new())
+        };
         let backoff = self.since_commit.take_backoff();
-        Ok(self.out.take(transaction, &self.published, backoff))
+        Ok(self
+            .out
+            .take(transaction, &self.published, backoff, produce))
     }
 
     /// Takes the host's acknowledgement of a part of a [`Ready`].

@@ -323,7 +323,9 @@ impl Worker {
         let abandoned = self.rollback(cluster)?;
         if self.config.stream_records.is_some() {
             // The host has what went out; the rest never does.
-            self.out.abort_streamed(streamed);
+            if streamed {
+                self.out.abort_streamed();
+            }
         } else {
             self.out.abandon(abandoned);
         }
@@ -339,7 +341,6 @@ impl Worker {
         self.out.drop_seeks();
         // Whatever was streamed into it is aborted with it.
         self.in_flight.close();
-        self.out.abort_streamed(false);
         let mut abandoned = Vec::new();
         if let Some(failing) = self.failing.take()
             && let Some(mut slot) = self.tasks.remove(&failing.task)
