@@ -374,8 +374,12 @@ impl Shared {
         match self.send_records(txn.streamed, &txn.records) {
             Ok(()) => {}
             Err(Sent::Answered(d)) => return Err(d),
-            // Handed over below, with any failure a delivery report kept.
-            Err(Sent::Refused) => {}
+            Err(Sent::Refused) => {
+                // Handed over below: a record refused at once was kept,
+                // and the delivery reports are served first, so a record
+                // whose failure ended the transaction is the one named.
+                let _ = await_deliveries(&self.producer, self.txn_timeout);
+            }
         }
         if let Some(f) = self.producer.context().take() {
             // A record already failed (refused at once, or reported): the
@@ -459,17 +463,27 @@ impl Shared {
             origin: r.origin,
         }));
         for (i, r) in (first..).zip(records) {
-            if let Err(failure) = self.send_one(i, r) {
-                self.producer.context().record(failure);
-                return Err(Sent::Refused);
+            match self.send_one(i, r) {
+                Ok(()) => {}
+                Err(Some(failure)) => {
+                    self.producer.context().record(failure);
+                    return Err(Sent::Refused);
+                }
+                // The transaction failed already: its cause is a record's
+                // failure, which its delivery report carries.
+                Err(None) => return Err(Sent::Refused),
             }
         }
         Ok(())
     }
 
     /// Hands one record to the producer (waiting while its queue is full);
-    /// the client's refusal of it at once, if it refused.
-    fn send_one(&self, i: usize, r: &OutgoingRecord) -> Result<(), RecordFailure> {
+    /// the client's refusal of it at once, if it refused it, or `None` when
+    /// the producer's transaction no longer takes records because an
+    /// earlier record of it failed (a consequence, not a cause: streamed
+    /// records can meet it, where the failed record's delivery report came
+    /// first).
+    fn send_one(&self, i: usize, r: &OutgoingRecord) -> Result<(), Option<RecordFailure>> {
         let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(&r.topic, i)
             .partition(r.partition)
             .timestamp(r.timestamp);
@@ -506,17 +520,19 @@ impl Shared {
                     record = back;
                 }
                 Err((e, _)) => {
+                    let code = e.rdkafka_error_code();
+                    if code == Some(rdkafka::types::RDKafkaErrorCode::State) {
+                        return Err(None);
+                    }
                     // The client refused the record at once: for what it is
                     // (larger than its message.max.bytes, say), or for the
                     // producer's own state.
-                    let class = e
-                        .rdkafka_error_code()
-                        .map_or(RecordClass::Fatal, classify::record_class);
-                    return Err(RecordFailure {
+                    let class = code.map_or(RecordClass::Fatal, classify::record_class);
+                    return Err(Some(RecordFailure {
                         record: i,
                         class,
                         error: e.to_string(),
-                    });
+                    }));
                 }
             }
         }
