@@ -3,7 +3,10 @@
 //! the two clones and the list fewer than one that borrows the message,
 //! clones its key and value and returns them in a `vec!`. Counted by a
 //! counting allocator around the system one; this file is its own test
-//! binary with one test, so nothing else allocates while it counts.
+//! binary with one test. The count is the process's, and the test
+//! harness's own thread allocates now and then (a few allocations in some
+//! runs on a loaded machine): each figure is the least of a few runs,
+//! which such strays can only raise.
 
 use std::alloc::System;
 
@@ -61,7 +64,13 @@ fn an_owned_forward_allocates_two_clones_and_a_list_fewer_per_record() {
         .build()
         .unwrap();
 
-    let (borrowed, owned) = (allocations(borrowed, RECORDS), allocations(owned, RECORDS));
+    let least = |stage: &Stage| {
+        (0..3)
+            .map(|_| allocations(stage.clone(), RECORDS))
+            .min()
+            .unwrap_or(usize::MAX)
+    };
+    let (borrowed, owned) = (least(&borrowed), least(&owned));
     assert_eq!(
         borrowed - owned,
         3 * RECORDS,
