@@ -32,8 +32,8 @@ use parsley::runtime::host::{AssignedPartition, RecordView};
 use parsley::runtime::host::{MetadataError, TopicMetadata};
 use parsley::runtime::metrics::{Published, TaskMetrics};
 use parsley::runtime::worker::{
-    Ack, CommitOutcome, Directive, Fault, OnRetentionLoss, Ready, StartPolicy, TaskFailure,
-    Transaction, Worker, WorkerConfig,
+    Ack, CommitOutcome, Directive, Fault, OnRetentionLoss, Ready, StartPolicy, Streaming,
+    TaskFailure, Transaction, Worker, WorkerConfig,
 };
 use parsley::{HeldRecord, Parsley};
 use rdkafka::admin::{AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
@@ -63,6 +63,17 @@ use state::{Doing, Phase, Readiness, Reports, StateCell, set_phase};
 /// Records a stream thread takes from its consumer's buffer before it
 /// turns to position reports, the clock and its transaction.
 const POLL_BATCH: usize = 256;
+
+/// The transactional producers' `linger.ms` unless the configuration sets
+/// one. Records go to the producer while the transaction is open, a
+/// poll's worth at a time; with no linger at all librdkafka sent each
+/// handful in a request of its own, and its threads cost twice as much
+/// CPU per record as when records went out at the commit. Two
+/// milliseconds batch them again, and cost the commit nothing
+/// measurable: the records a commit produces itself wait at most that
+/// long, while the offsets it sends next take longer (see
+/// `docs/performance.md`, issue 55).
+const PRODUCER_LINGER_MS: &str = "2";
 
 /// How long a stream thread waits before it repeats a cluster lookup that
 /// failed.

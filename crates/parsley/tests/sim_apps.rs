@@ -16,7 +16,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use parsley::runtime::changelog;
-use parsley::runtime::worker::WorkerConfig;
+use parsley::runtime::worker::{Streaming, WorkerConfig};
 use parsley::*;
 use parsley_sim::*;
 use sim::bridge::{BridgeStats, Disks, HostFault, Thread, View, tasks};
@@ -500,12 +500,18 @@ fn world(
         // entries, none at all for a third of the seeds): tasks with a
         // local store read most of their fold state back from it.
         config.fold_cache = Some([0, 150, 400][(seed / 3 % 3) as usize]);
-        // Three seeds in four stream each emission into the open
-        // transaction as the Kafka runtime does (a transaction that went
-        // out is due after 300 ms whatever the interval); the fourth
-        // produces everything at the commit, as the test driver does.
+        // Three seeds in four stream emissions into the open transaction
+        // as the Kafka runtime does (a transaction that went out is due
+        // after 300 ms whatever the interval): at every commit point, and
+        // between them after every record (half of them), every second
+        // or every fourth (this world offers commit points more rarely
+        // than the runtime, whose polls end one every few hundred
+        // records, so batches here are small); the fourth produces
+        // everything at the commit, as the test driver does.
         if seed % 4 != 3 {
-            config.stream_records = Some(Duration::from_millis(300));
+            let every = [1, 2, 1, 4][(seed / 5 % 4) as usize];
+            config.stream_records =
+                Some(Streaming::within(Duration::from_millis(300)).every(every));
         }
         let mut t = Thread::new(&app, config, fault, s.clone());
         if let Some(pool) = &pool {
@@ -788,6 +794,12 @@ fn common_floors(name: &str, runs: &[Seeded]) {
         &streaming,
         "streamed transactions the thread aborted itself",
         |r| r.world.streamed_self_aborts > 0,
+    );
+    floor(
+        name,
+        &streaming,
+        "records kept back to go out in a batch",
+        |r| r.bridge.streams_held_for_batch > 0,
     );
 }
 
@@ -1384,7 +1396,8 @@ fn outcomes(
             let factory: ThreadFactory = Box::new(move |_| {
                 let mut config = worker_config();
                 if fault == HostFault::KeepStreamedAfterAbort {
-                    config.stream_records = Some(Duration::from_millis(300));
+                    config.stream_records =
+                        Some(Streaming::within(Duration::from_millis(300)).every(1));
                 }
                 Box::new(Thread::new(&app, config, Some(fault), s.clone()))
             });

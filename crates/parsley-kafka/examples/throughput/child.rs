@@ -127,6 +127,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     }
     let mut base = ClientConfig::new();
     base.set("bootstrap.servers", bootstrap);
+    if let Ok(l) = std::env::var("BENCH_LINGER") {
+        base.set("linger.ms", l);
+    }
     let region = Region::new(GLOBAL);
     let records = match kind.as_str() {
         "plain-copy" => {

@@ -12,8 +12,9 @@
 //!   `read_committed` reader times the outputs, from the first tenth to
 //!   the last (steady state: start-up, a group join and the first
 //!   transaction, is not part of it). CPU per record is the loop process's
-//!   (all its threads) and the loop thread's over the same window; peak
-//!   RSS is the process's `VmHWM`.
+//!   (all its threads) and the loop thread's over the same window, and for
+//!   the Rust loops librdkafka's threads' (`client µs`) and the state-file
+//!   writer's (`writer µs`) apart; peak RSS is the process's `VmHWM`.
 //! * **Latency**: each loop running and warmed up, records written at a
 //!   steady RATE per second for SECONDS, each carrying its send time in
 //!   microseconds; a `read_committed` reader takes the time each output
@@ -36,7 +37,11 @@
 //! words; SECONDS 0 skips the latency runs; `BENCH_PERF_DIR=DIR` records a
 //! `perf` profile of each Parsley loop's steady window (see [`Profile`]).
 //! `BENCH_COMMIT_WHEN_IDLE=MS` runs the Parsley loops with
-//! `StreamsOptions::commit_when_idle` at that floor.
+//! `StreamsOptions::commit_when_idle` at that floor, and `BENCH_LINGER=MS`
+//! with the producers' `linger.ms` at that value.
+//! `BENCH_BUILDS=a=PATH,b=PATH` compares builds: each Rust stage loop runs
+//! once per build in every round, with that build's `--child`, on the same
+//! backlog (`scripts/bench/compare` builds two revisions and runs this).
 //! After the medians come the ratios the stateful path is judged by: the
 //! sum against Kafka Streams' faster store, the copy against Kafka
 //! Streams, the sum against the copy, and the state file's cost per
@@ -129,7 +134,7 @@ enum Runner {
 
 /// One loop and its work.
 #[derive(Clone, Copy)]
-struct Contestant {
+struct Loop {
     name: &'static str,
     sum: bool,
     runner: Runner,
@@ -138,10 +143,25 @@ struct Contestant {
     no_file: bool,
 }
 
+/// One loop as a round runs it: with this build's child loops, or (in a
+/// comparison, `BENCH_BUILDS`) another build's.
+#[derive(Clone)]
+struct Contestant {
+    name: String,
+    work: Loop,
+    /// The executable whose `--child` runs a Rust loop: this one, or a
+    /// build named in `BENCH_BUILDS`.
+    exe: std::path::PathBuf,
+    /// The build's label in a comparison.
+    build: Option<String>,
+}
+
 impl Contestant {
-    /// The name prefix of the threads that run the loop's own work.
+    /// The name prefix of the threads that run the loop's own work (for
+    /// Parsley, the stream threads: the state-file writer's
+    /// `parsley-state` is counted apart).
     fn thread_prefix(&self) -> &'static str {
-        match self.runner {
+        match self.work.runner {
             Runner::Plain => "plain-loop",
             Runner::Parsley => "parsley-",
             Runner::Peer(_) => "ks-StreamThread",
@@ -149,44 +169,67 @@ impl Contestant {
     }
 }
 
-const CONTESTANTS: &[Contestant] = &[
-    Contestant {
+/// The builds a comparison runs (`BENCH_BUILDS=LABEL=PATH,LABEL=PATH`,
+/// each PATH a build of this example, of any revision whose child loops
+/// speak the same `--child` arguments): every Rust loop runs once per
+/// build in each round, on the same backlog and broker, measured by this
+/// process alike. Empty without the variable.
+fn builds() -> Result<Vec<(String, std::path::PathBuf)>> {
+    let Ok(list) = std::env::var("BENCH_BUILDS") else {
+        return Ok(Vec::new());
+    };
+    list.split(',')
+        .filter(|b| !b.trim().is_empty())
+        .map(|b| {
+            let (label, path) = b
+                .split_once('=')
+                .ok_or_else(|| format!("BENCH_BUILDS: {b:?} is not LABEL=PATH"))?;
+            Ok((
+                label.trim().to_owned(),
+                std::path::PathBuf::from(path.trim()),
+            ))
+        })
+        .collect()
+}
+
+const LOOPS: &[Loop] = &[
+    Loop {
         name: "copy: plain rdkafka loop",
         sum: false,
         runner: Runner::Plain,
         no_file: false,
     },
-    Contestant {
+    Loop {
         name: "copy: parsley stage",
         sum: false,
         runner: Runner::Parsley,
         no_file: false,
     },
-    Contestant {
+    Loop {
         name: "copy: kafka streams",
         sum: false,
         runner: Runner::Peer("memory"),
         no_file: false,
     },
-    Contestant {
+    Loop {
         name: "sum: parsley stage",
         sum: true,
         runner: Runner::Parsley,
         no_file: false,
     },
-    Contestant {
+    Loop {
         name: "sum: parsley, no state file",
         sum: true,
         runner: Runner::Parsley,
         no_file: true,
     },
-    Contestant {
+    Loop {
         name: "sum: kafka streams, in-memory",
         sum: true,
         runner: Runner::Peer("memory"),
         no_file: false,
     },
-    Contestant {
+    Loop {
         name: "sum: kafka streams, rocksdb",
         sum: true,
         runner: Runner::Peer("rocksdb"),
@@ -226,12 +269,33 @@ fn main() -> Result<()> {
         commit,
     };
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    let contestants: Vec<Contestant> = CONTESTANTS
+    let builds = builds()?;
+    let this = std::env::current_exe()?;
+    let mut contestants: Vec<Contestant> = Vec::new();
+    for work in LOOPS
         .iter()
         .copied()
         .filter(|c| bench.peer.is_some() || !matches!(c.runner, Runner::Peer(_)))
         .filter(|c| only.is_empty() || only.split(',').any(|o| c.name.contains(o.trim())))
-        .collect();
+    {
+        if builds.is_empty() || !matches!(work.runner, Runner::Parsley) {
+            contestants.push(Contestant {
+                name: work.name.to_owned(),
+                work,
+                exe: this.clone(),
+                build: None,
+            });
+            continue;
+        }
+        for (label, exe) in &builds {
+            contestants.push(Contestant {
+                name: format!("{} [{label}]", work.name),
+                work,
+                exe: exe.clone(),
+                build: Some(label.clone()),
+            });
+        }
+    }
     if bench.peer.is_none() {
         println!("KSTREAMS_PEER is not set: the Kafka Streams peer does not run");
     }
@@ -246,20 +310,32 @@ fn main() -> Result<()> {
         for k in 0..contestants.len() {
             let i = (round + k) % contestants.len();
             let f = throughput(&bench, &contestants[i], &input, n)?;
-            println!("  round {}: {:<31} {}", round + 1, contestants[i].name, f);
+            println!("  round {}: {:<36} {}", round + 1, contestants[i].name, f);
             figures[i].push(f);
         }
     }
     println!();
     println!(
-        "{:<31} {:>12} {:>12} {:>12} {:>9} {:>12}",
-        "median over rounds", "records/s", "µs CPU/rec", "thread µs", "allocs", "peak RSS"
+        "{:<36} {:>12} {:>12} {:>12} {:>9} {:>13} {:>10} {:>10}",
+        "median over rounds",
+        "records/s",
+        "µs CPU/rec",
+        "thread µs",
+        "allocs",
+        "peak RSS",
+        "client µs",
+        "writer µs"
     );
     let medians: Vec<Throughput> = figures.iter().map(|f| Throughput::median(f)).collect();
     for (c, f) in contestants.iter().zip(&medians) {
-        println!("{:<31} {}", c.name, f);
+        println!("{:<36} {}", c.name, f);
     }
-    print_ratios(&contestants, &medians);
+    if builds.is_empty() {
+        print_ratios(&contestants, &medians);
+    } else {
+        print_build_ratios(&contestants, &medians);
+    }
+    drop_topics(&bench.cluster, &input, &[]);
     if seconds == 0 {
         return Ok(());
     }
@@ -275,7 +351,7 @@ fn main() -> Result<()> {
             let i = (round + k) % contestants.len();
             let t = latency(&bench, &contestants[i], measured, rate)?;
             println!(
-                "  round {}: {:<31} median {:>7.2} ms",
+                "  round {}: {:<36} median {:>7.2} ms",
                 round + 1,
                 contestants[i].name,
                 percentile(&mut t.iter().map(|t| t.total).collect::<Vec<_>>(), 0.5)
@@ -285,7 +361,7 @@ fn main() -> Result<()> {
     }
     println!();
     println!(
-        "{:<31} {:>8} {:>8} {:>8}   {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "{:<36} {:>8} {:>8} {:>8}   {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "latency (ms)",
         "median",
         "p90",
@@ -302,7 +378,7 @@ fn main() -> Result<()> {
         let col = |f: fn(&Trip) -> f64| percentile(&mut t.iter().map(f).collect::<Vec<_>>(), 0.5);
         let mut totals: Vec<f64> = t.iter().map(|t| t.total).collect();
         println!(
-            "{:<31} {:>8.2} {:>8.2} {:>8.2}   {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+            "{:<36} {:>8.2} {:>8.2} {:>8.2}   {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
             c.name,
             percentile(&mut totals, 0.5),
             percentile(&mut totals, 0.9),
@@ -364,6 +440,69 @@ fn print_ratios(contestants: &[Contestant], medians: &[Throughput]) {
             "the state file's cost (sum - no file)",
             s.cpu_us - n.cpu_us
         );
+    }
+}
+
+/// In a comparison, each later build's figures against the first's, loop
+/// by loop (`b/a` below 1 is faster or cheaper for CPU and allocations).
+fn print_build_ratios(contestants: &[Contestant], medians: &[Throughput]) {
+    println!();
+    println!(
+        "{:<36} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "ratio to the first build", "rate", "CPU/rec", "thread", "client", "writer", "allocs"
+    );
+    let ratio = |b: Option<f64>, a: Option<f64>| match (b, a) {
+        (Some(b), Some(a)) if a > 0.0 => format!("{:.3}", b / a),
+        _ => "n/a".to_owned(),
+    };
+    for (i, c) in contestants.iter().enumerate() {
+        let Some(first) = contestants
+            .iter()
+            .position(|f| f.work.name == c.work.name && f.build.is_some())
+        else {
+            continue;
+        };
+        if first == i {
+            continue;
+        }
+        let (b, a) = (medians[i], medians[first]);
+        println!(
+            "{:<36} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            c.name,
+            ratio(Some(b.rate), Some(a.rate)),
+            ratio(Some(b.cpu_us), Some(a.cpu_us)),
+            ratio(b.thread_cpu_us, a.thread_cpu_us),
+            ratio(b.client_cpu_us, a.client_cpu_us),
+            ratio(b.writer_cpu_us, a.writer_cpu_us),
+            ratio(b.allocations, a.allocations),
+        );
+    }
+}
+
+/// Deletes a finished run's topics (`names`, and the internal topics of
+/// the application `app_id`), so that the broker's logs stay the size of
+/// one run and later rounds do not pay for earlier ones' segments. A
+/// failure only leaves them behind.
+fn drop_topics(cluster: &KafkaCluster, app_id: &str, names: &[&str]) {
+    let mut doomed: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    // Kafka Streams names its internal topics after the application id
+    // too.
+    if let Ok(m) = cluster
+        .admin()
+        .inner()
+        .fetch_metadata(None, Duration::from_secs(10))
+    {
+        doomed.extend(
+            m.topics()
+                .iter()
+                .map(|t| t.name())
+                .filter(|n| n.starts_with(app_id))
+                .map(str::to_owned),
+        );
+    }
+    let doomed: Vec<&str> = doomed.iter().map(String::as_str).collect();
+    if let Err(e) = block_on(cluster.admin().delete_topics(&doomed, &AdminOptions::new())) {
+        eprintln!("the run's topics were not deleted: {e}");
     }
 }
 
@@ -432,6 +571,8 @@ struct Running {
     stdin: Option<ChildStdin>,
     lines: Receiver<String>,
     state_dir: Option<std::path::PathBuf>,
+    /// The loop's application id: its internal topics start with it.
+    app_id: String,
 }
 
 impl Running {
@@ -453,15 +594,16 @@ impl Running {
         let app_id = unique("app");
         let timing = timing.unwrap_or("-").to_owned();
         let mut state_dir = None;
-        let mut cmd = match c.runner {
+        let work = c.work;
+        let mut cmd = match work.runner {
             Runner::Plain | Runner::Parsley => {
-                let kind = match (c.runner, c.sum, c.no_file) {
+                let kind = match (work.runner, work.sum, work.no_file) {
                     (Runner::Plain, _, _) => "plain-copy",
                     (_, false, _) => "parsley-copy",
                     (_, true, false) => "parsley-sum",
                     (_, true, true) => "parsley-sum-nofile",
                 };
-                let mut cmd = Command::new(std::env::current_exe()?);
+                let mut cmd = Command::new(&c.exe);
                 cmd.args(["--child", kind, &bootstrap, input, output])
                     .args([&commit_ms, &app_id, &timing]);
                 cmd
@@ -471,7 +613,7 @@ impl Running {
                 let mut cmd = Command::new(bench.peer.as_deref().ok_or("no peer")?);
                 cmd.args([&bootstrap, input, output])
                     .args([
-                        if c.sum { "sum" } else { "copy" },
+                        if work.sum { "sum" } else { "copy" },
                         store,
                         &commit_ms,
                         &app_id,
@@ -503,6 +645,7 @@ impl Running {
             stdin,
             lines,
             state_dir,
+            app_id,
         };
         running.wait_for("RUNNING", Duration::from_secs(120))?;
         Ok(running)
@@ -558,12 +701,20 @@ impl Running {
     }
 }
 
+/// The name of the Parsley state-file writer's thread.
+const WRITER_THREAD: &str = "parsley-state";
+
 /// One throughput run's figures.
 #[derive(Clone, Copy, Default)]
 struct Throughput {
     rate: f64,
     cpu_us: f64,
     thread_cpu_us: Option<f64>,
+    /// librdkafka's threads (`rdk:*`), for the Rust loops.
+    client_cpu_us: Option<f64>,
+    /// The state-file writer's thread (`parsley-state`), for the stateful
+    /// Parsley loop with a state directory.
+    writer_cpu_us: Option<f64>,
     allocations: Option<f64>,
     peak_rss: Option<u64>,
 }
@@ -578,6 +729,8 @@ impl Throughput {
             rate: med(&|t| Some(t.rate)).unwrap_or(0.0),
             cpu_us: med(&|t| Some(t.cpu_us)).unwrap_or(0.0),
             thread_cpu_us: med(&|t| t.thread_cpu_us),
+            client_cpu_us: med(&|t| t.client_cpu_us),
+            writer_cpu_us: med(&|t| t.writer_cpu_us),
             allocations: med(&|t| t.allocations),
             peak_rss: med(&|t| t.peak_rss.map(|r| r as f64)).map(|r| r as u64),
         }
@@ -587,14 +740,18 @@ impl Throughput {
 impl std::fmt::Display for Throughput {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let opt = |v: Option<f64>, d: usize| v.map_or("n/a".to_owned(), |v| format!("{v:.d$}"));
+        // The columns after the peak RSS came later: a script that reads
+        // older builds' lines finds the first ones where they always were.
         write!(
             f,
-            "{:>12.0} {:>12.2} {:>12} {:>9} {:>9.1} MiB",
+            "{:>12.0} {:>12.2} {:>12} {:>9} {:>9.1} MiB {:>10} {:>10}",
             self.rate,
             self.cpu_us,
             opt(self.thread_cpu_us, 2),
             opt(self.allocations, 1),
             self.peak_rss.map_or(0.0, |r| r as f64 / (1024.0 * 1024.0)),
+            opt(self.client_cpu_us, 2),
+            opt(self.writer_cpu_us, 2),
         )
     }
 }
@@ -611,6 +768,8 @@ fn throughput(bench: &Bench, c: &Contestant, input: &str, n: usize) -> Result<Th
             Instant::now(),
             procfs::process_cpu(pid),
             procfs::thread_cpu(pid, c.thread_prefix()),
+            procfs::thread_cpu(pid, "rdk:"),
+            procfs::thread_cpu(pid, WRITER_THREAD),
         )
     };
     let tenth = n / 10;
@@ -627,7 +786,7 @@ fn throughput(bench: &Bench, c: &Contestant, input: &str, n: usize) -> Result<Th
             seen += 1;
             if seen == tenth {
                 from = Some(sample());
-                if matches!(c.runner, Runner::Parsley) {
+                if matches!(c.work.runner, Runner::Parsley) {
                     profile = Profile::start(c, pid)?;
                 }
             }
@@ -638,8 +797,10 @@ fn throughput(bench: &Bench, c: &Contestant, input: &str, n: usize) -> Result<Th
         p.stop()?;
     }
     let peak_rss = procfs::peak_rss(pid);
+    let app_id = run.app_id.clone();
     let lines = run.stop()?;
-    let (t0, cpu0, th0) = from.ok_or("too few records to time")?;
+    drop_topics(&bench.cluster, &app_id, &[&output]);
+    let (t0, cpu0, th0, rdk0, state0) = from.ok_or("too few records to time")?;
     let records = (n - tenth) as f64;
     let per = |a: Option<Duration>, b: Option<Duration>| {
         Some(b?.saturating_sub(a?).as_secs_f64() * 1e6 / records)
@@ -655,7 +816,14 @@ fn throughput(bench: &Bench, c: &Contestant, input: &str, n: usize) -> Result<Th
     Ok(Throughput {
         rate: records / to.0.duration_since(t0).as_secs_f64(),
         cpu_us: per(cpu0, to.1).unwrap_or(f64::NAN),
-        thread_cpu_us: per(th0, to.2),
+        // The writer's thread shares the stream threads' prefix: its
+        // time is taken out of theirs.
+        thread_cpu_us: match (per(th0, to.2), per(state0, to.4)) {
+            (Some(t), Some(w)) if matches!(c.work.runner, Runner::Parsley) => Some(t - w),
+            (t, _) => t,
+        },
+        client_cpu_us: per(rdk0, to.3),
+        writer_cpu_us: per(state0, to.4),
         allocations,
         peak_rss,
     })
@@ -799,7 +967,9 @@ fn latency(bench: &Bench, c: &Contestant, measured: usize, rate: u64) -> Result<
         read(measured, &mut arrivals)?;
         Ok(writer.join().map_err(|_| "the writer panicked")??)
     })?;
+    let app_id = run.app_id.clone();
     run.stop()?;
+    drop_topics(&bench.cluster, &app_id, &[&input, &output]);
     let timing = Timing::read(&timing)?;
     let _ = std::fs::remove_file(&timing_path);
     let index_of: HashMap<u64, usize> = sent

@@ -143,26 +143,7 @@ impl StreamThread {
     ) -> Result<(TxnProducer, ClientConfig, Duration), StreamsError> {
         let mut producer_config = settings::for_producer(&self.config);
         producer_config.set("transactional.id", &self.transactional_id);
-        // A transaction left open by a frozen or dead instance holds back
-        // every read_committed reader (a restoring task among them) until
-        // it times out: keep that short unless the user chose otherwise.
-        if producer_config.get("transaction.timeout.ms").is_none() {
-            producer_config.set("transaction.timeout.ms", "10000");
-        }
-        let txn_timeout = producer_config
-            .get("transaction.timeout.ms")
-            .and_then(|ms| ms.parse::<u64>().ok())
-            .map_or(Duration::from_secs(10), Duration::from_millis);
-        if producer_config.get("linger.ms").is_none() {
-            producer_config.set("linger.ms", "0");
-        }
-        // A produce request to a broker that froze (a long pause, a
-        // network partition) is given up after 5 s and sent again to the
-        // partition's leader as the metadata then names it, not after
-        // librdkafka's 30 s, which outlived the transaction it belonged to.
-        if producer_config.get("request.timeout.ms").is_none() {
-            producer_config.set("request.timeout.ms", "5000");
-        }
+        let txn_timeout = producer_defaults(&mut producer_config);
         let producer: TxnProducer = producer_config.create_with_context(Deliveries::default())?;
         // Fences any earlier producer of this thread's id (this thread's own
         // previous membership among them) and aborts what it left open.
@@ -407,5 +388,52 @@ impl Membership<'_> {
     /// Says on the diagnostics topic that the thread left.
     pub(super) fn say_left(&mut self) {
         left(&mut self.publisher, self.thread);
+    }
+}
+
+/// The settings the runtime gives its transactional producers unless the
+/// configuration sets them; returns the transaction timeout.
+pub(super) fn producer_defaults(producer_config: &mut ClientConfig) -> Duration {
+    // A transaction left open by a frozen or dead instance holds back
+    // every read_committed reader (a restoring task among them) until it
+    // times out: keep that short unless the user chose otherwise.
+    if producer_config.get("transaction.timeout.ms").is_none() {
+        producer_config.set("transaction.timeout.ms", "10000");
+    }
+    if producer_config.get("linger.ms").is_none() {
+        producer_config.set("linger.ms", PRODUCER_LINGER_MS);
+    }
+    // A produce request to a broker that froze (a long pause, a network
+    // partition) is given up after 5 s and sent again to the partition's
+    // leader as the metadata then names it, not after librdkafka's 30 s,
+    // which outlived the transaction it belonged to.
+    if producer_config.get("request.timeout.ms").is_none() {
+        producer_config.set("request.timeout.ms", "5000");
+    }
+    producer_config
+        .get("transaction.timeout.ms")
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .map_or(Duration::from_secs(10), Duration::from_millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The producers linger a little (records go to them a poll's worth at
+    /// a time while the transaction is open, and a request per handful
+    /// cost librdkafka's threads twice the CPU per record), and a user's
+    /// own settings win.
+    #[test]
+    fn producers_linger_two_milliseconds_unless_configured() {
+        let mut c = ClientConfig::new();
+        assert_eq!(producer_defaults(&mut c), Duration::from_secs(10));
+        assert_eq!(c.get("linger.ms"), Some("2"));
+        assert_eq!(c.get("request.timeout.ms"), Some("5000"));
+        let mut mine = ClientConfig::new();
+        mine.set("linger.ms", "0")
+            .set("transaction.timeout.ms", "30000");
+        assert_eq!(producer_defaults(&mut mine), Duration::from_secs(30));
+        assert_eq!(mine.get("linger.ms"), Some("0"));
     }
 }

@@ -64,9 +64,10 @@ pub struct StreamsOptions {
     /// Stream threads (consumers and transactional producers) in this
     /// instance.
     pub threads: usize,
-    /// How long a transaction collects work before it commits. Each
-    /// emission goes to the producer as it is made, so the transaction is
-    /// open on its coordinator from its first record: it commits at half
+    /// How long a transaction collects work before it commits. Emissions
+    /// go to the producer while the transaction is open (a poll's worth at
+    /// a time), so the transaction is open on its coordinator from its
+    /// first record: it commits at half
     /// of the producer's `transaction.timeout.ms` (10 s unless set) at the
     /// latest, however long this is.
     pub commit_interval: Duration,
@@ -252,11 +253,11 @@ impl StreamsOptions {
             thread_id,
             // Nothing here reads what the tasks did record by record.
             events: false,
-            // Records go to the producer as they are made, so a commit
-            // pays for little more than its end; a transaction open that
-            // long ends at half its timeout, well before its coordinator
-            // would end it.
-            stream_records: Some(txn_timeout / 2),
+            // Records go to the producer while the transaction is open,
+            // a poll's worth at a time, so a commit pays for little more
+            // than its end; a transaction open that long ends at half its
+            // timeout, well before its coordinator would end it.
+            stream_records: Some(Streaming::within(txn_timeout / 2)),
             // Replays run on the thread's restore thread, so the ready tasks
             // go on processing meanwhile.
             restores: parsley::runtime::worker::RestoreMode::Deferred,

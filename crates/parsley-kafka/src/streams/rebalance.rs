@@ -448,8 +448,8 @@ impl Host for Acting<'_> {
     }
 
     fn abandoned(&mut self, _records: Vec<OutgoingRecord>) {
-        // The worker streams records to this host as they are made, so it
-        // never hands any back from an abort.
+        // The worker streams records to this host while the transaction
+        // is open, so it never hands any back from an abort.
     }
 
     fn abort_streamed(&mut self) -> Result<(), StreamsError> {

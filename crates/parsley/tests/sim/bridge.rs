@@ -182,6 +182,8 @@ pub struct BridgeStats {
     /// Transactions handed over before the interval because the fetch
     /// was drained.
     pub idle_commits: u64,
+    /// Readies that kept streamed records back for a larger batch.
+    pub streams_held_for_batch: u64,
 }
 
 /// One stream thread: a worker and its fault, if any.
@@ -399,6 +401,7 @@ impl Thread {
         s.held_disk_reads +=
             now.held_records_read_from_disk - self.seen.held_records_read_from_disk;
         s.idle_commits += now.idle_commits - self.seen.idle_commits;
+        s.streams_held_for_batch += now.streams_held_for_batch - self.seen.streams_held_for_batch;
         self.seen = now;
     }
 

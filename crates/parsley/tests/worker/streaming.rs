@@ -10,7 +10,8 @@ fn streaming(app: &Parsley, limit: Duration) -> Worker {
         app,
         WorkerConfig {
             commit_interval: Duration::from_millis(100),
-            stream_records: Some(limit),
+            // Every record's emissions go out at the next ready.
+            stream_records: Some(Streaming::within(limit).every(1)),
             ..WorkerConfig::default()
         },
     )
@@ -152,7 +153,7 @@ fn a_streamed_transaction_is_due_at_its_limit() {
     let cluster = counting_cluster(1);
     let config = WorkerConfig {
         commit_interval: Duration::from_secs(60),
-        stream_records: Some(Duration::from_millis(500)),
+        stream_records: Some(Streaming::within(Duration::from_millis(500)).every(1)),
         ..WorkerConfig::default()
     };
     let mut w = started_with(&cluster, Worker::new(&app, config));
@@ -201,4 +202,65 @@ fn a_transaction_handed_over_carries_what_was_not_streamed() {
         "the second emission comes with the transaction"
     );
     assert_eq!(w.take_produced(), (0, Vec::new()), "and not beside it");
+}
+
+/// With `every` above one, what the tasks make waits for a batch: between
+/// commit points it goes out once that many records were handed in, all
+/// the tasks' records together (each still pinned on its own task by its
+/// index), and at a commit point that hands nothing over it goes out
+/// whatever the count.
+#[test]
+fn records_go_out_in_batches() {
+    let app = counting_app();
+    let cluster = counting_cluster(2);
+    let config = WorkerConfig {
+        commit_interval: Duration::from_millis(100),
+        stream_records: Some(Streaming::within(Duration::from_secs(5)).every(3)),
+        ..WorkerConfig::default()
+    };
+    let mut w = started_with(&cluster, Worker::new(&app, config));
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    w.on_record(rec("a", 1, 0, "y")).unwrap();
+    assert_eq!(w.take_produced(), (0, Vec::new()), "two of three handed in");
+    assert_eq!(w.stats().streams_held_for_batch, 1);
+    w.on_record(rec("b", 0, 0, "x")).unwrap();
+    let (at, batch) = w.take_produced();
+    assert_eq!((at, topics(&batch)), (0, vec!["out", "out", "out"]));
+    // One batch, the tasks' records in task order: count[0]'s two (from
+    // a and b), then count[1]'s.
+    let owner = |w: &mut Worker, index: usize, r: &OutgoingRecord| {
+        assert!(matches!(w.on_fault(refused(index, r)), Directive::Abort));
+        w.failing_task().map(ToString::to_string)
+    };
+    assert_eq!(owner(&mut w, 0, &batch[0]).as_deref(), Some("count[0]"));
+    assert_eq!(owner(&mut w, 1, &batch[1]).as_deref(), Some("count[0]"));
+    assert_eq!(owner(&mut w, 2, &batch[2]).as_deref(), Some("count[1]"));
+
+    // A fresh worker: one record, then a commit point before the commit
+    // is due takes it out alone.
+    let mut w = started_with(
+        &cluster,
+        Worker::new(
+            &app,
+            WorkerConfig {
+                commit_interval: Duration::from_millis(100),
+                stream_records: Some(Streaming::within(Duration::from_secs(5)).every(3)),
+                ..WorkerConfig::default()
+            },
+        ),
+    );
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    assert_eq!(w.take_produced(), (0, Vec::new()));
+    assert!(w.poll_transaction(50).unwrap().is_none(), "not due yet");
+    let (at, alone) = w.take_produced();
+    assert_eq!((at, topics(&alone)), (0, vec!["out"]));
+    // The count starts again from the hand-out.
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    w.on_record(rec("a", 0, 2, "x")).unwrap();
+    assert_eq!(w.take_produced(), (0, Vec::new()));
+    w.on_record(rec("a", 0, 3, "x")).unwrap();
+    let (at, three) = w.take_produced();
+    assert_eq!((at, three.len()), (1, 3));
+    let txn = w.poll_transaction(100).unwrap().expect("due");
+    assert_eq!(txn.streamed, 4);
 }

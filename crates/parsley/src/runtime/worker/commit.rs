@@ -115,9 +115,10 @@ impl Worker {
             return Some(Duration::ZERO);
         };
         let mut due = last.saturating_add(ms(self.config.commit_interval));
-        if let (Some(limit), Some(since)) =
+        if let (Some(streaming), Some(since)) =
             (self.config.stream_records, self.in_flight.streaming_since())
         {
+            let limit = streaming.limit;
             // Records went out: the transaction ends well before its
             // coordinator would end it.
             due = due.min(since.saturating_add(ms(limit)));
@@ -267,17 +268,29 @@ impl Worker {
         }
     }
 
-    /// With [`WorkerConfig::stream_records`], what the tasks emitted since
-    /// the last ready, for its [`Ready::produce`], with the open
+    /// With [`WorkerConfig::stream_records`], what the tasks made since
+    /// the last hand-out, for a [`Ready::produce`], with the open
     /// transaction's index of the first; each task's records are counted
-    /// as its own in the transaction.
-    pub(super) fn stream_emitted(&mut self) -> (usize, Vec<OutgoingRecord>) {
+    /// as its own in the transaction. At a commit point everything goes;
+    /// between them only once [`Streaming::every`] records were handed in
+    /// since the last hand-out, so records go out in batches.
+    pub(super) fn stream_emitted(&mut self, commit_point: bool) -> (usize, Vec<OutgoingRecord>) {
+        let Some(streaming) = self.config.stream_records else {
+            return (0, Vec::new());
+        };
+        if !self.dirty || !matches!(self.state, State::Open) {
+            return (0, Vec::new());
+        }
+        let handed_in = self.in_flight.handed_in();
+        if !commit_point && handed_in < streaming.every {
+            if handed_in > 0 {
+                self.stats.streams_held_for_batch += 1;
+            }
+            return (0, Vec::new());
+        }
+        self.in_flight.handing_out();
         let first = self.in_flight.streamed();
         let mut out = Vec::new();
-        if self.config.stream_records.is_none() || !self.dirty || !matches!(self.state, State::Open)
-        {
-            return (0, out);
-        }
         for (id, slot) in &mut self.tasks {
             let Some(task) = slot.task.as_mut() else {
                 continue;

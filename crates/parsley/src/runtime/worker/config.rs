@@ -71,20 +71,17 @@ pub struct WorkerConfig {
     /// back to back however short it is. `None` (the default): commits
     /// only every interval.
     pub commit_when_idle: Option<Duration>,
-    /// Hand each emission and tick to the host as soon as it is made
-    /// ([`Ready::produce`]), for a host that produces it into its open
-    /// transaction there and then, instead of all of a transaction's
+    /// Hand emissions and ticks to the host while the transaction is still
+    /// open ([`Ready::produce`]), for a host that produces them into its
+    /// open transaction there and then, instead of all of a transaction's
     /// records at the commit ([`Transaction::records`]). The commit then
     /// carries only the changelog records (one per key written, whatever
-    /// the number of writes) and what was made since the last ready, so
-    /// it costs little more than the offsets and the end of the
-    /// transaction. `Some(limit)`: a transaction is also due once `limit`
-    /// has passed since its first record went out, whatever
-    /// [`commit_interval`](Self::commit_interval) says, so that it ends
-    /// before its coordinator's timeout does (the Kafka runtime passes
-    /// half of `transaction.timeout.ms`). `None` (the default): records go
-    /// out with the transaction at the commit.
-    pub stream_records: Option<Duration>,
+    /// the number of writes) and what was made since the last hand-out,
+    /// so it costs little more than the offsets and the end of the
+    /// transaction. [`Streaming`] says how often records go out and how
+    /// long such a transaction may stay open. `None` (the default):
+    /// records go out with the transaction at the commit.
+    pub stream_records: Option<Streaming>,
     /// How often each task runs the truncation sweep.
     pub truncation_interval: Duration,
     /// Where channels with no committed position start.
@@ -211,6 +208,54 @@ impl Default for WorkerConfig {
         }
     }
 }
+
+/// How a worker hands records out into the open transaction
+/// ([`WorkerConfig::stream_records`]).
+///
+/// Records go out in batches, not one by one: everything the tasks made
+/// goes out at each commit point the host offers ([`Worker::ready`] with
+/// a clock), and between commit points once `every` records have been
+/// handed in ([`Worker::on_record`]) since the last hand-out. The host's
+/// producer then takes records a batch at a time rather than one by one,
+/// and the worker's bookkeeping is paid per batch too (handed out record
+/// by record, the Kafka runtime spent about a third more CPU per record:
+/// `docs/performance.md`, issue 55).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Streaming {
+    /// A transaction whose records went out is due once this long has
+    /// passed since the first of them, whatever
+    /// [`WorkerConfig::commit_interval`] says, so that it ends before its
+    /// coordinator's timeout does (the Kafka runtime passes half of
+    /// `transaction.timeout.ms`).
+    pub limit: Duration,
+    /// Between commit points, records go out after this many records
+    /// were handed in (1: after every record). At least 1.
+    pub every: usize,
+}
+
+impl Streaming {
+    /// Streams at commit points, and between them after every
+    /// [`DEFAULT_STREAM_EVERY`] records handed in, in transactions that
+    /// end within `limit` of their first record going out.
+    pub fn within(limit: Duration) -> Streaming {
+        Streaming {
+            limit,
+            every: DEFAULT_STREAM_EVERY,
+        }
+    }
+
+    /// The same, with records going out after every `every` records handed
+    /// in between commit points (at least 1).
+    pub fn every(self, every: usize) -> Streaming {
+        Streaming {
+            every: every.max(1),
+            ..self
+        }
+    }
+}
+
+/// The default [`Streaming::every`]: 256 records handed in.
+pub const DEFAULT_STREAM_EVERY: usize = 256;
 
 /// The default [`WorkerConfig::transient_backoff`]: 100 ms, doubling up
 /// to 5 s.

@@ -391,7 +391,7 @@ impl Worker {
         // A transaction handed over carries what was made since the last
         // ready itself: a ready never streams beside one.
         let produce = if transaction.is_none() {
-            self.stream_emitted()
+            self.stream_emitted(commit_at.is_some())
         } else {
             (0, Vec::new())
         };

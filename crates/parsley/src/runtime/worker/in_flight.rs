@@ -37,6 +37,9 @@ pub(super) struct InFlight {
     /// What the tasks did up to the records streamed, in the order those
     /// went out.
     events: Vec<WorkerEvent>,
+    /// Records handed in since what the tasks made last went out (or the
+    /// transaction was handed over).
+    handed_in: usize,
 }
 
 impl InFlight {
@@ -48,6 +51,7 @@ impl InFlight {
         if streamed == 0 {
             self.clear();
         }
+        self.handed_in = 0;
         self.commit_retries = 0;
         self.abort_retries = 0;
         streamed
@@ -64,6 +68,21 @@ impl InFlight {
     /// hand-over.
     pub(super) fn streamed(&self) -> usize {
         self.streamed.map_or(0, |(n, _)| n)
+    }
+
+    /// A record was handed in ([`Worker::on_record`]).
+    pub(super) fn handed_in_one(&mut self) {
+        self.handed_in = self.handed_in.saturating_add(1);
+    }
+
+    /// Records handed in since what the tasks made last went out.
+    pub(super) fn handed_in(&self) -> usize {
+        self.handed_in
+    }
+
+    /// What the tasks made goes out now: the count starts again.
+    pub(super) fn handing_out(&mut self) {
+        self.handed_in = 0;
     }
 
     /// When the open transaction's first record went out, if one did.
@@ -93,7 +112,13 @@ impl InFlight {
         if let Some((n, _)) = &mut self.streamed {
             *n = end;
         }
-        self.owners.push((end, task.clone()));
+        // A task's records that follow its own last ones extend its run
+        // (one entry, and no copy of its id, per run rather than per
+        // hand-out).
+        match self.owners.last_mut() {
+            Some((last, owner)) if owner == task => *last = end,
+            _ => self.owners.push((end, task.clone())),
+        }
         self.events
             .extend(events.into_iter().map(|event| WorkerEvent {
                 task: task.clone(),
@@ -112,6 +137,7 @@ impl InFlight {
     /// the next record opens another.
     pub(super) fn close(&mut self) {
         self.streamed = None;
+        self.handed_in = 0;
         self.events.clear();
     }
 

@@ -28,6 +28,7 @@ impl Worker {
         let (topic, partition, offset) = (record.topic(), record.partition(), record.offset());
         self.ready_for_work()?;
         self.drained = false;
+        self.in_flight.handed_in_one();
         let Some((id, i)) = self.route(topic, partition)? else {
             self.stats.dropped_while_waiting += 1;
             return Ok(());

@@ -106,6 +106,11 @@ pub struct WorkerStats {
     /// Transactions handed over before the commit interval because the
     /// host's fetch was drained ([`WorkerConfig::commit_when_idle`](super::WorkerConfig::commit_when_idle)).
     pub idle_commits: u64,
+    /// Readies between commit points that kept what the tasks made back
+    /// for a later batch, because fewer than
+    /// [`Streaming::every`](super::Streaming::every) records had been
+    /// handed in since the last hand-out.
+    pub streams_held_for_batch: u64,
 }
 
 impl WorkerStats {
