@@ -500,6 +500,7 @@ fn io(task: &TaskId, e: impl std::fmt::Display) -> LocalStoreError {
 mod tests {
     use super::files::held_delete_run;
     use super::*;
+    use parsley::runtime::local::RecordBytes;
 
     fn identity() -> StoreIdentity {
         StoreIdentity {
@@ -544,9 +545,9 @@ mod tests {
                     written_at: 5,
                     seq: 0,
                     entries: vec![
-                        (StoreKind::Fold, b"k1".to_vec(), Some(b"v1".to_vec())),
-                        (StoreKind::Fold, b"k2".to_vec(), Some(b"v2".to_vec())),
-                        (StoreKind::Protocol, b"scope".to_vec(), Some(b"s".to_vec())),
+                        (StoreKind::Fold, b"k1".into(), Some(b"v1".into())),
+                        (StoreKind::Fold, b"k2".into(), Some(b"v2".into())),
+                        (StoreKind::Protocol, b"scope".into(), Some(b"s".into())),
                     ],
                 },
             )
@@ -560,7 +561,7 @@ mod tests {
                     replace: false,
                     written_at: 9,
                     seq: 0,
-                    entries: vec![(StoreKind::Fold, b"k1".to_vec(), None)],
+                    entries: vec![(StoreKind::Fold, b"k1".into(), None)],
                 },
             )
             .unwrap();
@@ -596,7 +597,7 @@ mod tests {
             }
         };
         let fold =
-            |k: &[u8], v: Option<&[u8]>| (StoreKind::Fold, k.to_vec(), v.map(<[u8]>::to_vec));
+            |k: &[u8], v: Option<&[u8]>| (StoreKind::Fold, k.into(), v.map(RecordBytes::from));
         files
             .write(
                 &task(),
@@ -668,17 +669,17 @@ mod tests {
             Channel::new(TopicId::from_u128(7), 3),
             Channel::new(TopicId::from_u128(7), 30),
         );
-        let key = |k: StateKey| k.to_key().into_bytes();
+        let key = |k: StateKey| RecordBytes::from(k.to_key().into_bytes());
         let mut entries = vec![(
             StoreKind::Protocol,
             key(StateKey::QueueMeta(c)),
-            Some(b"meta".to_vec()),
+            Some(b"meta".into()),
         )];
         for (ch, index) in [(c, 1), (c, 2), (c, 17), (other, 2)] {
             entries.push((
                 StoreKind::Protocol,
                 key(StateKey::QueueEntry(ch, index)),
-                Some(format!("{ch}#{index}").into_bytes()),
+                Some(format!("{ch}#{index}").into_bytes().into()),
             ));
         }
         files
@@ -703,7 +704,7 @@ mod tests {
         let snapshot = files.open_leaving(&task(), leave).unwrap().unwrap();
         assert_eq!(
             snapshot.protocol,
-            vec![(key(StateKey::QueueMeta(c)), b"meta".to_vec())],
+            vec![(key(StateKey::QueueMeta(c)).into_vec(), b"meta".to_vec())],
             "only the queue's metadata is loaded"
         );
         assert_eq!(files.open(&task()).unwrap().unwrap().protocol.len(), 5);
@@ -726,7 +727,7 @@ mod tests {
                 puts.push((
                     StoreKind::Protocol,
                     key(StateKey::QueueEntry(ch, index)),
-                    Some(vec![1]),
+                    Some(vec![1].into()),
                 ));
             }
         }
@@ -788,7 +789,7 @@ mod tests {
             checkpoint: BTreeMap::new(),
             replace,
             written_at: 1,
-            entries: vec![(StoreKind::Fold, key.to_vec(), Some(b"v".to_vec()))],
+            entries: vec![(StoreKind::Fold, key.into(), Some(b"v".into()))],
             seq: 0,
         };
         writer.write(&task(), part(true, b"a")).unwrap();
@@ -834,7 +835,7 @@ mod tests {
             entries: (0..2_000u32)
                 .map(|i| {
                     let key = format!("{round:04}-{i:06}").into_bytes();
-                    (StoreKind::Fold, key, Some(vec![b'v'; 1_000]))
+                    (StoreKind::Fold, key.into(), Some(vec![b'v'; 1_000].into()))
                 })
                 .collect(),
         };
@@ -875,7 +876,7 @@ mod tests {
             replace: false,
             written_at: 1,
             seq: 0,
-            entries: vec![(StoreKind::Fold, key.to_vec(), Some(b"v".to_vec()))],
+            entries: vec![(StoreKind::Fold, key.into(), Some(b"v".into()))],
         };
         files.write(&task(), write(10, b"k1")).unwrap();
         files.fail_writes.store(true, Ordering::SeqCst);

@@ -162,6 +162,173 @@ pub struct EmissionOrigin {
     pub ordinal: u32,
 }
 
+/// The bytes of a record's key or value on their way out: the record's
+/// own, or shared with a store that keeps them too.
+///
+/// A fold state's write is one allocation (none at all for a value of up
+/// to [`RecordBytes::INLINE`] bytes, a counter or a sum, which is kept in
+/// place) that the transaction's pending writes, its changelog record, the
+/// committed store and the local store's entry all hold: cloning the
+/// shared form counts a reference or copies the few inline bytes. An
+/// emission's bytes are its own, moved in from its codec without a copy.
+/// Either way it reads as a byte slice.
+#[derive(Clone)]
+pub struct RecordBytes(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Owned(Vec<u8>),
+    Shared(Arc<[u8]>),
+    /// The length, then the bytes.
+    Inline(u8, [u8; RecordBytes::INLINE]),
+}
+
+impl RecordBytes {
+    /// The most bytes kept in place, without an allocation of their own
+    /// (as many as fit beside the length in the space a vector takes).
+    pub const INLINE: usize = 15;
+
+    /// A copy of `bytes` in the shared form: in place when they are short
+    /// enough, else in one shared allocation.
+    pub fn copy_from_slice(bytes: &[u8]) -> RecordBytes {
+        match u8::try_from(bytes.len()) {
+            Ok(n) if bytes.len() <= Self::INLINE => {
+                let mut inline = [0u8; Self::INLINE];
+                inline[..bytes.len()].copy_from_slice(bytes);
+                RecordBytes(Repr::Inline(n, inline))
+            }
+            _ => RecordBytes(Repr::Shared(Arc::from(bytes))),
+        }
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Owned(v) => v,
+            Repr::Shared(a) => a,
+            Repr::Inline(n, b) => &b[..usize::from(*n)],
+        }
+    }
+
+    /// The bytes as a vector: the record's own without a copy, others
+    /// copied.
+    pub fn into_vec(self) -> Vec<u8> {
+        match self.0 {
+            Repr::Owned(v) => v,
+            Repr::Shared(_) | Repr::Inline(..) => self.as_slice().to_vec(),
+        }
+    }
+
+    /// Moves bytes the record owns into the shared form (in place when
+    /// short, else one shared allocation), so that later clones copy
+    /// nothing but a reference or the inline bytes.
+    pub fn make_shared(&mut self) {
+        if let Repr::Owned(v) = &self.0 {
+            *self = RecordBytes::copy_from_slice(v);
+        }
+    }
+
+    /// Whether a clone copies no heap bytes (the shared form, or short
+    /// bytes kept in place).
+    pub fn is_shared(&self) -> bool {
+        !matches!(self.0, Repr::Owned(_))
+    }
+}
+
+impl std::ops::Deref for RecordBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl AsRef<[u8]> for RecordBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for RecordBytes {
+    fn borrow(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl From<Vec<u8>> for RecordBytes {
+    fn from(v: Vec<u8>) -> Self {
+        RecordBytes(Repr::Owned(v))
+    }
+}
+
+impl From<Arc<[u8]>> for RecordBytes {
+    fn from(a: Arc<[u8]>) -> Self {
+        RecordBytes(Repr::Shared(a))
+    }
+}
+
+impl From<&[u8]> for RecordBytes {
+    fn from(b: &[u8]) -> Self {
+        RecordBytes::copy_from_slice(b)
+    }
+}
+
+impl<const N: usize> From<&[u8; N]> for RecordBytes {
+    fn from(b: &[u8; N]) -> Self {
+        RecordBytes::copy_from_slice(b)
+    }
+}
+
+impl From<RecordBytes> for Vec<u8> {
+    fn from(b: RecordBytes) -> Self {
+        b.into_vec()
+    }
+}
+
+impl PartialEq for RecordBytes {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for RecordBytes {}
+
+impl std::hash::Hash for RecordBytes {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_slice().hash(state);
+    }
+}
+
+impl PartialOrd for RecordBytes {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for RecordBytes {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_slice().cmp(other.as_slice())
+    }
+}
+
+impl PartialEq<[u8]> for RecordBytes {
+    fn eq(&self, other: &[u8]) -> bool {
+        self.as_slice() == other
+    }
+}
+
+impl PartialEq<Vec<u8>> for RecordBytes {
+    fn eq(&self, other: &Vec<u8>) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl std::fmt::Debug for RecordBytes {
+    /// As the byte slice it holds, whichever form.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_slice(), f)
+    }
+}
+
 /// A record the host must append: partitioned, stamped and encoded.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct OutgoingRecord {
@@ -171,9 +338,9 @@ pub struct OutgoingRecord {
     /// The destination partition.
     pub partition: i32,
     /// Key bytes; `None` is a null key.
-    pub key: Option<Vec<u8>>,
+    pub key: Option<RecordBytes>,
     /// Value bytes; `None` is a null value.
-    pub value: Option<Vec<u8>>,
+    pub value: Option<RecordBytes>,
     /// The record timestamp.
     pub timestamp: i64,
     /// The causal stamp (emissions and ticks), encoded: a host writes it
@@ -299,5 +466,70 @@ impl OutgoingRecord {
         }
         out.extend(self.headers.iter().cloned());
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::hash_map::DefaultHasher;
+    use std::hash::{Hash, Hasher};
+
+    fn hash_of<T: Hash + ?Sized>(t: &T) -> u64 {
+        let mut h = DefaultHasher::new();
+        t.hash(&mut h);
+        h.finish()
+    }
+
+    /// Every form reads as the same bytes, compares and hashes as the
+    /// slice does (a map keyed by them is looked up by slice), and comes
+    /// back out as a vector.
+    #[test]
+    fn every_form_is_the_same_bytes() {
+        let short: &[u8] = b"eight by";
+        let long: &[u8] = b"more than fifteen bytes";
+        for bytes in [short, long, &[][..]] {
+            let forms = [
+                RecordBytes::from(bytes.to_vec()),
+                RecordBytes::copy_from_slice(bytes),
+                RecordBytes::from(Arc::<[u8]>::from(bytes)),
+            ];
+            for f in &forms {
+                assert_eq!(f.as_slice(), bytes);
+                assert_eq!(&**f, bytes);
+                assert_eq!(*f, forms[0]);
+                assert_eq!(hash_of(f), hash_of(bytes));
+                assert_eq!(f.clone().into_vec(), bytes.to_vec());
+                assert_eq!(format!("{f:?}"), format!("{bytes:?}"));
+            }
+        }
+    }
+
+    /// Short bytes are kept in place and long ones in one shared
+    /// allocation that clones share; owned bytes become either once made
+    /// shared, and only then.
+    #[test]
+    fn short_bytes_stay_in_place_and_long_ones_are_shared() {
+        let short = RecordBytes::copy_from_slice(&7i64.to_be_bytes());
+        assert!(matches!(short.0, Repr::Inline(8, _)));
+        let limit = RecordBytes::copy_from_slice(&[1; RecordBytes::INLINE]);
+        assert!(matches!(limit.0, Repr::Inline(..)));
+        let long = RecordBytes::copy_from_slice(&[1; RecordBytes::INLINE + 1]);
+        let Repr::Shared(a) = &long.0 else {
+            panic!("{} bytes are not kept in place", RecordBytes::INLINE + 1)
+        };
+        let Repr::Shared(b) = &long.clone().0 else {
+            panic!("a clone of shared bytes is shared");
+        };
+        assert!(Arc::ptr_eq(a, b), "a clone shares the allocation");
+
+        let mut owned = RecordBytes::from(vec![5; 40]);
+        assert!(!owned.is_shared());
+        owned.make_shared();
+        assert!(owned.is_shared() && matches!(owned.0, Repr::Shared(_)));
+        let mut small = RecordBytes::from(vec![5; 3]);
+        small.make_shared();
+        assert!(matches!(small.0, Repr::Inline(3, _)));
+        assert_eq!(small.as_slice(), &[5, 5, 5]);
     }
 }

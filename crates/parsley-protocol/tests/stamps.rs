@@ -139,7 +139,7 @@ fn a_stamped_record_writes_the_headers_it_lists_stamp_first_in_both_versions() {
             topic: Arc::from("out"),
             partition: 1,
             key: None,
-            value: Some(b"v".to_vec()),
+            value: Some(b"v".to_vec().into()),
             timestamp: 5,
             stamp: Some(stamp),
             headers: vec![Header::new("trace", b"t-1".to_vec())],

@@ -73,8 +73,8 @@ impl Cluster {
                 .or_default()
                 .push(ChangelogRecord {
                     offset,
-                    key: r.key.clone(),
-                    value: r.value.clone(),
+                    key: r.key.as_deref().map(<[u8]>::to_vec),
+                    value: r.value.as_deref().map(<[u8]>::to_vec),
                 });
             *self.ends.borrow_mut().entry(key.clone()).or_default() += 1;
             touched.insert(key);
@@ -754,8 +754,8 @@ fn an_abort_returns_every_task_to_committed_state_and_seeks_back() {
                 (
                     r.topic.to_string(),
                     r.partition,
-                    r.key.clone(),
-                    r.value.clone(),
+                    r.key.as_deref().map(<[u8]>::to_vec),
+                    r.value.as_deref().map(<[u8]>::to_vec),
                 )
             })
             .collect()
@@ -1444,7 +1444,7 @@ fn a_restore_short_of_its_changelogs_end_waits_for_the_marker() {
         .records
         .iter()
         .filter(|r| &*r.topic == "out")
-        .map(|r| String::from_utf8(r.value.clone().unwrap()).unwrap())
+        .map(|r| String::from_utf8(r.value.clone().unwrap().into_vec()).unwrap())
         .collect();
     assert_eq!(counted, ["3"], "with the late transaction's writes");
     assert!(end > first_record);
@@ -2674,7 +2674,7 @@ fn a_refused_emission_stops_its_task_and_can_go_to_a_dead_letter_topic() {
     assert!(header(DEAD_LETTER_ERROR).unwrap().contains("too large"));
     let out: Vec<(Vec<u8>, Option<i64>)> = to("out")
         .iter()
-        .map(|r| (r.key.clone().unwrap(), seq(r)))
+        .map(|r| (r.key.clone().unwrap().into_vec(), seq(r)))
         .collect();
     assert_eq!(out.len(), 2, "{out:?}");
     assert!(out.contains(&(b"other".to_vec(), out[0].1)));
@@ -2903,9 +2903,9 @@ impl LocalStore for MemLocal {
                 StoreKind::Protocol => &mut s.protocol,
                 StoreKind::Fold => &mut s.fold,
             };
-            v.retain(|(k, _)| *k != key);
+            v.retain(|(k, _)| k.as_slice() != &*key);
             if let Some(value) = value {
-                v.push((key, value));
+                v.push((key.into_vec(), value.into_vec()));
                 v.sort();
             }
         }

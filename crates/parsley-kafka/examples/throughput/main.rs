@@ -833,7 +833,10 @@ fn throughput(bench: &Bench, c: &Contestant, input: &str, n: usize) -> Result<Th
 /// throughput run, when `BENCH_PERF_DIR` names a directory for the
 /// profiles (one file per loop and run; `BENCH_PERF_ARGS` adds options,
 /// e.g. `--call-graph dwarf`). Read one thread by thread with
-/// `perf report -i FILE --sort comm,dso,sym`.
+/// `perf report -i FILE --sort comm,dso,sym`. Allocations are counted
+/// where they are made with a malloc probe (`perf probe -x
+/// /lib/x86_64-linux-gnu/libc.so.6 malloc`, then `BENCH_PERF_ARGS="-e
+/// probe_libc:malloc -c 1 --call-graph dwarf"`).
 struct Profile(Child);
 
 impl Profile {
@@ -849,8 +852,17 @@ impl Profile {
             .collect();
         let file = std::path::Path::new(&dir).join(format!("{}.data", unique(&slug)));
         let extra = std::env::var("BENCH_PERF_ARGS").unwrap_or_default();
+        // A count of its own (`-c 1` with an event such as a malloc
+        // probe) replaces the sampling frequency.
+        let frequency: &[&str] = if extra.split_whitespace().any(|a| a == "-c") {
+            &[]
+        } else {
+            &["-F", "499"]
+        };
         let child = Command::new("perf")
-            .args(["record", "-q", "-F", "499", "-p", &pid.to_string(), "-o"])
+            .args(["record", "-q"])
+            .args(frequency)
+            .args(["-p", &pid.to_string(), "-o"])
             .arg(&file)
             .args(extra.split_whitespace())
             .stdout(Stdio::null())

@@ -229,8 +229,8 @@ impl AppWorld {
             .and_then(|h| ClockVersion::of(h.value.as_deref()?))
             .unwrap_or_default();
         Ok(StoredRecord {
-            key: r.key.clone(),
-            value: r.value.clone(),
+            key: r.key.as_deref().map(<[u8]>::to_vec),
+            value: r.value.as_deref().map(<[u8]>::to_vec),
             timestamp: r.timestamp,
             headers: headers
                 .into_iter()

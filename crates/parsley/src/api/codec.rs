@@ -26,6 +26,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use parsley_protocol::host::RecordBytes;
+
 /// A boxed error, as user codecs and fallible handlers return them.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -119,6 +121,7 @@ type EncodeFn<T> = dyn Fn(&T) -> Result<Vec<u8>, CodecError> + Send + Sync;
 type DecodeFn<T> = dyn Fn(&[u8]) -> Result<T, CodecError> + Send + Sync;
 type IntoBytesFn<T> = dyn Fn(T) -> Result<Vec<u8>, CodecError> + Send + Sync;
 type FromBytesFn<T> = dyn Fn(Vec<u8>) -> Result<T, CodecError> + Send + Sync;
+type SharedFn<T> = dyn Fn(&T) -> Result<RecordBytes, CodecError> + Send + Sync;
 
 /// Two pure functions between a `T` and its bytes. Cheap to clone.
 ///
@@ -159,6 +162,12 @@ pub struct Codec<T> {
     /// its buffer (`utf8`, `bytes`): a delivered record's key and value are
     /// decoded with it. It must agree with `decode`.
     from_bytes: Option<Arc<FromBytesFn<T>>>,
+    /// The encoder straight into the shared form, where the codec can
+    /// write it without an intermediate buffer (`int64`, `utf8`, `bytes`):
+    /// a fold state's value is encoded with it, and its one allocation
+    /// (none for a short value) is what the changelog record and the
+    /// stores share. It must write the same bytes as `encode`.
+    shared: Option<Arc<SharedFn<T>>>,
     /// Whether the bytes carry a schema registry's framing (a schema id
     /// before the payload): such bytes are not a canonical key.
     registry_framed: bool,
@@ -172,6 +181,7 @@ impl<T> Clone for Codec<T> {
             decode: self.decode.clone(),
             into_bytes: self.into_bytes.clone(),
             from_bytes: self.from_bytes.clone(),
+            shared: self.shared.clone(),
             registry_framed: self.registry_framed,
         }
     }
@@ -199,6 +209,7 @@ impl<T: 'static> Codec<T> {
             decode: Arc::new(move |b| decode(b).map_err(CodecError::from_source)),
             into_bytes: None,
             from_bytes: None,
+            shared: None,
             registry_framed: false,
         }
     }
@@ -218,6 +229,7 @@ impl<T: 'static> Codec<T> {
             decode: Arc::new(move |b| decode(b).map_err(CodecError::from_source)),
             into_bytes: None,
             from_bytes: None,
+            shared: None,
             registry_framed: false,
         }
     }
@@ -272,6 +284,16 @@ impl<T: 'static> Codec<T> {
         }
     }
 
+    /// Encodes a fold state's value: in a shared allocation where the
+    /// codec writes one, else its bytes as [`encode`](Self::encode) gives
+    /// them (shared at the commit).
+    pub(crate) fn encode_record(&self, value: &T) -> Result<RecordBytes, CodecError> {
+        match &self.shared {
+            Some(shared) => shared(value),
+            None => (self.encode)(value).map(RecordBytes::from),
+        }
+    }
+
     /// Decodes bytes given away: the same value as
     /// [`decode`](Self::decode), keeping the bytes as its buffer where the
     /// codec can.
@@ -287,6 +309,14 @@ impl<T: 'static> Codec<T> {
         from_bytes: impl Fn(Vec<u8>) -> Result<T, CodecError> + Send + Sync + 'static,
     ) -> Self {
         self.from_bytes = Some(Arc::new(from_bytes));
+        self
+    }
+
+    fn with_shared(
+        mut self,
+        shared: impl Fn(&T) -> Result<RecordBytes, CodecError> + Send + Sync + 'static,
+    ) -> Self {
+        self.shared = Some(Arc::new(shared));
         self
     }
 
@@ -316,6 +346,7 @@ impl Codec<String> {
         )
         .with_into_bytes(|s: String| Ok(s.into_bytes()))
         .with_from_bytes(|b: Vec<u8>| String::from_utf8(b).map_err(CodecError::from_source))
+        .with_shared(|s: &String| Ok(RecordBytes::copy_from_slice(s.as_bytes())))
         .named("utf8")
     }
 }
@@ -342,6 +373,7 @@ impl Codec<i64> {
                 Ok(i64::from_be_bytes(a))
             },
         )
+        .with_shared(|v: &i64| Ok(RecordBytes::copy_from_slice(&v.to_be_bytes())))
         .named("int64")
     }
 }
@@ -355,6 +387,7 @@ impl Codec<Vec<u8>> {
         )
         .with_into_bytes(Ok)
         .with_from_bytes(Ok)
+        .with_shared(|v: &Vec<u8>| Ok(RecordBytes::copy_from_slice(v)))
         .named("bytes")
     }
 }
@@ -459,6 +492,7 @@ impl<T: 'static> Codec<Decoded<T>> {
                 Decoded::Ok(v) => owned.encode_owned(v),
                 Decoded::Malformed { raw, .. } => Ok(raw),
             })),
+            shared: None,
             // Decoded through the borrowed bytes, so that malformed ones
             // are kept whole; they are moved, not copied, into the value.
             from_bytes: Some(Arc::new({
@@ -491,6 +525,28 @@ impl<T: 'static> Codec<Decoded<T>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The encoders into the shared form write what `encode` writes.
+    #[test]
+    fn shared_encoders_write_the_same_bytes() {
+        let int = Codec::int64();
+        for v in [0, -2, i64::MAX] {
+            assert_eq!(int.encode_record(&v).unwrap(), int.encode(&v).unwrap());
+            assert!(int.encode_record(&v).unwrap().is_shared());
+        }
+        let text = Codec::utf8();
+        for s in ["", "hé", "a string longer than the inline bytes"] {
+            let s = s.to_owned();
+            assert_eq!(text.encode_record(&s).unwrap(), text.encode(&s).unwrap());
+        }
+        let raw = Codec::bytes();
+        let v = vec![9u8; 40];
+        assert_eq!(raw.encode_record(&v).unwrap(), v);
+        // A codec without one gives its own bytes, shared at the commit.
+        let custom = Codec::new(|v: &u8| vec![*v], |b: &[u8]| Ok::<_, CodecError>(b[0]));
+        let r = custom.encode_record(&3).unwrap();
+        assert_eq!((r.as_slice(), r.is_shared()), (&[3u8][..], false));
+    }
 
     #[test]
     fn a_value_given_away_encodes_to_the_same_bytes() {

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use crate::codec::{Codec, CodecError};
 use crate::key_filter::KeyFilter;
 use crate::runtime::local::{LocalReader, LocalStoreError};
+use parsley_protocol::host::RecordBytes;
 
 mod key;
 mod view;
@@ -54,9 +55,13 @@ type HashMap<K, V> = hashbrown::HashMap<K, V, Fixed>;
 /// Only the last write of each key is kept because nothing can observe the
 /// ones before: the changelog and the local store are written once per
 /// transaction, and a restore reads them only at transaction boundaries.
+///
+/// Each key is one shared allocation, and each value one once the writes
+/// are [shared](Self::share) for the commit: the changelog record, the
+/// committed store and the local store's entry all hold the same bytes.
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct FoldWrites {
-    writes: indexmap::IndexMap<Vec<u8>, Option<Vec<u8>>, Fixed>,
+    writes: indexmap::IndexMap<Arc<[u8]>, Option<RecordBytes>, Fixed>,
 }
 
 impl fmt::Debug for FoldWrites {
@@ -65,7 +70,7 @@ impl fmt::Debug for FoldWrites {
             .entries(
                 self.writes
                     .iter()
-                    .map(|(k, v)| (k, v.as_ref().map(|v| format!("{} bytes", v.len())))),
+                    .map(|(k, v)| (&**k, v.as_ref().map(|v| format!("{} bytes", v.len())))),
             )
             .finish()
     }
@@ -79,8 +84,8 @@ impl FoldWrites {
 
     /// Puts `value` under `key`, copying the key only when it is new to
     /// this batch.
-    pub(crate) fn put(&mut self, key: &[u8], value: Vec<u8>) {
-        self.set(key, Some(value));
+    pub(crate) fn put(&mut self, key: &[u8], value: impl Into<RecordBytes>) {
+        self.set(key, Some(value.into()));
     }
 
     /// Deletes `key`, copying the key only when it is new to this batch.
@@ -88,13 +93,34 @@ impl FoldWrites {
         self.set(key, None);
     }
 
-    fn set(&mut self, key: &[u8], value: Option<Vec<u8>>) {
+    fn set(&mut self, key: &[u8], value: Option<RecordBytes>) {
         match self.writes.get_mut(key) {
             Some(slot) => *slot = value,
             None => {
-                self.writes.insert(key.to_vec(), value);
+                self.writes.insert(Arc::from(key), value);
             }
         }
+    }
+
+    /// Moves every value into its shared form (once per key, for a value
+    /// its codec did not write shared already), so that what reads the
+    /// writes next (the changelog, the committed store, the local store)
+    /// holds the bytes without a copy.
+    pub(crate) fn share(&mut self) {
+        for value in self.writes.values_mut().flatten() {
+            value.make_shared();
+        }
+    }
+
+    /// The changes as [`iter`](Self::iter) gives them, each key and value
+    /// as shared bytes (a clone of the shared form: no copy once the
+    /// writes were [shared](Self::share)).
+    pub(crate) fn iter_shared(
+        &self,
+    ) -> impl Iterator<Item = (RecordBytes, Option<RecordBytes>)> + '_ {
+        self.writes
+            .iter()
+            .map(|(k, v)| (RecordBytes::from(Arc::clone(k)), v.clone()))
     }
 
     /// True when nothing changed.
@@ -116,15 +142,15 @@ impl FoldWrites {
     /// The changes, one per key, in the order the keys were first written:
     /// `Some` is a put, `None` a delete.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
-        self.writes
-            .iter()
-            .map(|(k, v)| (k.as_slice(), v.as_deref()))
+        self.writes.iter().map(|(k, v)| (&**k, v.as_deref()))
     }
 
     /// The changes in [`iter`](Self::iter)'s order, by value (for a host's
     /// local store, once the committed store has read them).
-    pub(crate) fn into_entries(self) -> impl Iterator<Item = (Vec<u8>, Option<Vec<u8>>)> {
-        self.writes.into_iter()
+    pub(crate) fn into_entries(self) -> impl Iterator<Item = (RecordBytes, Option<RecordBytes>)> {
+        self.writes
+            .into_iter()
+            .map(|(k, v)| (RecordBytes::from(k), v))
     }
 }
 
@@ -150,23 +176,25 @@ pub struct FoldStore {
     cold: Option<Box<Cold>>,
 }
 
-/// An entry kept in memory: its bytes, the fold sequence number of the
-/// commit that wrote it, and its place in the eviction order.
+/// An entry kept in memory: its bytes (shared with the write that put
+/// them, its changelog record and its local store entry), the fold
+/// sequence number of the commit that wrote it, and its place in the
+/// eviction order.
 #[derive(Clone, PartialEq, Eq, Debug)]
 struct Resident {
-    value: Box<[u8]>,
+    value: RecordBytes,
     seq: u64,
     stamp: u64,
 }
 
-impl Resident {
-    /// Replaces the value, over the old bytes when the length is the same.
-    fn set_value(&mut self, v: &[u8]) {
-        if self.value.len() == v.len() {
-            self.value.copy_from_slice(v);
-        } else {
-            self.value = Box::from(v);
-        }
+/// A write's value as the committed store keeps it: its shared bytes, or
+/// a copy where the write was not shared (a store applied outside a
+/// commit, in a test).
+fn shared(v: &RecordBytes) -> RecordBytes {
+    if v.is_shared() {
+        v.clone()
+    } else {
+        RecordBytes::copy_from_slice(v)
     }
 }
 
@@ -430,24 +458,24 @@ impl FoldStore {
     /// Applies committed writes (one commit).
     pub fn apply(&mut self, writes: &FoldWrites) {
         let Some(cold) = self.cold.as_mut() else {
-            for (k, v) in writes.iter() {
-                if let (Some(v), Some(old)) = (v, self.entries.get_mut(k)) {
-                    old.set_value(v);
+            for (k, v) in &writes.writes {
+                if let (Some(v), Some(old)) = (v, self.entries.get_mut(&**k)) {
+                    old.value = shared(v);
                     continue;
                 }
                 match v {
                     Some(v) => {
                         self.entries.insert(
-                            Arc::from(k),
+                            Arc::clone(k),
                             Resident {
-                                value: Box::from(v),
+                                value: shared(v),
                                 seq: 0,
                                 stamp: 0,
                             },
                         );
                     }
                     None => {
-                        self.entries.remove(k);
+                        self.entries.remove(&**k);
                     }
                 }
             }
@@ -455,7 +483,8 @@ impl FoldStore {
         };
         cold.seq += 1;
         let seq = cold.seq;
-        for (k, v) in writes.iter() {
+        for (shared_key, v) in &writes.writes {
+            let k: &[u8] = shared_key;
             let Some(v) = v else {
                 // A delete: the entry's listing in the order goes stale, and
                 // the key reads as absent until the local store holds the
@@ -469,13 +498,13 @@ impl FoldStore {
                 continue;
             };
             // A put over an entry in memory rewrites it where it is: its key
-            // stays shared with the eviction order, and a value of the same
-            // length (a counter, a sum) is overwritten without allocating.
+            // stays shared with the eviction order, and its value becomes
+            // the write's bytes (shared, not copied).
             // It moves to the newest end of the eviction order (its older
             // listing goes stale).
             if let Some((key, old)) = self.entries.get_key_value_mut(k) {
                 cold.bytes = cold.bytes.saturating_sub(cost(k, &old.value)) + cost(k, v);
-                old.set_value(v);
+                old.value = shared(v);
                 old.seq = seq;
                 old.stamp = cold.next_stamp;
                 cold.order.push_back((cold.next_stamp, key.clone()));
@@ -493,12 +522,12 @@ impl FoldStore {
             let stamp = cold.next_stamp;
             cold.next_stamp += 1;
             cold.bytes += cost(k, v);
-            let key: Arc<[u8]> = Arc::from(k);
+            let key = Arc::clone(shared_key);
             cold.order.push_back((stamp, key.clone()));
             self.entries.insert(
                 key,
                 Resident {
-                    value: Box::from(v),
+                    value: shared(v),
                     seq,
                     stamp,
                 },
@@ -672,7 +701,7 @@ impl FoldStore {
     pub(crate) fn drain_bytes(&mut self) -> Vec<(Vec<u8>, Vec<u8>)> {
         let mut out: Vec<(Vec<u8>, Vec<u8>)> = std::mem::take(&mut self.entries)
             .into_iter()
-            .map(|(k, r)| (k.to_vec(), r.value.into_vec()))
+            .map(|(k, r)| (k.to_vec(), r.value.to_vec()))
             .collect();
         out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         out
@@ -684,7 +713,7 @@ impl FoldStore {
         self.entries.insert(
             Arc::from(key),
             Resident {
-                value: value.into_boxed_slice(),
+                value: RecordBytes::from(value),
                 seq: 0,
                 stamp: 0,
             },
@@ -787,7 +816,9 @@ mod tests {
         w.put(&key, vec![3]);
         assert_eq!(w.len(), 2);
         assert_eq!(
-            w.into_entries().collect::<Vec<_>>(),
+            w.into_entries()
+                .map(|(k, v)| (k.into_vec(), v.map(RecordBytes::into_vec)))
+                .collect::<Vec<_>>(),
             vec![(key, Some(vec![3])), (vec![0x00], Some(vec![9]))]
         );
     }

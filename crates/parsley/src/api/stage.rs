@@ -70,7 +70,7 @@ pub(crate) struct RawInput<'a> {
 #[derive(Debug)]
 pub(crate) enum StateWrite {
     Keep,
-    Put(Vec<u8>),
+    Put(parsley_protocol::host::RecordBytes),
     Delete,
 }
 
@@ -391,7 +391,7 @@ fn step_outcome<S: 'static>(codec: &Codec<S>, step: Step<S>) -> Result<Outcome, 
     let write = match next {
         Next::Keep => StateWrite::Keep,
         Next::Delete => StateWrite::Delete,
-        Next::Set(s) => StateWrite::Put(codec.encode(&s).map_err(Failure::StateEncode)?),
+        Next::Set(s) => StateWrite::Put(codec.encode_record(&s).map_err(Failure::StateEncode)?),
     };
     Ok(Outcome { write, emissions })
 }

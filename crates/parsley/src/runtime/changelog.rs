@@ -235,7 +235,7 @@ pub type TailWrites = BTreeMap<(StoreKind, Vec<u8>), Option<Vec<u8>>>;
 /// The entries of a tail's writes, to hand to a local store.
 pub fn tail_entries(tail: TailWrites) -> Vec<crate::runtime::local::LocalEntry> {
     tail.into_iter()
-        .map(|((kind, key), value)| (kind, key, value))
+        .map(|((kind, key), value)| (kind, key.into(), value.map(Into::into)))
         .collect()
 }
 
@@ -316,7 +316,7 @@ pub fn restore_from(
         out.spill_failed = s.failed.take();
         out.pending = std::mem::take(&mut s.deletes)
             .into_iter()
-            .map(|(kind, k)| (kind, k, None))
+            .map(|(kind, k)| (kind, k.into(), None))
             .collect();
     }
     Ok(out)

@@ -72,8 +72,11 @@ pub enum StoreKind {
 }
 
 /// One entry of a write: the store, the key, and the value (`None`
-/// deletes).
-pub type LocalEntry = (StoreKind, Vec<u8>, Option<Vec<u8>>);
+/// deletes). A fold entry's bytes are the ones its changelog record and
+/// the committed store hold (shared, not copied).
+pub type LocalEntry = (StoreKind, RecordBytes, Option<RecordBytes>);
+
+pub use parsley_protocol::host::RecordBytes;
 
 /// One key and its value, as a store hands them back.
 pub type KeyValue = (Vec<u8>, Vec<u8>);

@@ -75,7 +75,7 @@ use crate::topic::{AnyTopic, Emission, Part};
 
 pub use crate::runtime::host::{MetadataError, RecordView, TopicDescription, TopicMetadata};
 pub use crate::runtime::identity::TaskId;
-pub use parsley_protocol::host::{EmissionOrigin, OutgoingRecord, Stamp, StampWriter};
+pub use parsley_protocol::host::{EmissionOrigin, OutgoingRecord, RecordBytes, Stamp, StampWriter};
 
 /// An emission to send to a dead-letter topic instead of its sink: the
 /// sink (or the client) refused it, and the host's production error

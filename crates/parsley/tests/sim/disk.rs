@@ -101,10 +101,10 @@ impl Disk {
             };
             match value {
                 Some(v) => {
-                    m.insert(key, v);
+                    m.insert(key.into_vec(), v.into_vec());
                 }
                 None => {
-                    m.remove(&key);
+                    m.remove(&*key);
                 }
             }
         }

@@ -133,7 +133,11 @@ impl FoldSpill {
         for k in std::mem::take(&mut self.held_keys) {
             // Released later in the replay: its delete is in `deletes`.
             if let Some(v) = store.remove_state(k) {
-                entries.push((StoreKind::Protocol, k.text().as_bytes().to_vec(), Some(v)));
+                entries.push((
+                    StoreKind::Protocol,
+                    k.text().as_bytes().into(),
+                    Some(v.into()),
+                ));
             }
         }
         let deletes = std::mem::take(&mut self.deletes);
@@ -142,7 +146,7 @@ impl FoldSpill {
             .partition(|(kind, _)| *kind == StoreKind::Protocol);
         // Fold deletes wait for the fold's own parts.
         self.deletes.extend(fold);
-        entries.extend(protocol.into_iter().map(|(kind, k)| (kind, k, None)));
+        entries.extend(protocol.into_iter().map(|(kind, k)| (kind, k.into(), None)));
         self.write_part(task, true, entries);
         self.held_bytes = 0;
     }
@@ -204,11 +208,11 @@ impl FoldSpill {
         if self.held <= self.budget.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
-        let entries: Vec<_> = if rebuild {
-            let mut entries: Vec<_> = fold
+        let entries: Vec<crate::runtime::local::LocalEntry> = if rebuild {
+            let mut entries: Vec<crate::runtime::local::LocalEntry> = fold
                 .drain_bytes()
                 .into_iter()
-                .map(|(k, v)| (StoreKind::Fold, k, Some(v)))
+                .map(|(k, v)| (StoreKind::Fold, k.into(), Some(v.into())))
                 .collect();
             let deletes = std::mem::take(&mut self.deletes);
             let (fold, protocol): (Vec<_>, Vec<_>) = deletes
@@ -216,7 +220,7 @@ impl FoldSpill {
                 .partition(|(kind, _)| *kind == StoreKind::Fold);
             // Held records' deletes wait for the held records' own parts.
             self.deletes.extend(protocol);
-            entries.extend(fold.into_iter().map(|(kind, k)| (kind, k, None)));
+            entries.extend(fold.into_iter().map(|(kind, k)| (kind, k.into(), None)));
             entries
         } else {
             // The tail holds each key's last write; what memory holds is

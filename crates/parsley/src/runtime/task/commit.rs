@@ -23,7 +23,10 @@ impl Task {
         self.ticks.handed_over();
         self.holds.handed_over();
         let protocol = self.node.take_writes();
-        let fold = std::mem::take(&mut self.pending_fold);
+        let mut fold = std::mem::take(&mut self.pending_fold);
+        // One allocation per value from here on, shared by the changelog
+        // record, the committed store and the local store's entry.
+        fold.share();
         let mut changelog = Vec::with_capacity(protocol.len() + fold.len());
         let names = self.app.owned_names(&self.id.stage);
         if !protocol.is_empty() {
@@ -36,7 +39,11 @@ impl Task {
                 });
             };
             for (key, value) in protocol.iter() {
-                changelog.push(self.changelog_record(&topic, key.text().as_bytes(), value));
+                changelog.push(self.changelog_record(
+                    &topic,
+                    key.text().as_bytes().into(),
+                    value.map(RecordBytes::from),
+                ));
             }
         }
         if !fold.is_empty() {
@@ -48,7 +55,7 @@ impl Task {
                     message: "fold state written by a stage without a fold store".to_owned(),
                 });
             };
-            for (key, value) in fold.iter() {
+            for (key, value) in fold.iter_shared() {
                 changelog.push(self.changelog_record(&topic, key, value));
             }
         }
@@ -69,14 +76,14 @@ impl Task {
     fn changelog_record(
         &self,
         topic: &std::sync::Arc<str>,
-        key: &[u8],
-        value: Option<&[u8]>,
+        key: RecordBytes,
+        value: Option<RecordBytes>,
     ) -> OutgoingRecord {
         OutgoingRecord {
             topic: std::sync::Arc::clone(topic),
             partition: self.id.partition,
-            key: Some(key.to_vec()),
-            value: value.map(<[u8]>::to_vec),
+            key: Some(key),
+            value,
             timestamp: self.wall_clock,
             stamp: None,
             headers: Vec::new(),
@@ -131,16 +138,16 @@ impl Task {
                 for (key, value) in done.protocol.iter() {
                     out.push((
                         StoreKind::Protocol,
-                        key.text().as_bytes().to_vec(),
-                        value.map(<[u8]>::to_vec),
+                        key.text().as_bytes().into(),
+                        value.map(RecordBytes::from),
                     ));
                 }
             }
             self.stores.held.committed(&done.protocol);
             self.stores.protocol.apply_owned(done.protocol);
             self.stores.fold.apply(&done.fold);
-            // The committed store has copied what it keeps: the local
-            // store's entries take the writes themselves.
+            // The committed store shares what it keeps with the writes: the
+            // local store's entries take the writes themselves.
             if let Some(out) = out {
                 out.extend(
                     done.fold

@@ -238,8 +238,8 @@ impl Task {
         self.outgoing.push(OutgoingRecord {
             topic: stepped.dead_letter.as_str().into(),
             partition,
-            key: record.key().map(<[u8]>::to_vec),
-            value: record.value().map(<[u8]>::to_vec),
+            key: record.key().map(RecordBytes::from),
+            value: record.value().map(RecordBytes::from),
             timestamp: record.timestamp(),
             stamp: None,
             headers,
@@ -485,7 +485,7 @@ impl Task {
         self.outgoing.push(OutgoingRecord {
             topic,
             partition: channel.partition,
-            key: Some(channel.partition.to_be_bytes().to_vec()),
+            key: Some(channel.partition.to_be_bytes().to_vec().into()),
             value: None,
             timestamp: self.wall_clock,
             stamp: Some(stamp),

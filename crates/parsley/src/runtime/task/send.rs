@@ -122,8 +122,8 @@ impl Task {
                 .cloned()
                 .unwrap_or_else(|| topic.into()),
             partition,
-            key: encoded.key,
-            value: encoded.value,
+            key: encoded.key.map(RecordBytes::from),
+            value: encoded.value.map(RecordBytes::from),
             timestamp,
             stamp: Some(stamp),
             headers: encoded.headers,
@@ -175,8 +175,8 @@ impl Task {
         self.outgoing.push(OutgoingRecord {
             topic: d.topic.as_str().into(),
             partition,
-            key: encoded.key,
-            value: encoded.value,
+            key: encoded.key.map(RecordBytes::from),
+            value: encoded.value.map(RecordBytes::from),
             timestamp,
             stamp: None,
             headers,

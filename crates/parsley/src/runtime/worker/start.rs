@@ -790,10 +790,14 @@ fn all_entries(
 ) -> Vec<crate::runtime::local::LocalEntry> {
     let mut out = Vec::with_capacity(stores.protocol.len() + stores.fold.len());
     for (key, value) in stores.protocol.iter() {
-        out.push((StoreKind::Protocol, key.into_bytes(), Some(value.to_vec())));
+        out.push((
+            StoreKind::Protocol,
+            key.into_bytes().into(),
+            Some(value.into()),
+        ));
     }
     for (key, value) in stores.fold.iter() {
-        out.push((StoreKind::Fold, key.to_vec(), Some(value.to_vec())));
+        out.push((StoreKind::Fold, key.into(), Some(value.into())));
     }
     out
 }

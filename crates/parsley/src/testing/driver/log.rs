@@ -257,8 +257,8 @@ impl BrokerOffsets for Log {
 pub(super) fn stored(r: OutgoingRecord, producer: Option<TaskId>) -> StoredRecord {
     StoredRecord {
         headers: r.header_list(),
-        key: r.key,
-        value: r.value,
+        key: r.key.map(crate::runtime::task::RecordBytes::into_vec),
+        value: r.value.map(crate::runtime::task::RecordBytes::into_vec),
         timestamp: r.timestamp,
         producer,
     }
