@@ -56,8 +56,8 @@ type HashMap<K, V> = hashbrown::HashMap<K, V, Fixed>;
 /// ones before: the changelog and the local store are written once per
 /// transaction, and a restore reads them only at transaction boundaries.
 ///
-/// Each key is one shared allocation, and each value one once the writes
-/// are [shared](Self::share) for the commit: the changelog record, the
+/// Each key is one shared allocation, and each value one (none when it is
+/// short) once the commit takes the writes: the changelog record, the
 /// committed store and the local store's entry all hold the same bytes.
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct FoldWrites {
