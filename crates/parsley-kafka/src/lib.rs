@@ -83,8 +83,8 @@ pub use policy::{
 pub use state_dir::StateDirError;
 #[cfg(feature = "streams")]
 pub use streams::{
-    Backoff, CausalStreams, GroupProtocol, KeyHost, QueryError, RestoreListener, Restores,
-    StreamsError, StreamsOptions, StreamsState,
+    Backoff, CausalStreams, DEFAULT_COMMIT_WHEN_IDLE, GroupProtocol, KeyHost, QueryError,
+    RestoreListener, Restores, StreamsError, StreamsOptions, StreamsState,
 };
 #[cfg(feature = "streams")]
 pub use topology::topology;

@@ -55,7 +55,7 @@ use crate::policy::{
 };
 use crate::settings;
 use crate::state_dir::StateDir;
-pub use options::{Backoff, GroupProtocol, StreamsOptions};
+pub use options::{Backoff, DEFAULT_COMMIT_WHEN_IDLE, GroupProtocol, StreamsOptions};
 pub use parsley::runtime::changelog::RestoreListener;
 pub use queries::{KeyHost, QueryError};
 use state::{Doing, Phase, Readiness, Reports, StateCell, set_phase};

@@ -147,6 +147,7 @@ fn run(work: Work, n: usize, keys: usize) -> u64 {
         .unwrap()
         .with_options(StreamsOptions {
             commit_interval: Duration::from_secs(60),
+            commit_when_idle: None,
             state_dir: Some(dir.clone()),
             ..common::options()
         });

@@ -271,6 +271,8 @@ fn a_streamed_transaction_commits_before_its_coordinator_times_it_out() {
         &app,
         StreamsOptions {
             commit_interval: Duration::from_secs(600),
+            // The limit is what commits it, not a drained fetch.
+            commit_when_idle: None,
             ..options("a")
         },
         short,

@@ -161,11 +161,13 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                     _ => defaults.fold_cache,
                 },
                 // `BENCH_COMMIT_WHEN_IDLE=MS` commits once the fetch is
-                // drained and MS have passed since the last commit.
-                commit_when_idle: std::env::var("BENCH_COMMIT_WHEN_IDLE")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .map(Duration::from_millis),
+                // drained and MS have passed since the last commit; `off`
+                // commits every interval only; unset, the default.
+                commit_when_idle: match std::env::var("BENCH_COMMIT_WHEN_IDLE").as_deref() {
+                    Ok("off") => None,
+                    Ok(ms) => Some(Duration::from_millis(ms.parse()?)),
+                    Err(_) => defaults.commit_when_idle,
+                },
                 // The no-file loop keeps its fold state in memory only.
                 state_dir: if kind == "parsley-sum-nofile" {
                     None

@@ -37,7 +37,7 @@
 //! words; SECONDS 0 skips the latency runs; `BENCH_PERF_DIR=DIR` records a
 //! `perf` profile of each Parsley loop's steady window (see [`Profile`]).
 //! `BENCH_COMMIT_WHEN_IDLE=MS` runs the Parsley loops with
-//! `StreamsOptions::commit_when_idle` at that floor, and `BENCH_LINGER=MS`
+//! `StreamsOptions::commit_when_idle` at that floor (`off`: none), and `BENCH_LINGER=MS`
 //! with the producers' `linger.ms` at that value.
 //! `BENCH_BUILDS=a=PATH,b=PATH` compares builds: each Rust stage loop runs
 //! once per build in every round, with that build's `--child`, on the same
