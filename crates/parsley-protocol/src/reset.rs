@@ -42,7 +42,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::store::{StateKey, StoreRead, WriteBatch, decode_i64, encode_pair};
+use crate::store::{ScopeRecord, StateKey, StoreRead, WriteBatch, decode_i64, encode_pair};
 use crate::{Channel, SenderId, SenderTag, VectorClock};
 
 /// Where one input is read again from after a reset, and what lies below.
@@ -91,6 +91,19 @@ pub enum ResetError {
         /// What is wrong.
         reason: String,
     },
+    /// A reset point for a channel the state's recorded scope does not
+    /// consume (an application description from a build that added an
+    /// input). Its skip marks would make the restore refuse the state, so
+    /// nothing is written.
+    #[error(
+        "the reset names {channel}, which the state's recorded inputs do not include ({inputs}): run the application once with the build that adds it, or reset with the description the state was written by"
+    )]
+    NotAnInput {
+        /// The channel named.
+        channel: Channel,
+        /// The recorded inputs.
+        inputs: String,
+    },
 }
 
 /// Whether a reset keeps the entry as it is (carried ancestry is kept
@@ -107,17 +120,40 @@ pub fn survives_reset(key: &StateKey) -> bool {
 /// every entry a reset drops, and a skip mark for each sender with records
 /// below a reset position. Writes only what differs, so a second reset of
 /// the same state with the same points writes nothing.
+///
+/// A state with no recorded scope belongs to a node that never committed
+/// (typically one that failed on its first records, the usual reason for
+/// a reset): it gets no skip marks. Its next start is its first, and the
+/// first record it reads on each channel seeds that channel's frontier, so
+/// what lies below the position needs no marks; marks without a scope
+/// would only make the restore refuse the state. Points on channels
+/// outside a recorded scope are refused ([`ResetError::NotAnInput`]) for
+/// the same reason, before anything is written.
 pub fn reset_writes(
     store: &dyn StoreRead,
     points: &BTreeMap<Channel, ResetPoint>,
 ) -> Result<WriteBatch, ResetError> {
+    let scope = recorded_scope(store)?;
     let mut wanted: BTreeMap<StateKey, Vec<u8>> = BTreeMap::new();
-    for (&channel, point) in points {
-        for (&sender, &seq) in &point.below {
-            wanted.insert(
-                StateKey::SkipMark(channel, sender),
-                encode_pair(seq, point.position),
-            );
+    if let Some(scope) = &scope {
+        for (&channel, point) in points {
+            if !scope.inputs.contains(&channel) {
+                return Err(ResetError::NotAnInput {
+                    channel,
+                    inputs: scope
+                        .inputs
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+            for (&sender, &seq) in &point.below {
+                wanted.insert(
+                    StateKey::SkipMark(channel, sender),
+                    encode_pair(seq, point.position),
+                );
+            }
         }
     }
     let mut batch = WriteBatch::new();
@@ -182,10 +218,26 @@ pub fn reset_writes(
     Ok(batch)
 }
 
+/// The state's recorded scope, if it has one.
+fn recorded_scope(store: &dyn StoreRead) -> Result<Option<ScopeRecord>, ResetError> {
+    let mut scope = None;
+    store.for_each_state(&mut |key, value| {
+        if key == Ok(StateKey::Scope) {
+            scope = Some(
+                ScopeRecord::decode(value).map_err(|reason| ResetError::Corrupt {
+                    key: StateKey::Scope.to_key(),
+                    reason,
+                }),
+            );
+        }
+    });
+    scope.transpose()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{ScopeRecord, encode_i64};
+    use crate::store::encode_i64;
     use crate::{MemStore, TopicId};
 
     fn ch(t: u128, p: i32) -> Channel {
