@@ -170,6 +170,62 @@ fn main() -> std::io::Result<()> {
     }
     log.extend([2, 2, 0, 0x01, b'k']);
     write("changelog", "fold", &log)?;
+
+    // Frames Confluent's Python serializer wrote: {"id": "o-1", "total":
+    // 12} under schema id 3, and the payment issue 57 quoted under id 1
+    // (with its last byte, the memo's union index). The third is the
+    // codec's own encoding of a record with every kind of Avro type.
+    write(
+        "avro_frame",
+        "confluent-order",
+        &[0, 0, 0, 0, 3, 0x06, b'o', b'-', b'1', 0x18],
+    )?;
+    write(
+        "avro_frame",
+        "confluent-payment",
+        &[
+            0, 0, 0, 0, 1, 0x02, 0x0c, b'a', b'c', b'c', b't', b'-', b'1', 0xc4, 0x13, 0x00,
+        ],
+    )?;
+    write("avro_frame", "everything", &everything())?;
     println!("seeds written under {}", root.display());
     Ok(())
+}
+
+/// A frame (schema id 9) of the `avro_frame` target's widest schema, every
+/// field set.
+fn everything() -> Vec<u8> {
+    use parsley_schema::apache_avro::types::Value;
+    let datum = Value::Record(vec![
+        ("flag".into(), Value::Boolean(true)),
+        ("n".into(), Value::Int(-7)),
+        ("f".into(), Value::Float(1.5)),
+        ("d".into(), Value::Double(-2.25)),
+        ("raw".into(), Value::Bytes(vec![0, 1, 2])),
+        ("kind".into(), Value::Enum(1, "B".into())),
+        ("hash".into(), Value::Fixed(4, vec![9, 8, 7, 6])),
+        (
+            "tags".into(),
+            Value::Array(vec![Value::String("a".into()), Value::String("bc".into())]),
+        ),
+        (
+            "counts".into(),
+            Value::Map([("k".to_owned(), Value::Long(3))].into_iter().collect()),
+        ),
+        (
+            "either".into(),
+            Value::Union(
+                3,
+                Box::new(Value::Record(vec![("x".into(), Value::Int(5))])),
+            ),
+        ),
+        ("day".into(), Value::Date(19_000)),
+        ("at".into(), Value::TimestampMillis(1_700_000_000_000)),
+    ]);
+    let payload = parsley_fuzz::avro_codec(9)
+        .encode(&datum)
+        .expect("the seed fits the schema");
+    let mut frame = vec![0, 0, 0, 0, 9];
+    frame.extend_from_slice(&payload);
+    frame
 }

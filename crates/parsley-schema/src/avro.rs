@@ -489,20 +489,55 @@ impl Reads {
         .map_err(|e| format!("the schemas do not resolve: {e}"))
     }
 
-    /// Reads one datum from the whole of `payload`.
+    /// Reads one datum from the whole of `payload`: no byte missing, none
+    /// left over.
     fn read(&self, payload: &[u8]) -> Result<Value, String> {
-        let mut rest = payload;
+        let mut input = Exact {
+            rest: payload,
+            overrun: false,
+        };
         let value = self
             .borrow_dependent()
-            .read_value(&mut rest)
+            .read_value(&mut input)
             .map_err(|e| format!("the payload does not decode with the writer's schema: {e}"))?;
-        if !rest.is_empty() {
+        if input.overrun {
+            return Err(format!(
+                "the payload ends before its datum does ({} byte(s)): it was cut short, or not written with this schema",
+                payload.len()
+            ));
+        }
+        if !input.rest.is_empty() {
             return Err(format!(
                 "{} byte(s) left after the datum: the payload was not written with this schema",
-                rest.len()
+                input.rest.len()
             ));
         }
         Ok(value)
+    }
+}
+
+/// A payload as the Avro decoder's input, remembering whether the decoder
+/// asked for more bytes than were left. A datum never reads past its own
+/// end, so a request past the payload's end means the payload is short.
+/// The decoder itself does not always say so: apache-avro 0.22 reads the
+/// end of the input where a union's branch index belongs as branch 0 with
+/// a null, so a frame cut before an optional field's index decoded to a
+/// record with that field empty.
+struct Exact<'a> {
+    rest: &'a [u8],
+    overrun: bool,
+}
+
+impl std::io::Read for Exact<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if buf.len() > self.rest.len() {
+            self.overrun = true;
+        }
+        let n = buf.len().min(self.rest.len());
+        let (now, rest) = self.rest.split_at(n);
+        buf[..n].copy_from_slice(now);
+        self.rest = rest;
+        Ok(n)
     }
 }
 
@@ -697,5 +732,73 @@ mod tests {
         let generic = PlainAvro::new(v1()).generic();
         assert!(generic.encode(&Value::Long(1)).is_err());
         assert!(!generic.is_registry_framed());
+    }
+
+    /// A schema whose datums end in an optional field, and the datum of one
+    /// value with that field empty: its last byte is the union's index.
+    fn memo_schema() -> Schema {
+        Schema::parse_str(
+            r#"{"type": "record", "name": "Payment", "namespace": "bank", "fields": [
+                {"name": "version", "type": "int"},
+                {"name": "account", "type": "string"},
+                {"name": "amount", "type": "long"},
+                {"name": "memo", "type": ["null", "string"]}]}"#,
+        )
+        .unwrap()
+    }
+
+    #[derive(Serialize, serde::Deserialize, Debug, PartialEq, Clone)]
+    struct Payment {
+        version: i32,
+        account: String,
+        amount: i64,
+        memo: Option<String>,
+    }
+
+    #[test]
+    fn a_datum_cut_short_is_refused_wherever_it_ends() {
+        let codec = PlainAvro::new(memo_schema()).typed::<Payment>();
+        let payment = Payment {
+            version: 1,
+            account: "acct-1".into(),
+            amount: 1250,
+            memo: None,
+        };
+        let datum = codec.encode(&payment).unwrap();
+        // The frame issue 57 quoted (Confluent's serializer, schema id 1)
+        // with the last byte it had lost: the version, the account, the
+        // amount, then the union index 0 for the empty memo.
+        assert_eq!(
+            datum,
+            crate::framing::unframe(&hex("0000000001020c616363742d31c41300"))
+                .unwrap()
+                .payload
+        );
+        assert_eq!(codec.decode(&datum).unwrap(), payment);
+        let generic = PlainAvro::new(memo_schema()).generic();
+        // Every proper prefix, the empty one included, and the one the
+        // decoder alone read as a record with no memo (all but the union's
+        // index), through the typed and the generic reader and resolving
+        // into a reader schema.
+        let evolving = PlainAvro::evolving(memo_schema(), memo_schema()).typed::<Payment>();
+        for end in 0..datum.len() {
+            let cut = &datum[..end];
+            for e in [
+                codec.decode(cut).unwrap_err(),
+                generic.decode(cut).unwrap_err(),
+                evolving.decode(cut).unwrap_err(),
+            ] {
+                assert!(!e.is_transient(), "{end}: {e}");
+            }
+        }
+        let e = codec.decode(&datum[..datum.len() - 1]).unwrap_err();
+        assert!(e.to_string().contains("ends before its datum does"), "{e}");
+    }
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
     }
 }
