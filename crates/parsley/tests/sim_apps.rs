@@ -990,6 +990,18 @@ fn faults_of_every_class() {
         "commits of unknown fate that had aborted",
         |r| r.world.unknown_fates[1] > 0,
     );
+    floor(
+        name,
+        &runs,
+        "producers lost after asking to commit, the commit recorded",
+        |r| r.world.lost_after_commit_sent[0] > 0,
+    );
+    floor(
+        name,
+        &runs,
+        "producers lost after asking to commit, the commit not recorded",
+        |r| r.world.lost_after_commit_sent[1] > 0,
+    );
     floor(name, &runs, "dead letters committed", |r| {
         r.world.dead_letters > 0
     });

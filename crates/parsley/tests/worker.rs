@@ -2550,6 +2550,69 @@ fn a_fenced_producer_is_replaced_and_a_third_in_a_row_gives_the_membership_up() 
     );
 }
 
+/// Once the host has asked the coordinator to commit (`Worker::ending`),
+/// the coordinator may have recorded the commit whatever the client says
+/// next. A fenced producer, a call that never returned or a failed abort
+/// from there leaves the commit's fate unknown: every task is dropped and
+/// the membership given up (the next one reads what was committed from
+/// the broker), never rolled back in place, which would process the
+/// transaction's input again if it had committed. Before that request
+/// the transaction cannot have committed, and the producer is replaced in
+/// place as before; the next transaction starts without the mark.
+#[test]
+fn a_producer_lost_after_asking_to_commit_leaves_the_commit_of_unknown_fate() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let faults: [fn() -> Fault; 4] = [
+        || Fault::ProducerFenced("Failed to end transaction: fenced by a newer instance".into()),
+        || Fault::ClientHung("ending the transaction did not return".into()),
+        || Fault::AbortFailed {
+            retriable: false,
+            message: "refused".into(),
+        },
+        || Fault::AbortFailed {
+            retriable: true,
+            message: "Timed out".into(),
+        },
+    ];
+    for fault in faults {
+        let (mut w, _) = in_flight(&app, &cluster);
+        w.ending();
+        assert!(
+            matches!(w.on_fault(fault()), Directive::Rejoin),
+            "{:?}",
+            fault()
+        );
+        assert_eq!(w.tasks().count(), 0, "every task dropped: {:?}", fault());
+        assert_eq!(w.stats().producer_replacements, 0);
+    }
+    // Before the request, a fenced producer is replaced in place.
+    let fenced = || Fault::ProducerFenced("fenced".into());
+    let (mut w, _) = in_flight(&app, &cluster);
+    assert!(matches!(w.on_fault(fenced()), Directive::ReplaceProducer));
+    w.commit_outcome(CommitOutcome::Aborted, &cluster).unwrap();
+    for s in w.take_seeks() {
+        w.seek_applied(&s.topic, s.partition, s.offset).unwrap();
+    }
+    // A commit that asked and went through: the next transaction's
+    // faults are judged afresh.
+    w.on_record(rec("a", 0, 0, "x")).unwrap();
+    w.flush().unwrap().unwrap();
+    w.ending();
+    w.commit_outcome(CommitOutcome::Committed, &cluster)
+        .unwrap();
+    w.on_record(rec("a", 0, 1, "x")).unwrap();
+    w.flush().unwrap().unwrap();
+    assert!(matches!(w.on_fault(fenced()), Directive::ReplaceProducer));
+    // A retriable failure of the request itself is still retried.
+    let (mut w, _) = in_flight(&app, &cluster);
+    w.ending();
+    assert!(matches!(
+        w.on_fault(Fault::Retriable("Timed out".into())),
+        Directive::Retry { .. }
+    ));
+}
+
 /// A stage that echoes `a` to `out`, its value as the emission's.
 fn echo_app() -> Parsley {
     let (a, out) = (topic("a"), topic("out"));

@@ -428,6 +428,10 @@ impl Shared {
         debug!(txn = txn.id, "transaction offsets sent");
         self.step(|p| await_deliveries(p, timeout))?;
         debug!(txn = txn.id, "transaction ending");
+        // From here the coordinator may record the commit whatever the
+        // client reports: the worker treats a lost producer as a commit of
+        // unknown fate, not as an abort.
+        self.worker.ending();
         self.step(|p| p.commit_transaction(timeout))?;
         self.open = OpenTxn::default();
         Ok(())

@@ -178,6 +178,9 @@ pub struct AppStats {
     /// Retriable faults whose retries ran out (the commit's fate unknown),
     /// then committed by the coordinator, and then aborted.
     pub unknown_fates: [u64; 2],
+    /// Producers fenced, hung or failed after their host asked the
+    /// coordinator to commit: the coordinator had committed, or had not.
+    pub lost_after_commit_sent: [u64; 2],
     /// Dead letters committed.
     pub dead_letters: u64,
     /// Times the world let time pass for a thread's timed work.
@@ -248,6 +251,13 @@ impl AppStats {
             *a += b;
         }
         for (a, b) in self.unknown_fates.iter_mut().zip(o.unknown_fates) {
+            *a += b;
+        }
+        for (a, b) in self
+            .lost_after_commit_sent
+            .iter_mut()
+            .zip(o.lost_after_commit_sent)
+        {
             *a += b;
         }
         self.dead_letters += o.dead_letters;

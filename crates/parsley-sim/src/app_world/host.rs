@@ -152,8 +152,15 @@ pub enum SimDirective {
 impl SimFault {
     /// Whether `d` is a safe answer to this fault: one that never lets a
     /// transaction of unknown fate, or a fenced producer, go on.
-    pub(super) fn allows(self, d: SimDirective) -> bool {
+    /// `commit_sent`: the fault came after the host asked the coordinator
+    /// to commit ([`HostThread::ending`]), so the transaction may have
+    /// committed; a new producer in the same membership would roll the
+    /// tasks back past it, so only leaving the group (or failing) is safe.
+    pub(super) fn allows(self, d: SimDirective, commit_sent: bool) -> bool {
         use SimDirective::*;
+        if commit_sent {
+            return matches!(d, Rejoin | Fail);
+        }
         match self {
             SimFault::Fenced | SimFault::Hung => matches!(d, Rejoin | ReplaceProducer),
             SimFault::Fatal => matches!(d, Fail | Rejoin),
@@ -233,6 +240,10 @@ pub trait HostThread {
     fn flush(&mut self, broker: &SimBroker) -> Result<Option<HostTransaction>, String>;
     /// How the transaction handed over last ended.
     fn outcome(&mut self, outcome: Outcome, broker: &SimBroker) -> Result<(), String>;
+    /// The host asks the coordinator to commit the transaction handed over
+    /// last (the client's end of the transaction): a fault from here may
+    /// follow a commit the coordinator recorded.
+    fn ending(&mut self) {}
     /// The host aborted the open (not handed over) work.
     fn abort(&mut self, broker: &SimBroker) -> Result<(), String>;
     /// The fetch pauses and resumes, then the consumer seeks, the core

@@ -71,12 +71,23 @@ impl AppWorld {
     /// Asks member `i`'s thread what to do about `fault`, and checks the
     /// answer is a safe one for its class.
     pub(super) fn answer(&mut self, i: usize, fault: SimFault) -> Result<SimDirective, AppFailure> {
+        self.answer_after(i, fault, false)
+    }
+
+    /// [`answer`](Self::answer), where `commit_sent` says the host had
+    /// asked the coordinator to commit before the fault came.
+    fn answer_after(
+        &mut self,
+        i: usize,
+        fault: SimFault,
+        commit_sent: bool,
+    ) -> Result<SimDirective, AppFailure> {
         let broker = &self.broker;
         let d = self.members[i]
             .thread
             .fault(fault, broker)
             .map_err(|e| self.fail(format!("member {i}: fault {fault:?} refused: {e}")))?;
-        if !fault.allows(d) {
+        if !fault.allows(d, commit_sent) {
             return Err(self.fail(format!(
                 "member {i}: {fault:?} answered with {d:?}, which lets an unsafe transaction or client go on"
             )));
@@ -259,8 +270,16 @@ impl AppWorld {
         }
         self.stats.faults[class] += 1;
         let stale = self.members[i].generation != self.generation || self.members[i].zombie;
+        // A producer lost (fenced, hung, failed) may have been lost after
+        // its host asked the coordinator to commit, which may then have
+        // recorded the commit whatever the client heard.
+        let commit_sent = matches!(fault, SimFault::Fenced | SimFault::Hung | SimFault::Fatal)
+            && self.rng.random_bool(0.5);
+        if commit_sent {
+            self.members[i].thread.ending();
+        }
         loop {
-            match self.answer(i, fault)? {
+            match self.answer_after(i, fault, commit_sent)? {
                 SimDirective::Retry => {
                     if self.rng.random_bool(0.3) {
                         // The retried step went through.
@@ -297,13 +316,20 @@ impl AppWorld {
                     return self.aborted(i, &txn);
                 }
                 SimDirective::Rejoin | SimDirective::Fail => {
-                    if fault == SimFault::Retriable && !stale && self.rng.random_bool(0.5) {
+                    let unknown = fault == SimFault::Retriable || commit_sent;
+                    if unknown && !stale && self.rng.random_bool(0.5) {
                         // The commit's fate was unknown to the thread; the
                         // coordinator had recorded it.
-                        self.stats.unknown_fates[0] += 1;
+                        if commit_sent {
+                            self.stats.lost_after_commit_sent[0] += 1;
+                        } else {
+                            self.stats.unknown_fates[0] += 1;
+                        }
                         self.judge(i, &txn)?;
                     } else {
-                        if fault == SimFault::Retriable {
+                        if commit_sent {
+                            self.stats.lost_after_commit_sent[1] += 1;
+                        } else if fault == SimFault::Retriable {
                             self.stats.unknown_fates[1] += 1;
                         }
                         self.abort_records(i, &txn)?;

@@ -449,6 +449,24 @@ impl Worker {
         matches!(self.state, State::InFlight)
     }
 
+    /// The host is asking the transaction coordinator to commit the
+    /// transaction in flight (librdkafka's `commit_transaction`). Until its
+    /// outcome is known, the commit may have happened whatever the client
+    /// says next: a fenced producer, a call that never returns or an abort
+    /// that fails can all follow a commit the coordinator already
+    /// recorded. From here such a fault leaves the commit's fate unknown,
+    /// and the worker drops every task ([`Directive::Rejoin`]: the next
+    /// membership reads the committed positions and state from the broker)
+    /// instead of rolling back to its own last commit, which would process
+    /// the transaction's input again. Steps before this one cannot commit
+    /// the transaction, and a fault in them still replaces the producer in
+    /// place.
+    pub fn ending(&mut self) {
+        if matches!(self.state, State::InFlight) {
+            self.in_flight.ending();
+        }
+    }
+
     /// Whether there is open work for a transaction.
     pub fn has_open_work(&self) -> bool {
         self.dirty

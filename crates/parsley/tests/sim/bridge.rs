@@ -655,6 +655,10 @@ impl HostThread for Thread {
         self.handle_failures(broker)
     }
 
+    fn ending(&mut self) {
+        self.worker.ending();
+    }
+
     fn abort(&mut self, broker: &SimBroker) -> Result<(), String> {
         self.just_aborted = true;
         self.worker.abort(&View(broker)).map(|_| ()).map_err(err)?;

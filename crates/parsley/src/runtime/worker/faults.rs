@@ -56,6 +56,7 @@ impl Worker {
     /// | fault | what the worker does | directive |
     /// |-------|----------------------|-----------|
     /// | [`Fault::Fenced`] | drops every task | [`Directive::Rejoin`] |
+    /// | [`Fault::ProducerFenced`], [`Fault::ClientHung`], [`Fault::AbortFailed`], after the host asked the coordinator to commit ([`Worker::ending`]) | the commit's fate is unknown: drops every task | [`Directive::Rejoin`] |
     /// | [`Fault::ProducerFenced`], [`Fault::ClientHung`], [`Fault::AbortFailed`] not retriable | counts the replacement | [`Directive::ReplaceProducer`]; report the abort once the new producer is ready. After [`MAX_PRODUCER_REPLACEMENTS`] in a row without a commit: drops every task, [`Directive::Rejoin`] |
     /// | [`Fault::AbortFailed`], retriable | counts the retry | [`Directive::Retry`] (call the abort again), [`ABORT_RETRIES`] time; then as a failed abort that is not retriable |
     /// | [`Fault::Fatal`] | drops every task | [`Directive::Fail`] (the error handler decides) |
@@ -69,7 +70,17 @@ impl Worker {
     pub fn on_fault(&mut self, fault: Fault) -> Directive {
         self.stats.faults += 1;
         let class = fault.class();
+        let commit_sent = matches!(self.state, State::InFlight) && self.in_flight.commit_sent();
         match fault {
+            Fault::ProducerFenced(message)
+            | Fault::ClientHung(message)
+            | Fault::AbortFailed { message, .. }
+                if commit_sent =>
+            {
+                warn!(class, error = %message, "the producer failed after it asked its coordinator to commit, which may have recorded the commit: the commit's fate is unknown; dropping every task and rejoining");
+                self.fenced();
+                Directive::Rejoin
+            }
             Fault::Poll {
                 fatal: false,
                 message,

@@ -40,6 +40,9 @@ pub(super) struct InFlight {
     /// Records handed in since what the tasks made last went out (or the
     /// transaction was handed over).
     handed_in: usize,
+    /// The host asked the coordinator to commit the transaction in flight
+    /// ([`Worker::ending`]): its fate is the coordinator's from then on.
+    ending: bool,
 }
 
 impl InFlight {
@@ -54,10 +57,23 @@ impl InFlight {
         self.handed_in = 0;
         self.commit_retries = 0;
         self.abort_retries = 0;
+        self.ending = false;
         streamed
     }
 
+    /// The host asked the coordinator to commit ([`Worker::ending`]).
+    pub(super) fn ending(&mut self) {
+        self.ending = true;
+    }
+
+    /// Whether the host asked the coordinator to commit the transaction in
+    /// flight: a fault now leaves its fate unknown.
+    pub(super) fn commit_sent(&self) -> bool {
+        self.ending
+    }
+
     fn clear(&mut self) {
+        self.ending = false;
         self.events.clear();
         self.owners.clear();
         self.spans.clear();
