@@ -369,6 +369,17 @@ fn reset_past_the_first(file: &str) -> String {
     text
 }
 
+/// Starts the application after its reset: the stage starts at once and
+/// copies the two records after the first.
+fn runs_past_the_first(app: &Parsley, output: &str) {
+    let mut s = start_checking(app);
+    let read = read_partitions(output, 1, 2);
+    let values: Vec<&str> = read.iter().map(|r| r.value.as_str()).collect();
+    assert_eq!(values, ["two", "three"]);
+    assert_eq!(s.restarted_tasks(), 0, "the task started at once");
+    s.close(Duration::from_secs(30)).unwrap();
+}
+
 /// The keys of the committed records of partition 0 of a changelog.
 fn changelog_keys(cluster: &KafkaCluster, topic: &str) -> Vec<String> {
     cluster
@@ -413,12 +424,7 @@ fn a_stage_that_failed_its_first_record_runs_after_a_reset_past_it() {
         "{text}"
     );
 
-    let mut s = start_checking(&app);
-    let read = read_partitions(&output, 1, 2);
-    let values: Vec<&str> = read.iter().map(|r| r.value.as_str()).collect();
-    assert_eq!(values, ["two", "three"]);
-    assert_eq!(s.restarted_tasks(), 0, "the task started at once");
-    s.close(Duration::from_secs(30)).unwrap();
+    runs_past_the_first(&app, &output);
 }
 
 /// A task that never committed has no recorded scope: here the
@@ -459,10 +465,5 @@ fn a_task_that_never_committed_starts_after_a_reset() {
     );
     assert!(changelog_keys(&cluster, &state).is_empty());
 
-    let mut s = start_checking(&app);
-    let read = read_partitions(&output, 1, 2);
-    let values: Vec<&str> = read.iter().map(|r| r.value.as_str()).collect();
-    assert_eq!(values, ["two", "three"]);
-    assert_eq!(s.restarted_tasks(), 0, "the task started at once");
-    s.close(Duration::from_secs(30)).unwrap();
+    runs_past_the_first(&app, &output);
 }

@@ -140,12 +140,7 @@ pub fn reset_writes(
             if !scope.inputs.contains(&channel) {
                 return Err(ResetError::NotAnInput {
                     channel,
-                    inputs: scope
-                        .inputs
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", "),
+                    inputs: scope.inputs_text(),
                 });
             }
             for (&sender, &seq) in &point.below {

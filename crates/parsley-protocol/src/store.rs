@@ -135,6 +135,16 @@ pub struct ScopeRecord {
 }
 
 impl ScopeRecord {
+    /// The recorded inputs as text, comma-separated (for errors that name
+    /// them).
+    pub fn inputs_text(&self) -> String {
+        self.inputs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// Encodes the `scope` value.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(8 + self.inputs.len() * 20 + self.sinks.len() * 16);

@@ -66,12 +66,7 @@ pub fn step_past_record(
         return Err(StepError::NotAnInput {
             task: task.clone(),
             channel,
-            inputs: scope
-                .inputs
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
+            inputs: scope.inputs_text(),
         });
     }
     Ok(ChangelogRecord {
