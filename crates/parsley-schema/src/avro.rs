@@ -426,19 +426,30 @@ impl Writes {
     }
 
     /// Writes a serde value as a datum after `out`'s bytes, serialized
-    /// straight into the schema's layout.
+    /// straight into the schema's layout. A value whose serde shape is
+    /// not the schema's own, but resolves to it, is written through Avro's
+    /// generic value and its resolution instead: a `Vec<u8>` serializes as
+    /// a sequence of numbers, which the direct path cannot write as
+    /// `bytes` or `fixed`.
     fn typed<T: Serialize>(&self, value: &T, out: &mut Vec<u8>) -> Result<(), String> {
         let start = out.len();
-        write_avro_datum_ref(
+        let direct = write_avro_datum_ref(
             self.borrow_owner(),
             self.borrow_dependent().get_names(),
             value,
             out,
-        )
-        .map_err(|e| {
+        );
+        let Err(direct) = direct else {
+            return Ok(());
+        };
+        out.truncate(start);
+        let resolved = apache_avro::to_value(value)
+            .map_err(|e| e.to_string())
+            .and_then(|v| write_datum(self.borrow_owner(), v, out));
+        if resolved.is_err() {
             out.truncate(start);
-            format!("the value does not fit the schema: {e}")
-        })?;
+            return Err(format!("the value does not fit the schema: {direct}"));
+        }
         Ok(())
     }
 
@@ -542,12 +553,58 @@ impl std::io::Read for Exact<'_> {
 }
 
 fn from_value<T: DeserializeOwned>(v: Value) -> Result<T, CodecError> {
-    apache_avro::from_value(&v).map_err(|e| {
-        codec_error(SchemaError::Avro {
-            id: None,
-            message: format!("the decoded record does not fit the type: {e}"),
+    apache_avro::from_value(&v)
+        .or_else(|e| {
+            // A `Vec<u8>` (or `[u8; N]`) deserializes as a sequence, which
+            // apache-avro does not make of `bytes` or `fixed`: read them as
+            // sequences of numbers instead, as they were written.
+            if holds_bytes(&v) {
+                apache_avro::from_value(&bytes_as_numbers(v)).map_err(|_| e)
+            } else {
+                Err(e)
+            }
         })
-    })
+        .map_err(|e| {
+            codec_error(SchemaError::Avro {
+                id: None,
+                message: format!("the decoded record does not fit the type: {e}"),
+            })
+        })
+}
+
+/// Whether a value holds `bytes` or `fixed` anywhere.
+fn holds_bytes(v: &Value) -> bool {
+    match v {
+        Value::Bytes(_) | Value::Fixed(..) => true,
+        Value::Union(_, inner) => holds_bytes(inner),
+        Value::Array(items) => items.iter().any(holds_bytes),
+        Value::Map(entries) => entries.values().any(holds_bytes),
+        Value::Record(fields) => fields.iter().any(|(_, f)| holds_bytes(f)),
+        _ => false,
+    }
+}
+
+/// The value with every `bytes` and `fixed` as an array of its bytes.
+fn bytes_as_numbers(v: Value) -> Value {
+    let numbers = |b: Vec<u8>| Value::Array(b.into_iter().map(|x| Value::Int(x.into())).collect());
+    match v {
+        Value::Bytes(b) | Value::Fixed(_, b) => numbers(b),
+        Value::Union(i, inner) => Value::Union(i, Box::new(bytes_as_numbers(*inner))),
+        Value::Array(items) => Value::Array(items.into_iter().map(bytes_as_numbers).collect()),
+        Value::Map(entries) => Value::Map(
+            entries
+                .into_iter()
+                .map(|(k, f)| (k, bytes_as_numbers(f)))
+                .collect(),
+        ),
+        Value::Record(fields) => Value::Record(
+            fields
+                .into_iter()
+                .map(|(k, f)| (k, bytes_as_numbers(f)))
+                .collect(),
+        ),
+        other => other,
+    }
 }
 
 /// Writes `value` as a datum of `schema` after `out`'s bytes.
@@ -732,6 +789,35 @@ mod tests {
         let generic = PlainAvro::new(v1()).generic();
         assert!(generic.encode(&Value::Long(1)).is_err());
         assert!(!generic.is_registry_framed());
+    }
+
+    #[test]
+    fn a_vec_of_bytes_is_written_as_avro_bytes() {
+        #[derive(Serialize, serde::Deserialize, Debug, PartialEq)]
+        struct Blob {
+            id: String,
+            data: Vec<u8>,
+        }
+        let s = schema(r#"{"name": "id", "type": "string"}, {"name": "data", "type": "bytes"}"#);
+        let codec = PlainAvro::new(s).typed::<Blob>();
+        let blob = Blob {
+            id: "b".into(),
+            data: vec![0, 1, 0xff],
+        };
+        let bytes = codec.encode(&blob).unwrap();
+        // The string, then the bytes: a length of 3 (zigzag 6) and the three.
+        assert_eq!(bytes, [0x02, b'b', 0x06, 0, 1, 0xff]);
+        assert_eq!(codec.decode(&bytes).unwrap(), blob);
+        let whole = PlainAvro::new(Schema::Bytes).typed::<Vec<u8>>();
+        assert_eq!(whole.encode(&vec![7, 8]).unwrap(), [0x04, 7, 8]);
+        assert_eq!(whole.decode(&[0x04, 7, 8]).unwrap(), vec![7, 8]);
+        // What fits neither way is still refused, with the direct path's
+        // reason.
+        let e = PlainAvro::new(Schema::Long)
+            .typed::<Vec<u8>>()
+            .encode(&vec![1])
+            .unwrap_err();
+        assert!(e.to_string().contains("does not fit the schema"), "{e}");
     }
 
     /// A schema whose datums end in an optional field, and the datum of one
