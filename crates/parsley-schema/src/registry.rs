@@ -122,15 +122,33 @@ impl RegistryConfig {
     /// The registry's base URL (`http://registry:8081`; for Apicurio, its
     /// `/apis/ccompat/v7` path). Several URLs separated by commas are
     /// tried in turn, as Confluent's `schema.registry.url` allows.
+    ///
+    /// Credentials in a URL (`https://user:password@registry:8081`, what
+    /// Confluent's clients read with `basic.auth.credentials.source=URL`)
+    /// are taken out of it and sent as HTTP basic authentication (the
+    /// first URL's, unless [`basic_auth`](Self::basic_auth) or
+    /// [`bearer_token`](Self::bearer_token) sets others). The URLs kept,
+    /// and so every `Debug` output, log line and error that names one,
+    /// carry no credentials.
     pub fn new(url: impl AsRef<str>) -> Self {
+        let mut auth = None;
+        let urls = url
+            .as_ref()
+            .split(',')
+            .map(|u| {
+                let (url, user_info) = without_user_info(u.trim().trim_end_matches('/'));
+                if let Some(info) = user_info
+                    && auth.is_none()
+                {
+                    auth = Some(basic(&info));
+                }
+                url
+            })
+            .filter(|u| !u.is_empty())
+            .collect();
         RegistryConfig {
-            urls: url
-                .as_ref()
-                .split(',')
-                .map(|u| u.trim().trim_end_matches('/').to_owned())
-                .filter(|u| !u.is_empty())
-                .collect(),
-            auth: None,
+            urls,
+            auth,
             timeout: Duration::from_secs(5),
             ca_pem: None,
             client_pem: None,
@@ -139,11 +157,7 @@ impl RegistryConfig {
 
     /// HTTP basic authentication (Confluent's `basic.auth.user.info`).
     pub fn basic_auth(mut self, user: impl AsRef<str>, password: impl AsRef<str>) -> Self {
-        let pair = format!("{}:{}", user.as_ref(), password.as_ref());
-        self.auth = Some(format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(pair)
-        ));
+        self.auth = Some(basic(&format!("{}:{}", user.as_ref(), password.as_ref())));
         self
     }
 
@@ -210,6 +224,38 @@ impl RegistryConfig {
             .build();
         Ok(config.into())
     }
+}
+
+/// The `Authorization` value of HTTP basic authentication for
+/// `user:password`.
+fn basic(pair: &str) -> String {
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(pair)
+    )
+}
+
+/// `url` without the user information of its authority
+/// (`scheme://user:password@host...`), and that information, its
+/// percent-escapes decoded.
+fn without_user_info(url: &str) -> (String, Option<String>) {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    let Some((info, host)) = authority.rsplit_once('@') else {
+        return (url.to_owned(), None);
+    };
+    let info = percent_encoding::percent_decode_str(info)
+        .decode_utf8_lossy()
+        .into_owned();
+    let url = match scheme {
+        Some(scheme) => format!("{scheme}://{host}{path}"),
+        None => format!("{host}{path}"),
+    };
+    (url, Some(info))
 }
 
 fn parse_certs(pem: &[u8]) -> Result<Vec<ureq::tls::Certificate<'static>>, ureq::Error> {
@@ -732,6 +778,43 @@ mod tests {
         );
         assert!(head.contains("authorization: bearer tok"), "{head}");
         assert_eq!(r.register("a b/c", SchemaType::Json, "{}").unwrap(), 9);
+    }
+
+    #[test]
+    fn credentials_in_a_url_are_sent_as_basic_auth_and_never_shown() {
+        let (url, server) = serve_once(
+            |_| Some(r#"{"schema": "\"long\""}"#.to_owned()),
+            Duration::ZERO,
+        );
+        let secret_url = url.replacen("http://", "http://ada:s3cr%40t@", 1);
+        let config = RegistryConfig::new(format!("{secret_url}/, http://bob:other@127.0.0.1:9"));
+        assert_eq!(config.urls(), [url.as_str(), "http://127.0.0.1:9"]);
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("s3cr") && !shown.contains("ada"), "{shown}");
+        let r = SchemaRegistry::new(config).unwrap();
+        assert!(!format!("{r:?}").contains("s3cr"));
+        r.schema(3).unwrap();
+        let head = server.join().unwrap().to_ascii_lowercase();
+        // ada:s3cr@t, the first URL's, in base64.
+        assert!(
+            head.contains("authorization: basic ywrhonmzy3jada=="),
+            "{head}"
+        );
+        // An error that names the URL names it without the credentials.
+        let e = r.schema(4).unwrap_err().to_string();
+        assert!(!e.contains("s3cr") && !e.contains("other"), "{e}");
+        // Credentials set apart win over the URL's.
+        let r = RegistryConfig::new(&secret_url).bearer_token("tok");
+        assert_eq!(r.auth.as_deref(), Some("Bearer tok"));
+        // A URL without them is kept as it is.
+        assert_eq!(
+            without_user_info("https://registry:8081/apis/ccompat/v7"),
+            ("https://registry:8081/apis/ccompat/v7".to_owned(), None)
+        );
+        assert_eq!(
+            without_user_info("https://registry:8081/a@b"),
+            ("https://registry:8081/a@b".to_owned(), None)
+        );
     }
 
     #[test]
