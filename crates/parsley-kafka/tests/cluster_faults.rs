@@ -37,7 +37,8 @@ use cluster::NodeAction::{Kill, Pause, Restart, Resume, Term};
 use futures_executor::block_on;
 use parsley::{Codec, Message, Parsley, Stage, Step, Topic};
 use parsley_kafka::{
-    CausalStreams, ClientLogs, KafkaCluster, ProductionResponse, StreamsOptions, StreamsState,
+    CausalStreams, ClientLogs, GroupProtocol, KafkaCluster, ProductionResponse, StreamsOptions,
+    StreamsState,
 };
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -887,8 +888,21 @@ fn internal_topics_take_the_replication_factor_asked() {
         });
     streams.start().unwrap();
     streams.wait_until_running(Duration::from_secs(60)).unwrap();
+    // The protocol left to the cluster: every broker was asked (one
+    // request each), and a 4.x cluster serves the consumer protocol.
+    assert_eq!(
+        streams.group_protocol(),
+        Some(GroupProtocol::Consumer),
+        "the cluster under test is expected to be Kafka 4.0 or later"
+    );
     streams.close(Duration::from_secs(30)).unwrap();
     let _ = std::fs::remove_dir_all(&state);
+    let unasked: Vec<String> = logs().lock().unwrap().warnings[warnings_before..]
+        .iter()
+        .filter(|w| w.contains("chosen without the brokers' answer"))
+        .cloned()
+        .collect();
+    assert!(unasked.is_empty(), "{unasked:?}");
     let fold = names.fold_changelog.clone().expect("a stateful stage");
     assert_eq!(
         admin.replication_factor(&fold).unwrap(),

@@ -72,15 +72,14 @@ pub(crate) fn offered(cluster: &KafkaCluster, timeout: Duration) -> Offered {
     if brokers.is_empty() {
         return Offered::Unknown("the metadata names no broker".to_owned());
     }
-    let specs: Vec<ResourceSpecifier<'_>> = brokers
-        .iter()
-        .map(|id| ResourceSpecifier::Broker(*id))
-        .collect();
     let opts = AdminOptions::new().request_timeout(Some(timeout));
-    let answers = match block_on(admin.describe_configs(specs.iter(), &opts)) {
-        Ok(answers) => answers,
-        Err(e) => return Offered::Unknown(e.to_string()),
-    };
+    let mut answers = Vec::with_capacity(brokers.len());
+    for request in requests(&brokers) {
+        match block_on(admin.describe_configs(request.iter(), &opts)) {
+            Ok(answer) => answers.extend(answer),
+            Err(e) => return Offered::Unknown(e.to_string()),
+        }
+    }
     combine(answers.into_iter().map(|answer| {
         answer
             .map(|resource| {
@@ -90,6 +89,17 @@ pub(crate) fn offered(cluster: &KafkaCluster, timeout: Duration) -> Offered {
             })
             .map_err(|code| format!("DescribeConfigs: {code}"))
     }))
+}
+
+/// The DescribeConfigs requests that ask `brokers` for their settings: one
+/// per broker, because librdkafka refuses a request that names more than
+/// one broker resource (`ERR__CONFLICT`, "Conflicting use"), which made
+/// every cluster of two or more brokers fall back to the classic protocol.
+fn requests(brokers: &[i32]) -> Vec<[ResourceSpecifier<'static>; 1]> {
+    brokers
+        .iter()
+        .map(|id| [ResourceSpecifier::Broker(*id)])
+        .collect()
 }
 
 /// What the brokers serve together, from each broker's answer: its
@@ -209,6 +219,19 @@ pub(crate) fn choose(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_broker_is_asked_in_a_request_of_its_own() {
+        let asked = requests(&[3, 1, 2]);
+        assert_eq!(asked.len(), 3);
+        for (request, id) in asked.iter().zip([3, 1, 2]) {
+            assert!(
+                matches!(request, [ResourceSpecifier::Broker(b)] if *b == id),
+                "{request:?}"
+            );
+        }
+        assert!(requests(&[]).is_empty());
+    }
 
     fn listed(s: &str) -> Offered {
         Offered::Listed(parse_list(s))
