@@ -315,21 +315,7 @@ fn produce_tagged(topic: &str, values: &[&str]) {
 /// A stage that refuses the record "poison" and copies the rest to
 /// `output`, its topology written to a file for `parsley reset --app`.
 fn checking_app(app_id: &str, input: &str, output: &str) -> (Parsley, String) {
-    let t = |n: &str| -> Topic<String, String> { Topic::new(n, Codec::utf8(), Codec::utf8()) };
-    let mut builder = Stage::named("check");
-    let out = builder.add_sink(&t(output));
-    let stage = builder
-        .on(
-            &t(input),
-            move |m: &parsley::Message<String, String>| -> Result<Vec<Emission>, String> {
-                if m.value().map(String::as_str) == Some("poison") {
-                    return Err("cannot handle this".into());
-                }
-                Ok(vec![out.send(m.key().cloned(), m.value().cloned())])
-            },
-        )
-        .build()
-        .unwrap();
+    let stage = common::refusing_stage("check", input, output);
     let app = Parsley::named(app_id, [stage]).unwrap();
     let file = std::env::temp_dir().join(format!("{app_id}.json"));
     std::fs::write(&file, parsley_kafka::topology(&app).to_json()).unwrap();

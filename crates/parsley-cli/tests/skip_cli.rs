@@ -64,21 +64,7 @@ fn skip_steps_a_stopped_application_past_a_named_record() {
     let cluster = KafkaCluster::new(&config(), Duration::from_secs(20)).unwrap();
     let (i, o, dlq, app_id) = (unique("in"), unique("out"), unique("dead"), unique("app"));
     create(&cluster, &[(&i, 1), (&o, 1), (&dlq, 1)]);
-    let t = |n: &str| -> Topic<String, String> { Topic::new(n, Codec::utf8(), Codec::utf8()) };
-    let mut builder = Stage::named("echo");
-    let out = builder.add_sink(&t(&o));
-    let stage = builder
-        .on(
-            &t(&i),
-            move |m: &parsley::Message<String, String>| -> Result<Vec<Emission>, String> {
-                if m.value().map(String::as_str) == Some("poison") {
-                    return Err("cannot handle this".into());
-                }
-                Ok(vec![out.send(m.key().cloned(), m.value().cloned())])
-            },
-        )
-        .build()
-        .unwrap();
+    let stage = common::refusing_stage("echo", &i, &o);
     let app = Parsley::named(app_id.as_str(), [stage]).unwrap();
     let start = || {
         let mut s = CausalStreams::new(&app, config())

@@ -84,3 +84,24 @@ pub fn parsley(args: &[&str]) -> (bool, String) {
         ),
     )
 }
+
+/// A stage named `name` that copies `input` to `output` and refuses the
+/// record whose value is "poison" (its logic fails on it).
+pub fn refusing_stage(name: &str, input: &str, output: &str) -> parsley::Stage {
+    use parsley::{Codec, Emission, Message, Stage, Topic};
+    let t = |n: &str| -> Topic<String, String> { Topic::new(n, Codec::utf8(), Codec::utf8()) };
+    let mut builder = Stage::named(name);
+    let out = builder.add_sink(&t(output));
+    builder
+        .on(
+            &t(input),
+            move |m: &Message<String, String>| -> Result<Vec<Emission>, String> {
+                if m.value().map(String::as_str) == Some("poison") {
+                    return Err("cannot handle this".into());
+                }
+                Ok(vec![out.send(m.key().cloned(), m.value().cloned())])
+            },
+        )
+        .build()
+        .unwrap()
+}

@@ -2,6 +2,7 @@
 //! cache cannot hold in the task's local store.
 
 use super::*;
+use crate::runtime::local::LocalEntry;
 
 /// Writes a fold state out to the task's local store as a replay goes,
 /// whenever what the replay holds in memory passes `budget` bytes, so a
@@ -151,12 +152,7 @@ impl FoldSpill {
         self.held_bytes = 0;
     }
 
-    pub(super) fn write_part(
-        &mut self,
-        task: &TaskId,
-        rebuild: bool,
-        entries: Vec<crate::runtime::local::LocalEntry>,
-    ) {
+    pub(super) fn write_part(&mut self, task: &TaskId, rebuild: bool, entries: Vec<LocalEntry>) {
         let write = crate::runtime::local::LocalWrite {
             identity: None,
             checkpoint: BTreeMap::new(),
@@ -208,8 +204,8 @@ impl FoldSpill {
         if self.held <= self.budget.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
-        let entries: Vec<crate::runtime::local::LocalEntry> = if rebuild {
-            let mut entries: Vec<crate::runtime::local::LocalEntry> = fold
+        let entries: Vec<LocalEntry> = if rebuild {
+            let mut entries: Vec<LocalEntry> = fold
                 .drain_bytes()
                 .into_iter()
                 .map(|(k, v)| (StoreKind::Fold, k.into(), Some(v.into())))

@@ -485,7 +485,9 @@ impl Task {
         self.outgoing.push(OutgoingRecord {
             topic,
             partition: channel.partition,
-            key: Some(channel.partition.to_be_bytes().to_vec().into()),
+            key: Some(RecordBytes::copy_from_slice(
+                &channel.partition.to_be_bytes(),
+            )),
             value: None,
             timestamp: self.wall_clock,
             stamp: Some(stamp),
