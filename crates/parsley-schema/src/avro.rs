@@ -19,7 +19,6 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 
-use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::schema::ResolvedSchema;
 use apache_avro::types::Value;
 use apache_avro::writer::datum::{GenericDatumWriter, write_avro_datum_ref};
@@ -31,6 +30,7 @@ use serde::de::DeserializeOwned;
 
 use crate::framing::unframe;
 use crate::registry::{SchemaReference, SchemaRegistry, SchemaType};
+use crate::resolving::Plan;
 use crate::subject::{Registration, SchemaId};
 use crate::{SchemaError, SubjectNameStrategy, codec_error};
 
@@ -459,96 +459,24 @@ impl Writes {
     }
 }
 
-/// The schemas a datum is read with: the writer's, the named types it
-/// refers to, and the reader's when it differs.
-struct ReadSchemas {
-    writer: Schema,
-    named: Vec<Schema>,
-    reader: Option<Schema>,
-}
-
-self_cell!(
-    /// A reader of one writer schema's datums, built once per writer
-    /// schema: its named types are indexed then, not per record.
-    struct Reads {
-        owner: ReadSchemas,
-        #[covariant]
-        dependent: GenericDatumReader,
-    }
-);
+/// A reader of one writer schema's datums into the reader's schema: the
+/// two are matched once, when the writer schema is first met
+/// ([`crate::resolving`]), not per record.
+struct Reads(Plan);
 
 impl Reads {
     fn of(writer: Schema, named: Vec<Schema>, reader: Option<Schema>) -> Result<Self, String> {
-        let schemas = ReadSchemas {
-            writer,
-            named,
-            reader,
-        };
-        Reads::try_new(schemas, |s| {
-            if s.named.is_empty() {
-                GenericDatumReader::builder(&s.writer)
-                    .maybe_reader_schema(s.reader.as_ref())
-                    .build()
-            } else {
-                // The names the writer uses: the referenced types and its own.
-                GenericDatumReader::builder(&s.writer)
-                    .writer_schemata(s.named.iter().chain([&s.writer]).collect())?
-                    .maybe_reader_schema(s.reader.as_ref())
-                    .build()
-            }
-        })
-        .map_err(|e| format!("the schemas do not resolve: {e}"))
+        Plan::new(&writer, &named, reader.as_ref())
+            .map(Reads)
+            .map_err(|e| format!("the schemas do not resolve: {e}"))
     }
 
     /// Reads one datum from the whole of `payload`: no byte missing, none
     /// left over.
     fn read(&self, payload: &[u8]) -> Result<Value, String> {
-        let mut input = Exact {
-            rest: payload,
-            overrun: false,
-        };
-        let value = self
-            .borrow_dependent()
-            .read_value(&mut input)
-            .map_err(|e| format!("the payload does not decode with the writer's schema: {e}"))?;
-        if input.overrun {
-            return Err(format!(
-                "the payload ends before its datum does ({} byte(s)): it was cut short, or not written with this schema",
-                payload.len()
-            ));
-        }
-        if !input.rest.is_empty() {
-            return Err(format!(
-                "{} byte(s) left after the datum: the payload was not written with this schema",
-                input.rest.len()
-            ));
-        }
-        Ok(value)
-    }
-}
-
-/// A payload as the Avro decoder's input, remembering whether the decoder
-/// asked for more bytes than were left. A datum never reads past its own
-/// end, so a request past the payload's end means the payload is short.
-/// The decoder itself does not always say so: apache-avro 0.22 reads the
-/// end of the input where a union's branch index belongs as branch 0 with
-/// a null, so a frame cut before an optional field's index decoded to a
-/// record with that field empty.
-struct Exact<'a> {
-    rest: &'a [u8],
-    overrun: bool,
-}
-
-impl std::io::Read for Exact<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if buf.len() > self.rest.len() {
-            self.overrun = true;
-        }
-        let n = buf.len().min(self.rest.len());
-        let (now, rest) = self.rest.split_at(n);
-        buf[..n].copy_from_slice(now);
-        self.rest = rest;
-        Ok(n)
+        self.0
+            .read(payload)
+            .map_err(|e| format!("the payload does not decode with the writer's schema: {e}"))
     }
 }
 
@@ -609,11 +537,19 @@ fn bytes_as_numbers(v: Value) -> Value {
 
 /// Writes `value` as a datum of `schema` after `out`'s bytes.
 fn write_datum(schema: &Schema, value: Value, out: &mut Vec<u8>) -> Result<(), String> {
-    // Resolving first turns serde's shapes into the schema's: a `None` into
-    // its union branch, a string into an enum symbol.
-    let value = value
-        .resolve(schema)
-        .map_err(|e| format!("the value does not fit the schema: {e}"))?;
+    // A value already in the schema's shape is written as it is. Others are
+    // resolved first, which turns serde's shapes into the schema's: a `None`
+    // into its union branch, a string into an enum symbol. (Resolving a
+    // value that is already right is not harmless: apache-avro 0.22 refuses
+    // a `bytes` decimal with fewer bytes than its precision could fill,
+    // which is every small value.)
+    let value = if value.validate(schema) {
+        value
+    } else {
+        value
+            .resolve(schema)
+            .map_err(|e| format!("the value does not fit the schema: {e}"))?
+    };
     GenericDatumWriter::builder(schema)
         .build()
         .and_then(|w| w.write_value_ref(out, &value))
@@ -789,6 +725,22 @@ mod tests {
         let generic = PlainAvro::new(v1()).generic();
         assert!(generic.encode(&Value::Long(1)).is_err());
         assert!(!generic.is_registry_framed());
+    }
+
+    /// A decimal is its unscaled value in as few bytes as it needs, which
+    /// is fewer than its precision could fill: 1.00 at precision 10 is the
+    /// one byte 100. Both ways work.
+    #[test]
+    fn a_small_decimal_is_written_and_read_in_its_own_bytes() {
+        let s = Schema::parse_str(
+            r#"{"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}"#,
+        )
+        .unwrap();
+        let codec = PlainAvro::new(s).generic();
+        let one = Value::Decimal(apache_avro::Decimal::from(vec![100u8]));
+        let bytes = codec.encode(&one).unwrap();
+        assert_eq!(bytes, [2, 100]);
+        assert_eq!(codec.decode(&bytes).unwrap(), one);
     }
 
     #[test]

@@ -52,6 +52,7 @@ pub mod avro;
 pub mod framing;
 pub mod json_schema;
 pub mod registry;
+mod resolving;
 mod subject;
 
 pub use apache_avro;
