@@ -1,8 +1,9 @@
 """Confluent's own serializers, for the interop tests of parsley-schema.
 
-    confluent_interop.py URL encode TOPIC SCHEMA_JSON   < record as JSON lines
+    confluent_interop.py URL encode TOPIC SCHEMA_JSON [CONF_JSON] < record as JSON lines
         prints each record framed and encoded by confluent-kafka's
-        AvroSerializer (value side, default subject strategy), in hex
+        AvroSerializer (value side, default subject strategy), in hex;
+        CONF_JSON is the serializer's configuration (normalize.schemas...)
     confluent_interop.py URL decode TOPIC                < hex lines
         prints each frame decoded by confluent-kafka's AvroDeserializer,
         which reads the writer schema by the frame's id, as JSON
@@ -38,7 +39,8 @@ def main():
     ctx = SerializationContext(topic, MessageField.VALUE)
     lines = [l.strip() for l in sys.stdin if l.strip()]
     if mode == "encode":
-        serializer = AvroSerializer(client, sys.argv[4])
+        conf = json.loads(sys.argv[5]) if len(sys.argv) > 5 else None
+        serializer = AvroSerializer(client, sys.argv[4], conf=conf)
         for line in lines:
             print(serializer(json.loads(line), ctx).hex())
     elif mode == "decode":

@@ -60,6 +60,8 @@ use crate::{SchemaError, SubjectNameStrategy, codec_error};
 pub struct AvroCodec {
     registration: Registration,
     schema: Schema,
+    /// The schema's text as the user gave it, registered as it is.
+    text: Option<String>,
 }
 
 impl fmt::Debug for AvroCodec {
@@ -72,11 +74,57 @@ impl fmt::Debug for AvroCodec {
 
 impl AvroCodec {
     /// A codec for the values of `topic`, reading and writing `schema`.
+    ///
+    /// The schema is registered as apache-avro writes it out. When the
+    /// same schema is also registered by other clients from a `.avsc`
+    /// file, prefer [`value_text`](Self::value_text) with that file's text:
+    /// a registry that compares schemas as text (Apicurio's, among others)
+    /// then gives both clients one id whichever registers first.
     pub fn value(registry: &SchemaRegistry, topic: &str, schema: Schema) -> Self {
         AvroCodec {
             registration: Registration::new(registry, topic, Part::Value),
             schema,
+            text: None,
         }
+    }
+
+    /// A codec for the values of `topic`, with the schema given as text (an
+    /// `.avsc` file's contents, say): the text is parsed, and registered
+    /// exactly as given, as Confluent's clients register the text they are
+    /// given.
+    ///
+    /// ```no_run
+    /// use parsley_schema::{AvroCodec, SchemaRegistry};
+    ///
+    /// let registry = SchemaRegistry::at("http://registry:8081")?;
+    /// let avsc = r#"{"type": "record", "name": "Order", "namespace": "shop",
+    ///     "fields": [{"name": "id", "type": "string"}]}"#;
+    /// let codec = AvroCodec::value_text(&registry, "orders", avsc)?.generic()?;
+    /// # Ok::<(), parsley_schema::SchemaError>(())
+    /// ```
+    pub fn value_text(
+        registry: &SchemaRegistry,
+        topic: &str,
+        text: &str,
+    ) -> Result<Self, SchemaError> {
+        Ok(AvroCodec {
+            text: Some(text.to_owned()),
+            ..AvroCodec::value(registry, topic, parse_text(text)?)
+        })
+    }
+
+    /// A codec for the keys of `topic`, with the schema given as text and
+    /// registered as given (see [`value_text`](Self::value_text) and
+    /// [`key`](Self::key)).
+    pub fn key_text(
+        registry: &SchemaRegistry,
+        topic: &str,
+        text: &str,
+    ) -> Result<Self, SchemaError> {
+        Ok(AvroCodec {
+            text: Some(text.to_owned()),
+            ..AvroCodec::key(registry, topic, parse_text(text)?)
+        })
     }
 
     /// A codec for the values of `topic`, with the schema `T` derives.
@@ -92,6 +140,7 @@ impl AvroCodec {
         AvroCodec {
             registration: Registration::new(registry, topic, Part::Key),
             schema,
+            text: None,
         }
     }
 
@@ -109,6 +158,15 @@ impl AvroCodec {
     /// schemas are registered by a deploy pipeline.
     pub fn auto_register(mut self, register: bool) -> Self {
         self.registration.auto_register = register;
+        self
+    }
+
+    /// Whether the registry is asked to normalize the schema when the codec
+    /// registers it (Confluent's `normalize.schemas`); off unless set.
+    /// Lookups are always normalized, whatever this says: see
+    /// [`SchemaRegistry::lookup`].
+    pub fn normalize(mut self, normalize: bool) -> Self {
+        self.registration.normalize = normalize;
         self
     }
 
@@ -151,10 +209,14 @@ impl AvroCodec {
     }
 
     fn core(self) -> Result<Framed, SchemaError> {
-        // The schema as JSON with everything in it (defaults included, which
-        // the registry's compatibility checks read), not its canonical form.
-        let text = serde_json::to_string(&self.schema)
-            .map_err(|e| SchemaError::Schema(format!("the schema does not serialize: {e}")))?;
+        // The user's text, or the schema as JSON with everything in it
+        // (defaults included, which the registry's compatibility checks
+        // read), not its canonical form.
+        let text = match self.text.clone() {
+            Some(text) => text,
+            None => serde_json::to_string(&self.schema)
+                .map_err(|e| SchemaError::Schema(format!("the schema does not serialize: {e}")))?,
+        };
         let record = self.record_name();
         Ok(Framed {
             own: self
@@ -403,6 +465,11 @@ impl PlainAvro {
         )
         .named("avro")
     }
+}
+
+fn parse_text(text: &str) -> Result<Schema, SchemaError> {
+    Schema::parse_str(text)
+        .map_err(|e| SchemaError::Schema(format!("the text is not a valid Avro schema: {e}")))
 }
 
 fn plain_error(message: String) -> CodecError {

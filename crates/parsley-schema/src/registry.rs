@@ -415,9 +415,14 @@ impl SchemaRegistry {
         Ok(schema)
     }
 
-    /// Registers `text` under `subject` (a schema the subject already
-    /// holds keeps its id) and returns the id; cached, so each schema is
-    /// registered once per client. The registry refuses a schema that
+    /// The id of `text` under `subject`, registering it if the subject
+    /// does not hold it yet; cached, so each schema is asked for once per
+    /// client. The subject is first asked, normalized, whether it holds
+    /// the schema in any spelling ([`lookup`](Self::lookup)): a schema
+    /// another client registered as different text (keys in another
+    /// order, other white space) keeps its id, also on registries that
+    /// compare text when registering. Only a schema the subject does not
+    /// hold is registered, as `text`. The registry refuses a schema that
     /// breaks the subject's compatibility rule
     /// ([`SchemaError::Incompatible`]).
     pub fn register(
@@ -426,20 +431,44 @@ impl SchemaRegistry {
         schema_type: SchemaType,
         text: &str,
     ) -> Result<u32, SchemaError> {
-        self.id_for(subject, schema_type, text, true)
+        self.id_for(
+            subject,
+            schema_type,
+            text,
+            Ask::Register { normalize: false },
+        )
+    }
+
+    /// As [`register`](Self::register), asking the registry to normalize
+    /// the schema it registers (Confluent's `normalize.schemas`).
+    pub fn register_normalized(
+        &self,
+        subject: &str,
+        schema_type: SchemaType,
+        text: &str,
+    ) -> Result<u32, SchemaError> {
+        self.id_for(
+            subject,
+            schema_type,
+            text,
+            Ask::Register { normalize: true },
+        )
     }
 
     /// The id under which `subject` already holds `text`, without
     /// registering anything (Confluent's serializers with
     /// `auto.register.schemas=false`); cached like
-    /// [`register`](Self::register).
+    /// [`register`](Self::register). The lookup asks the registry to
+    /// normalize (`normalize=true`), so it finds the schema however the
+    /// client that registered it spelled it: a Java producer's
+    /// `Schema.toString()`, a Python client's file text, or ours.
     pub fn lookup(
         &self,
         subject: &str,
         schema_type: SchemaType,
         text: &str,
     ) -> Result<u32, SchemaError> {
-        self.id_for(subject, schema_type, text, false)
+        self.id_for(subject, schema_type, text, Ask::Lookup)
     }
 
     fn id_for(
@@ -447,23 +476,48 @@ impl SchemaRegistry {
         subject: &str,
         schema_type: SchemaType,
         text: &str,
-        register: bool,
+        ask: Ask,
     ) -> Result<u32, SchemaError> {
         let key = (subject.to_owned(), schema_type, text.to_owned());
         if let Some(id) = read(&self.inner.ids).get(&key) {
             return Ok(*id);
         }
+        let id = match ask {
+            Ask::Lookup => self.ask(subject, schema_type, text, Ask::Lookup)?,
+            Ask::Register { .. } => match self.ask(subject, schema_type, text, Ask::Lookup) {
+                Ok(id) => id,
+                Err(SchemaError::NotRegistered { .. }) => {
+                    self.ask(subject, schema_type, text, ask)?
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        write(&self.inner.ids).insert(key, id);
+        Ok(id)
+    }
+
+    /// One request: a normalized lookup, or a registration.
+    fn ask(
+        &self,
+        subject: &str,
+        schema_type: SchemaType,
+        text: &str,
+        ask: Ask,
+    ) -> Result<u32, SchemaError> {
         let segment = utf8_percent_encode(subject, SEGMENT).to_string();
-        let (path, what) = if register {
-            (
-                format!("/subjects/{segment}/versions"),
+        let register = matches!(ask, Ask::Register { .. });
+        let (path, what) = match ask {
+            Ask::Register { normalize } => (
+                format!(
+                    "/subjects/{segment}/versions{}",
+                    if normalize { "?normalize=true" } else { "" }
+                ),
                 format!("registering a {schema_type} schema under subject {subject:?}"),
-            )
-        } else {
-            (
-                format!("/subjects/{segment}"),
+            ),
+            Ask::Lookup => (
+                format!("/subjects/{segment}?normalize=true"),
                 format!("looking up a {schema_type} schema under subject {subject:?}"),
-            )
+            ),
         };
         let body = serde_json::to_vec(&SchemaBody {
             schema: text,
@@ -488,7 +542,6 @@ impl SchemaRegistry {
         };
         let IdAnswer { id } = parse(&answer, &|| what.clone())?;
         debug!(subject, id, register, "schema id from the registry");
-        write(&self.inner.ids).insert(key, id);
         Ok(id)
     }
 
@@ -603,6 +656,13 @@ fn transport_is_transient(e: &ureq::Error) -> bool {
             | ureq::Error::ConnectionFailed
             | ureq::Error::Protocol(_)
     )
+}
+
+/// What [`SchemaRegistry::id_for`] asks of the registry.
+#[derive(Clone, Copy)]
+enum Ask {
+    Lookup,
+    Register { normalize: bool },
 }
 
 fn registered(
@@ -772,12 +832,92 @@ mod tests {
         let r = SchemaRegistry::new(RegistryConfig::new(url).bearer_token("tok")).unwrap();
         assert_eq!(r.register("a b/c", SchemaType::Json, "{}").unwrap(), 9);
         let head = server.join().unwrap().to_ascii_lowercase();
+        // The subject held the schema: found by the normalized lookup,
+        // nothing registered.
         assert!(
-            head.starts_with("post /subjects/a%20b%2fc/versions "),
+            head.starts_with("post /subjects/a%20b%2fc?normalize=true "),
             "{head}"
         );
         assert!(head.contains("authorization: bearer tok"), "{head}");
         assert_eq!(r.register("a b/c", SchemaType::Json, "{}").unwrap(), 9);
+    }
+
+    /// A registry answering each request in turn with a status and a body,
+    /// one connection per request; the heads of the requests come back.
+    fn serve_in_turn(
+        answers: Vec<(u16, &'static str)>,
+    ) -> (String, std::thread::JoinHandle<Vec<String>>) {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let handle = std::thread::spawn(move || {
+            let mut heads = Vec::new();
+            for (status, body) in answers {
+                let (mut stream, _) = listener.accept().unwrap();
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut head = String::new();
+                let mut length = 0;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap();
+                    }
+                    head.push_str(&line);
+                }
+                head.push_str("\r\n");
+                let mut sent = vec![0; length];
+                reader.read_exact(&mut sent).unwrap();
+                head.push_str(&String::from_utf8_lossy(&sent));
+                write!(
+                    stream,
+                    "HTTP/1.1 {status} X\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .unwrap();
+                heads.push(head);
+            }
+            heads
+        });
+        (url, handle)
+    }
+
+    #[test]
+    fn a_schema_the_subject_lacks_is_registered_as_given_after_the_normalized_lookup() {
+        let text = r#"{"type":"record","name":"A","namespace":"x","fields":[]}"#;
+        for (normalize, path) in [
+            (false, "post /subjects/s/versions "),
+            (true, "post /subjects/s/versions?normalize=true "),
+        ] {
+            let (url, server) = serve_in_turn(vec![
+                (
+                    404,
+                    r#"{"error_code": 40401, "message": "Subject 's' not found."}"#,
+                ),
+                (200, r#"{"id": 12}"#),
+            ]);
+            let r = SchemaRegistry::at(url).unwrap();
+            let id = if normalize {
+                r.register_normalized("s", SchemaType::Avro, text)
+            } else {
+                r.register("s", SchemaType::Avro, text)
+            };
+            assert_eq!(id.unwrap(), 12);
+            let heads = server.join().unwrap();
+            let lower: Vec<String> = heads.iter().map(|h| h.to_ascii_lowercase()).collect();
+            assert!(
+                lower[0].starts_with("post /subjects/s?normalize=true "),
+                "{}",
+                heads[0]
+            );
+            assert!(lower[1].starts_with(path), "{}", heads[1]);
+            // The text itself, not a re-serialisation of it.
+            let sent = &heads[1][heads[1].find("\r\n\r\n").unwrap() + 4..];
+            let body: serde_json::Value = serde_json::from_str(sent).unwrap();
+            assert_eq!(body["schema"], text, "{sent}");
+        }
     }
 
     #[test]

@@ -60,6 +60,7 @@ pub(crate) struct Registration {
     pub(crate) part: Part,
     pub(crate) strategy: SubjectNameStrategy,
     pub(crate) auto_register: bool,
+    pub(crate) normalize: bool,
 }
 
 impl Registration {
@@ -70,6 +71,7 @@ impl Registration {
             part,
             strategy: SubjectNameStrategy::TopicName,
             auto_register: true,
+            normalize: false,
         }
     }
 
@@ -95,6 +97,7 @@ impl Registration {
             schema_type,
             text,
             auto_register: self.auto_register,
+            normalize: self.normalize,
             id: RwLock::new(None),
         })
     }
@@ -108,6 +111,7 @@ pub(crate) struct SchemaId {
     schema_type: SchemaType,
     text: String,
     auto_register: bool,
+    normalize: bool,
     id: RwLock<Option<u32>>,
 }
 
@@ -126,7 +130,9 @@ impl SchemaId {
             return Ok(id);
         }
         let (subject, kind, text) = (&self.subject, self.schema_type, &self.text);
-        let id = if self.auto_register {
+        let id = if self.auto_register && self.normalize {
+            self.registry.register_normalized(subject, kind, text)?
+        } else if self.auto_register {
             self.registry.register(subject, kind, text)?
         } else {
             self.registry.lookup(subject, kind, text)?

@@ -639,6 +639,113 @@ fn records_from_confluents_serializer_decode_here_and_ours_decode_there() {
     );
 }
 
+/// The schema as a Python or Java client would register it: keys in
+/// their order ("name" before "namespace"), spaced, which is not how
+/// apache-avro writes the same schema out.
+fn confluent_text(ns: &str) -> String {
+    format!(
+        r#"{{"type": "record", "name": "Order", "namespace": "{ns}", "fields": [{{"name": "id", "type": "string"}}, {{"name": "total", "type": "long"}}]}}"#
+    )
+}
+
+fn frame_id(hex: &str) -> u32 {
+    u32::from_str_radix(&hex[2..10], 16).unwrap()
+}
+
+fn versions(subject: &str) -> usize {
+    let answer: serde_json::Value =
+        ureq::get(format!("{}/subjects/{subject}/versions", registry_url()))
+            .call()
+            .unwrap()
+            .body_mut()
+            .read_json()
+            .unwrap();
+    answer.as_array().unwrap().len()
+}
+
+/// Confluent's client registers first, with its own spelling of the schema;
+/// the codec, holding the same schema, finds that registration (normalized
+/// lookup) instead of adding a version, whether it registers or only looks
+/// up.
+#[test]
+#[ignore = "needs a schema registry and Confluent's Python client (PARSLEY_SCHEMA_REGISTRY, PARSLEY_CONFLUENT_PYTHON); the test command prepares both"]
+fn a_schema_confluents_client_registered_first_keeps_its_id_for_the_codec() {
+    let r = registry();
+    let topic = unique("first_confluent");
+    let text = confluent_text(&unique("ns"));
+    let schema = Schema::parse_str(&text).unwrap();
+    assert_ne!(
+        serde_json::to_string(&schema).unwrap(),
+        text,
+        "the test needs two spellings of one schema"
+    );
+    let theirs = frame_id(&confluent(
+        &[&registry_url(), "encode", &topic, &text],
+        "{\"id\": \"o-1\", \"total\": 1}",
+    ));
+    for auto in [true, false] {
+        let codec: Codec<Order> = AvroCodec::value(&r, &topic, schema.clone())
+            .auto_register(auto)
+            .typed()
+            .unwrap();
+        let ours = codec.encode(&order("o-2", 2)).unwrap();
+        assert_eq!(
+            u32::from_be_bytes(ours[1..5].try_into().unwrap()),
+            theirs,
+            "auto_register({auto})"
+        );
+    }
+    assert_eq!(versions(&format!("{topic}-value")), 1);
+}
+
+/// The codec registers first. Given the schema's text, it registers that
+/// text, so Confluent's client with the same file gets the same id even on
+/// a registry that compares text; given a parsed schema, Confluent's client
+/// finds it when it normalizes.
+#[test]
+#[ignore = "needs a schema registry and Confluent's Python client (PARSLEY_SCHEMA_REGISTRY, PARSLEY_CONFLUENT_PYTHON); the test command prepares both"]
+fn a_schema_the_codec_registered_first_keeps_its_id_for_confluents_client() {
+    let r = registry();
+    let record = "{\"id\": \"o-1\", \"total\": 1}";
+
+    let topic = unique("first_codec_text");
+    let text = confluent_text(&unique("ns"));
+    let codec: Codec<Order> = AvroCodec::value_text(&r, &topic, &text)
+        .unwrap()
+        .typed()
+        .unwrap();
+    let ours = codec.encode(&order("o-1", 1)).unwrap();
+    let theirs = confluent(&[&registry_url(), "encode", &topic, &text], record);
+    assert_eq!(
+        frame_id(&theirs),
+        u32::from_be_bytes(ours[1..5].try_into().unwrap())
+    );
+    assert_eq!(theirs, common::to_hex(&ours));
+    assert_eq!(versions(&format!("{topic}-value")), 1);
+
+    let topic = unique("first_codec_parsed");
+    let text = confluent_text(&unique("ns"));
+    let codec: Codec<Order> = AvroCodec::value(&r, &topic, Schema::parse_str(&text).unwrap())
+        .typed()
+        .unwrap();
+    let ours = codec.encode(&order("o-1", 1)).unwrap();
+    let theirs = confluent(
+        &[
+            &registry_url(),
+            "encode",
+            &topic,
+            &text,
+            r#"{"normalize.schemas": true}"#,
+        ],
+        record,
+    );
+    assert_eq!(
+        frame_id(&theirs),
+        u32::from_be_bytes(ours[1..5].try_into().unwrap())
+    );
+    assert_eq!(versions(&format!("{topic}-value")), 1);
+}
+
 /// The guide's example (docs/guide/src/codecs.md includes the part between
 /// the ANCHOR lines).
 #[test]
