@@ -114,6 +114,21 @@ pub enum QueryError {
         /// What the task still waits for, as `explain_holds` says it.
         waiting_on: Vec<WaitingOn>,
     },
+    /// The query named a record on a partition of the stage's own input
+    /// that the key's task does not read: the key's state can never
+    /// include it. Its producer placed the key by another partitioner than
+    /// the topic declares ([`Topic::partitioned_by`](parsley::Topic::partitioned_by)).
+    #[error(
+        "record {cause} is on a partition task {task} does not read, so the key's state can never include it: the topic's declared partitioner ({partitioner:?}) places the key in {task}, and the record's producer placed it elsewhere (declare the producer's partitioner with Topic::partitioned_by; librdkafka's default, consistent_random, is Partitioner::Crc32)"
+    )]
+    KeyNotOnPartition {
+        /// The key's task.
+        task: TaskId,
+        /// The record the query named.
+        cause: Coordinate,
+        /// The partitioner the stage's sources declare.
+        partitioner: parsley::partition::Partitioner,
+    },
     /// No stream thread answered in time (a rebalance moved the task, or
     /// the threads are busy restoring).
     #[error("no stream thread answered the query for {task} within {waited:?}; ask again")]
@@ -191,6 +206,12 @@ impl CausalStreams {
 
     /// As [`query_after`](Self::query_after), with the causes named by
     /// their coordinates (what a producer's delivery report gives).
+    ///
+    /// A coordinate on one of the stage's own input topics but on another
+    /// partition than the key's task reads fails at once with
+    /// [`QueryError::KeyNotOnPartition`]: the record's producer placed the
+    /// key by another partitioner than the topic declares, and waiting
+    /// would never see it.
     pub fn query_after_records<K: 'static, S: 'static>(
         &self,
         store: &StateStore<K, S>,
@@ -198,6 +219,16 @@ impl CausalStreams {
         after: &[Coordinate],
         timeout: Duration,
     ) -> Result<Option<S>, QueryError> {
+        let (task, _) = self.task_of(store, key)?;
+        if let Some(stage) = self.app.stage(store.stage())
+            && let Some(cause) = stage.cause_off_task(task.partition, after)
+        {
+            return Err(QueryError::KeyNotOnPartition {
+                task,
+                cause: cause.clone(),
+                partitioner: stage.key_partitioner(),
+            });
+        }
         let mut clock = VectorClock::new();
         for c in after {
             let t = self.describe_for_query(&c.topic)?;
@@ -255,7 +286,7 @@ impl CausalStreams {
         let partitions = self.describe_for_query(&source)?.partitions;
         let task = TaskId {
             stage: store.stage().to_owned(),
-            partition: parsley::partition::partition_for_key(&bytes, partitions),
+            partition: stage.key_partitioner().partition(&bytes, partitions),
         };
         Ok((task, bytes))
     }

@@ -247,6 +247,24 @@ impl Parsley {
         self.def.stages.iter().find(|s| s.name() == name)
     }
 
+    /// How `topic`'s producers place keys, as the stages that read or write
+    /// it declare ([`Topic::partitioned_by`](crate::Topic::partitioned_by));
+    /// Kafka's default for a topic no stage declares otherwise.
+    pub fn topic_partitioner(&self, topic: &str) -> crate::partition::Partitioner {
+        self.stages()
+            .iter()
+            .flat_map(|s| {
+                s.def
+                    .sources
+                    .iter()
+                    .map(|src| &src.topic)
+                    .chain(&s.def.sinks)
+            })
+            .find(|t| t.name() == topic)
+            .map(|t| t.partitioner())
+            .unwrap_or_default()
+    }
+
     pub(crate) fn stage_index(&self, name: &str) -> Option<usize> {
         self.def.stages.iter().position(|s| s.name() == name)
     }

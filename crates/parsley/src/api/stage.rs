@@ -197,6 +197,36 @@ impl Stage {
         self.def.sources.iter().map(|s| s.topic.name()).collect()
     }
 
+    /// How the stage's inputs place keys on partitions: the partitioner
+    /// its stateful sources declare ([`Topic::partitioned_by`](crate::Topic::partitioned_by);
+    /// they all declare the same one, or the stage does not build), else
+    /// its first source's. A key's state is in the task of the partition
+    /// this gives.
+    pub fn key_partitioner(&self) -> crate::partition::Partitioner {
+        self.def
+            .sources
+            .iter()
+            .find(|s| s.uses_state)
+            .or_else(|| self.def.sources.first())
+            .map(|s| s.topic.partitioner())
+            .unwrap_or_default()
+    }
+
+    /// The first of `after` that is on one of the stage's source topics
+    /// but not on `partition`: a record the stage's task `partition` never
+    /// reads, so a causal query of a key in that task can never be met by
+    /// it (its key belongs to another task, or its producer partitions
+    /// otherwise than the topic declares).
+    pub fn cause_off_task<'a>(
+        &self,
+        partition: i32,
+        after: &'a [crate::Coordinate],
+    ) -> Option<&'a crate::Coordinate> {
+        after.iter().find(|c| {
+            c.partition != partition && self.def.sources.iter().any(|s| s.topic.name() == c.topic)
+        })
+    }
+
     /// The declared sink topics, sorted.
     pub fn sink_topics(&self) -> Vec<&str> {
         self.def.sinks.iter().map(|s| s.name()).collect()
@@ -647,6 +677,18 @@ impl<M: StateMode> StageBuilder<M> {
                 stage: self.name.clone(),
                 topic: topic.to_owned(),
                 codec: codec.to_owned(),
+            });
+        }
+        let stateful: Vec<(String, crate::partition::Partitioner)> = self
+            .sources
+            .iter()
+            .filter(|s| s.uses_state)
+            .map(|s| (s.topic.name().to_owned(), s.topic.partitioner()))
+            .collect();
+        if stateful.windows(2).any(|w| w[0].1 != w[1].1) {
+            return Err(StageError::PartitionersDiffer {
+                stage: self.name.clone(),
+                topics: stateful,
             });
         }
         let mut seen = BTreeSet::new();

@@ -7,6 +7,7 @@ use std::marker::PhantomData;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use crate::codec::{Codec, CodecError};
+use crate::partition::Partitioner;
 use parsley_protocol::Header;
 
 /// What a key or value type must be to travel in an [`Emission`]: comparable
@@ -61,6 +62,8 @@ struct TopicInner<K, V> {
     /// The user accepted a registry-framed key codec
     /// ([`Topic::allow_registry_framed_key`]).
     framed_key_allowed: bool,
+    /// How the topic's producers place keys ([`Topic::partitioned_by`]).
+    partitioner: Partitioner,
 }
 
 /// A typed topic: its name and its key and value codecs, declared once.
@@ -110,6 +113,7 @@ impl<K: Payload, V: Payload> Topic<K, V> {
                 key,
                 value,
                 framed_key_allowed: false,
+                partitioner: Partitioner::Murmur2,
             }),
         }
     }
@@ -144,8 +148,48 @@ impl<K: Payload, V: Payload> Topic<K, V> {
                 key: self.inner.key.clone(),
                 value: self.inner.value.clone(),
                 framed_key_allowed: true,
+                partitioner: self.inner.partitioner,
             }),
         }
+    }
+
+    /// Declares how the topic's producers map keys to partitions, when not
+    /// as Kafka's Java producer does ([`Partitioner::Murmur2`], the
+    /// default). A topic written by a librdkafka client on its defaults
+    /// (rdkafka for Rust, confluent-kafka for Python, Go, .NET) is
+    /// [`Partitioner::Crc32`].
+    ///
+    /// The declaration is used everywhere a key's partition matters: a
+    /// stage writes its emissions to this topic with the same partitioner,
+    /// so its records and the other producers' land together; a query
+    /// looks for a key's state in the task of the partition this
+    /// partitioner gives; and a stateful stage counts, and warns about,
+    /// records whose key this partitioner places elsewhere than the
+    /// partition they arrived on (a producer that does not use it).
+    ///
+    /// ```
+    /// use parsley::partition::Partitioner;
+    /// use parsley::{Codec, Topic};
+    /// let deposits: Topic<String, i64> = Topic::new("deposits", Codec::utf8(), Codec::int64())
+    ///     .partitioned_by(Partitioner::Crc32);
+    /// assert_eq!(deposits.partitioner(), Partitioner::Crc32);
+    /// ```
+    pub fn partitioned_by(self, partitioner: Partitioner) -> Self {
+        Topic {
+            inner: Arc::new(TopicInner {
+                name: self.inner.name.clone(),
+                key: self.inner.key.clone(),
+                value: self.inner.value.clone(),
+                framed_key_allowed: self.inner.framed_key_allowed,
+                partitioner,
+            }),
+        }
+    }
+
+    /// How the topic's producers map keys to partitions
+    /// ([`partitioned_by`](Self::partitioned_by)).
+    pub fn partitioner(&self) -> Partitioner {
+        self.inner.partitioner
     }
 
     /// The topic name.
@@ -698,6 +742,8 @@ pub(crate) trait ErasedTopic: Send + Sync {
     fn refused_key_codec(&self) -> Option<&str>;
     /// The key and value codecs' names.
     fn codec_names(&self) -> (&str, &str);
+    /// How the topic's producers place keys.
+    fn partitioner(&self) -> Partitioner;
     /// Decodes a key and encodes it again.
     fn reencode_key(&self, key: &[u8]) -> Result<Vec<u8>, CodecError>;
     /// Encodes an emission's key and value with this topic's codecs (the
@@ -739,6 +785,10 @@ impl<K: Payload, V: Payload> ErasedTopic for Topic<K, V> {
 
     fn codec_names(&self) -> (&str, &str) {
         (self.key_codec().name(), self.value_codec().name())
+    }
+
+    fn partitioner(&self) -> Partitioner {
+        Topic::partitioner(self)
     }
 
     fn refused_key_codec(&self) -> Option<&str> {

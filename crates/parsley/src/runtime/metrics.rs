@@ -50,6 +50,11 @@ pub const TICKS_EMITTED_TOTAL: &str = "ticks-emitted-total";
 /// Records sent to a dead-letter topic (counter): emissions a sink
 /// refused, and input records stepped past.
 pub const RECORDS_DEAD_LETTERED_TOTAL: &str = "records-dead-lettered-total";
+/// Records a stateful stage folded whose key its sources' partitioner
+/// places on another partition than the one they came from (counter): a
+/// producer that does not partition as the topic declares. Their state is
+/// kept, but not where a query for the key looks.
+pub const RECORDS_KEY_MISPLACED_TOTAL: &str = "records-key-misplaced-total";
 /// Offset entries in the stamp-side clock (gauge).
 pub const STAMP_OFFSET_ENTRIES: &str = "stamp-offset-entries";
 /// Sequence entries in the stamp-side clock (gauge).
@@ -124,6 +129,8 @@ pub struct TaskMetrics {
     pub ticks_emitted_total: u64,
     /// [`RECORDS_DEAD_LETTERED_TOTAL`].
     pub records_dead_lettered_total: u64,
+    /// [`RECORDS_KEY_MISPLACED_TOTAL`].
+    pub records_key_misplaced_total: u64,
     /// [`STAMP_OFFSET_ENTRIES`].
     pub stamp_offset_entries: u64,
     /// [`STAMP_SEQUENCE_ENTRIES`].
@@ -220,6 +227,11 @@ fn describe() {
         TICKS_EMITTED_TOTAL,
         Unit::Count,
         "Tick records emitted to the stage's tick topic."
+    );
+    describe_counter!(
+        RECORDS_KEY_MISPLACED_TOTAL,
+        Unit::Count,
+        "Records a stateful stage folded whose key the topic's declared partitioner places on another partition: their producer partitions otherwise, and queries for those keys look in the wrong task."
     );
     describe_counter!(
         RECORDS_DEAD_LETTERED_TOTAL,
@@ -335,6 +347,7 @@ struct Totals {
     replays: u64,
     ticks: u64,
     dead_lettered: u64,
+    misplaced: u64,
     paged_in: u64,
 }
 
@@ -346,6 +359,7 @@ pub(crate) struct TaskMeters {
     sweeps_skipped: Counter,
     ticks: Counter,
     dead_lettered: Counter,
+    misplaced: Counter,
     held: Gauge,
     age: Gauge,
     rate: Gauge,
@@ -424,6 +438,7 @@ impl TaskMeters {
             sweeps_skipped: counter(TRUNCATION_SWEEPS_SKIPPED_TOTAL),
             ticks: counter(TICKS_EMITTED_TOTAL),
             dead_lettered: counter(RECORDS_DEAD_LETTERED_TOTAL),
+            misplaced: counter(RECORDS_KEY_MISPLACED_TOTAL),
             held: gauge(RECORDS_HELD),
             age: gauge(RECORDS_HELD_AGE_MAX_MS),
             rate: gauge(RECORDS_DELIVERED_RATE),
@@ -508,6 +523,7 @@ impl TaskMeters {
             replays: node.replays_skipped_total,
             ticks: task.stats().ticks_emitted,
             dead_lettered: task.stats().diverted + task.stats().stepped_past,
+            misplaced: task.stats().misplaced_keys,
             paged_in: node.paged_in_total,
         };
         if now == self.exported {
@@ -528,6 +544,9 @@ impl TaskMeters {
         self.cumulative.replays += replays;
         self.cumulative.ticks += ticks;
         self.cumulative.dead_lettered += dead_lettered;
+        let misplaced = d(now.misplaced, self.exported.misplaced);
+        self.misplaced.increment(misplaced);
+        self.cumulative.misplaced += misplaced;
         let paged_in = d(now.paged_in, self.exported.paged_in);
         self.paged_in.increment(paged_in);
         self.cumulative.paged_in += paged_in;
@@ -611,6 +630,7 @@ impl TaskMeters {
             truncation_sweeps_skipped_total: self.sweeps_skipped_total,
             ticks_emitted_total: self.cumulative.ticks,
             records_dead_lettered_total: self.cumulative.dead_lettered,
+            records_key_misplaced_total: self.cumulative.misplaced,
             stamp_offset_entries: offsets as u64,
             stamp_sequence_entries: sequences as u64,
             records_held_bytes: held_bytes as u64,

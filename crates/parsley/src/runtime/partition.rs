@@ -6,6 +6,13 @@
 //! the *encoded* key bytes with Kafka's seed, made non-negative by clearing
 //! the sign bit, modulo the partition count.
 //!
+//! That is the default. A topic whose producers place keys otherwise
+//! declares it with [`Topic::partitioner`](crate::Topic::partitioner) and a
+//! [`Partitioner`]: librdkafka's default (`consistent_random`, CRC-32) is
+//! the usual one, since the Rust, Python, Go and .NET clients are built on
+//! librdkafka. A stage then writes to that topic with the same partitioner,
+//! and queries look for a key's state where that partitioner put it.
+//!
 //! A null-key emission has no hash. Kafka's own producer spreads those
 //! records (sticky or round-robin), which no deterministic runtime can
 //! reproduce. Parsley sends them to the emitting task's own partition number
@@ -71,7 +78,7 @@ pub const fn to_positive(n: i32) -> i32 {
 /// ```
 pub fn partition_for_key(key: &[u8], partitions: i32) -> i32 {
     debug_assert!(partitions > 0);
-    to_positive(murmur2(key)) % partitions.max(1)
+    Partitioner::Murmur2.partition(key, partitions)
 }
 
 /// The partition of an outgoing record: the key's partition for a keyed
@@ -84,11 +91,106 @@ pub fn partition_for_key(key: &[u8], partitions: i32) -> i32 {
 /// assert_eq!(partition_for(None, 5, 4), 1);
 /// ```
 pub fn partition_for(key: Option<&[u8]>, task_partition: i32, partitions: i32) -> i32 {
-    let n = partitions.max(1);
-    match key {
-        Some(k) => partition_for_key(k, n),
-        None => task_partition.rem_euclid(n),
+    Partitioner::Murmur2.partition_for(key, task_partition, partitions)
+}
+
+/// How a topic's producers map a key to a partition. Every producer of a
+/// topic must use the same one (and so must the producers of topics a
+/// stage joins on the key): a key's records must all reach one partition,
+/// the one whose task holds the key's state.
+///
+/// The variants are named for their hash; each lists the producer settings
+/// that use it. A null key never goes through the partitioner: Parsley
+/// sends a null-key record to the emitting task's own partition, and the
+/// `*_random` settings of librdkafka pick a random partition for it.
+///
+/// ```
+/// use parsley::partition::Partitioner;
+/// // librdkafka's default, as rdkafka, confluent-kafka-python or
+/// // confluent-kafka-go produce unless told otherwise.
+/// let p = Partitioner::from_librdkafka("consistent_random").unwrap();
+/// assert_eq!(p, Partitioner::Crc32);
+/// assert_eq!(p.partition(b"order-17", 6), (crc32fast::hash(b"order-17") % 6) as i32);
+/// // Kafka's Java producer's default, and Parsley's.
+/// assert_eq!(Partitioner::default(), Partitioner::Murmur2);
+/// assert_eq!(Partitioner::Murmur2.librdkafka_name(), "murmur2_random");
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Partitioner {
+    /// Kafka's MurmurHash2 of the key, sign bit cleared, modulo the
+    /// partition count: the Java producer's default (and Kafka Streams'),
+    /// librdkafka's `murmur2` and `murmur2_random`, and what Parsley uses
+    /// unless told otherwise.
+    #[default]
+    Murmur2,
+    /// The CRC-32 of the key (zlib's) modulo the partition count:
+    /// librdkafka's `consistent`, and `consistent_random`, its default, and
+    /// so the default of every client built on it (rdkafka for Rust,
+    /// confluent-kafka for Python, Go and .NET).
+    Crc32,
+    /// The 32-bit FNV-1a hash of the key, made non-negative by negation, modulo
+    /// the partition count: librdkafka's `fnv1a` and `fnv1a_random`, which
+    /// agree with Sarama's (Go) hash partitioner.
+    Fnv1a,
+}
+
+impl Partitioner {
+    /// The partitioner of a librdkafka producer's `partitioner` setting.
+    /// `None` for `random` (no key placement at all) and for names
+    /// librdkafka does not have.
+    pub fn from_librdkafka(name: &str) -> Option<Partitioner> {
+        Some(match name {
+            "murmur2" | "murmur2_random" => Partitioner::Murmur2,
+            "consistent" | "consistent_random" => Partitioner::Crc32,
+            "fnv1a" | "fnv1a_random" => Partitioner::Fnv1a,
+            _ => return None,
+        })
     }
+
+    /// The `partitioner` setting that makes a librdkafka producer place
+    /// keys as this partitioner does.
+    pub fn librdkafka_name(self) -> &'static str {
+        match self {
+            Partitioner::Murmur2 => "murmur2_random",
+            Partitioner::Crc32 => "consistent_random",
+            Partitioner::Fnv1a => "fnv1a_random",
+        }
+    }
+
+    /// The partition of `key` on a topic of `partitions` partitions (which
+    /// must be positive).
+    pub fn partition(self, key: &[u8], partitions: i32) -> i32 {
+        let n = partitions.max(1);
+        match self {
+            Partitioner::Murmur2 => to_positive(murmur2(key)) % n,
+            // Unsigned modulo, as librdkafka computes it.
+            Partitioner::Crc32 => (crc32fast::hash(key) % n.unsigned_abs()) as i32,
+            Partitioner::Fnv1a => (fnv1a(key) % n.unsigned_abs()) as i32,
+        }
+    }
+
+    /// The partition of an outgoing record: the key's partition for a
+    /// keyed record, the emitting task's own partition (modulo the count)
+    /// for a null key.
+    pub fn partition_for(self, key: Option<&[u8]>, task_partition: i32, partitions: i32) -> i32 {
+        match key {
+            Some(k) => self.partition(k, partitions),
+            None => task_partition.rem_euclid(partitions.max(1)),
+        }
+    }
+}
+
+/// librdkafka's FNV-1a: the 32-bit hash computed on a signed int, negated
+/// when negative (so `i32::MIN` stays as it is), read unsigned.
+fn fnv1a(key: &[u8]) -> u32 {
+    const PRIME: u32 = 0x0100_0193;
+    const OFFSET: u32 = 0x811c_9dc5;
+    let mut h = OFFSET;
+    for b in key {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(PRIME);
+    }
+    (h as i32).wrapping_abs() as u32
 }
 
 #[cfg(test)]
@@ -149,6 +251,67 @@ mod tests {
                 assert!((0..n).contains(&p));
             }
         }
+    }
+
+    /// librdkafka's own test vectors for its FNV-1a (rdfnv1a.c, taken there
+    /// from Go's hash/fnv with the same negation).
+    #[test]
+    fn fnv1a_matches_librdkafkas_vectors() {
+        let short = "1234";
+        let long = "PreAmbleWillBeRemoved,ThePrePartThatIs";
+        let vectors: &[(&str, u32)] = &[
+            ("kafka", 0x0d33_c4e1),
+            ("giberish123456789", 0x77a5_8295),
+            (short, 0x023b_dd03),
+            (&short[1..], 0x2dea_3cd2),
+            (&short[2..], 0x740f_a83e),
+            (&short[3..], 0x310c_a263),
+            (long, 0x65cb_d69c),
+            (&long[1..], 0x6e49_c79a),
+            (&long[2..], 0x69ee_d356),
+            (&long[3..], 0x6abc_c023),
+            ("", 0x7ee3_623b),
+        ];
+        for (key, want) in vectors {
+            assert_eq!(fnv1a(key.as_bytes()), *want, "fnv1a({key:?})");
+        }
+    }
+
+    #[test]
+    fn each_partitioner_places_keys_by_its_own_hash() {
+        // CRC-32's check value (zlib's crc32 of "123456789").
+        assert_eq!(crc32fast::hash(b"123456789"), 0xcbf4_3926);
+        assert_eq!(
+            Partitioner::Crc32.partition(b"123456789", 7),
+            (0xcbf4_3926u32 % 7) as i32
+        );
+        assert_eq!(Partitioner::Fnv1a.partition(b"kafka", 5), 0x0d33_c4e1 % 5);
+        assert_eq!(
+            Partitioner::Murmur2.partition(b"foobar", 7),
+            partition_for_key(b"foobar", 7)
+        );
+        // The three disagree on most keys: a topic's partitioner matters.
+        let keys: Vec<String> = (0..100).map(|i| format!("key-{i}")).collect();
+        let differ = keys
+            .iter()
+            .filter(|k| {
+                Partitioner::Crc32.partition(k.as_bytes(), 12)
+                    != Partitioner::Murmur2.partition(k.as_bytes(), 12)
+            })
+            .count();
+        assert!(differ > 80, "{differ}");
+        for p in [Partitioner::Murmur2, Partitioner::Crc32, Partitioner::Fnv1a] {
+            assert_eq!(Partitioner::from_librdkafka(p.librdkafka_name()), Some(p));
+            for k in &keys {
+                assert!((0..12).contains(&p.partition(k.as_bytes(), 12)));
+            }
+            assert_eq!(p.partition_for(None, 7, 3), 1);
+        }
+        assert_eq!(
+            Partitioner::from_librdkafka("consistent"),
+            Some(Partitioner::Crc32)
+        );
+        assert_eq!(Partitioner::from_librdkafka("random"), None);
     }
 
     #[test]

@@ -570,6 +570,10 @@ pub struct TaskStats {
     /// Input records stepped past (sent to a dead-letter topic instead of
     /// delivered).
     pub stepped_past: u64,
+    /// Records folded into state whose key the source's declared
+    /// partitioner places on another partition than the one they came
+    /// from.
+    pub misplaced_keys: u64,
 }
 
 /// The most room for deliveries a task keeps between records.
@@ -590,6 +594,8 @@ pub struct Task {
     names: BTreeMap<TopicId, std::sync::Arc<str>>,
     sinks: BTreeMap<String, SinkInfo>,
     tick_route: Option<(std::sync::Arc<str>, Channel)>,
+    /// The partition count the stage's sources share (its task count).
+    partitions: i32,
     stores: TaskStores,
     in_flight: Option<InFlight>,
     pending_fold: FoldWrites,

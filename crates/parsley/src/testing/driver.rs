@@ -22,7 +22,6 @@ use crate::fold::FoldKey;
 use crate::holds::HeldRecord;
 use crate::identity::test_topic_id;
 use crate::message::Coordinate;
-use crate::partition::partition_for;
 use crate::runtime::host::{AssignedPartition, PolledRecord, Seek};
 use crate::runtime::host::{ChangelogReader, ChangelogRecord};
 use crate::runtime::host::{MetadataError, TopicDescription, TopicMetadata};
@@ -353,8 +352,9 @@ impl TestDriver {
         Ok(Channel::new(t.id, partition))
     }
 
-    /// The partition a keyed record lands on, as Kafka's default producer
-    /// partitioner picks it (null keys go to partition 0).
+    /// The partition a keyed record lands on, as the topic's producers'
+    /// partitioner picks it ([`Topic::partitioned_by`], Kafka's default
+    /// unless declared; null keys go to partition 0).
     pub fn partition_of<K: Payload, V: Payload>(
         &self,
         topic: &Topic<K, V>,
@@ -367,7 +367,7 @@ impl TestDriver {
             key.into_nullable(),
             Part::Key,
         )?;
-        Ok(partition_for(key.as_deref(), 0, n))
+        Ok(topic.partitioner().partition_for(key.as_deref(), 0, n))
     }
 
     /// The offset the next record appended to a partition will get.
@@ -428,7 +428,7 @@ impl TestDriver {
         let n = self.topic_log(name)?.partitions.len() as i32;
         let partition = input
             .partition
-            .unwrap_or_else(|| partition_for(key.as_deref(), 0, n));
+            .unwrap_or_else(|| topic.partitioner().partition_for(key.as_deref(), 0, n));
         let mut clock = input.clock;
         self.claim_records(&mut clock, &input.after)?;
         let mut headers = input.headers;

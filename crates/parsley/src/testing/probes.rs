@@ -35,7 +35,6 @@ use parsley_protocol::headers::CLOCK_HEADER;
 
 use crate::app::Parsley;
 use crate::driver::{DriverError, TestDriver};
-use crate::partition::partition_for;
 use crate::runtime::host::{MetadataError, TopicMetadata};
 use crate::runtime::task::{TaskError, causal_headers};
 use crate::topic::{AnyTopic, IntoNullable, Payload, Topic, erase};
@@ -452,7 +451,9 @@ pub fn probe(app: &Parsley, samples: &Samples) -> ProbeReport {
         let mut outcome = Ok(());
         for (topic, key, value) in records {
             let partitions = driver.partitions(topic).unwrap_or(1);
-            let partition = partition_for(key.as_deref(), 0, partitions);
+            let partition =
+                app.topic_partitioner(topic)
+                    .partition_for(key.as_deref(), 0, partitions);
             let now = driver.wall_clock();
             outcome = driver
                 .append_raw(topic, partition, key, value, now, Vec::new())

@@ -83,6 +83,19 @@ pub enum StageError {
         /// The key codec's name.
         codec: String,
     },
+    /// Two sources whose records fold into the stage's state declare
+    /// different partitioners: one key would reach different tasks from
+    /// each, and its state would split between them.
+    #[error(
+        "stage {stage:?}: its stateful sources place keys with different partitioners ({}); a key's records from each would reach different tasks and split its state. Declare the same Topic::partitioned_by on every stateful source (and have their producers use it)",
+        topics.iter().map(|(t, p)| format!("{t}: {p:?}")).collect::<Vec<_>>().join(", ")
+    )]
+    PartitionersDiffer {
+        /// The stage.
+        stage: String,
+        /// Each stateful source with its partitioner.
+        topics: Vec<(String, crate::partition::Partitioner)>,
+    },
     /// A tick interval of zero.
     #[error("stage {stage:?} declares a tick interval of zero; use a positive interval")]
     ZeroTickInterval {

@@ -41,6 +41,7 @@ impl Task {
             names,
             sinks,
             tick_route,
+            partitions,
         } = Routes::of(app, &stage_def, &id, metadata)?;
         inputs.sort_by_key(|i| i.channel);
         let config = NodeConfig {
@@ -85,6 +86,7 @@ impl Task {
             names,
             sinks,
             tick_route,
+            partitions,
             stores,
             in_flight: None,
             pending_fold: FoldWrites::new(),
@@ -143,6 +145,8 @@ struct Routes {
     names: BTreeMap<TopicId, std::sync::Arc<str>>,
     sinks: BTreeMap<String, SinkInfo>,
     tick_route: Option<(std::sync::Arc<str>, Channel)>,
+    /// The partition count the stage's sources share.
+    partitions: i32,
 }
 
 impl Routes {
@@ -235,6 +239,7 @@ impl Routes {
             names,
             sinks,
             tick_route,
+            partitions: tasks,
         })
     }
 }

@@ -281,6 +281,32 @@ impl Task {
     }
 
     /// The DEBUG event of a record going to the logic.
+    /// A record folded into state whose key the topic's declared
+    /// partitioner puts on another partition: counted, and logged at the
+    /// first and then at every power of ten, so a producer on another
+    /// partitioner is never silent and never floods the log.
+    #[cold]
+    fn misplaced_key(&mut self, topic: &str, key: &[u8], at: (Channel, i64)) {
+        self.stats.misplaced_keys += 1;
+        let n = self.stats.misplaced_keys;
+        let mut m = n;
+        while m.is_multiple_of(10) {
+            m /= 10;
+        }
+        if m == 1 {
+            let partitioner = self.stage.key_partitioner();
+            warn!(
+                task = %self.id,
+                coordinate = %self.coordinate(at),
+                misplaced = n,
+                expected_partition = partitioner.partition(key, self.partitions),
+                ?partitioner,
+                "{topic} holds a record whose key the topic's partitioner ({partitioner:?}) places on another partition: its producer partitions otherwise. The state is kept, but a query for the key looks in another task. Declare the producers' partitioner with Topic::partitioned_by (librdkafka's default, consistent_random, is Partitioner::Crc32), or set theirs to {}",
+                partitioner.librdkafka_name()
+            );
+        }
+    }
+
     fn trace_delivery(&self, record: &InboundRecord, at: (Channel, i64), was_held: bool) {
         let sender = record
             .causal
@@ -325,6 +351,12 @@ impl Task {
                 // pending writes copy it only for a key new to the
                 // transaction.
                 let state = if src.uses_state {
+                    if let Some(key) = record.key.as_deref()
+                        && src.topic.partitioner().partition(key, self.partitions)
+                            != record.channel.partition
+                    {
+                        self.misplaced_key(src.topic.name(), key, at);
+                    }
                     FoldKey::write_key_bytes(record.key.as_deref(), &mut self.key_scratch);
                     self.fold_get(&self.key_scratch)
                 } else {

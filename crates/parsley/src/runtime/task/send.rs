@@ -101,7 +101,11 @@ impl Task {
             self.divert(topic, encoded, timestamp, origin, &d);
             return Ok(());
         }
-        let partition = partition_for(encoded.key.as_deref(), self.id.partition, sink.partitions);
+        let partition = sink.topic.partitioner().partition_for(
+            encoded.key.as_deref(),
+            self.id.partition,
+            sink.partitions,
+        );
         let stamp = self
             .stamps
             .stamp(&mut self.node, Channel::new(sink.id, partition), sink.clock)

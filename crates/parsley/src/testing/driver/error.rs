@@ -103,6 +103,23 @@ pub enum DriverError {
         /// What its task still waits for, as `explain_holds` says it.
         waiting_on: Vec<crate::holds::WaitingOn>,
     },
+    /// A causal state query named a record on a partition of the stage's
+    /// own input that the key's task does not read: the key's state can
+    /// never reflect it. Its producer placed the key by another
+    /// partitioner than the topic declares.
+    #[error(
+        "stage {stage:?}: record {cause} is on a partition the key's task ({task_partition}) does not read, so the key's state can never include it; the topic's declared partitioner ({partitioner:?}) places the key on partition {task_partition}, and its producer placed it elsewhere (declare the producer's partitioner with Topic::partitioned_by)"
+    )]
+    KeyNotOnPartition {
+        /// The stage queried.
+        stage: String,
+        /// The partition of the key's task.
+        task_partition: i32,
+        /// The record the query named.
+        cause: crate::Coordinate,
+        /// The partitioner the stage's sources declare.
+        partitioner: crate::partition::Partitioner,
+    },
     /// The application did not settle within the step budget.
     #[error(
         "the application did not settle within {steps} steps; a cycle whose logic never converges keeps emitting (emit only on change, or count rounds in state)"

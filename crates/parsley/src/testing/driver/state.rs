@@ -122,7 +122,16 @@ impl TestDriver {
         };
         // A null key's state is kept by whichever task saw it: the one its
         // records were piped to (partition 0 by default).
-        let partition = partition_for(key.as_deref(), 0, partitions);
+        let partitioner = st.key_partitioner();
+        let partition = partitioner.partition_for(key.as_deref(), 0, partitions);
+        if let Some(cause) = st.cause_off_task(partition, after) {
+            return Err(DriverError::KeyNotOnPartition {
+                stage,
+                task_partition: partition,
+                cause: cause.clone(),
+                partitioner,
+            });
+        }
         let query = StateQuery {
             task: TaskId {
                 stage: stage.clone(),
