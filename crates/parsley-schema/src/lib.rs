@@ -59,7 +59,9 @@ pub use apache_avro;
 pub use avro::{AvroCodec, PlainAvro};
 pub use framing::FramingError;
 pub use json_schema::JsonSchemaCodec;
-pub use registry::{RegisteredSchema, RegistryConfig, SchemaReference, SchemaRegistry, SchemaType};
+pub use registry::{
+    BearerToken, RegisteredSchema, RegistryConfig, SchemaReference, SchemaRegistry, SchemaType,
+};
 pub use subject::SubjectNameStrategy;
 
 use parsley::CodecError;

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io::Read;
 use std::sync::{Arc, PoisonError, RwLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use base64::Engine;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
@@ -100,7 +100,7 @@ pub struct SchemaReference {
 #[derive(Clone)]
 pub struct RegistryConfig {
     urls: Vec<String>,
-    auth: Option<String>,
+    auth: Option<Auth>,
     timeout: Duration,
     ca_pem: Option<Vec<u8>>,
     client_pem: Option<(Vec<u8>, Vec<u8>)>,
@@ -110,7 +110,13 @@ impl fmt::Debug for RegistryConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegistryConfig")
             .field("urls", &self.urls)
-            .field("auth", &self.auth.as_ref().map(|_| "(set)"))
+            .field(
+                "auth",
+                &self.auth.as_ref().map(|a| match a {
+                    Auth::Header(_) => "(set)",
+                    Auth::Provider(_) => "(token provider)",
+                }),
+            )
             .field("timeout", &self.timeout)
             .field("ca_pem", &self.ca_pem.as_ref().map(|_| "(set)"))
             .field("client_pem", &self.client_pem.as_ref().map(|_| "(set)"))
@@ -140,7 +146,7 @@ impl RegistryConfig {
                 if let Some(info) = user_info
                     && auth.is_none()
                 {
-                    auth = Some(basic(&info));
+                    auth = Some(Auth::Header(basic(&info)));
                 }
                 url
             })
@@ -157,13 +163,43 @@ impl RegistryConfig {
 
     /// HTTP basic authentication (Confluent's `basic.auth.user.info`).
     pub fn basic_auth(mut self, user: impl AsRef<str>, password: impl AsRef<str>) -> Self {
-        self.auth = Some(basic(&format!("{}:{}", user.as_ref(), password.as_ref())));
+        self.auth = Some(Auth::Header(basic(&format!(
+            "{}:{}",
+            user.as_ref(),
+            password.as_ref()
+        ))));
         self
     }
 
-    /// A bearer token (Confluent's `bearer.auth.token`).
+    /// A bearer token (Confluent's `bearer.auth.token`), fixed for the
+    /// client's life.
     pub fn bearer_token(mut self, token: impl AsRef<str>) -> Self {
-        self.auth = Some(format!("Bearer {}", token.as_ref()));
+        self.auth = Some(Auth::Header(format!("Bearer {}", token.as_ref())));
+        self
+    }
+
+    /// Bearer tokens from `provider` (an OAuth client, a secrets agent),
+    /// for tokens that expire (Confluent's `bearer.auth.credentials.source`
+    /// with a custom provider). The client asks the provider for a token
+    /// when it first needs one, keeps it, and asks again when it is within
+    /// 30 s of its expiry, or when the registry answers 401 (the token was
+    /// revoked early; the request is then made once more with the new
+    /// token). A provider that fails is a transient failure, as a registry
+    /// that cannot be reached: the record is retried.
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// use parsley_schema::{BearerToken, RegistryConfig};
+    /// let config = RegistryConfig::new("https://registry:8081").bearer_token_provider(|| {
+    ///     // Ask the identity provider here.
+    ///     Ok(BearerToken::new("eyJ...", Some(SystemTime::now() + Duration::from_secs(3600))))
+    /// });
+    /// ```
+    pub fn bearer_token_provider(
+        mut self,
+        provider: impl Fn() -> Result<BearerToken, String> + Send + Sync + 'static,
+    ) -> Self {
+        self.auth = Some(Auth::Provider(Arc::new(provider)));
         self
     }
 
@@ -225,6 +261,59 @@ impl RegistryConfig {
         Ok(config.into())
     }
 }
+
+/// How requests authenticate.
+#[derive(Clone)]
+enum Auth {
+    /// A fixed `Authorization` header.
+    Header(String),
+    /// Bearer tokens from a provider, renewed as they expire.
+    Provider(Arc<TokenProvider>),
+}
+
+impl Auth {
+    /// The fixed header, if the authentication is one.
+    #[cfg(test)]
+    fn header(&self) -> Option<&str> {
+        match self {
+            Auth::Header(h) => Some(h),
+            Auth::Provider(_) => None,
+        }
+    }
+}
+
+type TokenProvider = dyn Fn() -> Result<BearerToken, String> + Send + Sync;
+
+/// A bearer token from a [provider](RegistryConfig::bearer_token_provider),
+/// and when it stops being valid (`None`: never, as far as the provider
+/// knows; it is then renewed only when the registry refuses it).
+#[derive(Clone)]
+pub struct BearerToken {
+    token: String,
+    expires_at: Option<SystemTime>,
+}
+
+impl BearerToken {
+    /// A token, valid until `expires_at`.
+    pub fn new(token: impl Into<String>, expires_at: Option<SystemTime>) -> Self {
+        BearerToken {
+            token: token.into(),
+            expires_at,
+        }
+    }
+}
+
+impl fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BearerToken")
+            .field("token", &"(hidden)")
+            .field("expires_at", &self.expires_at)
+            .finish()
+    }
+}
+
+/// How long before its expiry a provider's token is renewed.
+const TOKEN_MARGIN: Duration = Duration::from_secs(30);
 
 /// The `Authorization` value of HTTP basic authentication for
 /// `user:password`.
@@ -289,6 +378,12 @@ struct Inner {
     by_version: RwLock<HashMap<(String, i32), Arc<RegisteredSchema>>>,
     /// (subject, kind, text) to the id registered (or found) under it.
     ids: RwLock<HashMap<(String, SchemaType, String), u32>>,
+    /// The provider's current token, as an `Authorization` value.
+    token: std::sync::Mutex<Option<BearerToken>>,
+    /// The URLs that answered at least once: a host name that stops
+    /// resolving after that is an outage; one that never resolved is a
+    /// typo.
+    reached: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl fmt::Debug for SchemaRegistry {
@@ -349,6 +444,8 @@ impl SchemaRegistry {
                 by_id: RwLock::default(),
                 by_version: RwLock::default(),
                 ids: RwLock::default(),
+                token: std::sync::Mutex::default(),
+                reached: std::sync::Mutex::default(),
             }),
         })
     }
@@ -563,6 +660,38 @@ impl SchemaRegistry {
         }
     }
 
+    /// The `Authorization` value for the next request: the fixed one, or
+    /// the provider's token, asked for anew when there is none, when it is
+    /// about to expire, or when `renew` says the registry refused it.
+    fn authorization(&self, renew: bool) -> Result<Option<String>, SchemaError> {
+        let provider = match &self.inner.config.auth {
+            None => return Ok(None),
+            Some(Auth::Header(h)) => return Ok(Some(h.clone())),
+            Some(Auth::Provider(p)) => p,
+        };
+        let mut current = self
+            .inner
+            .token
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let fresh = |t: &BearerToken| {
+            t.expires_at
+                .is_none_or(|at| SystemTime::now() + TOKEN_MARGIN < at)
+        };
+        match current.as_ref() {
+            Some(t) if !renew && fresh(t) => {}
+            _ => {
+                let t = provider().map_err(|reason| SchemaError::Unavailable {
+                    what: "getting a bearer token for the schema registry".to_owned(),
+                    reason,
+                })?;
+                debug!(expires_at = ?t.expires_at, "a bearer token from the provider");
+                *current = Some(t);
+            }
+        }
+        Ok(current.as_ref().map(|t| format!("Bearer {}", t.token)))
+    }
+
     /// Makes one request, trying each URL in turn while the registry
     /// cannot be reached. `Ok(Err(..))` is an answer that is not a
     /// success; `Err` is a transport failure on every URL, or a 5xx.
@@ -574,13 +703,37 @@ impl SchemaRegistry {
         what: &dyn Fn() -> String,
     ) -> Result<Result<Vec<u8>, Refusal>, SchemaError> {
         let mut last = None;
+        let mut auth = self.authorization(false)?;
+        let mut renewed = false;
         for base in &self.inner.config.urls {
             let url = format!("{base}{path}");
-            match self.once(method, &url, body) {
+            let mut answer = self.once(method, &url, body, auth.as_deref());
+            if matches!(answer, Ok((401, _)))
+                && !renewed
+                && matches!(self.inner.config.auth, Some(Auth::Provider(_)))
+            {
+                // Revoked before its expiry: one more try with a new one.
+                renewed = true;
+                auth = self.authorization(true)?;
+                answer = self.once(method, &url, body, auth.as_deref());
+            }
+            if answer.is_ok() {
+                self.inner
+                    .reached
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(base.clone());
+            }
+            match answer {
                 Ok((status, bytes)) if (200..300).contains(&status) => return Ok(Ok(bytes)),
                 Ok((status, bytes)) => {
                     let refusal = refusal(status, &bytes);
-                    if status >= 500 || status == 429 || status == 408 {
+                    // 501 and 505: the registry does not serve this at all,
+                    // which waiting does not change.
+                    if (status >= 500 && status != 501 && status != 505)
+                        || status == 429
+                        || status == 408
+                    {
                         warn!(%url, status, message = %refusal.message, "the schema registry is not serving; trying the next URL, if any");
                         last = Some(SchemaError::Unavailable {
                             what: what(),
@@ -589,6 +742,22 @@ impl SchemaRegistry {
                         continue;
                     }
                     return Ok(Err(refusal));
+                }
+                Err(ureq::Error::HostNotFound | ureq::Error::Io(_))
+                    if !self
+                        .inner
+                        .reached
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .contains(base)
+                        && !resolves(&url) =>
+                {
+                    // Never reached, and its name does not resolve: a typo
+                    // (or a name this host cannot see), not an outage.
+                    return Err(SchemaError::Config(format!(
+                        "{}: the host name of {url} does not resolve, and this client never reached it: check the registry URL",
+                        what()
+                    )));
                 }
                 Err(e) if transport_is_transient(&e) => {
                     warn!(%url, error = %e, "the schema registry cannot be reached; trying the next URL, if any");
@@ -610,9 +779,9 @@ impl SchemaRegistry {
         method: &str,
         url: &str,
         body: Option<&[u8]>,
+        auth: Option<&str>,
     ) -> Result<(u16, Vec<u8>), ureq::Error> {
         let agent = &self.inner.agent;
-        let auth = self.inner.config.auth.as_deref();
         let response = match (method, body) {
             ("GET", _) => with_auth(agent.get(url), auth)
                 .header("Accept", CONTENT_TYPE)
@@ -642,6 +811,28 @@ fn with_auth<B>(r: ureq::RequestBuilder<B>, auth: Option<&str>) -> ureq::Request
         Some(a) => r.header("Authorization", a),
         None => r,
     }
+}
+
+/// Whether the host name of `url` resolves to an address (a name that does
+/// not, on a URL never reached, is a typo).
+fn resolves(url: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    let Ok(uri) = url.parse::<ureq::http::Uri>() else {
+        return false;
+    };
+    let Some(host) = uri.host() else {
+        return false;
+    };
+    let port = uri
+        .port_u16()
+        .unwrap_or(if uri.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        });
+    (host.trim_start_matches('[').trim_end_matches(']'), port)
+        .to_socket_addrs()
+        .is_ok_and(|mut a| a.next().is_some())
 }
 
 /// Transport failures that pass with time: the registry is down, slow or
@@ -884,6 +1075,81 @@ mod tests {
         (url, handle)
     }
 
+    /// A provider's token is asked for once, kept while it is valid,
+    /// renewed when it is about to expire, and renewed (with the request
+    /// made again) when the registry answers 401.
+    #[test]
+    fn a_providers_token_is_renewed_when_it_expires_or_is_refused() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let calls = Arc::new(AtomicU32::new(0));
+        let counted = calls.clone();
+        // Token 1 is about to expire (within the margin); tokens 2 and on
+        // are valid for an hour.
+        let provider = move || {
+            let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            let expires = if n == 1 {
+                SystemTime::now() + Duration::from_secs(5)
+            } else {
+                SystemTime::now() + Duration::from_secs(3600)
+            };
+            Ok(BearerToken::new(format!("t{n}"), Some(expires)))
+        };
+        let (url, server) = serve_in_turn(vec![
+            (200, r#"{"schema": "\"long\""}"#),
+            (200, r#"{"schema": "\"int\""}"#),
+            (200, r#"{"schema": "\"string\""}"#),
+            (401, r#"{"error_code": 40101, "message": "token revoked"}"#),
+            (200, r#"{"schema": "\"bytes\""}"#),
+        ]);
+        let r =
+            SchemaRegistry::new(RegistryConfig::new(url).bearer_token_provider(provider)).unwrap();
+        for id in 1..=4 {
+            r.schema(id).unwrap();
+        }
+        let heads: Vec<String> = server
+            .join()
+            .unwrap()
+            .iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect();
+        let bearer = |h: &String| {
+            h.lines()
+                .find_map(|l| l.strip_prefix("authorization: bearer "))
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        };
+        // t1 was within the margin when first used, so it was used once:
+        // the next request renewed it.
+        assert_eq!(
+            heads.iter().map(bearer).collect::<Vec<_>>(),
+            ["t1", "t2", "t2", "t2", "t3"]
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        // The token never reaches Debug.
+        assert!(!format!("{:?}", BearerToken::new("secret-token", None)).contains("secret"));
+    }
+
+    /// A 501 (the registry does not implement the request) is a refusal for
+    /// good, not an outage to wait out; a host name that never resolved is
+    /// a configuration error.
+    #[test]
+    fn not_implemented_and_a_host_name_that_never_resolved_are_not_retried() {
+        let (url, server) = serve_in_turn(vec![(
+            501,
+            r#"{"error_code": 501, "message": "not implemented"}"#,
+        )]);
+        let r = SchemaRegistry::at(url).unwrap();
+        let e = r.schema(7).unwrap_err();
+        assert!(!e.is_transient(), "{e}");
+        assert_eq!(server.join().unwrap().len(), 1);
+
+        let r = SchemaRegistry::at("http://parsley-no-such-host.invalid:8081").unwrap();
+        let e = r.schema(7).unwrap_err();
+        assert!(!e.is_transient(), "{e}");
+        assert!(e.to_string().contains("does not resolve"), "{e}");
+    }
+
     #[test]
     fn a_schema_the_subject_lacks_is_registered_as_given_after_the_normalized_lookup() {
         let text = r#"{"type":"record","name":"A","namespace":"x","fields":[]}"#;
@@ -945,7 +1211,7 @@ mod tests {
         assert!(!e.contains("s3cr") && !e.contains("other"), "{e}");
         // Credentials set apart win over the URL's.
         let r = RegistryConfig::new(&secret_url).bearer_token("tok");
-        assert_eq!(r.auth.as_deref(), Some("Bearer tok"));
+        assert_eq!(r.auth.as_ref().and_then(Auth::header), Some("Bearer tok"));
         // A URL without them is kept as it is.
         assert_eq!(
             without_user_info("https://registry:8081/apis/ccompat/v7"),
@@ -990,7 +1256,10 @@ mod tests {
     fn urls_split_on_commas_and_credentials_stay_out_of_debug() {
         let c = RegistryConfig::new("http://a:8081/, http://b:8081").basic_auth("user", "secret");
         assert_eq!(c.urls(), ["http://a:8081", "http://b:8081"]);
-        assert_eq!(c.auth.as_deref(), Some("Basic dXNlcjpzZWNyZXQ="));
+        assert_eq!(
+            c.auth.as_ref().and_then(Auth::header),
+            Some("Basic dXNlcjpzZWNyZXQ=")
+        );
         assert!(!format!("{c:?}").contains("dXNlcjpzZWNyZXQ"));
         let bad_ca = RegistryConfig::new("https://a").ca_certificates_pem("nothing here");
         assert!(matches!(
