@@ -17,9 +17,9 @@ fn the_ledger_is_described_for_people_and_for_tools() {
     for line in [
         "application ledger",
         "  stage settlement",
-        "    source orders (alloc::string::String / i64, codecs utf8 / int64)",
-        "    source payments (alloc::string::String / i64, codecs utf8 / int64)",
-        "    sink   settlements (alloc::string::String / alloc::string::String, codecs utf8 / utf8)",
+        "    source orders (String / i64, codecs utf8 / int64)",
+        "    source payments (String / i64, codecs utf8 / int64)",
+        "    sink   settlements (String / String, codecs utf8 / utf8)",
         "    state  i64 in store settlement-fold, changelog ledger-settlement-fold-changelog",
         "    protocol changelog ledger-settlement-state-changelog",
         "    co-partitioned: orders, payments",
@@ -36,6 +36,12 @@ fn the_ledger_is_described_for_people_and_for_tools() {
     assert!(out.status.success(), "{out:?}");
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["application_id"], "checkout");
+    assert_eq!(json["format_version"], parsley::describe::TOPOLOGY_FORMAT);
+    // The JSON keeps the full type names, which tools compare.
+    assert_eq!(
+        json["stages"][0]["sources"][0]["key_type"],
+        "alloc::string::String"
+    );
     let stage = &json["stages"][0];
     assert_eq!(stage["sources"][0]["topic"], "orders");
     assert_eq!(stage["sinks"][0]["topic"], "payments");

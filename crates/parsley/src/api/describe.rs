@@ -7,14 +7,28 @@ use std::fmt;
 
 use crate::Parsley;
 
+/// The version of the description's JSON form this build writes, and the
+/// newest it reads. Version 2 added [`Topology::edges`]; a description
+/// without a version is version 1.
+pub const TOPOLOGY_FORMAT: u32 = 2;
+
 /// An application's topology.
 #[derive(Clone, PartialEq, Eq, Debug)]
 #[cfg_attr(feature = "json", derive(serde::Serialize, serde::Deserialize))]
 pub struct Topology {
+    /// The version of this description's form ([`TOPOLOGY_FORMAT`] when
+    /// this build wrote it). Tools that read the JSON refuse a newer one.
+    #[cfg_attr(feature = "json", serde(default = "format_v1"))]
+    pub format_version: u32,
     /// The application id.
     pub application_id: String,
     /// Its stages, in the order they were composed.
     pub stages: Vec<StageTopology>,
+    /// Which stage feeds which: one edge per topic a stage writes and
+    /// another reads (Kafka Streams' topology description shows the same
+    /// as its processors' predecessors and successors).
+    #[cfg_attr(feature = "json", serde(default))]
+    pub edges: Vec<Edge>,
     /// Topics a host adds for the application as a whole (on Kafka, the
     /// control and diagnostics topics); empty as the core describes it.
     pub host_topics: Vec<HostTopic>,
@@ -95,6 +109,44 @@ pub struct StateTopology {
     pub changelog: String,
 }
 
+/// One stage feeding another through a topic.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Debug)]
+#[cfg_attr(feature = "json", derive(serde::Serialize, serde::Deserialize))]
+pub struct Edge {
+    /// The stage that writes the topic.
+    pub from: String,
+    /// The topic.
+    pub topic: String,
+    /// The stage that reads it.
+    pub to: String,
+}
+
+#[cfg(feature = "json")]
+fn format_v1() -> u32 {
+    1
+}
+
+/// A Rust type's name without its module paths: `Option<String>` for
+/// `core::option::Option<alloc::string::String>`.
+pub fn short_type_name(full: &str) -> String {
+    let mut out = String::with_capacity(full.len());
+    let mut path = String::new();
+    let flush = |path: &mut String, out: &mut String| {
+        out.push_str(path.rsplit("::").next().unwrap_or(path));
+        path.clear();
+    };
+    for c in full.chars() {
+        if c.is_alphanumeric() || c == '_' || c == ':' {
+            path.push(c);
+        } else {
+            flush(&mut path, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut path, &mut out);
+    out
+}
+
 /// A topic a host adds for the whole application.
 #[derive(Clone, PartialEq, Eq, Debug)]
 #[cfg_attr(feature = "json", derive(serde::Serialize, serde::Deserialize))]
@@ -166,8 +218,13 @@ impl fmt::Display for Topology {
             for t in &s.sources {
                 writeln!(
                     f,
-                    "    source {} ({} / {}, codecs {} / {})",
-                    t.topic, t.key_type, t.value_type, t.key_codec, t.value_codec
+                    "    source {} ({} / {}, codecs {} / {}){}",
+                    t.topic,
+                    short_type_name(&t.key_type),
+                    short_type_name(&t.value_type),
+                    t.key_codec,
+                    t.value_codec,
+                    from_stages(&self.edges, &s.name, &t.topic)
                 )?;
             }
             if let Some(t) = &s.ticks {
@@ -177,24 +234,27 @@ impl fmt::Display for Topology {
                 let t_ = &t.topic;
                 writeln!(
                     f,
-                    "    sink   {} ({} / {}, codecs {} / {}){}",
+                    "    sink   {} ({} / {}, codecs {} / {}){}{}",
                     t_.topic,
-                    t_.key_type,
-                    t_.value_type,
+                    short_type_name(&t_.key_type),
+                    short_type_name(&t_.value_type),
                     t_.key_codec,
                     t_.value_codec,
                     if t.compact_clock {
                         ", compact clock"
                     } else {
                         ""
-                    }
+                    },
+                    to_stages(&self.edges, &s.name, &t_.topic)
                 )?;
             }
             if let Some(st) = &s.state {
                 writeln!(
                     f,
                     "    state  {} in store {}, changelog {}",
-                    st.state_type, st.store, st.changelog
+                    short_type_name(&st.state_type),
+                    st.store,
+                    st.changelog
                 )?;
             }
             writeln!(f, "    protocol changelog {}", s.state_changelog)?;
@@ -207,6 +267,34 @@ impl fmt::Display for Topology {
             writeln!(f, "  {} ({})", t.topic, t.purpose)?;
         }
         Ok(())
+    }
+}
+
+/// ` <- a, b` naming the stages that write `topic` to `stage`, if any.
+fn from_stages(edges: &[Edge], stage: &str, topic: &str) -> String {
+    let from: Vec<&str> = edges
+        .iter()
+        .filter(|e| e.to == stage && e.topic == topic)
+        .map(|e| e.from.as_str())
+        .collect();
+    if from.is_empty() {
+        String::new()
+    } else {
+        format!(" <- {}", from.join(", "))
+    }
+}
+
+/// ` -> a, b` naming the stages that read `topic` from `stage`, if any.
+fn to_stages(edges: &[Edge], stage: &str, topic: &str) -> String {
+    let to: Vec<&str> = edges
+        .iter()
+        .filter(|e| e.from == stage && e.topic == topic)
+        .map(|e| e.to.as_str())
+        .collect();
+    if to.is_empty() {
+        String::new()
+    } else {
+        format!(" -> {}", to.join(", "))
     }
 }
 
@@ -236,7 +324,7 @@ impl Parsley {
     ///     t.internal_topics(),
     ///     ["shop-totals-fold-changelog", "shop-totals-state-changelog"]
     /// );
-    /// assert!(t.to_string().contains("sink   totals (alloc::string::String / i64, codecs utf8 / int64)"));
+    /// assert!(t.to_string().contains("sink   totals (String / i64, codecs utf8 / int64)"));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn describe(&self) -> Topology {
@@ -305,9 +393,27 @@ impl Parsley {
                 }
             })
             .collect();
+        let stages: Vec<StageTopology> = stages;
+        let mut edges = Vec::new();
+        for from in &stages {
+            for sink in &from.sinks {
+                for to in &stages {
+                    if to.sources.iter().any(|s| s.topic == sink.topic.topic) {
+                        edges.push(Edge {
+                            from: from.name.clone(),
+                            topic: sink.topic.topic.clone(),
+                            to: to.name.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        edges.sort();
         Topology {
+            format_version: TOPOLOGY_FORMAT,
             application_id: self.def.id.clone(),
             stages,
+            edges,
             host_topics: Vec::new(),
         }
     }
@@ -355,21 +461,30 @@ mod tests {
             "\
 application app
   stage sum
-    source a (alloc::string::String / alloc::string::String, codecs utf8 / utf8)
-    source b (alloc::string::String / i64, codecs utf8 / int64)
+    source a (String / String, codecs utf8 / utf8)
+    source b (String / i64, codecs utf8 / int64)
     ticks  app-sum-ticks every 5000 ms
-    sink   out (alloc::string::String / i64, codecs utf8 / int64), compact clock
+    sink   out (String / i64, codecs utf8 / int64), compact clock -> echo
     state  i64 in store sum-fold, changelog app-sum-fold-changelog
     protocol changelog app-sum-state-changelog
     co-partitioned: a, b, app-sum-ticks
     corrupt headers go to bad
   stage echo
-    source out (alloc::string::String / i64, codecs utf8 / int64)
+    source out (String / i64, codecs utf8 / int64) <- sum
     protocol changelog app-echo-state-changelog
     co-partitioned: out
 "
         );
         // ANCHOR_END: describe
+        assert_eq!(
+            t.edges,
+            [super::Edge {
+                from: "sum".into(),
+                topic: "out".into(),
+                to: "echo".into()
+            }]
+        );
+        assert_eq!(t.format_version, super::TOPOLOGY_FORMAT);
         assert_eq!(t.application_id, "app");
         let sum = &t.stages[0];
         assert_eq!(sum.name, "sum");
@@ -419,8 +534,36 @@ application app
             text.contains("    ticks  app-sum-ticks every 5000 ms\n"),
             "{text}"
         );
-        assert!(text.contains(", compact clock\n"), "{text}");
+        assert!(text.contains(", compact clock -> echo\n"), "{text}");
         assert!(text.contains("    corrupt headers go to bad\n"), "{text}");
+    }
+
+    #[test]
+    fn type_names_lose_their_module_paths_only() {
+        use super::short_type_name as short;
+        assert_eq!(short("alloc::string::String"), "String");
+        assert_eq!(
+            short("core::option::Option<alloc::vec::Vec<u8>>"),
+            "Option<Vec<u8>>"
+        );
+        assert_eq!(
+            short("(i64, std::collections::hash::map::HashMap<alloc::string::String, [u8; 4]>)"),
+            "(i64, HashMap<String, [u8; 4]>)"
+        );
+        assert_eq!(short("my_crate::Order"), "Order");
+        assert_eq!(short("i64"), "i64");
+    }
+
+    #[cfg(feature = "json")]
+    #[test]
+    fn a_description_without_a_version_is_version_one() {
+        let mut v: serde_json::Value = serde_json::from_str(&app().describe().to_json()).unwrap();
+        let map = v.as_object_mut().unwrap();
+        map.remove("format_version");
+        map.remove("edges");
+        let old: super::Topology = serde_json::from_value(v).unwrap();
+        assert_eq!(old.format_version, 1);
+        assert!(old.edges.is_empty());
     }
 
     #[cfg(feature = "json")]
