@@ -3,30 +3,29 @@
 //! `parsley_kafka::diagnostics`), so it works from any machine that
 //! reaches the cluster.
 
+use crate::connect::Connection;
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parsley_kafka::diagnostics::{ReportsError, ThreadReport};
-use rdkafka::ClientConfig;
 
 /// Reports older than this are from threads that stopped publishing (a
 /// thread holding records republishes every few seconds).
 const STALE_AFTER_MS: i64 = 60_000;
 
 /// Reads the latest report of every stream thread and describes them.
-pub fn run(bootstrap: &str, app: &str) -> Result<Vec<String>, String> {
-    let latest = latest_reports(bootstrap, app).map_err(|e| e.to_string())?;
+pub fn run(cluster: &Connection, app: &str) -> Result<Vec<String>, String> {
+    let latest = latest_reports(cluster, app).map_err(|e| e.to_string())?;
     describe(app, &latest)
 }
 
 /// The latest report of every stream thread of `app` on its diagnostics
 /// topic, by `<instance>/<thread>`.
 pub fn latest_reports(
-    bootstrap: &str,
+    cluster: &Connection,
     app: &str,
 ) -> Result<BTreeMap<String, ThreadReport>, ReportsError> {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", bootstrap);
+    let config = cluster.client_config();
     parsley_kafka::diagnostics::latest_reports(&config, app, Duration::from_secs(20))
 }
 

@@ -2,6 +2,7 @@
 //! consumer sees them, with each record's coordinate, sender tag and the
 //! claims of its clock, topic ids resolved to names.
 
+use crate::connect::Connection;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -11,7 +12,7 @@ use parsley_kafka::KafkaCluster;
 use parsley_kafka::clients::read_causal;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 /// Where reading starts in each partition.
@@ -28,8 +29,8 @@ pub enum Start {
 /// What to inspect.
 #[derive(Clone, Debug)]
 pub struct Inspect {
-    /// Bootstrap servers.
-    pub bootstrap: String,
+    /// The cluster.
+    pub cluster: Connection,
     /// The topic.
     pub topic: String,
     /// One partition, or all.
@@ -150,14 +151,13 @@ fn table(line: &Line) -> String {
 
 /// Reads the records and describes each.
 pub fn run(args: &Inspect) -> Result<Report, String> {
-    let mut config = ClientConfig::new();
+    let mut config = args.cluster.client_config();
     config
-        .set("bootstrap.servers", &args.bootstrap)
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
         .set("group.id", "parsley-inspect");
     let cluster = KafkaCluster::new(&config, Duration::from_secs(20))
-        .map_err(|e| format!("cannot reach {}: {e}", args.bootstrap))?;
+        .map_err(|e| format!("cannot reach {}: {e}", args.cluster.bootstrap))?;
     let consumer: BaseConsumer = config
         .create()
         .map_err(|e| format!("cannot create a consumer: {e}"))?;

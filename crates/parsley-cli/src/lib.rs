@@ -15,6 +15,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod connect;
 pub mod demo;
 pub mod holds;
 pub mod inspect;

@@ -40,6 +40,33 @@ enum Example {
     Checkout,
 }
 
+/// How a command reaches the cluster.
+#[derive(clap::Args, Clone)]
+struct ClusterArgs {
+    /// Bootstrap servers of the cluster.
+    #[arg(long)]
+    bootstrap: String,
+    /// A file of client properties (librdkafka's names, key=value lines),
+    /// as Kafka's tools take one: SASL and TLS settings for a secured
+    /// cluster.
+    #[arg(long, value_name = "FILE")]
+    command_config: Option<std::path::PathBuf>,
+    /// A client property (librdkafka's name), applied after the file's;
+    /// repeat for more.
+    #[arg(short = 'X', value_name = "KEY=VALUE")]
+    property: Vec<String>,
+}
+
+impl ClusterArgs {
+    fn connection(&self) -> Result<parsley_cli::connect::Connection, String> {
+        parsley_cli::connect::Connection::from_args(
+            &self.bootstrap,
+            self.command_config.as_deref(),
+            &self.property,
+        )
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run a causal pipeline twice, through Parsley's gate and in plain
@@ -61,6 +88,14 @@ enum Command {
         /// (parsley-demo-<millis>-<nonce>-*) instead of deleting them at the end.
         #[arg(long, requires = "bootstrap")]
         keep_topics: bool,
+        /// On a cluster: a file of client properties (librdkafka's names,
+        /// key=value lines), for a secured cluster.
+        #[arg(long, value_name = "FILE", requires = "bootstrap")]
+        command_config: Option<std::path::PathBuf>,
+        /// On a cluster: a client property (librdkafka's name), applied
+        /// after the file's; repeat for more.
+        #[arg(short = 'X', value_name = "KEY=VALUE", requires = "bootstrap")]
+        property: Vec<String>,
     },
     /// Inspect and build `vc` clock header values.
     #[command(subcommand)]
@@ -70,9 +105,8 @@ enum Command {
     /// claims with topic names.
     #[command(after_help = INSPECT_HELP)]
     Inspect {
-        /// Bootstrap servers of the cluster.
-        #[arg(long)]
-        bootstrap: String,
+        #[command(flatten)]
+        cluster: ClusterArgs,
         /// The topic to read.
         #[arg(long)]
         topic: String,
@@ -98,9 +132,8 @@ enum Command {
     /// partition count, tick topics are as wide as their widest source.
     #[command(after_help = PROBE_HELP)]
     Probe {
-        /// Bootstrap servers of the cluster.
-        #[arg(long)]
-        bootstrap: String,
+        #[command(flatten)]
+        cluster: ClusterArgs,
         /// The application file (JSON).
         #[arg(long)]
         app: String,
@@ -110,9 +143,8 @@ enum Command {
     /// instead of delivering it, when the application next starts.
     #[command(after_help = SKIP_HELP)]
     Skip {
-        /// Bootstrap servers of the cluster.
-        #[arg(long)]
-        bootstrap: String,
+        #[command(flatten)]
+        cluster: ClusterArgs,
         /// The application id.
         #[arg(long)]
         app: String,
@@ -141,9 +173,8 @@ enum Command {
     /// Prints the plan; changes nothing without --execute.
     #[command(after_help = RESET_HELP)]
     Reset {
-        /// Bootstrap servers of the cluster.
-        #[arg(long)]
-        bootstrap: String,
+        #[command(flatten)]
+        cluster: ClusterArgs,
         /// The application file (JSON): `parsley describe --json` or
         /// `Topology::to_json` output, or the small file `parsley probe`
         /// reads.
@@ -185,9 +216,8 @@ enum Command {
     /// machine that reaches the cluster.
     #[command(after_help = HOLDS_HELP)]
     Holds {
-        /// Bootstrap servers of the cluster.
-        #[arg(long)]
-        bootstrap: String,
+        #[command(flatten)]
+        cluster: ClusterArgs,
         /// The application id.
         #[arg(long)]
         app: String,
@@ -323,12 +353,27 @@ fn main() -> ExitCode {
             seed,
             bootstrap: Some(bootstrap),
             keep_topics,
-        } => return cluster_demo(records, seed, bootstrap, keep_topics),
+            command_config,
+            property,
+        } => {
+            let cluster = ClusterArgs {
+                bootstrap,
+                command_config,
+                property,
+            };
+            match cluster.connection() {
+                Ok(c) => return cluster_demo(records, seed, c, keep_topics),
+                Err(e) => Err(e),
+            }
+        }
         Command::Clock(ClockCommand::Decode { hex }) => clock::decode(hex),
         Command::Clock(ClockCommand::Encode) => clock::encode(),
-        Command::Probe { bootstrap, app } => return probe(&bootstrap, &app),
+        Command::Probe { cluster, app } => match cluster.connection() {
+            Ok(c) => return probe(&c, &app),
+            Err(e) => Err(e),
+        },
         Command::Skip {
-            bootstrap,
+            cluster,
             app,
             stage,
             topic,
@@ -336,30 +381,34 @@ fn main() -> ExitCode {
             offset,
             dead_letter,
             reason,
-        } => parsley_cli::skip::run(&parsley_cli::skip::Skip {
-            bootstrap,
-            app,
-            stage,
-            topic,
-            partition,
-            offset,
-            dead_letter,
-            reason,
+        } => cluster.connection().and_then(|cluster| {
+            parsley_cli::skip::run(&parsley_cli::skip::Skip {
+                cluster,
+                app,
+                stage,
+                topic,
+                partition,
+                offset,
+                dead_letter,
+                reason,
+            })
         }),
         Command::Reset {
-            bootstrap,
+            cluster,
             app,
             to_time,
             to_offset,
             execute,
             wipe_state_dir,
-        } => reset(bootstrap, &app, to_time, to_offset, execute, wipe_state_dir),
+        } => cluster
+            .connection()
+            .and_then(|cluster| reset(cluster, &app, to_time, to_offset, execute, wipe_state_dir)),
         Command::Describe { example, json } => return describe(example, json),
-        Command::Holds { bootstrap, app } => {
-            parsley_cli::holds::run(&bootstrap, &app).map(|lines| lines.join("\n"))
-        }
+        Command::Holds { cluster, app } => cluster
+            .connection()
+            .and_then(|c| parsley_cli::holds::run(&c, &app).map(|lines| lines.join("\n"))),
         Command::Inspect {
-            bootstrap,
+            cluster,
             topic,
             partition,
             from_beginning,
@@ -367,8 +416,15 @@ fn main() -> ExitCode {
             count,
             json,
         } => {
+            let cluster = match cluster.connection() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
             return inspect(parsley_cli::inspect::Inspect {
-                bootstrap,
+                cluster,
                 topic,
                 partition,
                 start: match (from_beginning, offset) {
@@ -451,13 +507,18 @@ fn report_demo(
     }
 }
 
-fn cluster_demo(records: u32, seed: Option<u64>, bootstrap: String, keep_topics: bool) -> ExitCode {
+fn cluster_demo(
+    records: u32,
+    seed: Option<u64>,
+    cluster: parsley_cli::connect::Connection,
+    keep_topics: bool,
+) -> ExitCode {
     use parsley_cli::demo::DemoConfig;
     use parsley_cli::demo::cluster::{self, ClusterDemo, HoldWatch};
     use tracing_subscriber::layer::SubscriberExt;
     let seed = seed.unwrap_or_else(random_seed);
     let demo = ClusterDemo {
-        bootstrap,
+        cluster,
         config: DemoConfig {
             orders: records / 2,
             seed,
@@ -475,13 +536,13 @@ fn cluster_demo(records: u32, seed: Option<u64>, bootstrap: String, keep_topics:
     }
     println!(
         "Parsley demo on {}: {} records, seed {seed} (the seed draws the amounts; the arrival order is the cluster's)",
-        demo.bootstrap,
+        demo.cluster.bootstrap,
         2 * demo.config.orders
     );
     println!();
     report_demo(
         cluster::run(&demo, &watch, &|phase| eprintln!("... {phase}")),
-        &format!("the demo could not run on {}", demo.bootstrap),
+        &format!("the demo could not run on {}", demo.cluster.bootstrap),
     )
 }
 
@@ -509,7 +570,7 @@ fn describe(example: Example, json: bool) -> ExitCode {
 }
 
 fn reset(
-    bootstrap: String,
+    cluster: parsley_cli::connect::Connection,
     app_file: &str,
     to_time: Option<String>,
     to_offset: Option<i64>,
@@ -526,7 +587,7 @@ fn reset(
         (None, None) => ResetTo::Earliest,
     };
     parsley_cli::reset::run(&Reset {
-        bootstrap,
+        cluster,
         topology: parsley_kafka::topology(&app),
         to,
         execute,
@@ -534,8 +595,8 @@ fn reset(
     })
 }
 
-fn probe(bootstrap: &str, app: &str) -> ExitCode {
-    match parsley_cli::probe::run(bootstrap, app) {
+fn probe(cluster: &parsley_cli::connect::Connection, app: &str) -> ExitCode {
+    match parsley_cli::probe::run(cluster, app) {
         Ok(report) => {
             print!("{report}");
             if report.passed() {

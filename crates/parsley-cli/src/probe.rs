@@ -18,11 +18,12 @@
 //! partitions each has), so the stages are built with byte topics and
 //! logic that does nothing.
 
+use crate::connect::Connection;
 use std::time::Duration;
 
 use parsley::{Codec, Emission, Parsley, ProbeReport, Stage, Step, Topic, Topology, probe_cluster};
 use parsley_kafka::KafkaCluster;
-use rdkafka::ClientConfig;
+
 use serde::Deserialize;
 
 /// The application, as the file describes it.
@@ -115,6 +116,17 @@ impl From<&Topology> for AppFile {
 /// Builds the described application, from the small file above or from a
 /// full topology description.
 pub fn application(text: &str) -> Result<Parsley, String> {
+    // A description written by a newer build may say what this one cannot
+    // read: refuse it rather than act on part of it.
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(text)
+        && let Some(version) = v.get("format_version").and_then(serde_json::Value::as_u64)
+        && version > u64::from(parsley::describe::TOPOLOGY_FORMAT)
+    {
+        return Err(format!(
+            "the application file is in format {version}, written by a newer parsley; this one reads up to format {}: use the parsley that wrote it",
+            parsley::describe::TOPOLOGY_FORMAT
+        ));
+    }
     let file: AppFile = match serde_json::from_str(text) {
         Ok(file) => file,
         Err(small) => match serde_json::from_str::<Topology>(text) {
@@ -131,12 +143,12 @@ pub fn application(text: &str) -> Result<Parsley, String> {
 }
 
 /// Runs the cluster probes; the report lists every finding and note.
-pub fn run(bootstrap: &str, app_file: &str) -> Result<ProbeReport, String> {
+pub fn run(cluster: &Connection, app_file: &str) -> Result<ProbeReport, String> {
     let text =
         std::fs::read_to_string(app_file).map_err(|e| format!("cannot read {app_file}: {e}"))?;
     let app = application(&text)?;
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", bootstrap);
+    let config = cluster.client_config();
+    let bootstrap = &cluster.bootstrap;
     let cluster = KafkaCluster::new(&config, Duration::from_secs(20))
         .map_err(|e| format!("cannot reach {bootstrap}: {e}"))?;
     Ok(probe_cluster(&app, &cluster))
@@ -145,6 +157,34 @@ pub fn run(bootstrap: &str, app_file: &str) -> Result<ProbeReport, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_description_from_a_newer_format_is_refused() {
+        let app = parsley::Parsley::named(
+            "shop",
+            [parsley::Stage::named("s")
+                .on(
+                    &parsley::Topic::new("a", parsley::Codec::utf8(), parsley::Codec::utf8()),
+                    |_m: &parsley::Message<String, String>| vec![],
+                )
+                .build()
+                .unwrap()],
+        )
+        .unwrap();
+        let json = app.describe().to_json();
+        assert!(application(&json).is_ok());
+        let newer = json.replacen(
+            &format!("\"format_version\": {}", parsley::describe::TOPOLOGY_FORMAT),
+            &format!(
+                "\"format_version\": {}",
+                parsley::describe::TOPOLOGY_FORMAT + 1
+            ),
+            1,
+        );
+        assert_ne!(newer, json);
+        let e = application(&newer).unwrap_err();
+        assert!(e.contains("newer parsley"), "{e}");
+    }
 
     #[test]
     fn a_described_application_has_the_declared_topics() {

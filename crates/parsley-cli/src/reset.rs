@@ -26,12 +26,19 @@
 //! replays the reset records from its checkpoint like any other records);
 //! `--wipe-state-dir` removes this host's copy anyway.
 //!
-//! It refuses while any instance runs (the check `parsley skip` makes),
-//! prints its plan and changes nothing without `--execute`, and is
+//! It refuses while any instance runs (the check `parsley skip` makes: the
+//! group's coordinator lists no member, under either group protocol, and no
+//! stream thread reported recently), asks again right before its first
+//! write, prints its plan and changes nothing without `--execute`, and is
 //! idempotent: a run interrupted half way is finished by running it again,
-//! and a second run after a complete one writes nothing. Run it to
-//! completion before starting the application again.
+//! and a second run after a complete one writes nothing.
+//!
+//! Its first write marks every group position it will move (the commit's
+//! metadata, [`RESET_IN_PROGRESS`]); its last commits the new positions,
+//! which clears the mark. An instance started while the mark stands (the
+//! reset was interrupted) refuses to run, and says to run the reset again.
 
+use crate::connect::Connection;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -40,6 +47,7 @@ use std::time::{Duration, Instant};
 
 use futures_executor::block_on;
 use parsley::protocol::Channel;
+use parsley::protocol::host::RESET_IN_PROGRESS;
 use parsley::protocol::reset::ResetPoint;
 use parsley::runtime::changelog::{ChangelogRecord, fold_reset_records, reset_records};
 use parsley::runtime::host::{ChangelogReader, MetadataError, TopicMetadata};
@@ -95,7 +103,7 @@ pub fn parse_time(text: &str) -> Result<i64, String> {
 #[derive(Clone, Debug)]
 pub struct Reset {
     /// Bootstrap servers.
-    pub bootstrap: String,
+    pub cluster: Connection,
     /// The application, as `parsley_kafka::topology` describes it.
     pub topology: Topology,
     /// Where the sources are read again from.
@@ -135,8 +143,9 @@ struct Plan {
     positions: Vec<Position>,
     state: Vec<Writes>,
     fold: Vec<Writes>,
-    /// Changelogs that do not exist (the stage never ran).
-    absent: Vec<String>,
+    /// Stages whose state changelog does not exist (they never ran), with
+    /// that changelog.
+    absent: Vec<(String, String)>,
     /// The control topic, with its partitions that hold records to delete.
     control: Option<(String, Vec<Span>)>,
 }
@@ -144,13 +153,15 @@ struct Plan {
 /// A partition's records: its number, log start and end.
 type Span = (i32, i64, i64);
 
+/// Why a reset refuses a running application.
+const RUNNING: &str = "a running instance would go on from where it is, and overwrite the reset";
+
 /// Plans the reset and, with `execute`, applies it; returns what to print.
 pub fn run(r: &Reset) -> Result<String, String> {
     let app = r.topology.application_id.as_str();
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", &r.bootstrap);
+    let config = r.cluster.client_config();
     let cluster = KafkaCluster::new(&config, TIMEOUT)
-        .map_err(|e| format!("cannot reach {}: {e}", r.bootstrap))?;
+        .map_err(|e| format!("cannot reach {}: {e}", r.cluster.bootstrap))?;
     let mut group = config.clone();
     group
         .set("group.id", app)
@@ -159,12 +170,7 @@ pub fn run(r: &Reset) -> Result<String, String> {
     let consumer: BaseConsumer = group
         .create()
         .map_err(|e| format!("cannot create a consumer: {e}"))?;
-    crate::stopped::ensure_stopped(
-        &consumer,
-        &r.bootstrap,
-        app,
-        "a running instance would go on from where it is, and overwrite the reset",
-    )?;
+    crate::stopped::ensure_stopped(&cluster, &r.cluster, app, RUNNING)?;
     let plan = plan(r, &cluster, &consumer)?;
     let mut out = render(r, &plan);
     if !r.execute {
@@ -238,7 +244,7 @@ fn plan_positions(
                 Some(_) => high,
             };
             let tags = if to > low {
-                senders_below(&r.bootstrap, topic, p, low, to)?
+                senders_below(&r.cluster, topic, p, low, to)?
             } else {
                 Vec::new()
             };
@@ -269,7 +275,7 @@ fn plan_changelogs(
 ) -> Result<(), String> {
     let state = &stage.state_changelog;
     match cluster.describe(state) {
-        Err(MetadataError::Missing(_)) => plan.absent.push(state.clone()),
+        Err(MetadataError::Missing(_)) => plan.absent.push((stage.name.clone(), state.clone())),
         Err(e) => return Err(format!("topic {state:?}: {e}")),
         Ok(d) => {
             for p in 0..d.partitions {
@@ -293,7 +299,13 @@ fn plan_changelogs(
     }
     if let Some(fold) = stage.state.as_ref().map(|s| &s.changelog) {
         match cluster.describe(fold) {
-            Err(MetadataError::Missing(_)) => plan.absent.push(fold.clone()),
+            // Created with the state changelog: a stage that never ran has
+            // neither, and is named once.
+            Err(MetadataError::Missing(_)) => {
+                if !plan.absent.iter().any(|(s, _)| *s == stage.name) {
+                    plan.absent.push((stage.name.clone(), fold.clone()));
+                }
+            }
             Err(e) => return Err(format!("topic {fold:?}: {e}")),
             Ok(d) => {
                 for p in 0..d.partitions {
@@ -400,15 +412,14 @@ fn target(
 /// the log start. A record with corrupt causal headers fails the reset: its
 /// sender's sequences could not be accounted for.
 fn senders_below(
-    bootstrap: &str,
+    cluster: &Connection,
     topic: &str,
     partition: i32,
     low: i64,
     to: i64,
 ) -> Result<Vec<(i64, Option<parsley::protocol::SenderTag>)>, String> {
-    let mut config = ClientConfig::new();
+    let mut config = cluster.client_config();
     config
-        .set("bootstrap.servers", bootstrap)
         .set("group.id", "parsley-reset-scan")
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
@@ -507,10 +518,10 @@ fn render(r: &Reset, plan: &Plan) -> String {
             plan.fold.len()
         );
     }
-    for topic in &plan.absent {
+    for (stage, topic) in &plan.absent {
         let _ = writeln!(
             out,
-            "{topic} does not exist (the stage never ran): nothing to reset there."
+            "Stage {stage:?} never ran ({topic} does not exist): only its group positions above are written; its first run starts at them and takes the records below them as its past."
         );
     }
     if let Some((topic, parts)) = &plan.control {
@@ -558,8 +569,37 @@ fn apply(
     cluster: &KafkaCluster,
     consumer: &BaseConsumer,
 ) -> Result<(), String> {
-    // The state first: a run stopped after this and before the positions
-    // is finished by running it again (this part then writes nothing).
+    // Asked again right before the first write: an instance started
+    // while the plan was read (the scans can take a while) must not have
+    // its state rewritten under it.
+    crate::stopped::ensure_stopped(cluster, &r.cluster, &r.topology.application_id, RUNNING)?;
+    // The mark first: every position the reset moves carries it until the
+    // new positions are committed, the last step, so an instance started
+    // on a reset that stopped half way refuses to run (the worker checks
+    // it at assignment) instead of running on half-reset state.
+    let mut marked = TopicPartitionList::new();
+    for p in &plan.positions {
+        let mut e = marked
+            .add_partition_offset(
+                &p.topic,
+                p.partition,
+                Offset::Offset(p.committed.unwrap_or(p.to)),
+            )
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                marked
+                    .find_partition(&p.topic, p.partition)
+                    .ok_or_else(|| "the marked position went missing".to_owned())
+            })?;
+        e.set_metadata(RESET_IN_PROGRESS);
+    }
+    if marked.count() > 0 {
+        consumer
+            .commit(&marked, CommitMode::Sync)
+            .map_err(|e| format!("cannot mark the group's positions for the reset: {e}"))?;
+    }
+    // The state next: a run stopped after this is finished by running it
+    // again (this part then writes nothing).
     let mut producer_config = config.clone();
     producer_config
         .set("enable.idempotence", "true")
@@ -604,16 +644,6 @@ fn apply(
     {
         return Err(format!("cannot write the reset state: {e}"));
     }
-    let mut tpl = TopicPartitionList::new();
-    for p in &plan.positions {
-        tpl.add_partition_offset(&p.topic, p.partition, Offset::Offset(p.to))
-            .map_err(|e| e.to_string())?;
-    }
-    if tpl.count() > 0 {
-        consumer
-            .commit(&tpl, CommitMode::Sync)
-            .map_err(|e| format!("cannot commit the group's positions: {e}"))?;
-    }
     if let Some((topic, parts)) = &plan.control
         && !parts.is_empty()
     {
@@ -636,6 +666,17 @@ fn apply(
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("cannot remove {}: {e}", dir.display())),
         }
+    }
+    // Last: the new positions, without the mark (the commit replaces it).
+    let mut tpl = TopicPartitionList::new();
+    for p in &plan.positions {
+        tpl.add_partition_offset(&p.topic, p.partition, Offset::Offset(p.to))
+            .map_err(|e| e.to_string())?;
+    }
+    if tpl.count() > 0 {
+        consumer
+            .commit(&tpl, CommitMode::Sync)
+            .map_err(|e| format!("cannot commit the group's positions: {e}"))?;
     }
     Ok(())
 }

@@ -4,13 +4,15 @@
 //! to a dead-letter topic instead of delivering it.
 //!
 //! Everything is checked before anything is written: no stream thread of
-//! the application runs (its consumer group has no members under the
-//! classic protocol, and no thread reported on the diagnostics topic in
-//! the last 15 s: a running task would not read the entry until its next
-//! restore, and could race it), the topics exist, the
+//! the application runs (the group's coordinator lists no member, under
+//! either group protocol, and no thread reported on the diagnostics topic
+//! in the last 15 s: a running task would not read the entry until its next
+//! restore, and could race it; asked again right before the write), the
+//! topics exist, the
 //! record is not consumed yet, and the task's recorded scope consumes the
 //! channel (else its restore would refuse the entry).
 
+use crate::connect::Connection;
 use std::time::Duration;
 
 use parsley::TaskId;
@@ -21,7 +23,7 @@ use parsley::runtime::host::TopicMetadata;
 use parsley_kafka::KafkaCluster;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -29,7 +31,7 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Clone, Debug)]
 pub struct Skip {
     /// Bootstrap servers.
-    pub bootstrap: String,
+    pub cluster: Connection,
     /// The application id.
     pub app: String,
     /// The stage consuming the record.
@@ -48,10 +50,9 @@ pub struct Skip {
 
 /// Checks and records the step; returns the line to print.
 pub fn run(s: &Skip) -> Result<String, String> {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", &s.bootstrap);
+    let config = s.cluster.client_config();
     let cluster = KafkaCluster::new(&config, TIMEOUT)
-        .map_err(|e| format!("cannot reach {}: {e}", s.bootstrap))?;
+        .map_err(|e| format!("cannot reach {}: {e}", s.cluster.bootstrap))?;
     let mut group = config.clone();
     group
         .set("group.id", &s.app)
@@ -60,8 +61,8 @@ pub fn run(s: &Skip) -> Result<String, String> {
         .create()
         .map_err(|e| format!("cannot create a consumer: {e}"))?;
     crate::stopped::ensure_stopped(
-        &consumer,
-        &s.bootstrap,
+        &cluster,
+        &s.cluster,
         &s.app,
         "a running task reads the step only when it restores",
     )?;
@@ -130,6 +131,14 @@ pub fn run(s: &Skip) -> Result<String, String> {
     let channel = Channel::new(source.id, s.partition);
     let record =
         step_past_record(&task, current, channel, s.offset, &stepped).map_err(|e| e.to_string())?;
+    // Asked again right before the write: an instance that started while
+    // the checks above ran must not have its state written under it.
+    crate::stopped::ensure_stopped(
+        &cluster,
+        &s.cluster,
+        &s.app,
+        "a running task reads the step only when it restores",
+    )?;
     let mut producer_config = config.clone();
     producer_config
         .set("enable.idempotence", "true")

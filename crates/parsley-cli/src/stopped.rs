@@ -3,35 +3,39 @@
 //! would not read what they write until its next restore, and could race
 //! it.
 
-use std::time::Duration;
+use parsley_kafka::KafkaCluster;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-
-const TIMEOUT: Duration = Duration::from_secs(20);
-
-/// Refuses unless no stream thread of `app` runs: its consumer group has no
-/// members under the classic protocol, and no thread that has not left
-/// reported on the diagnostics topic within three refresh periods (under the
-/// consumer group protocol the classic description sees no members, and
-/// the threads' own reports are what says). `why` ends the refusal.
+/// Refuses unless no stream thread of `app` runs. The broker's word comes
+/// first: the group's coordinator describes it (ConsumerGroupDescribe for a
+/// group of the consumer protocol, DescribeGroups for a classic one), and a
+/// group with members, or in the middle of a rebalance, is running. Then
+/// the threads' own reports: none that has not left may have reported on
+/// the diagnostics topic within three refresh periods (a thread between
+/// two sessions of its group, which the coordinator no longer lists, still
+/// reports). `why` ends the refusal.
 pub(crate) fn ensure_stopped(
-    consumer: &BaseConsumer,
-    bootstrap: &str,
+    kafka: &KafkaCluster,
+    cluster: &crate::connect::Connection,
     app: &str,
     why: &str,
 ) -> Result<(), String> {
-    let groups = consumer
-        .fetch_group_list(Some(app), TIMEOUT)
+    let group = kafka
+        .describe_group(app)
         .map_err(|e| format!("cannot describe consumer group {app:?}: {e}"))?;
-    if let Some(g) = groups.groups().iter().find(|g| g.name() == app)
-        && !g.members().is_empty()
-    {
+    if group.is_active() {
         return Err(format!(
-            "application {app:?} is running: its consumer group has {} member(s); stop every instance first ({why})",
-            g.members().len()
+            "application {app:?} is running: its consumer group ({} protocol) is {} with {} member(s){}; stop every instance first ({why})",
+            group.protocol,
+            group.state,
+            group.members.len(),
+            if group.members.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", group.members.join(", "))
+            }
         ));
     }
-    match crate::holds::latest_reports(bootstrap, app) {
+    match crate::holds::latest_reports(cluster, app) {
         Ok(latest) => {
             let now = crate::holds::now_ms();
             let running: Vec<String> = latest

@@ -111,6 +111,12 @@ fn skip_steps_a_stopped_application_past_a_named_record() {
     });
     let (ok, text) = skip("1", "echo", &dlq);
     assert!(!ok && text.contains("is running"), "{text}");
+    // The coordinator's answer, under either group protocol, not only the
+    // threads' reports.
+    assert!(
+        text.contains("its consumer group (") && text.contains("member(s)"),
+        "{text}"
+    );
     s.close(Duration::from_secs(30)).unwrap();
     assert_eq!(s.state(), StreamsState::Stopped);
 

@@ -106,6 +106,14 @@ impl KafkaCluster {
         &self.admin
     }
 
+    /// Consumer group `group` as its coordinator describes it, under either
+    /// group protocol: its state and members. A group that does not exist
+    /// comes back `Dead`, without members.
+    pub fn describe_group(&self, group: &str) -> Result<topic_ids::GroupDescription, String> {
+        topic_ids::describe_group(self.admin.inner(), group, self.timeout)
+            .map_err(|e| e.to_string())
+    }
+
     /// How many replicas each partition of `topic` has (the fewest of any
     /// partition), from the cluster's metadata.
     pub fn replication_factor(&self, topic: &str) -> Result<usize, MetadataError> {

@@ -1,6 +1,7 @@
-//! Topic ids through librdkafka's DescribeTopics: the one module of this
+//! Topic ids through librdkafka's DescribeTopics, and a consumer group's
+//! state through its DescribeConsumerGroups: the one module of this
 //! workspace that calls C directly, because rdkafka has no safe wrapper for
-//! it. Everything here is the call, the walk over its result, and the
+//! either. Everything here is the call, the walk over its result, and the
 //! releases, each documented at the call site.
 #![allow(unsafe_code)]
 
@@ -195,5 +196,181 @@ pub fn describe<C: ClientContext>(
             }
         }
         Ok(out)
+    }
+}
+
+/// A consumer group as the broker's coordinator describes it: under either
+/// group protocol (librdkafka asks with ConsumerGroupDescribe for a group
+/// of the consumer protocol, and DescribeGroups for a classic one).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct GroupDescription {
+    /// The group's state: `Stable`, `PreparingRebalance`,
+    /// `CompletingRebalance`, `Empty`, `Dead` or `Unknown`.
+    pub state: &'static str,
+    /// `consumer` (KIP-848), `classic`, or `unknown`.
+    pub protocol: &'static str,
+    /// Its members' client ids (one per stream thread of a running
+    /// instance).
+    pub members: Vec<String>,
+}
+
+impl GroupDescription {
+    /// Whether any member belongs to the group, or it is between states
+    /// that only members cause (a rebalance in progress).
+    pub fn is_active(&self) -> bool {
+        !self.members.is_empty()
+            || matches!(self.state, "PreparingRebalance" | "CompletingRebalance")
+    }
+}
+
+/// Describes consumer group `group` through its coordinator. A group that
+/// does not exist is described as `Dead` with no members.
+// One foreign call's whole life in one frame, as `describe` above.
+pub fn describe_group<C: ClientContext>(
+    client: &Client<C>,
+    group: &str,
+    timeout: Duration,
+) -> Result<GroupDescription, DescribeError> {
+    let c_group = CString::new(group)
+        .map_err(|_| DescribeError(format!("group id {group:?} holds a NUL byte")))?;
+    let mut ptrs: Vec<*const c_char> = vec![c_group.as_ptr()];
+    let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    let rk = client.native_ptr();
+    // SAFETY: `rk` is the live client handle `client` owns.
+    let options = Owned {
+        ptr: unsafe {
+            sys::rd_kafka_AdminOptions_new(
+                rk,
+                sys::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBECONSUMERGROUPS,
+            )
+        },
+        destroy: sys::rd_kafka_AdminOptions_destroy,
+    };
+    let mut errstr = [0 as c_char; 256];
+    // SAFETY: `options` is live; `errstr` is a writable buffer of the size
+    // passed.
+    let set = unsafe {
+        sys::rd_kafka_AdminOptions_set_request_timeout(
+            options.ptr,
+            timeout_ms,
+            errstr.as_mut_ptr(),
+            errstr.len(),
+        )
+    };
+    if set != sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+        // SAFETY: librdkafka wrote a NUL-terminated message into `errstr`.
+        let msg = unsafe { CStr::from_ptr(errstr.as_ptr()) };
+        return Err(DescribeError(msg.to_string_lossy().into_owned()));
+    }
+    // SAFETY: `rk` is live; the queue is released by its guard.
+    let queue = Owned {
+        ptr: unsafe { sys::rd_kafka_queue_new(rk) },
+        destroy: sys::rd_kafka_queue_destroy,
+    };
+    // SAFETY: every pointer is live; librdkafka copies the group names and
+    // does not keep `options` past the call; it answers on `queue`.
+    unsafe {
+        sys::rd_kafka_DescribeConsumerGroups(
+            rk,
+            ptrs.as_mut_ptr(),
+            ptrs.len(),
+            options.ptr,
+            queue.ptr,
+        )
+    };
+    // SAFETY: `queue` is live; the event is released by its guard.
+    let event = Owned {
+        ptr: unsafe { sys::rd_kafka_queue_poll(queue.ptr, timeout_ms.saturating_add(1_000)) },
+        destroy: sys::rd_kafka_event_destroy,
+    };
+    if event.ptr.is_null() {
+        return Err(DescribeError(format!("no answer within {timeout:?}")));
+    }
+    // SAFETY: `event` is live until its guard drops, after every read below;
+    // the descriptions and their strings belong to it.
+    unsafe {
+        if sys::rd_kafka_event_type(event.ptr) != sys::RD_KAFKA_EVENT_DESCRIBECONSUMERGROUPS_RESULT
+        {
+            return Err(DescribeError("unexpected event type".to_owned()));
+        }
+        if sys::rd_kafka_event_error(event.ptr)
+            != sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+        {
+            let msg = sys::rd_kafka_event_error_string(event.ptr);
+            let msg = if msg.is_null() {
+                "request failed".to_owned()
+            } else {
+                CStr::from_ptr(msg).to_string_lossy().into_owned()
+            };
+            return Err(DescribeError(msg));
+        }
+        let result = sys::rd_kafka_event_DescribeConsumerGroups_result(event.ptr);
+        if result.is_null() {
+            return Err(DescribeError("event without a result".to_owned()));
+        }
+        let mut count = 0usize;
+        let groups = sys::rd_kafka_DescribeConsumerGroups_result_groups(result, &mut count);
+        for i in 0..count {
+            let desc = *groups.add(i);
+            let id = sys::rd_kafka_ConsumerGroupDescription_group_id(desc);
+            if id.is_null() || CStr::from_ptr(id).to_bytes() != group.as_bytes() {
+                continue;
+            }
+            let error = sys::rd_kafka_ConsumerGroupDescription_error(desc);
+            if !error.is_null() {
+                let code = sys::rd_kafka_error_code(error);
+                if code == sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_GROUP_ID_NOT_FOUND {
+                    return Ok(GroupDescription {
+                        state: "Dead",
+                        protocol: "unknown",
+                        members: Vec::new(),
+                    });
+                }
+                if code != sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+                    let msg = sys::rd_kafka_error_string(error);
+                    let msg = if msg.is_null() {
+                        format!("{code:?}")
+                    } else {
+                        CStr::from_ptr(msg).to_string_lossy().into_owned()
+                    };
+                    return Err(DescribeError(format!("group {group:?}: {msg}")));
+                }
+            }
+            use sys::rd_kafka_consumer_group_state_t as S;
+            let state = match sys::rd_kafka_ConsumerGroupDescription_state(desc) {
+                S::RD_KAFKA_CONSUMER_GROUP_STATE_PREPARING_REBALANCE => "PreparingRebalance",
+                S::RD_KAFKA_CONSUMER_GROUP_STATE_COMPLETING_REBALANCE => "CompletingRebalance",
+                S::RD_KAFKA_CONSUMER_GROUP_STATE_STABLE => "Stable",
+                S::RD_KAFKA_CONSUMER_GROUP_STATE_DEAD => "Dead",
+                S::RD_KAFKA_CONSUMER_GROUP_STATE_EMPTY => "Empty",
+                _ => "Unknown",
+            };
+            use sys::rd_kafka_consumer_group_type_t as T;
+            let protocol = match sys::rd_kafka_ConsumerGroupDescription_type(desc) {
+                T::RD_KAFKA_CONSUMER_GROUP_TYPE_CONSUMER => "consumer",
+                T::RD_KAFKA_CONSUMER_GROUP_TYPE_CLASSIC => "classic",
+                _ => "unknown",
+            };
+            let n = sys::rd_kafka_ConsumerGroupDescription_member_count(desc);
+            let mut members = Vec::with_capacity(n);
+            for m in 0..n {
+                let member = sys::rd_kafka_ConsumerGroupDescription_member(desc, m);
+                if member.is_null() {
+                    continue;
+                }
+                let client_id = sys::rd_kafka_MemberDescription_client_id(member);
+                members.push(if client_id.is_null() {
+                    String::new()
+                } else {
+                    CStr::from_ptr(client_id).to_string_lossy().into_owned()
+                });
+            }
+            return Ok(GroupDescription {
+                state,
+                protocol,
+                members,
+            });
+        }
+        Err(DescribeError(format!("no answer for group {group:?}")))
     }
 }

@@ -41,7 +41,16 @@ pub struct AssignedPartition {
     /// it (no committed position, start policy latest) then fails its task
     /// with an error naming the unknown end rather than guess.
     pub end: Option<i64>,
+    /// The metadata string the group's committed position carries, if any.
+    /// [`RESET_IN_PROGRESS`] marks a reset that began and has not finished.
+    pub committed_metadata: Option<String>,
 }
+
+/// The committed-offset metadata `parsley reset` writes on every position it
+/// will move before it changes anything, and clears when it commits the new
+/// positions, its last step: a group whose positions still carry it was
+/// reset half way, and must not start until the reset is run again.
+pub const RESET_IN_PROGRESS: &str = "parsley:reset-in-progress";
 
 /// A consumer seek the host must make.
 #[derive(Clone, PartialEq, Eq, Debug)]

@@ -225,6 +225,7 @@ fn part(topic: &str, partition: i32) -> AssignedPartition {
         committed: None,
         log_start: 0,
         end: Some(0),
+        committed_metadata: None,
     }
 }
 
@@ -371,6 +372,40 @@ fn a_partition_no_stage_consumes_is_refused() {
     assert!(matches!(err, WorkerError::UnknownPartition { .. }), "{err}");
 }
 
+/// A committed position marked by `parsley reset` (a reset that began and
+/// did not finish) refuses the whole assignment before any task starts;
+/// other metadata is none of the worker's business.
+#[test]
+fn a_position_marked_by_an_unfinished_reset_refuses_the_assignment() {
+    let app = counting_app();
+    let cluster = counting_cluster(1);
+    let mut w = worker(&app);
+    let marked = AssignedPartition {
+        committed: Some(3),
+        committed_metadata: Some(parsley::protocol::host::RESET_IN_PROGRESS.to_owned()),
+        ..part("a", 0)
+    };
+    let err = w.assign(vec![marked], &cluster, 0).unwrap_err();
+    match &err {
+        WorkerError::ResetUnfinished { topic, partition } => {
+            assert_eq!((topic.as_str(), *partition), ("a", 0));
+        }
+        other => panic!("expected ResetUnfinished, got {other}"),
+    }
+    assert!(err.to_string().contains("parsley reset again"), "{err}");
+    assert_eq!(w.assignment().count(), 0);
+    assert_eq!(w.tasks().count(), 0);
+
+    let mut w = worker(&app);
+    let other = AssignedPartition {
+        committed: Some(3),
+        committed_metadata: Some("a note of someone else's".to_owned()),
+        ..part("a", 0)
+    };
+    w.assign(vec![other, part("b", 0)], &cluster, 0).unwrap();
+    assert_eq!(w.tasks().count(), 1);
+}
+
 #[test]
 fn start_positions_follow_resume_committed_policy_and_the_log_start() {
     let app = counting_app();
@@ -382,12 +417,14 @@ fn start_positions_follow_resume_committed_policy_and_the_log_start() {
                 committed: Some(7),
                 log_start: 2,
                 end: Some(20),
+                committed_metadata: None,
                 ..part("a", 0)
             },
             AssignedPartition {
                 committed: None,
                 log_start: 3,
                 end: Some(9),
+                committed_metadata: None,
                 ..part("b", 0)
             },
         ],
@@ -413,10 +450,12 @@ fn start_positions_follow_resume_committed_policy_and_the_log_start() {
                 committed: Some(11),
                 log_start: 4,
                 end: Some(20),
+                committed_metadata: None,
                 ..part("a", 0)
             },
             AssignedPartition {
                 end: Some(9),
+                committed_metadata: None,
                 ..part("b", 0)
             },
         ],
@@ -508,6 +547,7 @@ fn a_late_joiner_without_a_known_end_does_not_guess() {
             vec![
                 AssignedPartition {
                     end: None,
+                    committed_metadata: None,
                     ..part("a", 0)
                 },
                 part("b", 0),
@@ -526,6 +566,7 @@ fn a_late_joiner_without_a_known_end_does_not_guess() {
             AssignedPartition {
                 committed: Some(5),
                 end: None,
+                committed_metadata: None,
                 ..part("a", 0)
             },
             part("b", 0),

@@ -63,8 +63,8 @@ pub const FETCH_BYTES: &str = "1024";
 /// What to run, and where.
 #[derive(Clone, Debug)]
 pub struct ClusterDemo {
-    /// Bootstrap servers of the cluster.
-    pub bootstrap: String,
+    /// The cluster.
+    pub cluster: crate::connect::Connection,
     /// Orders and seed (the seed draws the amounts; arrival order is the
     /// cluster's).
     pub config: DemoConfig,
@@ -207,10 +207,9 @@ pub fn run(
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
     let prefix = ClusterDemo::prefix(millis, rand::random());
-    let mut base = ClientConfig::new();
-    base.set("bootstrap.servers", &demo.bootstrap);
+    let base = demo.cluster.client_config();
     let cluster = KafkaCluster::new(&base, Duration::from_secs(30))
-        .map_err(|e| format!("cannot reach {}: {e}", demo.bootstrap))?;
+        .map_err(|e| format!("cannot reach {}: {e}", demo.cluster.bootstrap))?;
     let topics = Topics::prefixed(&prefix);
     // Nothing is deleted unless this run created its topics: a prefix that
     // somehow exists already belongs to someone else.
@@ -316,7 +315,7 @@ fn run_on(
     Ok(DemoReport {
         config: demo.config,
         setting: Setting::Cluster {
-            bootstrap: demo.bootstrap.clone(),
+            bootstrap: demo.cluster.bootstrap.clone(),
         },
         overtaken: plain.verdict.violations,
         gated,

@@ -264,7 +264,12 @@ impl Shared {
         };
         let mut parts = Vec::new();
         for (topic, p) in partitions(tpl) {
-            let committed = match committed.find_partition(&topic, p).map(|e| e.offset()) {
+            let entry = committed.find_partition(&topic, p);
+            let committed_metadata = entry
+                .as_ref()
+                .map(|e| e.metadata().to_owned())
+                .filter(|m| !m.is_empty());
+            let committed = match entry.map(|e| e.offset()) {
                 Some(Offset::Offset(o)) => Some(o),
                 _ => None,
             };
@@ -286,6 +291,7 @@ impl Shared {
                 committed,
                 log_start,
                 end,
+                committed_metadata,
             });
         }
         if self.stop.load(Ordering::SeqCst) {

@@ -430,7 +430,17 @@ impl StreamThread {
                         m.say_left();
                         return Ok(Session::Rejoin);
                     }
-                    shared.recover(&m.consumer, e)?
+                    match shared.recover(&m.consumer, e) {
+                        Ok(()) => {}
+                        Err(fatal) => {
+                            // The thread stops: say so, or the reports keep
+                            // it "running" (and `parsley reset` refusing)
+                            // until they go stale.
+                            drop(shared);
+                            m.say_left();
+                            return Err(fatal);
+                        }
+                    }
                 }
             }
             // A task that failed stopped alone; the handler decides what

@@ -323,6 +323,7 @@ impl AppWorld {
                 .copied(),
             log_start: c.map_or(0, |c| self.broker.log_start(c)),
             end: Some(c.map_or(0, |c| self.broker.last_stable(c))),
+            committed_metadata: None,
         }
     }
 

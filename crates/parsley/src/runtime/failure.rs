@@ -353,6 +353,18 @@ pub enum WorkerError {
         /// Why it was refused.
         reason: String,
     },
+    /// The group's committed position on an assigned partition carries the
+    /// mark of a reset that began and never finished: the application's
+    /// state may be half reset.
+    #[error(
+        "the group's position on {topic}:{partition} is marked by a reset that began and did not finish (parsley reset was interrupted): the application's state may be half reset, and it does not start on it. Stop every instance and run the same parsley reset again to finish it (running it again is safe), then start"
+    )]
+    ResetUnfinished {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+    },
     /// A partition of a topic no stage of the application consumes.
     #[error(
         "partition {topic}:{partition} is not consumed by any stage of application {application:?}; subscribe only to the application's source and tick topics"

@@ -496,6 +496,7 @@ impl Thread {
                             committed: None,
                             log_start: c.map_or(0, |c| broker.log_start(c)),
                             end: Some(c.map_or(0, |c| broker.end_offset(c))),
+                            committed_metadata: None,
                         });
                     }
                 }

@@ -19,6 +19,12 @@ impl Worker {
         let mut touched = BTreeSet::new();
         let mut incoming = BTreeSet::new();
         for p in &partitions {
+            if p.committed_metadata.as_deref() == Some(parsley_protocol::host::RESET_IN_PROGRESS) {
+                return Err(WorkerError::ResetUnfinished {
+                    topic: p.topic.clone(),
+                    partition: p.partition,
+                });
+            }
             let Some(id) = self.task_of(&p.topic, p.partition) else {
                 return Err(WorkerError::UnknownPartition {
                     application: self.app.application_id().to_owned(),

@@ -25,6 +25,7 @@ impl TestDriver {
                     committed: self.group_offsets.get(&(topic.clone(), *p)).copied(),
                     log_start: 0,
                     end: Some(end),
+                    committed_metadata: None,
                 });
             }
         }
