@@ -62,6 +62,18 @@ pub struct AvroCodec {
     schema: Schema,
     /// The schema's text as the user gave it, registered as it is.
     text: Option<String>,
+    /// A registered schema to write with instead of the codec's own.
+    pin: Option<Pin>,
+}
+
+/// A registered schema an encoder writes with, instead of registering or
+/// looking up its own.
+#[derive(Clone, Copy, Debug)]
+enum Pin {
+    /// The subject's latest version (`use.latest.version`).
+    Latest,
+    /// The schema of this id (`use.schema.id`).
+    Id(u32),
 }
 
 impl fmt::Debug for AvroCodec {
@@ -85,6 +97,7 @@ impl AvroCodec {
             registration: Registration::new(registry, topic, Part::Value),
             schema,
             text: None,
+            pin: None,
         }
     }
 
@@ -141,6 +154,7 @@ impl AvroCodec {
             registration: Registration::new(registry, topic, Part::Key),
             schema,
             text: None,
+            pin: None,
         }
     }
 
@@ -167,6 +181,29 @@ impl AvroCodec {
     /// [`SchemaRegistry::lookup`].
     pub fn normalize(mut self, normalize: bool) -> Self {
         self.registration.normalize = normalize;
+        self
+    }
+
+    /// Encodes with the latest version registered under the subject, and
+    /// frames with its id, instead of registering or looking up the codec's
+    /// own schema (Confluent's `use.latest.version`): for subjects whose
+    /// schemas a Java producer or Kafka Connect registered, with
+    /// properties (`avro.java.string`, `connect.*`) or a spelling the
+    /// codec's schema cannot reproduce. Values are written by that schema
+    /// (a field it adds with a default takes the default). The latest
+    /// version is read once, at the first encoding; a codec built after a
+    /// new version is registered uses the new one. Decoding is unchanged.
+    /// Schemas with references are not supported here.
+    pub fn use_latest_version(mut self) -> Self {
+        self.pin = Some(Pin::Latest);
+        self
+    }
+
+    /// Encodes with the schema registered under `id`, and frames with that
+    /// id (Confluent's `use.schema.id`); as
+    /// [`use_latest_version`](Self::use_latest_version) otherwise.
+    pub fn use_schema_id(mut self, id: u32) -> Self {
+        self.pin = Some(Pin::Id(id));
         self
     }
 
@@ -223,6 +260,8 @@ impl AvroCodec {
                 .registration
                 .id_of(record.as_deref(), SchemaType::Avro, text)?,
             writes: Writes::of(&self.schema).map_err(SchemaError::Schema)?,
+            pin: self.pin,
+            pinned: std::sync::OnceLock::new(),
             reader: self.schema,
             writers: RwLock::default(),
         })
@@ -234,6 +273,10 @@ impl AvroCodec {
 struct Framed {
     own: SchemaId,
     writes: Writes,
+    /// A registered schema to write with instead, and once fetched, its id
+    /// and writer.
+    pin: Option<Pin>,
+    pinned: std::sync::OnceLock<(u32, Writes)>,
     reader: Schema,
     writers: RwLock<HashMap<u32, Arc<Reads>>>,
 }
@@ -247,26 +290,64 @@ impl Framed {
         format!("avro({})", self.own.subject())
     }
 
+    /// The id to frame with and the schema to write with: the codec's own,
+    /// or the pinned registered one, fetched at the first encoding.
+    fn writes(&self) -> Result<(u32, &Writes), SchemaError> {
+        let Some(pin) = self.pin else {
+            return Ok((self.own.get()?, &self.writes));
+        };
+        if let Some((id, w)) = self.pinned.get() {
+            return Ok((*id, w));
+        }
+        let registry = self.own.registry();
+        let registered = match pin {
+            Pin::Latest => registry.latest_version(self.own.subject())?,
+            Pin::Id(id) => registry.schema(id)?,
+        };
+        if registered.schema_type != SchemaType::Avro {
+            return Err(SchemaError::WrongSchemaType {
+                id: registered.id,
+                found: registered.schema_type,
+                expected: SchemaType::Avro,
+            });
+        }
+        if !registered.references.is_empty() {
+            return Err(SchemaError::Schema(format!(
+                "schema id {} refers to other subjects' schemas, which encoding with a registered schema ({pin:?}) does not support",
+                registered.id
+            )));
+        }
+        let schema = Schema::parse_str(&registered.text).map_err(|e| {
+            SchemaError::Schema(format!(
+                "schema id {} is not a valid Avro schema: {e}",
+                registered.id
+            ))
+        })?;
+        let w = Writes::of(&schema).map_err(SchemaError::Schema)?;
+        let (id, w) = self.pinned.get_or_init(|| (registered.id, w));
+        Ok((*id, w))
+    }
+
     fn encode(&self, value: Value) -> Result<Vec<u8>, SchemaError> {
-        self.own.frame(|id, out| {
-            self.writes
-                .value(value, out)
-                .map_err(|message| SchemaError::Avro {
-                    id: Some(id),
-                    message,
-                })
-        })
+        let (id, w) = self.writes()?;
+        let mut out = crate::framing::header(id, 64);
+        w.value(value, &mut out)
+            .map_err(|message| SchemaError::Avro {
+                id: Some(id),
+                message,
+            })?;
+        Ok(out)
     }
 
     fn encode_typed<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, SchemaError> {
-        self.own.frame(|id, out| {
-            self.writes
-                .typed(value, out)
-                .map_err(|message| SchemaError::Avro {
-                    id: Some(id),
-                    message,
-                })
-        })
+        let (id, w) = self.writes()?;
+        let mut out = crate::framing::header(id, 64);
+        w.typed(value, &mut out)
+            .map_err(|message| SchemaError::Avro {
+                id: Some(id),
+                message,
+            })?;
+        Ok(out)
     }
 
     fn writer(&self, id: u32) -> Result<Arc<Reads>, SchemaError> {

@@ -477,6 +477,33 @@ impl SchemaRegistry {
         Ok(schema)
     }
 
+    /// The latest version registered under `subject`, asked each time
+    /// (it changes when a version is added): for an encoder that writes
+    /// with it ([`AvroCodec::use_latest_version`](crate::AvroCodec::use_latest_version),
+    /// which asks once).
+    pub fn latest_version(&self, subject: &str) -> Result<Arc<RegisteredSchema>, SchemaError> {
+        let what = || format!("fetching the latest version of subject {subject:?}");
+        let path = format!(
+            "/subjects/{}/versions/latest",
+            utf8_percent_encode(subject, SEGMENT)
+        );
+        let body = match self.call("GET", &path, None, &what)? {
+            Ok(body) => body,
+            Err(r) if r.status == 404 => {
+                return Err(SchemaError::NotRegistered {
+                    subject: subject.to_owned(),
+                    message: r.message,
+                });
+            }
+            Err(r) => return Err(refused(what(), r)),
+        };
+        let answer: SchemaAnswer = parse(&body, &what)?;
+        let id = answer
+            .id
+            .ok_or_else(|| SchemaError::Protocol(format!("{}: the answer has no id", what())))?;
+        Ok(Arc::new(registered(id, answer, &what)?))
+    }
+
     /// The schema registered as `version` of `subject` (what a schema
     /// reference names): from the cache, or asked once.
     pub fn schema_version(
