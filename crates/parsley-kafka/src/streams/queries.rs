@@ -129,6 +129,24 @@ pub enum QueryError {
         /// The partitioner the stage's sources declare.
         partitioner: parsley::partition::Partitioner,
     },
+    /// The query claims a record on a topic that reaches the queried stage
+    /// only through other stages. Whether its effect has reached the
+    /// stage's state cannot be told yet (the stamps that travel with the
+    /// records may claim what their senders have received and not yet
+    /// delivered), so the query does not answer rather than answer without
+    /// it.
+    #[error(
+        "task {task}: the query claims {claim}, on a topic that reaches the stage only through {}; this version cannot tell when its effect has reached the stage's state, and does not answer rather than answer without it. Claim only the records the stage consumes, or query the stage that consumes that topic (see the guide's \"Reading your own writes\")",
+        via.join(", ")
+    )]
+    UpstreamCause {
+        /// The queried task.
+        task: TaskId,
+        /// The claim (`topic:partition` and offset).
+        claim: String,
+        /// The stages of the application that read the topic on the way.
+        via: Vec<String>,
+    },
     /// No stream thread answered in time (a rebalance moved the task, or
     /// the threads are busy restoring).
     #[error("no stream thread answered the query for {task} within {waited:?}; ask again")]
@@ -194,6 +212,12 @@ impl CausalStreams {
     ///
     /// Waits up to `timeout`; then fails with
     /// [`QueryError::CausesMissing`], naming what the task waits for.
+    ///
+    /// A claim on a topic that reaches the stage only through other stages
+    /// of the application fails the query at once with
+    /// [`QueryError::UpstreamCause`] (never a stale answer); claims on
+    /// topics no stage chain leads from are not the stage's causes and are
+    /// not waited for.
     pub fn query_after<K: 'static, S: 'static>(
         &self,
         store: &StateStore<K, S>,
@@ -201,6 +225,37 @@ impl CausalStreams {
         after: &VectorClock,
         timeout: Duration,
     ) -> Result<Option<S>, QueryError> {
+        let upstream = self.app.upstream_topics(store.stage());
+        if !upstream.is_empty() {
+            let (task, _) = self.task_of(store, key)?;
+            for (topic, via) in &upstream {
+                let id = self.describe_for_query(topic)?.id;
+                let claim = after
+                    .offsets()
+                    .iter()
+                    .find(|c| c.channel.topic == id)
+                    .map(|c| format!("{topic}:{} up to offset {}", c.channel.partition, c.offset))
+                    .or_else(|| {
+                        after
+                            .sequences()
+                            .iter()
+                            .find(|c| c.channel.topic == id)
+                            .map(|c| {
+                                format!(
+                                    "{topic}:{} up to send sequence {}",
+                                    c.channel.partition, c.seq
+                                )
+                            })
+                    });
+                if let Some(claim) = claim {
+                    return Err(QueryError::UpstreamCause {
+                        task,
+                        claim,
+                        via: via.clone(),
+                    });
+                }
+            }
+        }
         self.read_state(store, key, Some(after.clone()), timeout)
     }
 
@@ -227,6 +282,17 @@ impl CausalStreams {
                 task,
                 cause: cause.clone(),
                 partitioner: stage.key_partitioner(),
+            });
+        }
+        let upstream = self.app.upstream_topics(store.stage());
+        if let Some((cause, via)) = after
+            .iter()
+            .find_map(|c| upstream.get(&c.topic).map(|via| (c, via)))
+        {
+            return Err(QueryError::UpstreamCause {
+                task,
+                claim: cause.to_string(),
+                via: via.clone(),
             });
         }
         let mut clock = VectorClock::new();

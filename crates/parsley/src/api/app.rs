@@ -247,6 +247,44 @@ impl Parsley {
         self.def.stages.iter().find(|s| s.name() == name)
     }
 
+    /// The topics whose records reach stage `stage` only through other
+    /// stages of this application: a chain of stages leads from each to one
+    /// of `stage`'s sources, and `stage` does not consume it itself. With
+    /// the stages that read it on the way. Empty for a stage the
+    /// application does not have.
+    pub fn upstream_topics(&self, stage: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+        use std::collections::{BTreeMap, BTreeSet};
+        let Some(target) = self.stage(stage) else {
+            return BTreeMap::new();
+        };
+        let own: BTreeSet<&str> = target.source_topics().into_iter().collect();
+        // Topics that lead into `stage`, found backwards from its sources.
+        let mut reach: BTreeSet<&str> = own.clone();
+        let mut via: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        loop {
+            let mut grew = false;
+            for s in self.stages() {
+                if s.name() == stage || !s.sink_topics().iter().any(|t| reach.contains(t)) {
+                    continue;
+                }
+                for t in s.source_topics() {
+                    if own.contains(t) {
+                        continue;
+                    }
+                    let readers = via.entry(t.to_owned()).or_default();
+                    if !readers.iter().any(|r| r == s.name()) {
+                        readers.push(s.name().to_owned());
+                    }
+                    grew |= reach.insert(t);
+                }
+            }
+            if !grew {
+                break;
+            }
+        }
+        via
+    }
+
     /// How `topic`'s producers place keys, as the stages that read or write
     /// it declare ([`Topic::partitioned_by`](crate::Topic::partitioned_by));
     /// Kafka's default for a topic no stage declares otherwise.

@@ -120,6 +120,22 @@ pub enum DriverError {
         /// The partitioner the stage's sources declare.
         partitioner: crate::partition::Partitioner,
     },
+    /// A causal state query named a record on a topic that reaches the
+    /// queried stage only through other stages. Whether its effect has
+    /// reached the stage's state cannot be told yet, and the query does not
+    /// answer rather than risk a stale answer.
+    #[error(
+        "stage {stage:?}: record {cause} is on a topic that reaches the stage only through {}; this version cannot tell when its effect has reached the stage's state, and does not answer rather than answer without it. Name the records the stage consumes, or query the stage that consumes {} (see the guide's \"Reading your own writes\")",
+        via.join(", "), cause.topic
+    )]
+    UpstreamCause {
+        /// The stage queried.
+        stage: String,
+        /// The record the query named.
+        cause: crate::Coordinate,
+        /// The stages of the application that read its topic on the way.
+        via: Vec<String>,
+    },
     /// The application did not settle within the step budget.
     #[error(
         "the application did not settle within {steps} steps; a cycle whose logic never converges keeps emitting (emit only on change, or count rounds in state)"

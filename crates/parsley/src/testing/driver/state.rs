@@ -72,7 +72,9 @@ impl TestDriver {
     /// quiescence first; a cause still missing then (held behind its own
     /// causes, or never piped) fails with [`DriverError::CausesMissing`],
     /// naming what the task waits for. On Kafka the same query waits, up
-    /// to a timeout.
+    /// to a timeout. A record on a topic that reaches the stage only
+    /// through other stages fails with [`DriverError::UpstreamCause`], as
+    /// on Kafka: when its effect reaches the stage cannot be told yet.
     ///
     /// ```
     /// use parsley::{Codec, Input, Message, Parsley, Stage, Step, TestDriver, Topic, DriverError};
@@ -106,6 +108,17 @@ impl TestDriver {
     ) -> Result<Option<S>, DriverError> {
         self.run()?;
         let stage = store.stage().to_owned();
+        let upstream = self.app.upstream_topics(&stage);
+        if let Some((cause, via)) = after
+            .iter()
+            .find_map(|c| upstream.get(&c.topic).map(|via| (c, via)))
+        {
+            return Err(DriverError::UpstreamCause {
+                stage,
+                cause: cause.clone(),
+                via: via.clone(),
+            });
+        }
         let key = encode_state_key(&stage, store.key_codec(), key)?;
         let mut clock = VectorClock::new();
         self.claim_records(&mut clock, after)?;
