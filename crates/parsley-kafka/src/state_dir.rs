@@ -231,6 +231,16 @@ enum Job {
         LocalWrite,
         Option<SyncSender<Result<(), LocalStoreError>>>,
     ),
+    /// A restore's write, dropped if its restore was cancelled by the time
+    /// the writer comes to it (the flag is set before the task's close is
+    /// queued, so a write the writer takes after the close is dropped);
+    /// the answer says whether it was applied.
+    WriteUnless(
+        TaskId,
+        LocalWrite,
+        Arc<std::sync::atomic::AtomicBool>,
+        SyncSender<Result<bool, LocalStoreError>>,
+    ),
     Wipe(TaskId, SyncSender<Result<(), LocalStoreError>>),
     Close(TaskId, SyncSender<Result<(), LocalStoreError>>),
 }
@@ -319,6 +329,31 @@ impl TaskFiles {
                             if let Some(reply) = reply {
                                 let _ = reply.send(result);
                             }
+                        }
+                        Job::WriteUnless(task, write, cancelled, reply) => {
+                            if cancelled.load(std::sync::atomic::Ordering::Acquire) {
+                                let _ = reply.send(Ok(false));
+                                continue;
+                            }
+                            let earlier = marks
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .get(&task)
+                                .map(|m| m.error.clone());
+                            let result = match earlier {
+                                Some(e) => Err(e),
+                                None => files.write(&task, write).inspect_err(|e| {
+                                    let _ = files.wipe(&task);
+                                    marks.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                                        task,
+                                        Mark {
+                                            error: e.clone(),
+                                            reported: false,
+                                        },
+                                    );
+                                }),
+                            };
+                            let _ = reply.send(result.map(|()| true));
                         }
                         Job::Wipe(task, reply) => {
                             forget(&task);
@@ -463,6 +498,30 @@ impl LocalWriter for FilesWriter {
         drop(jobs);
         answer.recv().map_err(|_| gone(task))?
     }
+
+    fn write_unless_cancelled(
+        &mut self,
+        task: &TaskId,
+        write: LocalWrite,
+        cancelled: &Arc<std::sync::atomic::AtomicBool>,
+    ) -> Result<bool, LocalStoreError> {
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        let jobs = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| gone(task))?;
+        jobs.send(Job::WriteUnless(
+            task.clone(),
+            write,
+            cancelled.clone(),
+            reply,
+        ))
+        .map_err(|_| gone(task))?;
+        drop(jobs);
+        answer.recv().map_err(|_| gone(task))?
+    }
 }
 
 impl Drop for TaskFiles {
@@ -576,6 +635,72 @@ mod tests {
         again.wipe(&task()).unwrap();
         assert_eq!(again.open(&task()).unwrap(), None);
         drop(again);
+        drop(dir);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// A restore's part is judged where it is applied: one handed over
+    /// while its restore ran, but applied after the worker cancelled the
+    /// restore and closed the task's store, is dropped there, and the store
+    /// holds nothing of it. The writer thread is held on a job of its own
+    /// while the part waits behind it and the flag is set, which is the
+    /// interleaving a check before the hand-over misses.
+    #[test]
+    fn a_restore_part_applied_after_its_cancellation_is_dropped_by_the_writer() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let root = temp("cancelled");
+        let dir = StateDir::lock(&root, "app", "i1").unwrap();
+        let mut files = dir.stores();
+        let part = |k: &[u8]| LocalWrite {
+            identity: None,
+            checkpoint: BTreeMap::new(),
+            replace: false,
+            written_at: 1,
+            entries: vec![(StoreKind::Fold, k.into(), Some(b"v".into()))],
+            seq: 0,
+        };
+        let mut writer = files.writer().expect("the files give writers");
+        let cancelled = Arc::new(AtomicBool::new(false));
+        assert!(
+            writer
+                .write_unless_cancelled(&task(), part(b"before"), &cancelled)
+                .unwrap()
+        );
+        // Hold the writer thread: its answer to this job waits until it is
+        // taken.
+        let (held, release) = std::sync::mpsc::sync_channel(0);
+        files
+            .jobs
+            .as_ref()
+            .unwrap()
+            .send(Job::Reader(task(), held))
+            .unwrap();
+        // The part is handed over while the restore still runs...
+        let flag = cancelled.clone();
+        let late = std::thread::spawn(move || {
+            writer
+                .write_unless_cancelled(&task(), part(b"after"), &flag)
+                .unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        // ... and the worker cancels the restore meanwhile.
+        cancelled.store(true, Ordering::Release);
+        let _ = release.recv().unwrap();
+        assert!(
+            !late.join().unwrap(),
+            "the part was applied after the cancellation"
+        );
+        files.close(&task()).unwrap();
+        let keys: Vec<Vec<u8>> = files
+            .open(&task())
+            .unwrap()
+            .unwrap()
+            .fold
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(keys, [b"before".to_vec()]);
+        drop(files);
         drop(dir);
         let _ = std::fs::remove_dir_all(&root);
     }

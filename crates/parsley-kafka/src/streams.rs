@@ -489,7 +489,25 @@ impl CausalStreams {
                 self.options.state_file_cache,
             )?);
         }
-        self.prepare_topics(&cluster)?;
+        let largest_batch = self.prepare_topics(&cluster)?;
+        // The producers' batches fit the smallest topic they write:
+        // librdkafka sends a batch whole, and a broker that refuses it as
+        // too large fails every record in it, the valid ones too.
+        let mut thread_config = self.config.clone();
+        if let Some(cap) = largest_batch {
+            let asked = thread_config
+                .get("batch.size")
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(1_000_000);
+            if cap < asked {
+                info!(
+                    batch_size = cap,
+                    asked,
+                    "producer batches held to the smallest max.message.bytes of the topics the application writes"
+                );
+                thread_config.set("batch.size", cap.to_string());
+            }
+        }
         self.start_watcher()?;
         self.state.set(StreamsState::Rebalancing);
         let threads = self.options.threads.max(1);
@@ -498,7 +516,7 @@ impl CausalStreams {
             let thread = StreamThread {
                 app: self.app.clone(),
                 index,
-                config: self.config.clone(),
+                config: thread_config.clone(),
                 // What was asked (a client setting included): the thread
                 // reads the chosen protocol from `protocol`.
                 options: StreamsOptions {

@@ -48,8 +48,11 @@ pub(super) fn record_class(code: RDKafkaErrorCode) -> RecordClass {
         | C::PolicyViolation
         | C::UnsupportedForMessageFormat
         | C::KeySerialization
-        | C::ValueSerialization
-        | C::InvalidDifferentRecord => RecordClass::Refused,
+        | C::ValueSerialization => RecordClass::Refused,
+        // A batch-mate of a record the broker refused (KIP-467): this one
+        // is valid, and is written when the transaction is retried without
+        // the refused one.
+        C::InvalidDifferentRecord => RecordClass::Transient,
         // Now, not the record: leaders and coordinators moving, brokers
         // down or slow, replicas out of sync, and the local timeout that
         // any of these ends in.
@@ -220,9 +223,9 @@ mod tests {
             C::UnsupportedForMessageFormat,
             C::KeySerialization,
             C::ValueSerialization,
-            C::InvalidDifferentRecord,
         ];
         let transient = [
+            C::InvalidDifferentRecord,
             C::MessageTimedOut,
             C::OperationTimedOut,
             C::TimedOutQueue,

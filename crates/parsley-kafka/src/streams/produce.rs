@@ -25,6 +25,15 @@ pub(super) struct RecordFailure {
 #[derive(Default)]
 pub(super) struct Deliveries {
     failed: Mutex<Option<RecordFailure>>,
+    /// How many records of the open transaction were refused. A broker that
+    /// refuses a batch may fail every record of it with the culprit's code
+    /// (Kafka 4 does for a null key on a compacted topic), so more than one
+    /// does not say which.
+    refused: std::sync::atomic::AtomicUsize,
+    /// The transaction is retried one record per batch, so that the
+    /// broker's refusal names one record; set after an ambiguous refusal,
+    /// until a transaction commits.
+    isolating: AtomicBool,
     /// The offset each record of the open transaction got (-1 until its
     /// report arrives), for the worker's local store checkpoints.
     offsets: Mutex<Vec<i64>>,
@@ -36,6 +45,9 @@ impl Deliveries {
     /// refused record among timed-out ones is the one to act on: it fails
     /// the same way on every retry), the first of each class.
     fn record(&self, failure: RecordFailure) {
+        if failure.class == RecordClass::Refused {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+        }
         let mut kept = lock(&self.failed);
         if kept.as_ref().is_none_or(|k| failure.class > k.class) {
             *kept = Some(failure);
@@ -46,7 +58,19 @@ impl Deliveries {
     /// (aborted since) is no longer this one's.
     fn begin(&self) {
         *lock(&self.failed) = None;
+        self.refused.store(0, Ordering::SeqCst);
         lock(&self.offsets).clear();
+    }
+
+    /// Whether records are sent one per batch (each waited for before the
+    /// next is sent).
+    pub(super) fn isolating(&self) -> bool {
+        self.isolating.load(Ordering::SeqCst)
+    }
+
+    /// A transaction committed: batches as usual again.
+    fn committed(&self) {
+        self.isolating.store(false, Ordering::SeqCst);
     }
 
     /// Room for the offsets of the transaction's records up to `records`
@@ -58,8 +82,24 @@ impl Deliveries {
         }
     }
 
+    /// The failure to act on. Several records refused together, outside
+    /// an isolating retry, blame none of them: the failure becomes a
+    /// transient one, and the retry sends one record per batch.
     fn take(&self) -> Option<RecordFailure> {
-        lock(&self.failed).take()
+        let failure = lock(&self.failed).take()?;
+        let refused = self.refused.swap(0, Ordering::SeqCst);
+        if failure.class == RecordClass::Refused && refused > 1 && !self.isolating() {
+            self.isolating.store(true, Ordering::SeqCst);
+            return Some(RecordFailure {
+                class: RecordClass::Transient,
+                error: format!(
+                    "{refused} records were refused together ({}): a batch fails whole, so which one the broker refuses is not known; the transaction is retried with one record per batch",
+                    failure.error
+                ),
+                ..failure
+            });
+        }
+        Some(failure)
     }
 }
 
@@ -433,6 +473,7 @@ impl Shared {
         // unknown fate, not as an abort.
         self.worker.ending();
         self.step(|p| p.commit_transaction(timeout))?;
+        self.producer.context().committed();
         self.open = OpenTxn::default();
         Ok(())
     }
@@ -466,8 +507,16 @@ impl Shared {
             partition: r.partition,
             origin: r.origin,
         }));
+        let isolating = self.producer.context().isolating();
         for (i, r) in (first..).zip(records) {
             match self.send_one(i, r) {
+                Ok(()) if isolating => {
+                    // Alone in its batch: its own report before the next.
+                    let _ = await_deliveries(&self.producer, self.txn_timeout);
+                    if lock(&self.producer.context().failed).is_some() {
+                        return Err(Sent::Refused);
+                    }
+                }
                 Ok(()) => {}
                 Err(Some(failure)) => {
                     self.producer.context().record(failure);
@@ -662,6 +711,34 @@ mod tests {
         assert_eq!(*lock(&d.offsets), vec![-1; 3]);
     }
 
+    /// Two records refused together, outside an isolating retry, blame
+    /// neither: the failure is transient and the next attempt isolates;
+    /// during it, a refusal names its record; a commit ends the isolation.
+    #[test]
+    fn records_refused_together_are_retried_one_per_batch() {
+        let d = Deliveries::default();
+        d.record(failure(0, RecordClass::Refused));
+        d.record(failure(1, RecordClass::Refused));
+        let f = d.take().unwrap();
+        assert_eq!(f.class, RecordClass::Transient);
+        assert!(f.error.contains("one record per batch"), "{}", f.error);
+        assert!(d.isolating());
+        d.begin();
+        d.record(failure(1, RecordClass::Refused));
+        let f = d.take().unwrap();
+        assert_eq!((f.record, f.class), (1, RecordClass::Refused));
+        // Still isolating (nothing committed), and two refused records are
+        // each taken as refused now.
+        d.record(failure(2, RecordClass::Refused));
+        d.record(failure(3, RecordClass::Refused));
+        assert_eq!(d.take().unwrap().class, RecordClass::Refused);
+        d.committed();
+        assert!(!d.isolating());
+        // One refused record alone is blamed at once.
+        d.record(failure(4, RecordClass::Refused));
+        assert_eq!(d.take().unwrap().class, RecordClass::Refused);
+    }
+
     /// Of several failed records, the one that says the most is acted on: a
     /// refused record among timed-out ones (it fails the same way on every
     /// retry), and fencing over everything.
@@ -671,7 +748,6 @@ mod tests {
         d.record(failure(1, RecordClass::Transient));
         d.record(failure(2, RecordClass::Refused));
         d.record(failure(3, RecordClass::Transient));
-        d.record(failure(4, RecordClass::Refused));
         let kept = d.take().unwrap();
         assert_eq!((kept.record, kept.class), (2, RecordClass::Refused));
         d.record(failure(1, RecordClass::Refused));

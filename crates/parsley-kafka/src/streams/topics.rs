@@ -5,8 +5,16 @@
 use super::*;
 
 impl CausalStreams {
-    pub(super) fn prepare_topics(&self, cluster: &KafkaCluster) -> Result<(), StreamsError> {
+    /// Checks (and creates) the application's topics; returns the smallest
+    /// `max.message.bytes` of the topics its transactional producers write
+    /// that exist now (sinks, dead-letter and tick topics, changelogs), if
+    /// any could be read: the producers' batches are held under it.
+    pub(super) fn prepare_topics(
+        &self,
+        cluster: &KafkaCluster,
+    ) -> Result<Option<u64>, StreamsError> {
         let mut creates = Vec::new();
+        let mut written: Vec<String> = Vec::new();
         // The control topic carries application-wide shutdown requests.
         let control = policy::control_topic(self.app.application_id());
         match cluster.describe(&control) {
@@ -31,6 +39,9 @@ impl CausalStreams {
             topics.extend(stage.sink_topics());
             topics.extend(tick);
             topics.extend(stage.corrupt_headers_dead_letter());
+            written.extend(stage.sink_topics().iter().map(|t| (*t).to_owned()));
+            written.extend(tick.map(str::to_owned));
+            written.extend(stage.corrupt_headers_dead_letter().map(str::to_owned));
             for t in topics {
                 match cluster.describe(t) {
                     Ok(d) => {
@@ -58,14 +69,18 @@ impl CausalStreams {
             };
             for changelog in std::iter::once(&names.state_changelog).chain(&names.fold_changelog) {
                 match cluster.describe(changelog) {
-                    Ok(d) => self.check_changelog(cluster, changelog, d.partitions, tasks)?,
+                    Ok(d) => {
+                        self.check_changelog(cluster, changelog, d.partitions, tasks)?;
+                        written.push(changelog.clone());
+                    }
                     Err(MetadataError::Missing(_)) => creates.push((changelog.clone(), tasks)),
                     Err(e) => return Err(e.into()),
                 }
             }
         }
+        let cap = self.smallest_max_message_bytes(cluster, &written);
         if creates.is_empty() {
-            return Ok(());
+            return Ok(cap);
         }
         let topics: Vec<NewTopic<'_>> = creates
             .iter()
@@ -109,7 +124,38 @@ impl CausalStreams {
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        Ok(())
+        Ok(cap)
+    }
+
+    /// The smallest `max.message.bytes` among `topics`, as the brokers
+    /// report each topic's setting (`None` when none could be read: the
+    /// producers then keep their own batch size). librdkafka does not
+    /// split a batch the broker refuses as too large: it fails every
+    /// record of it, valid ones included, so batches must fit the
+    /// smallest topic they may go to.
+    fn smallest_max_message_bytes(&self, cluster: &KafkaCluster, topics: &[String]) -> Option<u64> {
+        if topics.is_empty() {
+            return None;
+        }
+        let opts = AdminOptions::new().request_timeout(Some(self.options.request_timeout));
+        let specs: Vec<ResourceSpecifier<'_>> =
+            topics.iter().map(|t| ResourceSpecifier::Topic(t)).collect();
+        let answer = match block_on(cluster.admin().describe_configs(&specs, &opts)) {
+            Ok(a) => a,
+            Err(e) => {
+                warn!(error = %e, "the topics' max.message.bytes could not be read; batches keep the producer's own size");
+                return None;
+            }
+        };
+        answer
+            .into_iter()
+            .filter_map(Result::ok)
+            .filter_map(|r| {
+                r.get("max.message.bytes")
+                    .and_then(|e| e.value.as_deref())
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
+            .min()
     }
 
     /// An existing changelog must have one partition per task (task `p`

@@ -152,6 +152,25 @@ pub trait LocalWriter: Send {
     /// Applies one write, after every write made through the store or a
     /// writer before it.
     fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError>;
+
+    /// Applies one write unless `cancelled` is set when the store comes to
+    /// it; whether it was applied. A restore's writer uses it: the worker
+    /// sets the flag when the restore's task leaves, before it closes the
+    /// task's store, and a part that reaches the store after that must not
+    /// open it again. The default checks the flag and then writes, which a
+    /// store that applies writes on another thread must do better: check
+    /// where the write is applied, in order with the close.
+    fn write_unless_cancelled(
+        &mut self,
+        task: &TaskId,
+        write: LocalWrite,
+        cancelled: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> Result<bool, LocalStoreError> {
+        if cancelled.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(false);
+        }
+        self.write(task, write).map(|()| true)
+    }
 }
 
 /// Reads one task's local store by key while the task runs: the fold

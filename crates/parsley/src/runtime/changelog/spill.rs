@@ -161,20 +161,23 @@ impl FoldSpill {
             entries,
             seq: 0,
         };
-        if self
-            .cancelled
-            .as_ref()
-            .is_some_and(|c| c.load(std::sync::atomic::Ordering::Acquire))
-        {
-            self.failed = Some(crate::runtime::local::LocalStoreError::Io {
-                task: task.clone(),
-                message: "the restore was cancelled: its task left".to_owned(),
-            });
-            return;
-        }
-        match self.writer.write(task, write) {
-            Ok(()) => {
+        // The cancellation is checked where the write is applied, in order
+        // with the worker's close of the task's store: checked here and
+        // then sent, a part could land after the close and open the store
+        // again.
+        let written = match &self.cancelled {
+            Some(c) => self.writer.write_unless_cancelled(task, write, c),
+            None => self.writer.write(task, write).map(|()| true),
+        };
+        match written {
+            Ok(true) => {
                 self.spilled = true;
+            }
+            Ok(false) => {
+                self.failed = Some(crate::runtime::local::LocalStoreError::Io {
+                    task: task.clone(),
+                    message: "the restore was cancelled: its task left".to_owned(),
+                });
             }
             Err(e) => self.failed = Some(e),
         }
