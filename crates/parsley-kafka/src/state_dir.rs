@@ -297,6 +297,28 @@ impl TaskFiles {
                 let forget = |task: &TaskId| {
                     marks.lock().unwrap_or_else(|p| p.into_inner()).remove(task);
                 };
+                // A write, unless an earlier one of the task failed; a write
+                // that fails deletes the task's file and marks the task.
+                let apply = |files: &mut Files, task: TaskId, write: LocalWrite| {
+                    let earlier = marks
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&task)
+                        .map(|m| m.error.clone());
+                    match earlier {
+                        Some(e) => Err(e),
+                        None => files.write(&task, write).inspect_err(|e| {
+                            let _ = files.wipe(&task);
+                            marks.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                                task,
+                                Mark {
+                                    error: e.clone(),
+                                    reported: false,
+                                },
+                            );
+                        }),
+                    }
+                };
                 for job in rx {
                     match job {
                         Job::Open(task, leave, reply) => {
@@ -308,24 +330,7 @@ impl TaskFiles {
                             let _ = reply.send(files.reader(&task));
                         }
                         Job::Write(task, write, reply) => {
-                            let earlier = marks
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .get(&task)
-                                .map(|m| m.error.clone());
-                            let result = match earlier {
-                                Some(e) => Err(e),
-                                None => files.write(&task, write).inspect_err(|e| {
-                                    let _ = files.wipe(&task);
-                                    marks.lock().unwrap_or_else(|p| p.into_inner()).insert(
-                                        task,
-                                        Mark {
-                                            error: e.clone(),
-                                            reported: false,
-                                        },
-                                    );
-                                }),
-                            };
+                            let result = apply(&mut files, task, write);
                             if let Some(reply) = reply {
                                 let _ = reply.send(result);
                             }
@@ -335,24 +340,7 @@ impl TaskFiles {
                                 let _ = reply.send(Ok(false));
                                 continue;
                             }
-                            let earlier = marks
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .get(&task)
-                                .map(|m| m.error.clone());
-                            let result = match earlier {
-                                Some(e) => Err(e),
-                                None => files.write(&task, write).inspect_err(|e| {
-                                    let _ = files.wipe(&task);
-                                    marks.lock().unwrap_or_else(|p| p.into_inner()).insert(
-                                        task,
-                                        Mark {
-                                            error: e.clone(),
-                                            reported: false,
-                                        },
-                                    );
-                                }),
-                            };
+                            let result = apply(&mut files, task, write);
                             let _ = reply.send(result.map(|()| true));
                         }
                         Job::Wipe(task, reply) => {

@@ -48,44 +48,21 @@ impl<T> Drop for Owned<T> {
     }
 }
 
-/// Describes `names` in one request. Every name is in the answer: present
-/// with its id and partition count, or absent.
-// Longer than 100 lines on purpose: one foreign call's whole life
-// (request, wait, answer) in one frame, where each raw pointer's guard
-// lives; split, the guards and pointers would cross functions.
-pub fn describe<C: ClientContext>(
-    client: &Client<C>,
-    names: &[&str],
+/// One admin request's life up to its answer: its options with the
+/// request timeout, a queue, the request itself (`send`, given the options
+/// and the queue), and the result event, checked for its type and for a
+/// request-level error.
+fn admin_request(
+    rk: *mut sys::rd_kafka_t,
+    op: sys::rd_kafka_admin_op_t,
+    event_type: i32,
     timeout: Duration,
-) -> Result<BTreeMap<String, Described>, DescribeError> {
-    if names.is_empty() {
-        return Ok(BTreeMap::new());
-    }
-    let c_names: Vec<CString> = names
-        .iter()
-        .map(|n| {
-            CString::new(*n)
-                .map_err(|_| DescribeError(format!("topic name {n:?} holds a NUL byte")))
-        })
-        .collect::<Result<_, _>>()?;
-    let mut ptrs: Vec<*const c_char> = c_names.iter().map(|c| c.as_ptr()).collect();
+    send: impl FnOnce(*const sys::rd_kafka_AdminOptions_t, *mut sys::rd_kafka_queue_t),
+) -> Result<Owned<sys::rd_kafka_event_t>, DescribeError> {
     let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    let rk = client.native_ptr();
-
-    // SAFETY: `ptrs` points at `ptrs.len()` NUL-terminated strings that
-    // outlive the call; librdkafka copies them into the collection.
-    let collection = Owned {
-        ptr: unsafe { sys::rd_kafka_TopicCollection_of_topic_names(ptrs.as_mut_ptr(), ptrs.len()) },
-        destroy: sys::rd_kafka_TopicCollection_destroy,
-    };
-    // SAFETY: `rk` is the live client handle `client` owns.
+    // SAFETY: `rk` is a live client handle (the caller's client owns it).
     let options = Owned {
-        ptr: unsafe {
-            sys::rd_kafka_AdminOptions_new(
-                rk,
-                sys::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
-            )
-        },
+        ptr: unsafe { sys::rd_kafka_AdminOptions_new(rk, op) },
         destroy: sys::rd_kafka_AdminOptions_destroy,
     };
     let mut errstr = [0 as c_char; 256];
@@ -109,9 +86,7 @@ pub fn describe<C: ClientContext>(
         ptr: unsafe { sys::rd_kafka_queue_new(rk) },
         destroy: sys::rd_kafka_queue_destroy,
     };
-    // SAFETY: every pointer is live; librdkafka does not keep `collection`
-    // or `options` past the call, and answers on `queue`.
-    unsafe { sys::rd_kafka_DescribeTopics(rk, collection.ptr, options.ptr, queue.ptr) };
+    send(options.ptr, queue.ptr);
     // The request carries its own timeout; wait a little longer for the
     // event that reports it.
     // SAFETY: `queue` is live; the event is released by its guard.
@@ -122,9 +97,9 @@ pub fn describe<C: ClientContext>(
     if event.ptr.is_null() {
         return Err(DescribeError(format!("no answer within {timeout:?}")));
     }
-    // SAFETY: `event` is live until its guard drops, after every read below.
+    // SAFETY: `event` is live; its error string belongs to it.
     unsafe {
-        if sys::rd_kafka_event_type(event.ptr) != sys::RD_KAFKA_EVENT_DESCRIBETOPICS_RESULT {
+        if sys::rd_kafka_event_type(event.ptr) != event_type {
             return Err(DescribeError("unexpected event type".to_owned()));
         }
         if sys::rd_kafka_event_error(event.ptr)
@@ -138,6 +113,52 @@ pub fn describe<C: ClientContext>(
             };
             return Err(DescribeError(msg));
         }
+    }
+    Ok(event)
+}
+
+/// Describes `names` in one request. Every name is in the answer: present
+/// with its id and partition count, or absent.
+// The request's guards live in `admin_request`; the topic collection's
+// and the event's guards live here, around every read of them.
+pub fn describe<C: ClientContext>(
+    client: &Client<C>,
+    names: &[&str],
+    timeout: Duration,
+) -> Result<BTreeMap<String, Described>, DescribeError> {
+    if names.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let c_names: Vec<CString> = names
+        .iter()
+        .map(|n| {
+            CString::new(*n)
+                .map_err(|_| DescribeError(format!("topic name {n:?} holds a NUL byte")))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut ptrs: Vec<*const c_char> = c_names.iter().map(|c| c.as_ptr()).collect();
+    let rk = client.native_ptr();
+
+    // SAFETY: `ptrs` points at `ptrs.len()` NUL-terminated strings that
+    // outlive the call; librdkafka copies them into the collection.
+    let collection = Owned {
+        ptr: unsafe { sys::rd_kafka_TopicCollection_of_topic_names(ptrs.as_mut_ptr(), ptrs.len()) },
+        destroy: sys::rd_kafka_TopicCollection_destroy,
+    };
+    let event = admin_request(
+        rk,
+        sys::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBETOPICS,
+        sys::RD_KAFKA_EVENT_DESCRIBETOPICS_RESULT,
+        timeout,
+        // SAFETY: every pointer is live; librdkafka does not keep
+        // `collection` or the options past the call, and answers on the
+        // queue.
+        |options, queue| unsafe {
+            sys::rd_kafka_DescribeTopics(rk, collection.ptr, options, queue)
+        },
+    )?;
+    // SAFETY: `event` is live until its guard drops, after every read below.
+    unsafe {
         let result = sys::rd_kafka_event_DescribeTopics_result(event.ptr);
         if result.is_null() {
             return Err(DescribeError("event without a result".to_owned()));
@@ -225,7 +246,6 @@ impl GroupDescription {
 
 /// Describes consumer group `group` through its coordinator. A group that
 /// does not exist is described as `Dead` with no members.
-// One foreign call's whole life in one frame, as `describe` above.
 pub fn describe_group<C: ClientContext>(
     client: &Client<C>,
     group: &str,
@@ -234,76 +254,22 @@ pub fn describe_group<C: ClientContext>(
     let c_group = CString::new(group)
         .map_err(|_| DescribeError(format!("group id {group:?} holds a NUL byte")))?;
     let mut ptrs: Vec<*const c_char> = vec![c_group.as_ptr()];
-    let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
     let rk = client.native_ptr();
-    // SAFETY: `rk` is the live client handle `client` owns.
-    let options = Owned {
-        ptr: unsafe {
-            sys::rd_kafka_AdminOptions_new(
-                rk,
-                sys::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBECONSUMERGROUPS,
-            )
+    let event = admin_request(
+        rk,
+        sys::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_DESCRIBECONSUMERGROUPS,
+        sys::RD_KAFKA_EVENT_DESCRIBECONSUMERGROUPS_RESULT,
+        timeout,
+        // SAFETY: every pointer is live; librdkafka copies the group names
+        // and does not keep the options past the call; it answers on the
+        // queue.
+        |options, queue| unsafe {
+            sys::rd_kafka_DescribeConsumerGroups(rk, ptrs.as_mut_ptr(), ptrs.len(), options, queue)
         },
-        destroy: sys::rd_kafka_AdminOptions_destroy,
-    };
-    let mut errstr = [0 as c_char; 256];
-    // SAFETY: `options` is live; `errstr` is a writable buffer of the size
-    // passed.
-    let set = unsafe {
-        sys::rd_kafka_AdminOptions_set_request_timeout(
-            options.ptr,
-            timeout_ms,
-            errstr.as_mut_ptr(),
-            errstr.len(),
-        )
-    };
-    if set != sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
-        // SAFETY: librdkafka wrote a NUL-terminated message into `errstr`.
-        let msg = unsafe { CStr::from_ptr(errstr.as_ptr()) };
-        return Err(DescribeError(msg.to_string_lossy().into_owned()));
-    }
-    // SAFETY: `rk` is live; the queue is released by its guard.
-    let queue = Owned {
-        ptr: unsafe { sys::rd_kafka_queue_new(rk) },
-        destroy: sys::rd_kafka_queue_destroy,
-    };
-    // SAFETY: every pointer is live; librdkafka copies the group names and
-    // does not keep `options` past the call; it answers on `queue`.
-    unsafe {
-        sys::rd_kafka_DescribeConsumerGroups(
-            rk,
-            ptrs.as_mut_ptr(),
-            ptrs.len(),
-            options.ptr,
-            queue.ptr,
-        )
-    };
-    // SAFETY: `queue` is live; the event is released by its guard.
-    let event = Owned {
-        ptr: unsafe { sys::rd_kafka_queue_poll(queue.ptr, timeout_ms.saturating_add(1_000)) },
-        destroy: sys::rd_kafka_event_destroy,
-    };
-    if event.ptr.is_null() {
-        return Err(DescribeError(format!("no answer within {timeout:?}")));
-    }
+    )?;
     // SAFETY: `event` is live until its guard drops, after every read below;
     // the descriptions and their strings belong to it.
     unsafe {
-        if sys::rd_kafka_event_type(event.ptr) != sys::RD_KAFKA_EVENT_DESCRIBECONSUMERGROUPS_RESULT
-        {
-            return Err(DescribeError("unexpected event type".to_owned()));
-        }
-        if sys::rd_kafka_event_error(event.ptr)
-            != sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
-        {
-            let msg = sys::rd_kafka_event_error_string(event.ptr);
-            let msg = if msg.is_null() {
-                "request failed".to_owned()
-            } else {
-                CStr::from_ptr(msg).to_string_lossy().into_owned()
-            };
-            return Err(DescribeError(msg));
-        }
         let result = sys::rd_kafka_event_DescribeConsumerGroups_result(event.ptr);
         if result.is_null() {
             return Err(DescribeError("event without a result".to_owned()));

@@ -328,26 +328,27 @@ impl Framed {
         Ok((*id, w))
     }
 
-    fn encode(&self, value: Value) -> Result<Vec<u8>, SchemaError> {
+    /// A frame: the header of the schema written with, then what `write`
+    /// appends with that schema.
+    fn framed(
+        &self,
+        write: impl FnOnce(&Writes, &mut Vec<u8>) -> Result<(), String>,
+    ) -> Result<Vec<u8>, SchemaError> {
         let (id, w) = self.writes()?;
         let mut out = crate::framing::header(id, 64);
-        w.value(value, &mut out)
-            .map_err(|message| SchemaError::Avro {
-                id: Some(id),
-                message,
-            })?;
+        write(w, &mut out).map_err(|message| SchemaError::Avro {
+            id: Some(id),
+            message,
+        })?;
         Ok(out)
     }
 
+    fn encode(&self, value: Value) -> Result<Vec<u8>, SchemaError> {
+        self.framed(|w, out| w.value(value, out))
+    }
+
     fn encode_typed<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, SchemaError> {
-        let (id, w) = self.writes()?;
-        let mut out = crate::framing::header(id, 64);
-        w.typed(value, &mut out)
-            .map_err(|message| SchemaError::Avro {
-                id: Some(id),
-                message,
-            })?;
-        Ok(out)
+        self.framed(|w, out| w.typed(value, out))
     }
 
     fn writer(&self, id: u32) -> Result<Arc<Reads>, SchemaError> {

@@ -483,25 +483,36 @@ impl SchemaRegistry {
     /// which asks once).
     pub fn latest_version(&self, subject: &str) -> Result<Arc<RegisteredSchema>, SchemaError> {
         let what = || format!("fetching the latest version of subject {subject:?}");
+        self.fetch_version(subject, "latest", &what, |r| SchemaError::NotRegistered {
+            subject: subject.to_owned(),
+            message: r.message,
+        })
+        .map(Arc::new)
+    }
+
+    /// `GET /subjects/{subject}/versions/{version}`: the schema, or
+    /// `missing`'s error for a 404.
+    fn fetch_version(
+        &self,
+        subject: &str,
+        version: &str,
+        what: &dyn Fn() -> String,
+        missing: impl FnOnce(Refusal) -> SchemaError,
+    ) -> Result<RegisteredSchema, SchemaError> {
         let path = format!(
-            "/subjects/{}/versions/latest",
+            "/subjects/{}/versions/{version}",
             utf8_percent_encode(subject, SEGMENT)
         );
-        let body = match self.call("GET", &path, None, &what)? {
+        let body = match self.call("GET", &path, None, what)? {
             Ok(body) => body,
-            Err(r) if r.status == 404 => {
-                return Err(SchemaError::NotRegistered {
-                    subject: subject.to_owned(),
-                    message: r.message,
-                });
-            }
+            Err(r) if r.status == 404 => return Err(missing(r)),
             Err(r) => return Err(refused(what(), r)),
         };
-        let answer: SchemaAnswer = parse(&body, &what)?;
+        let answer: SchemaAnswer = parse(&body, what)?;
         let id = answer
             .id
             .ok_or_else(|| SchemaError::Protocol(format!("{}: the answer has no id", what())))?;
-        Ok(Arc::new(registered(id, answer, &what)?))
+        registered(id, answer, what)
     }
 
     /// The schema registered as `version` of `subject` (what a schema
@@ -516,25 +527,14 @@ impl SchemaRegistry {
             return Ok(s.clone());
         }
         let what = || format!("fetching version {version} of subject {subject:?}");
-        let path = format!(
-            "/subjects/{}/versions/{version}",
-            utf8_percent_encode(subject, SEGMENT)
-        );
-        let body = match self.call("GET", &path, None, &what)? {
-            Ok(body) => body,
-            Err(r) if r.status == 404 => {
-                return Err(SchemaError::UnknownVersion {
+        let schema = Arc::new(
+            self.fetch_version(subject, &version.to_string(), &what, |_| {
+                SchemaError::UnknownVersion {
                     subject: subject.to_owned(),
                     version,
-                });
-            }
-            Err(r) => return Err(refused(what(), r)),
-        };
-        let answer: SchemaAnswer = parse(&body, &what)?;
-        let id = answer
-            .id
-            .ok_or_else(|| SchemaError::Protocol(format!("{}: the answer has no id", what())))?;
-        let schema = Arc::new(registered(id, answer, &what)?);
+                }
+            })?,
+        );
         write(&self.inner.by_version).insert(key, schema.clone());
         Ok(schema)
     }
