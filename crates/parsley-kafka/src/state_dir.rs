@@ -472,15 +472,21 @@ struct FilesWriter {
     jobs: Arc<Mutex<Option<SyncSender<Job>>>>,
 }
 
-impl LocalWriter for FilesWriter {
-    fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
-        let (reply, answer) = std::sync::mpsc::sync_channel(1);
-        let jobs = self
-            .jobs
+impl FilesWriter {
+    /// The writer thread's queue, while the files are open.
+    fn queue(&self, task: &TaskId) -> Result<SyncSender<Job>, LocalStoreError> {
+        self.jobs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-            .ok_or_else(|| gone(task))?;
+            .ok_or_else(|| gone(task))
+    }
+}
+
+impl LocalWriter for FilesWriter {
+    fn write(&mut self, task: &TaskId, write: LocalWrite) -> Result<(), LocalStoreError> {
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        let jobs = self.queue(task)?;
         jobs.send(Job::Write(task.clone(), write, Some(reply)))
             .map_err(|_| gone(task))?;
         drop(jobs);
@@ -494,12 +500,7 @@ impl LocalWriter for FilesWriter {
         cancelled: &Arc<std::sync::atomic::AtomicBool>,
     ) -> Result<bool, LocalStoreError> {
         let (reply, answer) = std::sync::mpsc::sync_channel(1);
-        let jobs = self
-            .jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .ok_or_else(|| gone(task))?;
+        let jobs = self.queue(task)?;
         jobs.send(Job::WriteUnless(
             task.clone(),
             write,
