@@ -48,6 +48,9 @@ pub struct Skip {
     pub reason: String,
 }
 
+/// Why a skip refuses a running application.
+const RUNNING: &str = "a running task reads the step only when it restores";
+
 /// Checks and records the step; returns the line to print.
 pub fn run(s: &Skip) -> Result<String, String> {
     let config = s.cluster.client_config();
@@ -60,12 +63,7 @@ pub fn run(s: &Skip) -> Result<String, String> {
     let consumer: BaseConsumer = group
         .create()
         .map_err(|e| format!("cannot create a consumer: {e}"))?;
-    crate::stopped::ensure_stopped(
-        &cluster,
-        &s.cluster,
-        &s.app,
-        "a running task reads the step only when it restores",
-    )?;
+    crate::stopped::ensure_stopped(&cluster, &s.cluster, &s.app, RUNNING)?;
     let describe = |topic: &str| {
         cluster
             .describe(topic)
@@ -133,12 +131,7 @@ pub fn run(s: &Skip) -> Result<String, String> {
         step_past_record(&task, current, channel, s.offset, &stepped).map_err(|e| e.to_string())?;
     // Asked again right before the write: an instance that started while
     // the checks above ran must not have its state written under it.
-    crate::stopped::ensure_stopped(
-        &cluster,
-        &s.cluster,
-        &s.app,
-        "a running task reads the step only when it restores",
-    )?;
+    crate::stopped::ensure_stopped(&cluster, &s.cluster, &s.app, RUNNING)?;
     let mut producer_config = config.clone();
     producer_config
         .set("enable.idempotence", "true")

@@ -120,10 +120,7 @@ impl AvroCodec {
         topic: &str,
         text: &str,
     ) -> Result<Self, SchemaError> {
-        Ok(AvroCodec {
-            text: Some(text.to_owned()),
-            ..AvroCodec::value(registry, topic, parse_text(text)?)
-        })
+        AvroCodec::value(registry, topic, parse_text(text)?).with_text(text)
     }
 
     /// A codec for the keys of `topic`, with the schema given as text and
@@ -134,9 +131,14 @@ impl AvroCodec {
         topic: &str,
         text: &str,
     ) -> Result<Self, SchemaError> {
+        AvroCodec::key(registry, topic, parse_text(text)?).with_text(text)
+    }
+
+    /// The codec registering `text` (which its schema was parsed from).
+    fn with_text(self, text: &str) -> Result<Self, SchemaError> {
         Ok(AvroCodec {
             text: Some(text.to_owned()),
-            ..AvroCodec::key(registry, topic, parse_text(text)?)
+            ..self
         })
     }
 

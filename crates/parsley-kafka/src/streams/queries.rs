@@ -284,15 +284,11 @@ impl CausalStreams {
                 partitioner: stage.key_partitioner(),
             });
         }
-        let upstream = self.app.upstream_topics(store.stage());
-        if let Some((cause, via)) = after
-            .iter()
-            .find_map(|c| upstream.get(&c.topic).map(|via| (c, via)))
-        {
+        if let Some((cause, via)) = self.app.upstream_cause(store.stage(), after) {
             return Err(QueryError::UpstreamCause {
                 task,
                 claim: cause.to_string(),
-                via: via.clone(),
+                via,
             });
         }
         let mut clock = VectorClock::new();

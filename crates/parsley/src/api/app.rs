@@ -285,6 +285,20 @@ impl Parsley {
         via
     }
 
+    /// The first of `after` on a topic that reaches `stage` only through
+    /// other stages ([`upstream_topics`](Self::upstream_topics)), with the
+    /// stages on the way: a cause a causal query of `stage` cannot judge.
+    pub fn upstream_cause<'a>(
+        &self,
+        stage: &str,
+        after: &'a [crate::Coordinate],
+    ) -> Option<(&'a crate::Coordinate, Vec<String>)> {
+        let mut upstream = self.upstream_topics(stage);
+        after
+            .iter()
+            .find_map(|c| upstream.remove(&c.topic).map(|via| (c, via)))
+    }
+
     /// How `topic`'s producers place keys, as the stages that read or write
     /// it declare ([`Topic::partitioned_by`](crate::Topic::partitioned_by));
     /// Kafka's default for a topic no stage declares otherwise.

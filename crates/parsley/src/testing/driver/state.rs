@@ -108,15 +108,11 @@ impl TestDriver {
     ) -> Result<Option<S>, DriverError> {
         self.run()?;
         let stage = store.stage().to_owned();
-        let upstream = self.app.upstream_topics(&stage);
-        if let Some((cause, via)) = after
-            .iter()
-            .find_map(|c| upstream.get(&c.topic).map(|via| (c, via)))
-        {
+        if let Some((cause, via)) = self.app.upstream_cause(&stage, after) {
             return Err(DriverError::UpstreamCause {
                 stage,
                 cause: cause.clone(),
-                via: via.clone(),
+                via,
             });
         }
         let key = encode_state_key(&stage, store.key_codec(), key)?;
